@@ -1,0 +1,209 @@
+"""All of ddpwatch's configuration: one table of options, one precedence order, one place that reads the environment."""
+
+from __future__ import annotations
+
+import configparser
+import dataclasses
+import os
+from typing import Any, Callable, Mapping
+
+try:  # Python 3.11+
+    import tomllib
+except ImportError:  # pragma: no cover - Python < 3.11
+    tomllib = None
+
+
+class ConfigError(ValueError):
+    """A configuration value that ddpwatch cannot accept; raised before training starts, never mid-run."""
+
+
+ACTIONS = ("report", "abort")
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _parse_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError("expected a positive number of seconds")
+    return value
+
+
+def _parse_action(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ACTIONS:
+        raise ValueError("expected one of: " + ", ".join(ACTIONS))
+    return value
+
+
+def _parse_positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError("expected a positive integer")
+    return value
+
+
+def _parse_exit_code(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 255:
+        raise ValueError("expected an integer from 1 to 255")
+    return value
+
+
+def _parse_codes(text: str) -> tuple:
+    return tuple(code.strip().upper() for code in str(text).split(",") if code.strip())
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    name: str
+    default: Any
+    parse: Callable[[str], Any]
+    accepted: str
+    help: str
+
+    @property
+    def env_var(self) -> str:
+        return "DDPWATCH" if self.name == "enabled" else "DDPWATCH_" + self.name.upper()
+
+
+# The one table of options. docs/configuration.md documents each row; a test checks that it does.
+OPTIONS = (
+    Option("enabled", False, _parse_bool, "1/0, true/false, yes/no, on/off",
+           "Install the guard in every Python process that starts (zero-code activation)."),
+    Option("dir", "./ddpwatch-reports", str, "a directory path",
+           "Where incident folders are written."),
+    Option("timeout", 300.0, _parse_seconds, "a positive number of seconds",
+           "How long a rank may wait in a collective, while a peer is busy elsewhere, before a straggler is reported."),
+    Option("action", "report", _parse_action, "report or abort",
+           "What to do after a report: keep waiting (report) or end every rank with a non-zero exit (abort)."),
+    Option("grace", 2.0, _parse_seconds, "a positive number of seconds",
+           "How long every rank must be blocked with no progress before a deadlock counts as proven."),
+    Option("interval", 0.5, _parse_seconds, "a positive number of seconds",
+           "How often each rank publishes its state and looks at its peers."),
+    Option("dead_after", 10.0, _parse_seconds, "a positive number of seconds",
+           "How long a peer's heartbeat may stay still before it is taken for dead or unresponsive."),
+    Option("ring_size", 2048, _parse_positive_int, "a positive integer",
+           "How many collective records each rank keeps (a bounded ring buffer)."),
+    Option("exit_code", 3, _parse_exit_code, "an integer from 1 to 255",
+           "The exit status of a rank ended by action=abort."),
+    Option("lint_ignore", (), _parse_codes, "comma-separated lint codes, e.g. DDP004",
+           "Lint checks to turn off by default."),
+)
+OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    enabled: bool = False
+    dir: str = "./ddpwatch-reports"
+    timeout: float = 300.0
+    action: str = "report"
+    grace: float = 2.0
+    interval: float = 0.5
+    dead_after: float = 10.0
+    ring_size: int = 2048
+    exit_code: int = 3
+    lint_ignore: tuple = ()
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+
+def _coerce(option: Option, raw: Any, source: str) -> Any:
+    """Parse one raw value, or raise a ConfigError naming the option, the value, where it came from and what is accepted."""
+    if not isinstance(raw, str):
+        if option.parse is _parse_codes and isinstance(raw, (list, tuple)):
+            raw = ",".join(str(item) for item in raw)
+        elif isinstance(raw, bool) and option.parse is _parse_bool:
+            return raw
+        elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            raw = str(raw)
+        else:
+            raw = str(raw)
+    try:
+        return option.parse(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"ddpwatch: bad value {raw!r} for {option.name} (from {source}): accepted: {option.accepted}"
+        ) from None
+
+
+def _file_settings(cwd: str) -> list:
+    """[(source, {name: raw})] from setup.cfg's [ddpwatch] and pyproject.toml's [tool.ddpwatch], in that order."""
+    found = []
+    setup_cfg = os.path.join(cwd, "setup.cfg")
+    if os.path.isfile(setup_cfg):
+        parser = configparser.ConfigParser()
+        try:
+            parser.read(setup_cfg, encoding="utf-8")
+        except configparser.Error as exc:
+            raise ConfigError(f"ddpwatch: cannot read {setup_cfg}: {exc}") from None
+        if parser.has_section("ddpwatch"):
+            found.append((f"{setup_cfg} [ddpwatch]", dict(parser.items("ddpwatch"))))
+    pyproject = os.path.join(cwd, "pyproject.toml")
+    if tomllib is not None and os.path.isfile(pyproject):
+        try:
+            with open(pyproject, "rb") as handle:
+                data = tomllib.load(handle)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"ddpwatch: cannot read {pyproject}: {exc}") from None
+        section = data.get("tool", {}).get("ddpwatch")
+        if isinstance(section, dict):
+            found.append((f"{pyproject} [tool.ddpwatch]", section))
+    return found
+
+
+def _check_names(names, source: str) -> None:
+    unknown = sorted(set(names) - set(OPTIONS_BY_NAME))
+    if unknown:
+        raise ConfigError(
+            f"ddpwatch: unknown option(s) {', '.join(unknown)} in {source}; known: {', '.join(OPTIONS_BY_NAME)}"
+        )
+
+
+def load(overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
+         cwd: str | None = None) -> Config:
+    """Build the configuration: defaults, then setup.cfg/pyproject.toml, then DDPWATCH_* variables, then overrides."""
+    environ = os.environ if environ is None else environ
+    values = {option.name: option.default for option in OPTIONS}
+    sources = {option.name: "default" for option in OPTIONS}
+    for source, settings in _file_settings(cwd or os.getcwd()):
+        settings = {key.replace("-", "_"): value for key, value in settings.items()}
+        _check_names(settings, source)
+        for name, raw in settings.items():
+            values[name] = _coerce(OPTIONS_BY_NAME[name], raw, source)
+            sources[name] = source
+    for option in OPTIONS:
+        raw = environ.get(option.env_var)
+        if raw is not None:
+            values[option.name] = _coerce(option, raw, f"environment variable {option.env_var}")
+            sources[option.name] = option.env_var
+    for name, raw in (overrides or {}).items():
+        if raw is None:
+            continue
+        _check_names([name], "guard() arguments")
+        values[name] = _coerce(OPTIONS_BY_NAME[name], raw, f"argument {name}=")
+        sources[name] = "argument"
+    return Config(**values, sources=sources)
+
+
+def is_enabled_in(environ: Mapping[str, str]) -> bool:
+    """Whether DDPWATCH asks for zero-code activation; a bad value raises the same ConfigError as load()."""
+    raw = environ.get("DDPWATCH")
+    return False if raw is None else _coerce(OPTIONS_BY_NAME["enabled"], raw, "environment variable DDPWATCH")
+
+
+def job_id(environ: Mapping[str, str] | None = None) -> str:
+    """The launcher's name for this job (torchrun's TORCHELASTIC_RUN_ID, a scheduler's job id), or ''."""
+    environ = os.environ if environ is None else environ
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "JOB_ID"):
+        value = environ.get(name, "")
+        if value and value.lower() != "none":
+            return value
+    return ""

@@ -1,0 +1,81 @@
+"""Starts N local ranks of a script on gloo in one process group, with a hard time limit; used by demo and tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclasses.dataclass
+class RankResult:
+    rank: int
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_ranks(command: list, nprocs: int, env: dict | None = None, timeout: float = 120.0,
+              capture: bool = True, cwd: str | None = None) -> list:
+    """Run `command` as ranks 0..nprocs-1 (RANK/WORLD_SIZE/MASTER_* set); kill the whole group at the limit."""
+    port = free_port()
+    base = dict(os.environ if env is None else env)
+    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nprocs),
+                PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    procs, pgid, files = [], None, []
+    try:
+        for rank in range(nprocs):
+            rank_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+            kwargs = {"process_group": 0 if pgid is None else pgid}
+            # Files, not pipes: a rank blocked on a full pipe nobody reads would look like a hang.
+            streams = (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) if capture else (None, None)
+            files.append(streams)
+            proc = subprocess.Popen(command, env=rank_env, stdout=streams[0], stderr=streams[1], text=True,
+                                    cwd=cwd, stdin=subprocess.DEVNULL, **kwargs)
+            if pgid is None:
+                pgid = proc.pid
+            procs.append(proc)
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _kill_group(pgid)
+                proc.wait()
+        return [RankResult(rank, proc.returncode, _read(files[rank][0]), _read(files[rank][1]))
+                for rank, proc in enumerate(procs)]
+    finally:
+        if pgid is not None:
+            _kill_group(pgid)  # nothing this started outlives it, whatever happened above
+        for proc in procs:
+            if proc.poll() is None:
+                proc.wait()
+        for streams in files:
+            for handle in streams:
+                if handle is not None:
+                    handle.close()
+
+
+def _read(handle) -> str:
+    if handle is None:
+        return ""
+    handle.seek(0)
+    return handle.read()

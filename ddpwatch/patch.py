@@ -1,0 +1,382 @@
+"""Patches torch.distributed's collectives and DDP's internals to feed a Recorder; idempotent, always restorable."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import threading
+
+from . import snapshot
+from .record import Recorder, tensor_meta
+
+# Public collectives: name -> (canonical op, parameters holding the input tensors).
+COLLECTIVES = {
+    "broadcast": ("broadcast", ("tensor",)),
+    "all_reduce": ("all_reduce", ("tensor",)),
+    "all_reduce_coalesced": ("all_reduce", ("tensors",)),
+    "reduce": ("reduce", ("tensor",)),
+    "all_gather": ("all_gather", ("tensor",)),
+    "all_gather_single": ("all_gather", ("input_tensor",)),
+    "all_gather_into_tensor": ("all_gather", ("input_tensor",)),
+    "_all_gather_base": ("all_gather", ("input_tensor",)),
+    "all_gather_coalesced": ("all_gather", ("input_tensor_list",)),
+    "gather": ("gather", ("tensor",)),
+    "scatter": ("scatter", ("tensor",)),
+    "reduce_scatter": ("reduce_scatter", ("output",)),
+    "reduce_scatter_single": ("reduce_scatter", ("input",)),
+    "reduce_scatter_tensor": ("reduce_scatter", ("input",)),
+    "_reduce_scatter_base": ("reduce_scatter", ("input",)),
+    "all_to_all_single": ("all_to_all", ("input",)),
+    "all_to_all": ("all_to_all", ("input_tensor_list",)),
+    "barrier": ("barrier", ()),
+    "monitored_barrier": ("barrier", ()),
+}
+# Point-to-point: name -> (canonical op, parameter naming the peer).
+P2P = {
+    "send": ("send", "dst"),
+    "recv": ("recv", "src"),
+    "isend": ("send", "dst"),
+    "irecv": ("recv", "src"),
+}
+# Object collectives are regions: the tensor collectives they issue inside are what gets recorded.
+OBJECT_COLLECTIVES = (
+    "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+    "send_object_list", "recv_object_list",
+)
+BATCH_P2P = "batch_isend_irecv"
+PATCH_MARKER = "__ddpwatch_original__"
+
+
+def _param_index(signature: inspect.Signature, name: str):
+    names = list(signature.parameters)
+    return names.index(name) if name in names else None
+
+
+def _arg(args, kwargs, index, name, default=None):
+    if index is not None and index < len(args):
+        return args[index]
+    return kwargs.get(name, default)
+
+
+def _finished(handle) -> bool:
+    if hasattr(handle, "is_completed"):
+        return handle.is_completed()
+    return handle.done()  # torch.futures.Future, returned by the *_coalesced collectives
+
+
+class Patcher:
+    """Owns every patch ddpwatch makes: applies them once, keeps the originals, puts them back."""
+
+    def __init__(self, recorder: Recorder):
+        self.recorder = recorder
+        self._originals: list = []  # (owner, attribute, original)
+        self._group_cache: dict = {}
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        return bool(self._originals)
+
+    # ----- applying and restoring -----
+    def patch(self) -> None:
+        with self._lock:
+            if self._originals:
+                return
+            import torch.distributed as dist
+            import torch.distributed.distributed_c10d as c10d
+
+            self._c10d = c10d
+            for name, (op, tensor_params) in COLLECTIVES.items():
+                self._patch_function(dist, c10d, name, lambda orig, n=name, o=op, t=tensor_params:
+                                     self._collective_wrapper(orig, n, o, t))
+            for name, (op, peer_param) in P2P.items():
+                self._patch_function(dist, c10d, name, lambda orig, n=name, o=op, p=peer_param:
+                                     self._p2p_wrapper(orig, n, o, p))
+            self._patch_function(dist, c10d, BATCH_P2P, self._batch_wrapper)
+            for name in OBJECT_COLLECTIVES:
+                self._patch_function(dist, c10d, name, lambda orig, n=name: self._region_wrapper(
+                    orig, snapshot.OBJECT_COLLECTIVE, n, skip_self=False))
+            self._patch_ddp_internals(dist)
+
+    def unpatch(self) -> None:
+        with self._lock:
+            while self._originals:
+                owner, attribute, original = self._originals.pop()
+                setattr(owner, attribute, original)
+            self._group_cache.clear()
+
+    def _replace(self, owner, attribute: str, wrapper) -> None:
+        original = getattr(owner, attribute)
+        setattr(wrapper, PATCH_MARKER, original)
+        setattr(owner, attribute, wrapper)
+        self._originals.append((owner, attribute, original))
+
+    def _patch_function(self, dist, c10d, name: str, make_wrapper) -> None:
+        """Install one wrapper under both torch.distributed.X and distributed_c10d.X (internal calls use the latter)."""
+        original = getattr(c10d, name, None)
+        if original is None or hasattr(original, PATCH_MARKER):
+            return  # not in this torch version, or someone else's ddpwatch already patched it
+        wrapper = functools.wraps(original)(make_wrapper(original))
+        self._replace(c10d, name, wrapper)
+        if getattr(dist, name, None) is original:
+            self._replace(dist, name, wrapper)
+
+    def _patch_ddp_internals(self, dist) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        for name, op in (("_broadcast_coalesced", "broadcast"), ("_verify_params_across_processes", "all_gather")):
+            original = getattr(dist, name, None)
+            if original is not None and not hasattr(original, PATCH_MARKER):
+                self._replace(dist, name, self._group_first_wrapper(original, name, op))
+        reducer = getattr(dist, "Reducer", None)
+        rebuild = getattr(reducer, "_rebuild_buckets", None)
+        if rebuild is not None and not hasattr(rebuild, PATCH_MARKER):
+            self._replace(reducer, "_rebuild_buckets", self._rebuild_wrapper(rebuild))
+        forward = DistributedDataParallel.forward
+        if not hasattr(forward, PATCH_MARKER):
+            self._replace(DistributedDataParallel, "forward", functools.wraps(forward)(
+                self._region_wrapper(forward, snapshot.DDP_FORWARD, "DistributedDataParallel.forward", skip_self=True)))
+
+    # ----- process groups -----
+    def group_name(self, group):
+        """A name every rank gives the same group (torch's own pg name), or None for a group this rank is not in."""
+        c10d = self._c10d
+        pg = c10d._world.default_pg if group is None else group
+        name = self._group_cache.get(pg)
+        if name is None:
+            name = self._describe_group(pg)
+            self._group_cache[pg] = name
+        return name or None
+
+    def _describe_group(self, pg) -> str:
+        c10d = self._c10d
+        if pg is None or pg is getattr(c10d.GroupMember, "NON_GROUP_MEMBER", object()):
+            return ""
+        try:
+            name = c10d._get_process_group_name(pg)
+        except Exception:
+            name = ""
+        name = name or f"pg-{id(pg):x}"
+        try:
+            ranks = None if pg is c10d._world.default_pg else list(c10d.get_process_group_ranks(pg))
+        except Exception:
+            ranks = None
+        self.recorder.groups[name] = ranks
+        return name
+
+    # ----- wrappers -----
+    def _collective_wrapper(self, original, api: str, op: str, tensor_params):
+        signature = inspect.signature(original)
+        group_i = _param_index(signature, "group")
+        async_i = _param_index(signature, "async_op")
+        tensor_i = [(_param_index(signature, p), p) for p in tensor_params]
+        recorder = self.recorder
+
+        def wrapper(*args, **kwargs):
+            if not recorder.enter_call():
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    recorder.exit_call()
+            try:
+                group = self.group_name(_arg(args, kwargs, group_i, "group"))
+                if group is None:
+                    return original(*args, **kwargs)
+                tensors = ()
+                for index, name in tensor_i:
+                    tensors += tensor_meta(_arg(args, kwargs, index, name))
+                record = recorder.begin(op, api, group, tensors, sys._getframe(1))
+                try:
+                    return self._run(record, original, args, kwargs, async_i)
+                except BaseException as exc:
+                    recorder.finish(record, exc)
+                    raise
+            finally:
+                recorder.exit_call()
+
+        return wrapper
+
+    def _run(self, record, original, args, kwargs, async_i):
+        """Call the collective; "done" means the Work completed, not that the Python call returned (NCCL)."""
+        recorder = self.recorder
+        if async_i is None:
+            result = original(*args, **kwargs)
+            recorder.finish(record)
+            return result
+        user_async = bool(_arg(args, kwargs, async_i, "async_op", False))
+        if not user_async:
+            # c10d's own synchronous path is `work = ...(async_op=True); work.wait()`: take the same path, keep the handle.
+            if async_i < len(args):
+                args = args[:async_i] + (True,) + args[async_i + 1:]
+            else:
+                kwargs["async_op"] = True
+        handle = original(*args, **kwargs)
+        if handle is None or not (hasattr(handle, "is_completed") or hasattr(handle, "done")):
+            recorder.finish(record)
+            return handle if user_async else None
+        record.work = handle
+        if user_async:
+            return handle
+        handle.wait()
+        if _finished(handle):
+            recorder.finish(record)
+        # else: NCCL returned before the GPU finished; the watchdog's poll_pending completes it later.
+        return None
+
+    def _p2p_wrapper(self, original, api: str, op: str, peer_param: str):
+        signature = inspect.signature(original)
+        group_i = _param_index(signature, "group")
+        peer_i = _param_index(signature, peer_param)
+        tensor_i = _param_index(signature, "tensor")
+        recorder = self.recorder
+
+        def wrapper(*args, **kwargs):
+            if not recorder.enter_call():
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    recorder.exit_call()
+            try:
+                group = self.group_name(_arg(args, kwargs, group_i, "group"))
+                if group is None:
+                    return original(*args, **kwargs)
+                peer = _arg(args, kwargs, peer_i, peer_param)
+                peer = -1 if peer is None else int(peer)
+                tensors = tensor_meta(_arg(args, kwargs, tensor_i, "tensor"))
+                record = recorder.begin(op, api, group, tensors, sys._getframe(1), peer=peer)
+                try:
+                    result = original(*args, **kwargs)
+                except BaseException as exc:
+                    recorder.finish(record, exc)
+                    raise
+                if hasattr(result, "is_completed"):
+                    record.work = result  # isend/irecv: completes when the peer matches it
+                else:
+                    recorder.finish(record)
+                return result
+            finally:
+                recorder.exit_call()
+
+        return wrapper
+
+    def _batch_wrapper(self, original):
+        recorder = self.recorder
+
+        def wrapper(p2p_op_list, *args, **kwargs):
+            if not recorder.enter_call():
+                try:
+                    return original(p2p_op_list, *args, **kwargs)
+                finally:
+                    recorder.exit_call()
+            try:
+                first = p2p_op_list[0] if p2p_op_list else None
+                group = self.group_name(getattr(first, "group", None))
+                if group is None:
+                    return original(p2p_op_list, *args, **kwargs)
+                tensors = tensor_meta([getattr(p, "tensor", None) for p in p2p_op_list])
+                record = recorder.begin("batch_p2p", BATCH_P2P, group, tensors, sys._getframe(1), peer=-2)
+                try:
+                    works = original(p2p_op_list, *args, **kwargs)
+                except BaseException as exc:
+                    recorder.finish(record, exc)
+                    raise
+                pending = [w for w in works or () if hasattr(w, "is_completed")]
+                if pending:
+                    record.work = _AllOf(pending)
+                else:
+                    recorder.finish(record)
+                return works
+            finally:
+                recorder.exit_call()
+
+        return wrapper
+
+    def _group_first_wrapper(self, original, api: str, op: str):
+        """DDP's C++ helpers (`_broadcast_coalesced(pg, tensors, ...)`): blocking calls whose first argument is the group."""
+        recorder = self.recorder
+
+        def wrapper(process_group, tensors, *args, **kwargs):
+            if not recorder.enter_call():
+                try:
+                    return original(process_group, tensors, *args, **kwargs)
+                finally:
+                    recorder.exit_call()
+            try:
+                group = self.group_name(process_group)
+                if group is None:
+                    return original(process_group, tensors, *args, **kwargs)
+                record = recorder.begin(op, api, group, tensor_meta(tensors), sys._getframe(1))
+                try:
+                    result = original(process_group, tensors, *args, **kwargs)
+                except BaseException as exc:
+                    recorder.finish(record, exc)
+                    raise
+                recorder.finish(record)
+                return result
+            finally:
+                recorder.exit_call()
+
+        setattr(wrapper, "__name__", getattr(original, "__name__", api))
+        return wrapper
+
+    def _rebuild_wrapper(self, original):
+        """Reducer._rebuild_buckets broadcasts only the one time it rebuilds; other calls are voided, not counted."""
+        recorder = self.recorder
+        patcher = self
+
+        def _rebuild_buckets(reducer_self):
+            if not recorder.enter_call():
+                try:
+                    return original(reducer_self)
+                finally:
+                    recorder.exit_call()
+            try:
+                region = recorder.current_region()
+                group = patcher.group_name(region[3] if region and len(region) > 3 else None)
+                if group is None:
+                    return original(reducer_self)
+                record = recorder.begin("broadcast", snapshot.DDP_BUCKET_REBUILD, group, (), sys._getframe(1))
+                try:
+                    rebuilt = original(reducer_self)
+                except BaseException as exc:
+                    recorder.finish(record, exc)
+                    raise
+                if rebuilt:
+                    recorder.finish(record)
+                else:
+                    recorder.void(record)
+                return rebuilt
+            finally:
+                recorder.exit_call()
+
+        return _rebuild_buckets
+
+    def _region_wrapper(self, original, kind: str, api: str, skip_self: bool):
+        """A call that is not itself a collective but issues some: records inside carry it as their region."""
+        recorder = self.recorder
+        from .record import frame_site, user_frame
+
+        def wrapper(*args, **kwargs):
+            stack = recorder.region_stack()
+            site = frame_site(user_frame(sys._getframe(1)))
+            group = getattr(args[0], "process_group", None) if skip_self and args else None
+            stack.append((kind, site, api, group))
+            try:
+                return original(*args, **kwargs)
+            finally:
+                stack.pop()
+
+        return wrapper
+
+
+class _AllOf:
+    """One handle over several Work objects (batch_isend_irecv): completed when all are."""
+
+    __slots__ = ("works",)
+
+    def __init__(self, works):
+        self.works = works
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self.works)

@@ -1,0 +1,282 @@
+"""Per-rank recording of collectives: a bounded ring of cheap records, the in-flight set, and call-site capture."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import sys
+import sysconfig
+import threading
+import time
+
+from . import snapshot
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _own_prefixes() -> tuple:
+    """Folders of ddpwatch and torch: their frames are never the user's line."""
+    prefixes = [_PACKAGE_DIR + os.sep]
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+        if spec is not None and spec.submodule_search_locations:
+            prefixes.extend(os.path.abspath(p) + os.sep for p in spec.submodule_search_locations)
+    except (ImportError, ValueError):
+        pass
+    return tuple(dict.fromkeys(prefixes))
+
+
+def _stdlib_prefixes() -> tuple:
+    paths = sysconfig.get_paths()
+    return tuple(dict.fromkeys(os.path.abspath(paths[k]) + os.sep for k in ("stdlib", "platstdlib") if paths.get(k)))
+
+
+_OWN_PREFIXES = _own_prefixes()
+_EXAMPLES_DIR = os.path.join(_PACKAGE_DIR, "examples") + os.sep
+_STDLIB_PREFIXES = _stdlib_prefixes()
+_SITE_PACKAGES = ("site-packages" + os.sep, "dist-packages" + os.sep)
+# Code objects seen so far -> whether they are internal. Keyed by code object so the hot path does one dict lookup.
+_internal_code: dict = {}
+
+
+def is_internal_file(filename: str) -> bool:
+    """Whether a frame in this file belongs to ddpwatch, torch or the standard library (never the user's line)."""
+    if filename.startswith("<"):
+        return True  # <frozen importlib...>, <string>: never a line a user can open
+    path = os.path.abspath(filename)
+    if path.startswith(_OWN_PREFIXES):
+        return not path.startswith(_EXAMPLES_DIR)  # the bundled example scripts play the user's part
+    # A virtualenv's site-packages can sit under the stdlib folder: third-party code there is the user's.
+    return path.startswith(_STDLIB_PREFIXES) and not any(marker in path for marker in _SITE_PACKAGES)
+
+
+def _is_internal_code(code) -> bool:
+    internal = _internal_code.get(code)
+    if internal is None:
+        internal = _internal_code[code] = is_internal_file(code.co_filename)
+    return internal
+
+
+def user_frame(frame):
+    """The innermost frame outside torch, ddpwatch and the standard library, or None."""
+    while frame is not None:
+        if not _is_internal_code(frame.f_code):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def frame_site(frame) -> dict | None:
+    if frame is None:
+        return None
+    return snapshot.site(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+
+
+class Record:
+    """One collective as this rank issued it. Slots, raw values: formatting waits until someone reads it."""
+
+    __slots__ = ("seq", "group", "op", "api", "peer", "tensors", "site_frame", "site", "region",
+                 "start_mono", "start_wall", "end_mono", "state", "error", "work", "thread")
+
+    def to_dict(self, now_mono: float) -> dict:
+        shapes, dtypes = _describe_tensors(self.tensors)
+        in_flight = self.state == snapshot.IN_FLIGHT
+        return {
+            "seq": self.seq,
+            "group": self.group,
+            "op": self.op,
+            "api": self.api,
+            "p2p": self.peer is not None,
+            "peer": self.peer,
+            "shapes": shapes,
+            "dtypes": dtypes,
+            "site": self.site,
+            "region": self.region and {"kind": self.region[0], "site": self.region[1], "api": self.region[2]},
+            "start": self.start_wall,
+            "age_s": round(now_mono - self.start_mono, 4),
+            "duration_s": None if in_flight else round(self.end_mono - self.start_mono, 6),
+            "state": self.state,
+            "error": self.error,
+            "thread": self.thread,
+        }
+
+
+def _describe_tensors(tensors) -> tuple:
+    shapes, dtypes = [], []
+    for shape, dtype in tensors or ():
+        shapes.append(list(shape))
+        dtypes.append(str(dtype).replace("torch.", ""))
+    return shapes, dtypes
+
+
+def tensor_meta(value, limit: int = 4) -> tuple:
+    """(shape, dtype) pairs for a tensor or a list of tensors, at most `limit`; holds no reference to the data."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return ((tuple(value.shape), value.dtype),)
+    if isinstance(value, (list, tuple)):
+        metas = []
+        for item in value[:limit]:
+            if hasattr(item, "shape") and hasattr(item, "dtype"):
+                metas.append((tuple(item.shape), item.dtype))
+        return tuple(metas)
+    return ()
+
+
+class Recorder:
+    """The live recording of one process: sequence counters per group, a ring of records, the in-flight set."""
+
+    def __init__(self, ring_size: int = 2048):
+        self.ring = collections.deque(maxlen=ring_size)
+        self.inflight: dict = {}
+        self._counters: dict = {}
+        self.last_seq: dict = {}
+        self.groups: dict = {}
+        self.progress = 0
+        self.progress_mono = time.monotonic()
+        self._local = threading.local()
+        # Set by the watchdog once an action=abort verdict is out: a collective failing after that ends the process.
+        self.abort_code = 0
+
+    # --- regions: "this happened inside DDP.forward called from val.py:42" ---
+    def region_stack(self) -> list:
+        stack = getattr(self._local, "regions", None)
+        if stack is None:
+            stack = self._local.regions = []
+        return stack
+
+    def current_region(self):
+        stack = getattr(self._local, "regions", None)
+        return stack[-1] if stack else None
+
+    # --- nesting: a patched collective that calls another patched one records only the outer call ---
+    def enter_call(self) -> bool:
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        return depth == 0
+
+    def exit_call(self) -> None:
+        self._local.depth -= 1
+
+    def next_seq(self, key) -> int:
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters.setdefault(key, itertools.count())
+        return next(counter)
+
+    def begin(self, op: str, api: str, group: str, tensors, caller, peer=None) -> Record:
+        record = Record()
+        record.group = group
+        record.peer = peer
+        record.seq = self.next_seq(group if peer is None else (group, peer))
+        if peer is None:
+            self.last_seq[group] = record.seq
+        record.op = op
+        record.api = api
+        record.tensors = tensors
+        record.site_frame = caller
+        record.site = None
+        record.region = self.current_region()
+        record.start_wall = time.time()
+        record.start_mono = self.progress_mono = time.monotonic()
+        record.end_mono = None
+        record.state = snapshot.IN_FLIGHT
+        record.error = None
+        record.work = None
+        record.thread = threading.current_thread().name
+        # The user's frame is found now (the stack is gone later) but formatted lazily.
+        frame = user_frame(caller)
+        record.site = frame_site(frame)
+        record.site_frame = None
+        self.ring.append(record)
+        self.inflight[id(record)] = record
+        self.progress += 1
+        return record
+
+    def finish(self, record: Record, error: BaseException | None = None) -> None:
+        if error is not None and self.abort_code:
+            _exit_now(self.abort_code)  # the verdict is out and peers are exiting: end here, not in their error
+        record.end_mono = self.progress_mono = time.monotonic()
+        if error is not None:
+            record.state = snapshot.FAILED
+            record.error = f"{type(error).__name__}: {error}"[:500]
+        else:
+            record.state = snapshot.COMPLETED
+        record.work = None
+        self.inflight.pop(id(record), None)
+        self.progress += 1
+
+    def void(self, record: Record) -> None:
+        """Forget a record that turned out not to communicate (Reducer._rebuild_buckets returning False)."""
+        self.inflight.pop(id(record), None)
+        try:
+            self.ring.remove(record)
+        except ValueError:
+            pass
+        key = record.group if record.peer is None else (record.group, record.peer)
+        # Give the sequence number back so positions stay aligned with peers that never called it.
+        self._counters[key] = itertools.count(record.seq)
+        if record.peer is None:
+            if record.seq:
+                self.last_seq[record.group] = record.seq - 1
+            else:
+                self.last_seq.pop(record.group, None)
+
+    def poll_pending(self) -> None:
+        """Complete records whose Work handle says done (NCCL: the call returned long before the op finished)."""
+        for record in list(self.inflight.values()):
+            work = record.work
+            if work is None:
+                continue
+            try:
+                done = work.is_completed()
+            except Exception as exc:  # a failed op raises here on some backends
+                self.finish(record, exc)
+                continue
+            if done:
+                self.finish(record)
+
+    def snapshot(self, recent: int = 16) -> dict:
+        now = time.monotonic()
+        inflight = sorted(self.inflight.values(), key=lambda r: r.start_mono)
+        ring = list(self.ring)
+        done = [r for r in ring[-(recent + len(inflight)):] if r.state != snapshot.IN_FLIGHT][-recent:]
+        return {
+            "progress": self.progress,
+            "idle_s": round(now - self.progress_mono, 4),
+            "inflight": [r.to_dict(now) for r in inflight],
+            "recent": [r.to_dict(now) for r in done],
+            "last_seq": {str(k): v for k, v in self.last_seq.items()},
+            "groups": dict(self.groups),
+            "ops_recorded": self.progress,
+        }
+
+
+def _exit_now(code: int) -> None:
+    try:
+        sys.stderr.flush()
+        sys.stdout.flush()
+    finally:
+        os._exit(code)
+
+
+def python_stacks(skip_thread: int | None = None, limit: int = 60) -> list:
+    """Every thread's Python stack, main thread first, innermost frame last; each frame marked internal or not."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    main_ident = threading.main_thread().ident
+    stacks = []
+    for ident, frame in sys._current_frames().items():
+        if ident == skip_thread:
+            continue
+        frames = []
+        while frame is not None and len(frames) < limit:
+            code = frame.f_code
+            frames.append({"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name,
+                           "internal": _is_internal_code(code)})
+            frame = frame.f_back
+        frames.reverse()
+        stacks.append({"thread": names.get(ident, f"thread-{ident}"), "main": ident == main_ident, "frames": frames})
+    stacks.sort(key=lambda s: (not s["main"], s["thread"]))
+    return stacks

@@ -1,0 +1,102 @@
+"""The versioned, plain-data formats ddpwatch writes and reads: rank snapshots, findings, incidents. No torch here."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# What each format version changed (bump on any change a reader must know about):
+#   1: first version: rank snapshots (records, stacks), incidents with findings.
+FORMAT_VERSION = 1
+READABLE_VERSIONS = (1,)
+
+FINDING_KINDS = (
+    "ddp_forward_on_subset",
+    "collective_on_subset",
+    "skipped_collective",
+    "collective_mismatch",
+    "shape_mismatch",
+    "uneven_inputs",
+    "group_order",
+    "dead_rank",
+    "unresponsive_rank",
+    "straggler",
+    "collective_stuck",
+)
+
+# Record states.
+IN_FLIGHT = "in_flight"
+COMPLETED = "completed"
+FAILED = "failed"
+
+# Rank statuses.
+RUNNING = "running"
+EXITED = "exited"
+
+# Region kinds: what the record happened inside of.
+DDP_FORWARD = "ddp_forward"
+OBJECT_COLLECTIVE = "object_collective"
+
+# APIs through which DDP itself talks, and why (the fix text leans on these).
+DDP_BUFFER_BROADCAST = "_broadcast_coalesced"
+DDP_BUCKET_REBUILD = "Reducer._rebuild_buckets"
+DDP_VERIFY_PARAMS = "_verify_params_across_processes"
+
+
+class FormatError(ValueError):
+    """A file or document that is not a ddpwatch snapshot or incident this version can read."""
+
+
+def site(file: str, line: int, function: str) -> dict:
+    return {"file": file, "line": line, "function": function}
+
+
+def format_site(where: dict | None) -> str:
+    if not where:
+        return "an unknown line"
+    return f"{where['file']}:{where['line']} in {where['function']}()"
+
+
+def short_site(where: dict | None) -> str:
+    """file basename:line, the way people name a line in conversation."""
+    if not where:
+        return "?"
+    name = where["file"].replace("\\", "/").rsplit("/", 1)[-1]
+    return f"{name}:{where['line']}"
+
+
+def finding(kind: str, ranks, summary: str, fix: str, location: dict | None, evidence: dict) -> dict:
+    if kind not in FINDING_KINDS:
+        raise ValueError(f"unknown finding kind {kind!r}")
+    return {
+        "kind": kind,
+        "ranks": sorted(ranks),
+        "summary": summary,
+        "fix": fix,
+        "location": location,
+        "evidence": evidence,
+    }
+
+
+def check_version(doc: Any, what: str) -> dict:
+    if not isinstance(doc, dict):
+        raise FormatError(f"{what}: expected a JSON object, got {type(doc).__name__}")
+    version = doc.get("format_version")
+    if version not in READABLE_VERSIONS:
+        raise FormatError(
+            f"{what}: format_version {version!r} is not one this ddpwatch reads ({', '.join(map(str, READABLE_VERSIONS))})"
+        )
+    return doc
+
+
+def load_json_text(text: str, what: str) -> dict:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{what}: not valid JSON ({exc})") from None
+    return check_version(doc, what)
+
+
+def dumps(doc: dict) -> str:
+    """Serialise a snapshot or incident; anything not JSON-native becomes its repr rather than an error."""
+    return json.dumps(doc, default=repr, sort_keys=False, indent=None, separators=(",", ":"))

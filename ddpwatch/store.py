@@ -1,0 +1,89 @@
+"""Sharing rank state through the job's own c10d key-value store: JSON under a ddpwatch prefix, never pickle."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+from . import snapshot
+
+PREFIX = "ddpwatch/v1"
+
+
+class StoreUnavailable(RuntimeError):
+    """The store stopped answering; the watchdog stops publishing rather than raise into training."""
+
+
+class StateStore:
+    """The watchdog's view of the store: its own client (a clone), short timeouts, non-blocking reads only."""
+
+    def __init__(self, store, namespace: str, timeout_s: float = 5.0):
+        self._store = store
+        self.namespace = f"{PREFIX}/{namespace}"
+        try:
+            store.set_timeout(datetime.timedelta(seconds=timeout_s))
+        except Exception:
+            pass
+
+    @classmethod
+    def from_default_group(cls, generation_key: str, world_size: int, timeout_s: float = 5.0) -> "StateStore":
+        """A clone of the default group's store (the watchdog must not share the training thread's client)."""
+        import torch.distributed.distributed_c10d as c10d
+
+        base = c10d._get_default_store()
+        try:
+            client = base.clone()
+        except Exception:
+            client = base  # older torch: share the client; every call below is short and non-blocking
+        try:
+            client.set_timeout(datetime.timedelta(seconds=timeout_s))
+        except Exception:
+            pass
+        # Re-arming inside one job (destroy + init again) must not read the last generation's keys.
+        arms = client.add(f"{PREFIX}/arms/{generation_key}", 1)
+        return cls(client, f"{generation_key}/g{(arms - 1) // max(world_size, 1)}", timeout_s)
+
+    def key(self, *parts) -> str:
+        return "/".join((self.namespace,) + tuple(str(p) for p in parts))
+
+    def _call(self, method, *args):
+        try:
+            return method(*args)
+        except Exception as exc:
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
+
+    def put(self, key: str, doc: dict) -> None:
+        self._call(self._store.set, key, snapshot.dumps(doc))
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._call(self._store.add, key, amount))
+
+    def counter(self, key: str) -> int:
+        return self.add(key, 0)
+
+    def exists(self, key: str) -> bool:
+        return bool(self._call(self._store.check, [key]))
+
+    def get_many(self, keys: list) -> dict:
+        """{key: doc} for the keys that exist; a missing key is skipped, never waited for."""
+        # One round trip when every key is there (the usual case); per-key checks only when some are missing.
+        if not keys:
+            return {}
+        everything = bool(self._call(self._store.check, list(keys)))
+        present = list(keys) if everything else [key for key in keys if self.exists(key)]
+        if not present:
+            return {}
+        if hasattr(self._store, "multi_get"):
+            values = self._call(self._store.multi_get, present)
+        else:
+            values = [self._call(self._store.get, key) for key in present]
+        docs = {}
+        for key, raw in zip(present, values):
+            try:
+                docs[key] = json.loads(bytes(raw).decode("utf-8"))
+            except (ValueError, UnicodeDecodeError):
+                continue  # a torn or foreign value: ignore it rather than trust it
+        return docs
+
+    def get(self, key: str):
+        return self.get_many([key]).get(key)

@@ -1,0 +1,251 @@
+"""One daemon thread per rank: publishes this rank's state, watches its peers, and turns a hang into a report."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+
+from . import analysis, report, snapshot as S
+from .record import python_stacks
+from .store import StoreUnavailable
+
+log = logging.getLogger("ddpwatch")
+
+COLLECT_S = 2.0  # how long the writer waits for every rank's stacks before it writes what it has
+
+
+def _process_facts(pid: int) -> dict | None:
+    """psutil's view of a peer on this host: does it exist, its state, CPU, memory; None if psutil cannot say."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            return {"exists": True, "status": proc.status(), "cpu_percent": proc.cpu_percent(interval=None),
+                    "rss_mb": round(proc.memory_info().rss / 2**20, 1), "threads": proc.num_threads()}
+    except psutil.NoSuchProcess:
+        return {"exists": False}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+class Watchdog(threading.Thread):
+    """Never raises into, slows, or hangs training: every failure is logged once and the watchdog steps aside."""
+
+    def __init__(self, recorder, config, rank: int, world_size: int, store, run_tag: str):
+        super().__init__(name="ddpwatch-watchdog", daemon=True)
+        self.recorder = recorder
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.store = store
+        self.run_tag = run_tag
+        self.host = socket.gethostname()
+        self.beat = 0
+        self.registered_waiting = False
+        self.answered = 0
+        self.reported: set = set()
+        self.pending_abort = None
+        self.peer_beats: dict = {}
+        self.last_report_dir = None
+        self._stop_event = threading.Event()
+        self._logged: set = set()
+        self._store_ok = True
+
+    # ----- lifecycle -----
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout)
+        self._publish_exit()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.config.interval):
+            try:
+                self.tick()
+            except StoreUnavailable as exc:
+                self._store_ok = False
+                self._log_once("store", "ddpwatch: the store stopped answering (%s); no longer publishing", exc)
+                return
+            except Exception:
+                self._log_once("tick", "ddpwatch: watchdog error, continuing", exc_info=True)
+
+    def _log_once(self, key: str, message: str, *args, **kwargs) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(message, *args, **kwargs)
+
+    # ----- one round -----
+    def tick(self) -> None:
+        self.recorder.poll_pending()
+        state = self.state()
+        self.store.put(self.store.key("state", self.rank), state)
+        self._update_waiting(state)
+        self._answer_incidents()
+        if self.pending_abort is not None:
+            self._check_abort()
+        if self._should_watch(state):
+            self.watch()
+
+    def state(self, full: bool = False) -> dict:
+        self.beat += 1
+        doc = {"format_version": S.FORMAT_VERSION, "rank": self.rank, "world_size": self.world_size,
+               "pid": os.getpid(), "host": self.host, "beat": self.beat, "published_at": time.time(),
+               "status": S.RUNNING}
+        doc.update(self.recorder.snapshot(recent=64 if full else 8))
+        if full:
+            doc["stacks"] = python_stacks(skip_thread=threading.get_ident())
+        return doc
+
+    def _publish_exit(self) -> None:
+        if not self._store_ok:
+            return
+        try:
+            doc = self.state()
+            doc["status"] = S.EXITED
+            self.store.put(self.store.key("state", self.rank), doc)
+            if self.registered_waiting:
+                self.store.add(self.store.key("waiting"), -1)
+                self.registered_waiting = False
+        except Exception:
+            pass  # the store may already be gone at shutdown; nothing to save
+
+    def _update_waiting(self, state: dict) -> None:
+        blocked = analysis.is_blocked(state, self.config.grace)
+        if blocked != self.registered_waiting:
+            self.store.add(self.store.key("waiting"), 1 if blocked else -1)
+            self.registered_waiting = blocked
+
+    # ----- who watches: rank 0, or the lowest rank whose peers below it have gone silent -----
+    def _should_watch(self, state: dict) -> bool:
+        if self.world_size < 2:
+            return False
+        if self.rank == 0:
+            return self.store.counter(self.store.key("waiting")) > 0
+        if not self.registered_waiting:
+            return False
+        # Normally rank 0 watches: read its heartbeat only, and the others' only once rank 0 has gone silent.
+        if self._silent_for(0, self.store.get(self.store.key("state", 0))) < self.config.dead_after:
+            return False
+        lower = self.store.get_many([self.store.key("state", r) for r in range(1, self.rank)])
+        return all(self._silent_for(r, lower.get(self.store.key("state", r))) >= self.config.dead_after
+                   for r in range(1, self.rank))
+
+    def _silent_for(self, rank: int, doc: dict | None) -> float:
+        """Seconds (on this rank's clock) since `rank`'s heartbeat last moved; clocks across hosts never compared."""
+        now = time.monotonic()
+        beat = doc.get("beat") if doc else None
+        if doc and doc.get("status") == S.EXITED:
+            return 0.0
+        last = self.peer_beats.get(rank)
+        if last is None or last[0] != beat:
+            self.peer_beats[rank] = (beat, now)
+            return 0.0
+        return now - last[1]
+
+    def watch(self) -> None:
+        keys = [self.store.key("state", r) for r in range(self.world_size)]
+        docs = self.store.get_many(keys)
+        states = {doc["rank"]: doc for doc in docs.values() if isinstance(doc, dict) and "rank" in doc}
+        silent = {r: self._silent_for(r, states.get(r)) for r in range(self.world_size) if r != self.rank}
+        if any(s >= self.config.dead_after for s in silent.values()):
+            return  # a silent peer: its frozen snapshot proves nothing (dead/unresponsive ranks: later issue)
+        assessment = analysis.assess(states, self.world_size, self.config.grace, self.config.timeout)
+        if assessment.verdict is None or assessment.fingerprint in self.reported:
+            return
+        self.reported.add(assessment.fingerprint)
+        if self.store.add(self.store.key("claim", assessment.fingerprint), 1) != 1:
+            return  # another rank is already writing this one
+        self.run_incident(assessment)
+
+    # ----- incidents -----
+    def run_incident(self, assessment) -> None:
+        number = self.store.add(self.store.key("incident"), 1)
+        info = {"trigger": assessment.verdict, "leader": self.rank, "action": self.config.action,
+                "fingerprint": assessment.fingerprint}
+        self.store.put(self.store.key("incident", number, "info"), info)
+        self._answer_incidents()
+        contributions = self._collect(number)
+        current = analysis.fingerprint(contributions)
+        if assessment.verdict == analysis.DEADLOCK and current != assessment.fingerprint:
+            log.info("ddpwatch: the ranks moved on while stacks were collected; no report")
+            return
+        findings = analysis.analyze(contributions, self.world_size, self.config.grace, self.config.timeout)
+        incident = {
+            "format_version": S.FORMAT_VERSION,
+            "run_id": self._incident_id(),
+            "world_size": self.world_size,
+            "created_at": time.time(),
+            "trigger": assessment.verdict,
+            "written_by": self.rank,
+            "grace": self.config.grace,
+            "timeout": self.config.timeout,
+            "ranks": [contributions[r] for r in sorted(contributions)],
+            "missing_ranks": [r for r in range(self.world_size) if r not in contributions],
+            "findings": findings or assessment.findings,
+        }
+        folder, note = report.write_incident(self.config.dir, incident["run_id"], incident)
+        self.last_report_dir = folder
+        text = report.render.render_text(incident)
+        sys.stderr.write(text + (f"ddpwatch: {note}\n" if note else ""))
+        sys.stderr.flush()
+        self.store.put(self.store.key("incident", number, "verdict"),
+                       {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]],
+                        "action": self.config.action})
+        if self.config.action == "abort":
+            self._abort(folder, number, leader=True)
+
+    def _incident_id(self) -> str:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return f"{stamp}-{self.run_tag}" if self.run_tag else stamp
+
+    def _collect(self, number: int) -> dict:
+        deadline = time.monotonic() + COLLECT_S
+        count_key = self.store.key("incident", number, "count")
+        while time.monotonic() < deadline and self.store.counter(count_key) < self.world_size:
+            time.sleep(0.05)
+        keys = [self.store.key("incident", number, "rank", r) for r in range(self.world_size)]
+        docs = self.store.get_many(keys)
+        return {doc["rank"]: doc for doc in docs.values() if isinstance(doc, dict) and "rank" in doc}
+
+    def _answer_incidents(self) -> None:
+        latest = self.store.counter(self.store.key("incident"))
+        while self.answered < latest:
+            self.answered += 1
+            number = self.answered
+            self.store.put(self.store.key("incident", number, "rank", self.rank), self.state(full=True))
+            self.store.add(self.store.key("incident", number, "count"), 1)
+            info = self.store.get(self.store.key("incident", number, "info")) or {}
+            if info.get("action") == "abort" and info.get("leader") != self.rank:
+                self.pending_abort = number
+                # From now on a peer may exit at any moment: a collective that fails here ends this rank too.
+                self.recorder.abort_code = self.config.exit_code
+
+    def _check_abort(self) -> None:
+        verdict = self.store.get(self.store.key("incident", self.pending_abort, "verdict"))
+        if verdict is not None:
+            self._abort(verdict.get("folder"), self.pending_abort, leader=False)
+
+    def _abort(self, folder, number: int, leader: bool) -> None:
+        """End this rank. Peers acknowledge first, so the writer (who may host the store) leaves last."""
+        self.recorder.abort_code = self.config.exit_code
+        acks = self.store.key("incident", number, "acks")
+        try:
+            if leader:
+                deadline = time.monotonic() + 4 * self.config.interval + 1.0
+                while time.monotonic() < deadline and self.store.counter(acks) < self.world_size - 1:
+                    time.sleep(0.05)
+            else:
+                self.store.add(acks, 1)
+        except StoreUnavailable:
+            pass
+        sys.stderr.write(f"ddpwatch: rank {self.rank} ending with exit code {self.config.exit_code} "
+                         f"(action=abort); report: {folder}\n")
+        sys.stderr.flush()
+        os._exit(self.config.exit_code)

@@ -1,0 +1,34 @@
+"""Shared test fixtures: every test must leave no ddpwatch patch, thread or child process behind."""
+
+import os
+import sys
+import threading
+import types
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    yield
+    import ddpwatch.session as session_module
+
+    leftover_threads = [t.name for t in threading.enumerate() if t.name.startswith("ddpwatch")]
+    assert session_module.current() is None, "a ddpwatch session is still installed"
+    assert not leftover_threads, f"ddpwatch threads left running: {leftover_threads}"
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        patched = [name for module in (c10d, dist) for name, value in list(vars(module).items())
+                   if isinstance(value, types.FunctionType) and hasattr(value, "__ddpwatch_original__")]
+        assert not patched, f"functions left patched: {patched}"
+    try:
+        import psutil
+
+        children = psutil.Process().children(recursive=True)
+    except Exception:
+        children = []
+    assert not [c for c in children if c.is_running() and c.status() != "zombie"], f"child processes left: {children}"

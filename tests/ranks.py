@@ -1,0 +1,49 @@
+"""Helpers for the real multi-process tests: run a scenario on N gloo ranks with a hard limit, read its report."""
+
+import glob
+import json
+import os
+import re
+import sys
+
+from ddpwatch.launch import run_ranks
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SCENARIOS = os.path.join(HERE, "scenarios")
+
+
+def run_case(args, nprocs, report_dir, timeout=90, **env_overrides):
+    env = dict(os.environ)
+    env.pop("DDPWATCH", None)
+    env.update({"DDPWATCH_DIR": str(report_dir), "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
+    env.update({k: str(v) for k, v in env_overrides.items()})
+    return run_ranks([sys.executable] + list(args), nprocs, env=env, timeout=timeout)
+
+
+def reports(report_dir):
+    return sorted(glob.glob(os.path.join(str(report_dir), "*", "report.json")))
+
+
+def load_only_report(report_dir):
+    found = reports(report_dir)
+    assert len(found) == 1, f"expected exactly one report, found {found}"
+    with open(found[0]) as handle:
+        return json.load(handle)
+
+
+def tagged_line(path, tag):
+    with open(path) as handle:
+        for number, line in enumerate(handle, 1):
+            if f"# LINE:{tag}" in line:
+                return number
+    raise AssertionError(f"no line tagged {tag} in {path}")
+
+
+def hang_formed_at(results):
+    marks = [float(m) for r in results for m in re.findall(r"DDPWATCH-MARK hang-forms ([0-9.]+)", r.stderr)]
+    return max(marks) if marks else None
+
+
+def describe(results):
+    return "\n".join(f"--- rank {r.rank} exit {r.returncode}\n{r.stderr[-3000:]}" for r in results)
