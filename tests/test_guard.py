@@ -1,0 +1,115 @@
+"""In-process tests of the guard on a 1-rank gloo group: what it records, and that it restores everything."""
+
+import datetime
+import os
+import sys
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+import ddpwatch
+from ddpwatch import session as session_module
+from ddpwatch.launch import free_port
+
+
+@pytest.fixture
+def one_rank_group():
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=datetime.timedelta(seconds=30))
+    yield lambda: dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _line_of(marker):
+    with open(__file__) as handle:
+        return next(number for number, line in enumerate(handle, 1) if marker in line and "_line_of" not in line)
+
+
+def test_records_collectives_with_the_user_line_and_per_group_sequence(one_rank_group):
+    originals = (dist.all_reduce, c10d.all_reduce, dist.barrier, dist._broadcast_coalesced)
+    with ddpwatch.guard(interval=0.2) as session:
+        one_rank_group()
+        assert dist.all_reduce is c10d.all_reduce is not originals[0]
+        dist.all_reduce(torch.ones(3))  # MARK-ALL-REDUCE
+        work = dist.broadcast(torch.ones(2, 2), src=0, async_op=True)
+        work.wait()
+        dist.broadcast_object_list([{"a": 1}], src=0)  # MARK-OBJECT
+        dist.barrier()
+        session.recorder.poll_pending()  # what the watchdog does each round: async ops complete through their Work
+        snap = session.recorder.snapshot(recent=50)
+        assert session.watchdog is not None and session.watchdog.is_alive()
+    records = snap["recent"]
+    first = records[0]
+    assert (first["op"], first["api"], first["seq"], first["group"]) == ("all_reduce", "all_reduce", 0, "0")
+    assert first["shapes"] == [[3]] and first["dtypes"] == ["float32"]
+    assert first["site"]["line"] == _line_of("MARK-ALL-REDUCE") and first["site"]["file"] == __file__
+    assert [r["seq"] for r in records] == list(range(len(records)))
+    object_records = [r for r in records if r["region"] and r["region"]["kind"] == "object_collective"]
+    assert object_records and all(r["region"]["site"]["line"] == _line_of("MARK-OBJECT") for r in object_records)
+    assert snap["inflight"] == [] and all(r["state"] == "completed" for r in records)
+    # restored on exit
+    assert (dist.all_reduce, c10d.all_reduce, dist.barrier, dist._broadcast_coalesced) == originals
+
+
+def test_ddp_forward_is_a_region_and_patches_are_restored_after_an_exception(one_rank_group):
+    forward = torch.nn.parallel.DistributedDataParallel.forward
+    rebuild = dist.Reducer._rebuild_buckets
+    with pytest.raises(KeyError):
+        with ddpwatch.guard() as session:
+            one_rank_group()
+            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4),
+                                                                                  torch.nn.BatchNorm1d(4)))
+            model(torch.randn(8, 4)).sum().backward()
+            model(torch.randn(8, 4))  # MARK-DDP
+            snap = session.recorder.snapshot(recent=50)
+            raise KeyError("user error")
+    ddp_records = [r for r in snap["recent"] if r["region"] and r["region"]["kind"] == "ddp_forward"]
+    assert {r["api"] for r in ddp_records} >= {"_broadcast_coalesced", "Reducer._rebuild_buckets"}
+    assert any(r["region"]["site"]["line"] == _line_of("MARK-DDP") for r in ddp_records)
+    assert torch.nn.parallel.DistributedDataParallel.forward is forward
+    assert dist.Reducer._rebuild_buckets is rebuild
+    assert session_module.current() is None
+
+
+def test_user_errors_from_collectives_propagate_unchanged(one_rank_group):
+    with ddpwatch.guard():
+        one_rank_group()
+        with pytest.raises(Exception) as caught:
+            dist.broadcast(torch.ones(1), src=5)
+        with pytest.raises(Exception) as plain:
+            dist.broadcast.__ddpwatch_original__(torch.ones(1), src=5)
+    assert type(caught.value) is type(plain.value) and str(caught.value) == str(plain.value)
+    assert "invalid root rank" in str(caught.value)
+
+
+def test_nested_guards_share_one_session_and_the_last_exit_restores(one_rank_group):
+    original = dist.all_reduce
+    with ddpwatch.guard() as outer:
+        with ddpwatch.guard() as inner:
+            assert inner is outer
+        assert dist.all_reduce is not original
+    assert dist.all_reduce is original
+    assert not [t for t in threading.enumerate() if t.name.startswith("ddpwatch")]
+
+
+def test_bad_configuration_fails_before_anything_is_patched():
+    original = dist.all_reduce
+    with pytest.raises(ddpwatch.ConfigError, match="explode.*action.*report or abort"):
+        with ddpwatch.guard(action="explode"):
+            pass
+    assert dist.all_reduce is original and session_module.current() is None
+
+
+def test_destroy_inside_the_guard_stops_the_watchdog_and_init_again_rearms(one_rank_group):
+    with ddpwatch.guard(interval=0.2) as session:
+        one_rank_group()
+        first = session.watchdog
+        dist.destroy_process_group()
+        assert session.watchdog is None and not first.is_alive()
+        store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=datetime.timedelta(seconds=30))
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        assert session.watchdog is not None and session.watchdog.is_alive()
+        dist.all_reduce(torch.ones(1))
