@@ -198,21 +198,24 @@ def ddp_forward_on_subset(parts: list, states: dict) -> dict | None:
     others = sorted(r for ranks, _ in outside for r in ranks)
     record = inside[0][1]
     call_site = user_location(record)
-    if record.get("api") == S.DDP_BUCKET_REBUILD:
+    rebuild = record.get("api") == S.DDP_BUCKET_REBUILD
+    if rebuild:
         why = ("DDP rebuilds its gradient buckets once, on the first grad-enabled forward after the first backward, "
                "and that rebuild broadcasts across all ranks")
+        short_why = "the one-time gradient bucket rebuild in DDP.forward is a broadcast every rank must join"
     else:
         why = ("DDP's forward broadcasts the module's buffers (such as BatchNorm running statistics) from rank 0 "
                "to every rank before computing, so every rank must run it")
+        short_why = "DDP.forward's buffer broadcast (BatchNorm statistics) needs every rank"
     waiting_where = "; ".join(f"{rank_list(r)} {_verb(r, 'waits', 'wait')} in {describe_op(rec)}" for r, rec in outside)
     summary = (f"{_sentence(rank_list(culprits))} called the DistributedDataParallel model at "
                f"{S.short_site(call_site)} ({S.format_site(call_site)}) while {rank_list(others)} did not: "
                f"{why}. {_sentence(rank_list(culprits))} {_verb(culprits, 'blocks', 'block')} in {describe_op(record)}; {waiting_where}. "
                "Neither side can ever finish.")
     fix = (f"For rank-local work (evaluation, logging) call the wrapped module directly: `model.module(x)` instead of "
-           f"`model(x)` at {S.short_site(call_site)}; or run that forward on every rank. {_sentence(why)}.")
+           f"`model(x)` at {S.short_site(call_site)}; or run that forward on every rank ({short_why}).")
     return S.finding("ddp_forward_on_subset", culprits, summary, fix, call_site,
-                     {"ddp_op": "bucket_rebuild" if record.get("api") == S.DDP_BUCKET_REBUILD else "buffer_broadcast",
+                     {"ddp_op": "bucket_rebuild" if rebuild else "buffer_broadcast",
                       "mismatched": _side_by_side(parts)})
 
 

@@ -193,7 +193,7 @@ class Watchdog(threading.Thread):
         folder, note = report.write_incident(self.config.dir, incident["run_id"], incident)
         self.last_report_dir = folder
         text = report.render.render_text(incident)
-        sys.stderr.write(text + (f"ddpwatch: {note}\n" if note else ""))
+        sys.stderr.write("\n" + text + (f"ddpwatch: {note}\n" if note else ""))  # after any progress bar
         sys.stderr.flush()
         self.store.put(self.store.key("incident", number, "verdict"),
                        {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]],

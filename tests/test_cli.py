@@ -1,0 +1,47 @@
+"""The command line in subprocesses: the README's demo commands and `ddpwatch report`."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ranks import ROOT, reports
+
+pytestmark = pytest.mark.timeout(200)
+
+
+def _run(args, tmp_path, timeout=180):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("DDPWATCH", None)
+    return subprocess.run([sys.executable, "-m", "ddpwatch"] + args, capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=str(tmp_path), start_new_session=True)
+
+
+def test_demo_catches_the_seed_stall_and_report_rerenders_it(tmp_path):
+    out = tmp_path / "reports"
+    done = _run(["demo", "--dir", str(out)], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "stall caught" in done.stderr and "[ddp_forward_on_subset] culprit: rank 0" in done.stderr
+    [report_json] = reports(out)
+    folder = os.path.dirname(report_json)
+    text = _run(["report", folder], tmp_path)
+    assert text.returncode == 0 and "[ddp_forward_on_subset] culprit: rank 0 at seed_stall.py:" in text.stdout
+    again = _run(["report", folder, "--format", "json", "--reanalyze"], tmp_path)
+    assert again.returncode == 0 and '"kind": "ddp_forward_on_subset"' in again.stdout
+
+
+def test_demo_fixed_finishes_cleanly_without_report(tmp_path):
+    out = tmp_path / "reports"
+    done = _run(["demo", "--fixed", "--dir", str(out)], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "finished cleanly with no report" in done.stderr
+    assert reports(out) == []
+
+
+def test_report_on_a_missing_or_foreign_folder_is_a_clear_error(tmp_path):
+    missing = _run(["report", str(tmp_path / "nope")], tmp_path, timeout=60)
+    assert missing.returncode == 2 and "ddpwatch report:" in missing.stderr
+    (tmp_path / "report.json").write_text('{"format_version": 99}')
+    foreign = _run(["report", str(tmp_path)], tmp_path, timeout=60)
+    assert foreign.returncode == 2 and "format_version 99" in foreign.stderr
