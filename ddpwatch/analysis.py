@@ -9,6 +9,7 @@ from . import snapshot as S
 
 DEADLOCK = "deadlock"
 TIMEOUT = "timeout"
+DUMP = "dump"
 
 
 @dataclasses.dataclass

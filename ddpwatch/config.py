@@ -207,3 +207,9 @@ def job_id(environ: Mapping[str, str] | None = None) -> str:
         if value and value.lower() != "none":
             return value
     return ""
+
+
+def torchelastic_error_file(environ: Mapping[str, str] | None = None) -> str:
+    """Where torchrun's agent reads a worker's failure reason (TORCHELASTIC_ERROR_FILE), or ''."""
+    environ = os.environ if environ is None else environ
+    return environ.get("TORCHELASTIC_ERROR_FILE", "")

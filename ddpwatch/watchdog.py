@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -10,6 +11,7 @@ import threading
 import time
 
 from . import analysis, report, snapshot as S
+from .config import torchelastic_error_file
 from .record import python_stacks
 from .store import StoreUnavailable
 
@@ -55,6 +57,7 @@ class Watchdog(threading.Thread):
         self.peer_beats: dict = {}
         self.last_report_dir = None
         self._stop_event = threading.Event()
+        self._dump_requested = threading.Event()
         self._logged: set = set()
         self._store_ok = True
 
@@ -76,6 +79,13 @@ class Watchdog(threading.Thread):
             except Exception:
                 self._log_once("tick", "ddpwatch: watchdog error, continuing", exc_info=True)
 
+    def request_dump(self) -> None:
+        """Ask for a report now, from every rank, without stopping the job (SIGUSR1, `ddpwatch dump`).
+
+        Safe from a signal handler: it only sets an event; the watchdog thread does the work on its next round.
+        """
+        self._dump_requested.set()
+
     def _log_once(self, key: str, message: str, *args, **kwargs) -> None:
         if key not in self._logged:
             self._logged.add(key)
@@ -90,7 +100,10 @@ class Watchdog(threading.Thread):
         self._answer_incidents()
         if self.pending_abort is not None:
             self._check_abort()
-        if self._should_watch(state):
+        if self._dump_requested.is_set():
+            self._dump_requested.clear()
+            self.run_incident(analysis.Assessment(analysis.DUMP, [], f"dump-{self.rank}-{time.time():.3f}"))
+        elif self._should_watch(state):
             self.watch()
 
     def state(self, full: bool = False) -> dict:
@@ -167,7 +180,8 @@ class Watchdog(threading.Thread):
     # ----- incidents -----
     def run_incident(self, assessment) -> None:
         number = self.store.add(self.store.key("incident"), 1)
-        info = {"trigger": assessment.verdict, "leader": self.rank, "action": self.config.action,
+        action = "report" if assessment.verdict == analysis.DUMP else self.config.action
+        info = {"trigger": assessment.verdict, "leader": self.rank, "action": action,
                 "fingerprint": assessment.fingerprint}
         self.store.put(self.store.key("incident", number, "info"), info)
         self._answer_incidents()
@@ -196,9 +210,9 @@ class Watchdog(threading.Thread):
         sys.stderr.write("\n" + text + (f"ddpwatch: {note}\n" if note else ""))  # after any progress bar
         sys.stderr.flush()
         self.store.put(self.store.key("incident", number, "verdict"),
-                       {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]],
-                        "action": self.config.action})
-        if self.config.action == "abort":
+                       {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]], "action": action})
+        if action == "abort":
+            self._write_error_file(incident)
             self._abort(folder, number, leader=True)
 
     def _incident_id(self) -> str:
@@ -230,7 +244,28 @@ class Watchdog(threading.Thread):
     def _check_abort(self) -> None:
         verdict = self.store.get(self.store.key("incident", self.pending_abort, "verdict"))
         if verdict is not None:
+            self._write_error_file({"findings": [{"kind": k} for k in verdict.get("kinds", [])],
+                                    "report_dir": verdict.get("folder")})
             self._abort(verdict.get("folder"), self.pending_abort, leader=False)
+
+    def _write_error_file(self, incident: dict) -> None:
+        """torchrun's agent prints a worker's error file in its failure summary: put the verdict there."""
+        path = torchelastic_error_file()
+        if not path:
+            return
+        findings = incident.get("findings") or []
+        first = findings[0] if findings else {}
+        message = (f"ddpwatch: {first.get('kind', 'hang')}"
+                   + (f" (culprit {analysis.rank_list(first['ranks'])})" if first.get("ranks") else "")
+                   + (f": {first['summary']}" if first.get("summary") else "")
+                   + f" Report: {incident.get('report_dir')}")
+        doc = {"message": {"message": message,
+                           "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}}
+        try:
+            with open(path, "w", encoding="utf-8") as handle:
+                json.dump(doc, handle)
+        except OSError as exc:
+            self._log_once("error-file", "ddpwatch: could not write the error file %s: %s", path, exc)
 
     def _abort(self, folder, number: int, leader: bool) -> None:
         """End this rank. Peers acknowledge first, so the writer (who may host the store) leaves last."""
