@@ -10,6 +10,7 @@ from . import snapshot as S
 DEADLOCK = "deadlock"
 TIMEOUT = "timeout"
 DUMP = "dump"
+SILENT = "silent_rank"
 
 
 @dataclasses.dataclass
@@ -54,6 +55,8 @@ def describe_op(record: dict) -> str:
     api = record.get("api")
     if api == S.DDP_BUFFER_BROADCAST:
         text += " of module buffers"
+    elif api == S.DDP_GRAD_ALLREDUCE:
+        return f"{text} of gradients inside backward() at {S.short_site(record.get('site'))}"
     elif api == S.DDP_BUCKET_REBUILD:
         text += " for DDP's gradient bucket rebuild"
     elif api and api != record["op"]:
@@ -77,6 +80,8 @@ def user_location(record: dict) -> dict | None:
 def rank_list(ranks) -> str:
     """[0, 1, 2, 5] -> 'ranks 0-2,5'; [3] -> 'rank 3'."""
     ranks = sorted(set(ranks))
+    if not ranks:
+        return "no rank"
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
     parts, start, prev = [], None, None
@@ -141,33 +146,61 @@ def positions(states: dict, grace: float) -> list:
     return out
 
 
-# ---------------------------------------------------------------- the passes
+# ---------------------------------------------------------------- history: has a rank been at this line before?
+
+def _same_line(a: dict | None, b: dict | None) -> bool:
+    return bool(a and b and a.get("file") == b.get("file") and a.get("line") == b.get("line"))
+
+
+def has_been_at(state: dict, site: dict | None) -> bool:
+    """Whether this rank issued a collective from this line before (site counts, else its recent records)."""
+    if not site:
+        return False
+    counts = state.get("site_counts") or {}
+    if counts.get(f"{site['file']}:{site['line']}", 0) > _inflight_count_at(state, site):
+        return True
+    for record in state.get("recent") or ():
+        if _same_line(record.get("site"), site) or _same_line((record.get("region") or {}).get("site"), site):
+            return True
+    return False
+
+
+def _inflight_count_at(state: dict, site: dict) -> int:
+    """Site counts include the call in flight now; "been here before" must not count it."""
+    return sum(1 for r in state.get("inflight") or () if _same_line(r.get("site"), site))
+
+
+def _familiar_to(site: dict | None, states: dict, ranks) -> bool:
+    return bool(ranks) and all(has_been_at(states[rank], site) for rank in ranks)
+
+
+# ---------------------------------------------------------------- splitting the waiting ranks
 
 def _partitions(waiting: dict) -> list:
     """Ranks waiting on one group split by what they wait in: [(ranks, record)], one per distinct call."""
     parts: dict = {}
     for rank, record in sorted(waiting.items()):
         region = record.get("region") or {}
-        key = (record["seq"], record.get("api"), record["op"], S.short_site(record.get("site")),
-               region.get("kind"), S.short_site(region.get("site")))
+        key = (record["seq"], record.get("api"), record["op"], _site_key(record.get("site")),
+               region.get("kind"), _site_key(region.get("site")), _shape_key(record))
         parts.setdefault(key, ([], record))[0].append(rank)
     return list(parts.values())
 
 
-def _seen_by_all(site: dict | None, states: dict, ranks) -> bool:
-    """Whether every given rank has issued a collective from this line before (so it is a normal sync point)."""
-    if not site:
-        return False
-    for rank in ranks:
-        history = states[rank].get("recent") or []
-        if not any((r.get("site") or {}).get("file") == site["file"] and (r.get("site") or {}).get("line") == site["line"]
-                   for r in history):
-            return False
-    return True
+def _site_key(site: dict | None):
+    return (site["file"], site["line"]) if site else None
+
+
+def _shape_key(record: dict):
+    return (tuple(tuple(s) for s in record.get("shapes") or ()), tuple(record.get("dtypes") or ()))
+
+
+def _ranks_of(parts) -> list:
+    return sorted(r for ranks, _ in parts for r in ranks)
 
 
 def _innocent_partition(parts: list, states: dict):
-    """The partition that waits where the program expects everyone: a barrier, the majority, or a familiar line."""
+    """The partition that waits where the program expects everyone: the majority, a barrier, or a familiar line."""
     if len(parts) < 2:
         return None, ""
     sizes = sorted((len(ranks) for ranks, _ in parts), reverse=True)
@@ -176,8 +209,8 @@ def _innocent_partition(parts: list, states: dict):
     barriers = [p for p in parts if p[1]["op"] == "barrier"]
     if len(barriers) == 1:
         return barriers[0], "barrier"
-    all_ranks = [r for ranks, _ in parts for r in ranks]
-    familiar = [p for p in parts if _seen_by_all(p[1].get("site"), states, all_ranks)]
+    everyone = _ranks_of(parts)
+    familiar = [p for p in parts if _familiar_to(user_location(p[1]), states, everyone)]
     if len(familiar) == 1:
         return familiar[0], "history"
     return None, ""
@@ -186,19 +219,36 @@ def _innocent_partition(parts: list, states: dict):
 def _side_by_side(parts: list) -> list:
     return [{"ranks": ranks, "group": rec["group"], "seq": rec["seq"], "op": rec["op"], "api": rec.get("api"),
              "shapes": rec.get("shapes"), "dtypes": rec.get("dtypes"), "site": rec.get("site"),
-             "region": rec.get("region"), "wait_s": rec.get("age_s"), "description": describe_op(rec)}
+             "region": rec.get("region"), "wait_s": rec.get("age_s"), "state": rec.get("state"),
+             "description": describe_op(rec)}
             for ranks, rec in parts]
 
 
+def _in_ddp_forward(record: dict) -> bool:
+    return (record.get("region") or {}).get("kind") == S.DDP_FORWARD
+
+
+def _is_training_step(record: dict) -> bool:
+    return record.get("api") == S.DDP_GRAD_ALLREDUCE or _in_ddp_forward(record)
+
+
+def _waits_text(parts) -> str:
+    return "; ".join(f"{rank_list(r)} {_verb(r, 'waits', 'wait')} in {describe_op(rec)}" for r, rec in parts)
+
+
+# ---------------------------------------------------------------- one pass per finding kind
+
 def ddp_forward_on_subset(parts: list, states: dict) -> dict | None:
-    inside = [p for p in parts if (p[1].get("region") or {}).get("kind") == S.DDP_FORWARD]
+    """The seed: some ranks call the DDP model (rank-local evaluation) and block in DDP.forward's own collective."""
+    inside = [p for p in parts if _in_ddp_forward(p[1])]
     outside = [p for p in parts if p not in inside]
     if not inside or not outside:
         return None
-    culprits = sorted(r for ranks, _ in inside for r in ranks)
-    others = sorted(r for ranks, _ in outside for r in ranks)
+    culprits, others = _ranks_of(inside), _ranks_of(outside)
     record = inside[0][1]
     call_site = user_location(record)
+    if len(culprits) > len(others) or _familiar_to(call_site, states, others):
+        return None  # the DDP call is the normal training step: someone else left the common path
     rebuild = record.get("api") == S.DDP_BUCKET_REBUILD
     if rebuild:
         why = ("DDP rebuilds its gradient buckets once, on the first grad-enabled forward after the first backward, "
@@ -208,23 +258,63 @@ def ddp_forward_on_subset(parts: list, states: dict) -> dict | None:
         why = ("DDP's forward broadcasts the module's buffers (such as BatchNorm running statistics) from rank 0 "
                "to every rank before computing, so every rank must run it")
         short_why = "DDP.forward's buffer broadcast (BatchNorm statistics) needs every rank"
-    waiting_where = "; ".join(f"{rank_list(r)} {_verb(r, 'waits', 'wait')} in {describe_op(rec)}" for r, rec in outside)
     summary = (f"{_sentence(rank_list(culprits))} called the DistributedDataParallel model at "
                f"{S.short_site(call_site)} ({S.format_site(call_site)}) while {rank_list(others)} did not: "
-               f"{why}. {_sentence(rank_list(culprits))} {_verb(culprits, 'blocks', 'block')} in {describe_op(record)}; {waiting_where}. "
-               "Neither side can ever finish.")
+               f"{why}. {_sentence(rank_list(culprits))} {_verb(culprits, 'blocks', 'block')} in "
+               f"{describe_op(record)}; {_waits_text(outside)}. Neither side can ever finish.")
     fix = (f"For rank-local work (evaluation, logging) call the wrapped module directly: `model.module(x)` instead of "
            f"`model(x)` at {S.short_site(call_site)}; or run that forward on every rank ({short_why}).")
     return S.finding("ddp_forward_on_subset", culprits, summary, fix, call_site,
-                     {"ddp_op": "bucket_rebuild" if rebuild else "buffer_broadcast",
-                      "mismatched": _side_by_side(parts)})
+                     {"ddp_op": "bucket_rebuild" if rebuild else "buffer_broadcast", "mismatched": _side_by_side(parts)})
+
+
+def training_step_left_behind(culprit_parts: list, innocent, states: dict, rule: str, parts: list) -> dict | None:
+    """Culprits inside a normal training step while the others wait elsewhere: a skipped collective or uneven data."""
+    if not all(_is_training_step(rec) for _, rec in culprit_parts) or _is_training_step(innocent[1]):
+        return None
+    culprits = _ranks_of(culprit_parts)
+    record = culprit_parts[0][1]
+    step_site = user_location(record)
+    if not _familiar_to(step_site, states, innocent[0]):
+        return None  # not a step the others have run: not the common training path
+    skipped_site = innocent[1].get("site")
+    if _familiar_to(skipped_site, states, culprits):
+        return skipped_collective(culprits, innocent, record, rule, parts)
+    steps = {r: states[r].get("ddp_steps") for r in culprits + innocent[0]}
+    summary = (f"{_sentence(rank_list(culprits))} {_verb(culprits, 'is', 'are')} still training "
+               f"({describe_op(record)}) while {rank_list(innocent[0])} finished the loop and "
+               f"{_verb(innocent[0], 'waits', 'wait')} in {describe_op(innocent[1])}: the ranks ran different "
+               "numbers of training steps, so the extra step's collectives have no partner.")
+    fix = ("Give every rank the same number of batches: use `DistributedSampler(dataset, drop_last=True)` (or pad "
+           "the dataset to a multiple of the world size), or wrap the loop in DDP's `with model.join():` context "
+           "manager, which lets ranks that run out of data shadow the others' collectives.")
+    return S.finding("uneven_inputs", culprits, summary, fix, step_site,
+                     {"mismatched": _side_by_side(parts), "culprit_rule": rule,
+                      "ddp_steps": {str(r): n for r, n in steps.items()}})
+
+
+def skipped_collective(culprits: list, innocent, culprit_record: dict, rule: str, parts: list) -> dict:
+    """Culprits went past a collective the others wait in (an early continue/return on some ranks)."""
+    skipped = innocent[1]
+    location = user_location(skipped)
+    now = describe_op(culprit_record) if culprit_record else "exited"
+    summary = (f"{_sentence(rank_list(culprits))} never reached {describe_op(skipped)}, where "
+               f"{rank_list(innocent[0])} {_verb(innocent[0], 'waits', 'wait')}: "
+               f"{_verb(culprits, 'it', 'they')} went past it and {_verb(culprits, 'is', 'are')} now "
+               f"{'in ' + now if culprit_record else 'gone (the rank exited)'}.")
+    fix = (f"Every rank must reach the collective at {S.short_site(location)}: look for an early `return`, "
+           "`continue` or `break` taken on some ranks only (often under a rank condition) before it, and move "
+           "the collective above it or make the exit happen on every rank.")
+    return S.finding("skipped_collective", culprits, summary, fix, location,
+                     {"mismatched": _side_by_side(parts), "culprit_rule": rule,
+                      "culprits_now": now})
 
 
 def collective_on_subset_or_mismatch(parts: list, states: dict) -> dict:
     innocent, reason = _innocent_partition(parts, states)
     side = _side_by_side(parts)
     if innocent is None:
-        ranks = sorted(r for ranks, _ in parts for r in ranks)
+        ranks = _ranks_of(parts)
         record = parts[0][1]
         calls = "; ".join(f"{rank_list(r)}: {describe_op(rec)} (seq {rec['seq']})" for r, rec in parts)
         summary = (f"The ranks issued different collectives at the same point of group {record['group']}: {calls}. "
@@ -234,19 +324,186 @@ def collective_on_subset_or_mismatch(parts: list, states: dict) -> dict:
         return S.finding("collective_mismatch", ranks, summary, fix, user_location(record),
                          {"mismatched": side, "culprit_rule": "none"})
     culprit_parts = [p for p in parts if p is not innocent]
-    culprits = sorted(r for ranks, _ in culprit_parts for r in ranks)
+    found = training_step_left_behind(culprit_parts, innocent, states, reason, parts)
+    if found:
+        return found
+    culprits = _ranks_of(culprit_parts)
     record = culprit_parts[0][1]
-    expected = innocent[1]
+    if (_familiar_to(user_location(record), states, innocent[0])
+            and _familiar_to(innocent[1].get("site"), states, culprits) and reason != "history"):
+        return skipped_collective(culprits, innocent, record, reason, parts)
     location = user_location(record)
     summary = (f"{_sentence(rank_list(culprits))} called {describe_op(record)} ({S.format_site(location)}), "
                f"which {rank_list(innocent[0])} {_verb(innocent[0], 'does', 'do')} not call at this point: "
-               f"{_verb(innocent[0], 'it waits', 'they wait')} in {describe_op(expected)}. "
-               f"Neither side can ever finish.")
+               f"{_verb(innocent[0], 'it waits', 'they wait')} in {describe_op(innocent[1])}. "
+               "Neither side can ever finish.")
     fix = (f"Run the collective at {S.short_site(location)} on every rank of the group (move it out of any "
            f"rank-only branch), or give it a process group made of only the ranks that call it "
            f"(`dist.new_group(ranks=...)`).")
     return S.finding("collective_on_subset", culprits, summary, fix, location,
                      {"mismatched": side, "culprit_rule": reason})
+
+
+def shape_mismatch(parts: list, states: dict) -> dict | None:
+    """The same collective at the same position, with different tensor sizes or dtypes."""
+    if len({(rec.get("api"), rec["op"]) for _, rec in parts}) != 1 or len({_shape_key(rec) for _, rec in parts}) < 2:
+        return None
+    sizes = sorted((len(ranks) for ranks, _ in parts), reverse=True)
+    if sizes[0] > sizes[1]:
+        common = max(parts, key=lambda p: len(p[0]))
+        culprit_parts = [p for p in parts if p is not common]
+    else:
+        empty = [p for p in parts if any(0 in shape for shape in p[1].get("shapes") or ())]
+        culprit_parts = empty if 0 < len(empty) < len(parts) else parts
+    culprits = _ranks_of(culprit_parts)
+    record = culprit_parts[0][1]
+    shapes = "; ".join(f"{rank_list(r)}: {_shape_text(rec)}" for r, rec in parts)
+    summary = (f"{_sentence(rank_list(culprits))} passed different tensors to {record['op']} at "
+               f"{S.short_site(record.get('site'))} (group {record['group']}, seq {record['seq']}): {shapes}. "
+               "On gloo an empty tensor returns at once on its rank while the others wait forever; other size "
+               "differences abort or corrupt.")
+    fix = (f"Make the tensor passed at {S.short_site(user_location(record))} the same shape and dtype on every rank "
+           "(pad variable-length data, or all_gather the sizes first and then the padded tensors).")
+    return S.finding("shape_mismatch", culprits, summary, fix, user_location(record),
+                     {"mismatched": _side_by_side(parts)})
+
+
+def _shape_text(record: dict) -> str:
+    shapes = ", ".join("x".join(map(str, s)) or "scalar" for s in record.get("shapes") or ()) or "no tensor"
+    return f"{shapes} {','.join(record.get('dtypes') or ())}".strip()
+
+
+def _record_at(state: dict, group: str, seq: int) -> dict | None:
+    for record in list(state.get("recent") or ()) + list(state.get("inflight") or ()):
+        if record.get("group") == group and record.get("seq") == seq and not record.get("p2p"):
+            return record
+    return None
+
+
+def sequence_divergence(group: str, parts: list, states: dict) -> dict:
+    """Ranks at different positions of one group: compare what each did at the earliest position anyone waits at."""
+    low = min(rec["seq"] for _, rec in parts)
+    at_low = {}
+    for ranks, rec in parts:
+        for rank in ranks:
+            at_low[rank] = rec if rec["seq"] == low else _record_at(states[rank], group, low)
+    known = {r: rec for r, rec in at_low.items() if rec is not None}
+    regrouped = _partitions(known) if len(known) == len(at_low) else []
+    if regrouped:
+        found = shape_mismatch(regrouped, states)
+        if found:
+            found["evidence"]["sequence"] = {"group": group, "seq": low}
+            return found
+        if len({(rec.get("api"), rec["op"]) for _, rec in regrouped}) > 1:
+            return collective_on_subset_or_mismatch(regrouped, states)
+    ahead = _ranks_of([p for p in parts if p[1]["seq"] > low])
+    summary = (f"On group {group} the ranks wait at different positions: "
+               + "; ".join(f"{rank_list(r)} at seq {rec['seq']} ({describe_op(rec)})" for r, rec in parts)
+               + f". {_sentence(rank_list(ahead))} got past seq {low} without the others.")
+    fix = ("Some collective completed on part of the group only (on gloo: an empty tensor); compare the ranks' "
+           "collectives just before these lines and make them identical.")
+    record = next(rec for _, rec in parts if rec["seq"] > low)
+    return S.finding("collective_mismatch", ahead, summary, fix, user_location(record),
+                     {"mismatched": _side_by_side(parts), "culprit_rule": "sequence"})
+
+
+def group_order(waiting: dict, states: dict, world_size: int) -> dict | None:
+    """Ranks blocked on different process groups each of which needs a rank blocked on the other."""
+    groups = {rec["group"] for rec in waiting.values()}
+    if len(groups) < 2:
+        return None
+    crossing = {}
+    for rank, rec in waiting.items():
+        members = _members(states, rec["group"], world_size)
+        if any(m in waiting and waiting[m]["group"] != rec["group"] for m in members if m != rank):
+            crossing[rank] = rec
+    if not crossing:
+        return None
+    parts = _partitions(crossing)
+    by_group: dict = {}
+    for rank, rec in crossing.items():
+        by_group.setdefault(rec["group"], []).append(rank)
+    sizes = sorted(len(r) for r in by_group.values())
+    minority = min(by_group.values(), key=len) if sizes[0] < sizes[-1] else sorted(crossing)
+    first = crossing[min(minority)]
+    summary = ("The ranks issue collectives on different process groups in different orders: "
+               + "; ".join(f"{rank_list(r)} {_verb(r, 'waits', 'wait')} on group {g} in {describe_op(crossing[r[0]])}"
+                           for g, r in sorted(by_group.items()))
+               + ". Each group needs a rank that is blocked on the other, so neither can finish.")
+    fix = ("Issue collectives on every process group in the same order on all ranks (for example, always the "
+           "data-parallel group before the model-parallel one); do not let rank-dependent branches reorder them.")
+    return S.finding("group_order", minority, summary, fix, user_location(first), {"mismatched": _side_by_side(parts)})
+
+
+def skipped_by_exited(live: dict, exited: set, grace: float, world_size: int) -> list:
+    """Ranks that exited while others wait in a collective of a group they belong to: they skipped it."""
+    findings = []
+    waiting = {r: waiting_record(s) for r, s in live.items() if is_blocked(s, grace)}
+    by_group: dict = {}
+    for rank, rec in waiting.items():
+        by_group.setdefault((rec["group"], rec["seq"]), []).append(rank)
+    for (group, _), ranks in sorted(by_group.items()):
+        gone = sorted(r for r in exited if r in _members(live, group, world_size))
+        if not gone:
+            continue
+        record = waiting[ranks[0]]
+        innocent = (ranks, record)
+        findings.append(skipped_collective(gone, innocent, None, "exited", _partitions({r: waiting[r] for r in ranks})))
+    return findings
+
+
+def silent_ranks(silent: dict, live: dict, grace: float) -> list:
+    """Ranks whose heartbeat stopped: gone (dead_rank) or present but frozen (unresponsive_rank)."""
+    findings = []
+    waiting = sorted(r for r, s in live.items() if is_blocked(s, grace))
+    for rank, view in sorted(silent.items()):
+        process = view.get("process") or {}
+        last = view.get("last_state") or {}
+        record = waiting_record(last) if last else None
+        where = describe_op(record) if record else (S.short_site(user_line_now(last)) if last else "before it "
+                                                                                                    "published")
+        silent_s = view.get("silent_s", 0.0)
+        if process.get("exists") is False or (not process and view.get("never_published") is None
+                                              and view.get("remote")):
+            kind = "dead_rank"
+            summary = (f"Rank {rank} (pid {last.get('pid', '?')} on {last.get('host', '?')}) is gone: its heartbeat "
+                       f"stopped {silent_s:.0f} s ago"
+                       + (" and the process no longer exists" if process.get("exists") is False else "")
+                       + f"; it was last {'in ' + where if record else 'at ' + where}.")
+            fix = ("Find why the process died: its own log (out-of-memory killer, segfault, an exception), "
+                   "`dmesg`, and the launcher's exit summary. The other ranks will wait forever for it.")
+        else:
+            kind = "unresponsive_rank"
+            status = process.get("status", "unknown")
+            summary = (f"Rank {rank} (pid {last.get('pid', '?')}) exists but has not answered for {silent_s:.0f} s "
+                       f"(process status: {status}); neither its training thread nor ddpwatch's watchdog moves. "
+                       f"It was last {'in ' + where if record else 'at ' + where}.")
+            fix = ("A stopped (SIGSTOP, a debugger), swapping, or GIL-holding process: check its state with "
+                   "`py-spy dump --native --pid` and `cat /proc/<pid>/status`; resume or restart it.")
+        location = user_location(record) if record else (user_line_now(last) if last else None)
+        findings.append(S.finding(kind, [rank], summary, fix, location,
+                                  {"silent_s": round(silent_s, 1), "process": process or None,
+                                   "waiting_ranks": waiting, "last_seen": where}))
+    return findings
+
+
+def collective_stuck(live: dict, timeout: float) -> dict | None:
+    """Every rank in the same collective at the same position, and it never completes: below the program."""
+    waiting = _waiting_map(live)
+    if len(waiting) != len(live) or len({(rec["group"], rec["seq"], rec.get("api")) for rec in waiting.values()}) != 1:
+        return None
+    record = next(iter(waiting.values()))
+    longest = max(rec.get("age_s", 0.0) for rec in waiting.values())
+    if longest < timeout:
+        return None
+    summary = (f"All {len(waiting)} ranks have waited {longest:.0f} s in the same collective, {describe_op(record)} "
+               f"(group {record['group']}, seq {record['seq']}), and it does not complete: the program agrees, "
+               "the transport does not (network, device or library fault).")
+    fix = ("Check the interconnect and devices: NCCL_DEBUG=INFO logs, `nvidia-smi`, network between hosts "
+           "(firewalls, wrong interface: NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME); if the op is huge, raise the "
+           "timeout.")
+    return S.finding("collective_stuck", sorted(waiting), summary, fix, user_location(record),
+                     {"wait_s": round(longest, 1), "mismatched": _side_by_side(_partitions(waiting))})
 
 
 def straggler(states: dict, blocked: set, timeout: float) -> dict | None:
@@ -268,8 +525,10 @@ def straggler(states: dict, blocked: set, timeout: float) -> dict | None:
                      {"waiting": sorted(blocked), "wait_s": round(longest, 1), "busy_at": {str(r): here[r] for r in busy}})
 
 
+# ---------------------------------------------------------------- putting the passes together
+
 def _waiting_map(states: dict) -> dict:
-    return {rank: waiting_record(state) for rank, state in states.items() if waiting_record(state) is not None}
+    return {rank: rec for rank, rec in ((r, waiting_record(s)) for r, s in states.items()) if rec is not None}
 
 
 def _members(states: dict, group: str, world_size: int) -> list:
@@ -280,18 +539,30 @@ def _members(states: dict, group: str, world_size: int) -> list:
     return list(range(world_size))
 
 
+def _point_to_point_only(records) -> bool:
+    return all(rec.get("p2p") for rec in records)
+
+
 def proven_mismatches(states: dict, world_size: int) -> list:
     """[(group, parts)] for each group whose waiting ranks sit in calls that can never match one another."""
-    waiting = _waiting_map(states)
+    waiting = {r: rec for r, rec in _waiting_map(states).items() if not rec.get("p2p")}
     by_group: dict = {}
     for rank, record in waiting.items():
         by_group.setdefault(record["group"], {})[rank] = record
     found = []
     for group, members_waiting in sorted(by_group.items()):
         parts = _partitions(members_waiting)
-        if len({(rec["seq"], rec.get("api"), rec["op"]) for _, rec in parts}) > 1:
+        if len({(rec["seq"], rec.get("api"), rec["op"], _shape_key(rec)) for _, rec in parts}) > 1:
             found.append((group, parts))
     return found
+
+
+def classify(group: str, parts: list, states: dict) -> dict:
+    """The finding for one group whose waiting ranks can never match."""
+    if len({rec["seq"] for _, rec in parts}) > 1:
+        return sequence_divergence(group, parts, states)
+    return (shape_mismatch(parts, states) or ddp_forward_on_subset(parts, states)
+            or collective_on_subset_or_mismatch(parts, states))
 
 
 def fingerprint(states: dict) -> str:
@@ -299,27 +570,42 @@ def fingerprint(states: dict) -> str:
     return hashlib.sha1(repr(items).encode()).hexdigest()[:16]
 
 
-def assess(states: dict, world_size: int, grace: float, timeout: float) -> Assessment:
-    """Decide from every rank's snapshot whether a deadlock is proven now, or a wait has outlasted the timeout."""
+def assess(states: dict, world_size: int, grace: float, timeout: float, silent: dict | None = None) -> Assessment:
+    """Decide from every rank's snapshot whether a hang is proven now, or a wait has outlasted the timeout.
+
+    `silent`: {rank: {"silent_s", "process", "last_state", ...}} for ranks whose heartbeat stopped for longer than
+    the watchdog's dead_after (or that never published); the watchdog measures that on its own clock.
+    """
+    silent = silent or {}
+    live = {r: s for r, s in states.items() if s.get("status") != S.EXITED and r not in silent}
+    exited = {r for r, s in states.items() if s.get("status") == S.EXITED}
+    blocked = {r for r, s in live.items() if is_blocked(s, grace)}
+    if silent:
+        if blocked:
+            return Assessment(SILENT, silent_ranks(silent, live, grace), fingerprint(live) + "-silent")
+        return Assessment(None, [])
     if len(states) < world_size:
         return Assessment(None, [])  # a rank we cannot see may be the one that will unblock the rest
-    live = {r: s for r, s in states.items() if s.get("status") != S.EXITED}
-    blocked = {r for r, s in live.items() if is_blocked(s, grace)}
     if live and blocked == set(live):
+        cross = group_order({r: waiting_record(live[r]) for r in blocked}, live, world_size)
+        if cross:
+            return Assessment(DEADLOCK, [cross], fingerprint(live))
         mismatches = proven_mismatches(live, world_size)
         if mismatches:
-            findings = [ddp_forward_on_subset(parts, live) or collective_on_subset_or_mismatch(parts, live)
-                        for _, parts in mismatches]
-            return Assessment(DEADLOCK, findings, fingerprint(live))
+            return Assessment(DEADLOCK, [classify(group, parts, live) for group, parts in mismatches], fingerprint(live))
+    if exited and blocked:
+        gone = skipped_by_exited(live, exited, grace, world_size)
+        if gone:
+            return Assessment(DEADLOCK, gone, fingerprint(live) + "-exited")
     if blocked:
         longest = max(waiting_record(live[r]).get("age_s", 0.0) for r in blocked)
         if longest >= timeout:
-            found = straggler(live, blocked, timeout)
+            found = collective_stuck(live, timeout) if blocked == set(live) else straggler(live, blocked, timeout)
             if found:
                 return Assessment(TIMEOUT, [found], fingerprint(live))
     return Assessment(None, [])
 
 
-def analyze(states: dict, world_size: int, grace: float, timeout: float) -> list:
+def analyze(states: dict, world_size: int, grace: float, timeout: float, silent: dict | None = None) -> list:
     """The findings for a finished incident document (re-run by `ddpwatch report`)."""
-    return assess(states, world_size, grace, timeout).findings
+    return assess(states, world_size, grace, timeout, silent).findings

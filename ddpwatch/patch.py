@@ -135,8 +135,12 @@ class Patcher:
             self._replace(reducer, "_rebuild_buckets", self._rebuild_wrapper(rebuild))
         forward = DistributedDataParallel.forward
         if not hasattr(forward, PATCH_MARKER):
-            self._replace(DistributedDataParallel, "forward", functools.wraps(forward)(
-                self._region_wrapper(forward, snapshot.DDP_FORWARD, "DistributedDataParallel.forward", skip_self=True)))
+            self._replace(DistributedDataParallel, "forward", functools.wraps(forward)(self._ddp_forward_wrapper(forward)))
+        import torch.autograd
+
+        backward = torch.autograd.backward
+        if not hasattr(backward, PATCH_MARKER):
+            self._replace(torch.autograd, "backward", functools.wraps(backward)(self._backward_wrapper(backward)))
 
     # ----- process groups -----
     def group_name(self, group):
@@ -368,6 +372,46 @@ class Patcher:
                 stack.pop()
 
         return wrapper
+
+
+    def _ddp_forward_wrapper(self, original):
+        """DDP.forward as a region; a grad-enabled forward also arms the gradient all-reduce of the next backward."""
+        region = self._region_wrapper(original, snapshot.DDP_FORWARD, "DistributedDataParallel.forward", skip_self=True)
+        recorder = self.recorder
+        import torch
+
+        def forward(ddp, *args, **kwargs):
+            result = region(ddp, *args, **kwargs)
+            if torch.is_grad_enabled() and getattr(ddp, "require_backward_grad_sync", False):
+                recorder.ddp_steps += 1
+                recorder.pending_grad_sync = getattr(ddp, "process_group", None)
+            return result
+
+        return forward
+
+    def _backward_wrapper(self, original):
+        """backward() after a synced DDP forward all-reduces gradients in C++: record it as the collective it is."""
+        recorder = self.recorder
+        patcher = self
+
+        def backward(*args, **kwargs):
+            pg = recorder.pending_grad_sync
+            if pg is None:
+                return original(*args, **kwargs)
+            recorder.pending_grad_sync = None
+            group = patcher.group_name(pg)
+            if group is None:
+                return original(*args, **kwargs)
+            record = recorder.begin("all_reduce", snapshot.DDP_GRAD_ALLREDUCE, group, (), sys._getframe(1))
+            try:
+                result = original(*args, **kwargs)
+            except BaseException as exc:
+                recorder.finish(record, exc)
+                raise
+            recorder.finish(record)
+            return result
+
+        return backward
 
 
 class _AllOf:

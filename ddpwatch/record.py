@@ -136,9 +136,13 @@ class Recorder:
         self.groups: dict = {}
         self.progress = 0
         self.progress_mono = time.monotonic()
+        self.site_counts: dict = {}
+        self.ddp_steps = 0  # grad-enabled DDP forwards: ranks that ran different numbers of steps differ here
         self._local = threading.local()
         # Set by the watchdog once an action=abort verdict is out: a collective failing after that ends the process.
         self.abort_code = 0
+        # The process group of a grad-enabled DDP forward whose gradient all-reduce the next backward() will run.
+        self.pending_grad_sync = None
 
     # --- regions: "this happened inside DDP.forward called from val.py:42" ---
     def region_stack(self) -> list:
@@ -190,6 +194,10 @@ class Recorder:
         frame = user_frame(caller)
         record.site = frame_site(frame)
         record.site_frame = None
+        if frame is not None:
+            # How often each line issued a collective: "has this rank ever been here?" without keeping history.
+            key = (frame.f_code.co_filename, frame.f_lineno)
+            self.site_counts[key] = self.site_counts.get(key, 0) + 1
         self.ring.append(record)
         self.inflight[id(record)] = record
         self.progress += 1
@@ -242,7 +250,7 @@ class Recorder:
         now = time.monotonic()
         inflight = sorted(self.inflight.values(), key=lambda r: r.start_mono)
         ring = list(self.ring)
-        done = [r for r in ring[-(recent + len(inflight)):] if r.state != snapshot.IN_FLIGHT][-recent:]
+        done = [r for r in ring[-(recent + len(inflight)):] if r.state != snapshot.IN_FLIGHT][-recent:] if recent else []
         return {
             "progress": self.progress,
             "idle_s": round(now - self.progress_mono, 4),
@@ -251,6 +259,8 @@ class Recorder:
             "last_seq": {str(k): v for k, v in self.last_seq.items()},
             "groups": dict(self.groups),
             "ops_recorded": self.progress,
+            "ddp_steps": self.ddp_steps,
+            "site_counts": {f"{file}:{line}": count for (file, line), count in list(self.site_counts.items())},
         }
 
 

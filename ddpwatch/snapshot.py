@@ -41,6 +41,9 @@ OBJECT_COLLECTIVE = "object_collective"
 DDP_BUFFER_BROADCAST = "_broadcast_coalesced"
 DDP_BUCKET_REBUILD = "Reducer._rebuild_buckets"
 DDP_VERIFY_PARAMS = "_verify_params_across_processes"
+# Not a Python call: the gradient all-reduce DDP's C++ Reducer runs inside backward(), recorded at the backward call.
+DDP_GRAD_ALLREDUCE = "DDP.backward_all_reduce"
+TRAINING_STEP_APIS = (DDP_BUFFER_BROADCAST, DDP_BUCKET_REBUILD, DDP_GRAD_ALLREDUCE)
 
 
 class FormatError(ValueError):

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from . import analysis, report, snapshot as S
+from . import analysis, evidence, report, snapshot as S
 from .config import torchelastic_error_file
 from .record import python_stacks
 from .store import StoreUnavailable
@@ -60,6 +60,8 @@ class Watchdog(threading.Thread):
         self._dump_requested = threading.Event()
         self._logged: set = set()
         self._store_ok = True
+        self.sampler = evidence.ProcessSampler()
+        self.started_mono = time.monotonic()
 
     # ----- lifecycle -----
     def stop(self, timeout: float = 5.0) -> None:
@@ -114,6 +116,8 @@ class Watchdog(threading.Thread):
         doc.update(self.recorder.snapshot(recent=64 if full else 8))
         if full:
             doc["stacks"] = python_stacks(skip_thread=threading.get_ident())
+            doc["process"] = self.sampler.facts()
+            doc["progress_bars"] = evidence.progress_bars()
         return doc
 
     def _publish_exit(self) -> None:
@@ -166,31 +170,59 @@ class Watchdog(threading.Thread):
         keys = [self.store.key("state", r) for r in range(self.world_size)]
         docs = self.store.get_many(keys)
         states = {doc["rank"]: doc for doc in docs.values() if isinstance(doc, dict) and "rank" in doc}
-        silent = {r: self._silent_for(r, states.get(r)) for r in range(self.world_size) if r != self.rank}
-        if any(s >= self.config.dead_after for s in silent.values()):
-            return  # a silent peer: its frozen snapshot proves nothing (dead/unresponsive ranks: later issue)
-        assessment = analysis.assess(states, self.world_size, self.config.grace, self.config.timeout)
+        silent = self._silent_peers(states)
+        assessment = analysis.assess(states, self.world_size, self.config.grace, self.config.timeout, silent)
         if assessment.verdict is None or assessment.fingerprint in self.reported:
             return
         self.reported.add(assessment.fingerprint)
         if self.store.add(self.store.key("claim", assessment.fingerprint), 1) != 1:
             return  # another rank is already writing this one
-        self.run_incident(assessment)
+        self.run_incident(assessment, states, silent)
+
+    def _silent_peers(self, states: dict) -> dict:
+        """Peers whose heartbeat has not moved for dead_after seconds (or never came), with what psutil says."""
+        silent = {}
+        for rank in range(self.world_size):
+            if rank == self.rank:
+                continue
+            quiet = self._silent_for(rank, states.get(rank))
+            if quiet < self.config.dead_after:
+                continue
+            last = states.get(rank)
+            view = {"silent_s": round(quiet, 1), "last_state": last}
+            if last is None:
+                view["never_published"] = True
+            elif last.get("host") == self.host:
+                view["process"] = evidence.peer_process_facts(int(last.get("pid", 0)))
+            else:
+                view["remote"] = True  # another host: psutil cannot look
+            silent[rank] = view
+        return silent
 
     # ----- incidents -----
-    def run_incident(self, assessment) -> None:
+    def run_incident(self, assessment, states: dict | None = None, silent: dict | None = None) -> None:
         number = self.store.add(self.store.key("incident"), 1)
         action = "report" if assessment.verdict == analysis.DUMP else self.config.action
         info = {"trigger": assessment.verdict, "leader": self.rank, "action": action,
                 "fingerprint": assessment.fingerprint}
         self.store.put(self.store.key("incident", number, "info"), info)
-        self._answer_incidents()
+        self._contribute(number)
         contributions = self._collect(number)
-        current = analysis.fingerprint(contributions)
-        if assessment.verdict == analysis.DEADLOCK and current != assessment.fingerprint:
+        final = dict(contributions)
+        for rank, view in (silent or {}).items():
+            if rank not in final and view.get("last_state"):
+                final[rank] = dict(view["last_state"], stale=True)  # its last heartbeat: all there is
+        again = analysis.assess(final, self.world_size, self.config.grace, self.config.timeout, silent)
+        if assessment.verdict == analysis.DEADLOCK and (again.verdict, again.fingerprint) != (
+                assessment.verdict, assessment.fingerprint):
             log.info("ddpwatch: the ranks moved on while stacks were collected; no report")
             return
-        findings = analysis.analyze(contributions, self.world_size, self.config.grace, self.config.timeout)
+        findings = again.findings if again.verdict else ([] if assessment.verdict == analysis.DUMP
+                                                          else assessment.findings)
+        try:
+            evidence.add_rank_conditions(findings, final)
+        except Exception:
+            self._log_once("rank-conditions", "ddpwatch: could not read rank conditions", exc_info=True)
         incident = {
             "format_version": S.FORMAT_VERSION,
             "run_id": self._incident_id(),
@@ -200,9 +232,9 @@ class Watchdog(threading.Thread):
             "written_by": self.rank,
             "grace": self.config.grace,
             "timeout": self.config.timeout,
-            "ranks": [contributions[r] for r in sorted(contributions)],
+            "ranks": [final[r] for r in sorted(final)],
             "missing_ranks": [r for r in range(self.world_size) if r not in contributions],
-            "findings": findings or assessment.findings,
+            "findings": findings,
         }
         folder, note = report.write_incident(self.config.dir, incident["run_id"], incident)
         self.last_report_dir = folder
@@ -211,9 +243,37 @@ class Watchdog(threading.Thread):
         sys.stderr.flush()
         self.store.put(self.store.key("incident", number, "verdict"),
                        {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]], "action": action})
+        try:
+            self._add_native_stacks(number, folder, incident)
+        except StoreUnavailable:
+            raise
+        except Exception:  # the report is out; a failure adding native stacks must not stop what follows
+            self._log_once("native", "ddpwatch: could not add native stacks", exc_info=True)
         if action == "abort":
             self._write_error_file(incident)
             self._abort(folder, number, leader=True)
+
+    def _add_native_stacks(self, number: int, folder: str, incident: dict) -> None:
+        """Second pass, after the report is out: py-spy's native stacks from every rank, files rewritten in place."""
+        self._contribute_native(number)
+        deadline = time.monotonic() + evidence.PY_SPY_TIMEOUT_S + 1.0
+        wanted = {state["rank"] for state in incident["ranks"] if not state.get("stale")}
+        keys = {r: self.store.key("incident", number, "native", r) for r in wanted}
+        natives: dict = {}
+        while time.monotonic() < deadline and len(natives) < len(wanted):
+            for rank, key in keys.items():
+                if rank not in natives and self.store.exists(key):
+                    natives[rank] = self.store.get(key)
+            time.sleep(0.1)
+        if not natives:
+            return
+        for state in incident["ranks"]:
+            if state["rank"] in natives:
+                state["native"] = natives[state["rank"]]
+        try:
+            report.refresh_incident(folder, incident)
+        except OSError as exc:
+            self._log_once("refresh", "ddpwatch: could not add native stacks to %s: %s", folder, exc)
 
     def _incident_id(self) -> str:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -231,15 +291,28 @@ class Watchdog(threading.Thread):
     def _answer_incidents(self) -> None:
         latest = self.store.counter(self.store.key("incident"))
         while self.answered < latest:
-            self.answered += 1
-            number = self.answered
-            self.store.put(self.store.key("incident", number, "rank", self.rank), self.state(full=True))
-            self.store.add(self.store.key("incident", number, "count"), 1)
+            number = self.answered + 1
+            self._contribute(number)
             info = self.store.get(self.store.key("incident", number, "info")) or {}
             if info.get("action") == "abort" and info.get("leader") != self.rank:
                 self.pending_abort = number
                 # From now on a peer may exit at any moment: a collective that fails here ends this rank too.
                 self.recorder.abort_code = self.config.exit_code
+            if info.get("leader") != self.rank:
+                self._contribute_native(number)
+
+    def _contribute(self, number: int) -> None:
+        """This rank's full state and Python stacks for incident `number` (fast: no subprocess)."""
+        if number <= self.answered:
+            return
+        self.answered = number
+        self.store.put(self.store.key("incident", number, "rank", self.rank), self.state(full=True))
+        self.store.add(self.store.key("incident", number, "count"), 1)
+
+    def _contribute_native(self, number: int) -> None:
+        """py-spy's native stacks of this process, bounded in time; a refusal is recorded as one line of why."""
+        native = evidence.native_stacks(os.getpid())
+        self.store.put(self.store.key("incident", number, "native", self.rank), native)
 
     def _check_abort(self) -> None:
         verdict = self.store.get(self.store.key("incident", self.pending_abort, "verdict"))

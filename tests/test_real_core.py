@@ -33,7 +33,8 @@ def test_seed_stall_is_ddp_forward_on_subset_naming_rank0_and_the_line(tmp_path,
     assert len(incident["ranks"]) == nprocs and all(state["stacks"] for state in incident["ranks"])
     assert incident["ranks"][0]["stacks"][0]["main"] is True
     folder = os.path.dirname(reports(tmp_path)[0])
-    assert sorted(os.listdir(folder)) == sorted(["report.txt", "report.json"] + [f"rank-{r}.json" for r in range(nprocs)])
+    assert set(os.listdir(folder)) >= {"report.txt", "report.json"} | {f"rank-{r}.json" for r in range(nprocs)}
+    assert not [name for name in os.listdir(folder) if name.startswith(".")]  # no staging left behind
     assert "ddp_forward_on_subset" in results[0].stderr  # the report reaches the writer's stderr
 
 

@@ -1,0 +1,168 @@
+"""Evidence gathered around a verdict: rank conditions in the source, process facts, progress bars, native stacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from . import snapshot as S
+
+PY_SPY_TIMEOUT_S = 3.0
+
+
+# ---------------------------------------------------------------- the source: is the line under a rank condition?
+
+def rank_condition_of(state: dict) -> dict | None:
+    """The innermost rank condition over the rank's main-thread user frames: {"frame", "condition"} or None.
+
+    The seed's own line (`self.encoder(input)` in validation()) has no condition; its caller in train() does,
+    so every user frame on the stack is tried, innermost first.
+    """
+    from .rankcond import rank_condition_at_path
+
+    for stack in state.get("stacks") or ():
+        if not stack.get("main"):
+            continue
+        for frame in reversed(stack.get("frames") or ()):
+            if frame.get("internal"):
+                continue
+            condition = rank_condition_at_path(frame["file"], frame["line"])
+            if condition:
+                return {"frame": S.site(frame["file"], frame["line"], frame["function"]), "condition": condition}
+    return None
+
+
+def add_rank_conditions(findings: list, states: dict) -> None:
+    """Put the strongest hint to the fix into each finding: the culprit's line sits under a rank condition."""
+    for finding in findings:
+        conditions = {}
+        for rank in finding.get("ranks") or ():
+            state = states.get(rank)
+            found = rank_condition_of(state) if state else None
+            if found:
+                conditions[str(rank)] = found
+        if not conditions:
+            continue
+        finding["evidence"]["rank_condition"] = conditions
+        first = next(iter(conditions.values()))
+        where = S.short_site({"file": first["frame"]["file"], "line": first["condition"]["line"]})
+        finding["summary"] += (f" The call is reached only under the rank condition `{first['condition']['text']}`"
+                               f" ({where}).")
+
+
+# ---------------------------------------------------------------- this process, as psutil and tqdm see it
+
+class ProcessSampler:
+    """psutil facts about this process; CPU use is measured between two calls (blocked vs busy)."""
+
+    def __init__(self):
+        try:
+            import psutil
+
+            self._proc = psutil.Process()
+            self._proc.cpu_percent(interval=None)
+        except Exception:
+            self._proc = None
+
+    def facts(self) -> dict | None:
+        if self._proc is None:
+            return None
+        try:
+            with self._proc.oneshot():
+                return {"status": self._proc.status(), "cpu_percent": self._proc.cpu_percent(interval=None),
+                        "rss_mb": round(self._proc.memory_info().rss / 2**20, 1),
+                        "threads": self._proc.num_threads()}
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def peer_process_facts(pid: int) -> dict | None:
+    """psutil's view of another process on this host: exists or not, its state; None if psutil cannot say."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            status = proc.status()
+            if status == psutil.STATUS_ZOMBIE:
+                return {"exists": False, "status": status}
+            return {"exists": True, "status": status, "rss_mb": round(proc.memory_info().rss / 2**20, 1),
+                    "threads": proc.num_threads()}
+    except psutil.NoSuchProcess:
+        return {"exists": False}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def progress_bars() -> list:
+    """Live tqdm bars of this process (only if the program imported tqdm): description, n/total, idle seconds."""
+    tqdm_module = sys.modules.get("tqdm.std") or sys.modules.get("tqdm")
+    bar_class = getattr(tqdm_module, "tqdm", None)
+    instances = getattr(bar_class, "_instances", None)
+    if not instances:
+        return []
+    now = time.time()
+    bars = []
+    for bar in list(instances):
+        try:
+            last = getattr(bar, "last_print_t", None) or getattr(bar, "start_t", now)
+            bars.append({"desc": str(getattr(bar, "desc", "") or ""), "n": int(bar.n),
+                         "total": None if bar.total is None else int(bar.total),
+                         "since_update_s": round(max(0.0, now - last), 1)})
+        except Exception:
+            continue
+    return bars
+
+
+# ---------------------------------------------------------------- native stacks through py-spy
+
+def native_stacks(pid: int, timeout: float = PY_SPY_TIMEOUT_S) -> dict:
+    """py-spy's dump of a process with native frames: {"threads": [...]} or {"unavailable": "one line why"}."""
+    binary = shutil.which("py-spy")
+    if binary is None:
+        return {"unavailable": "py-spy is not installed (pip install py-spy); Python stacks only"}
+    command = [binary, "dump", "--pid", str(pid), "--json"]
+    if sys.platform.startswith("linux"):
+        command.append("--native")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"unavailable": f"py-spy did not answer within {timeout:g} s; Python stacks only"}
+    except OSError as exc:
+        return {"unavailable": f"py-spy could not start ({exc}); Python stacks only"}
+    if done.returncode != 0:
+        reason = (done.stderr or done.stdout).strip().splitlines()
+        text = reason[-1] if reason else f"exit status {done.returncode}"
+        if "ermission" in text or "ptrace" in text.lower():
+            text += " (needs ptrace permission: --cap-add SYS_PTRACE, or kernel.yama.ptrace_scope=0)"
+        return {"unavailable": f"py-spy failed: {text[:300]}; Python stacks only"}
+    try:
+        threads = json.loads(done.stdout)
+    except ValueError:
+        return {"unavailable": "py-spy printed no JSON; Python stacks only"}
+    return {"threads": [_compact_thread(t) for t in threads]}
+
+
+def _compact_thread(thread: dict) -> dict:
+    frames = []
+    for frame in thread.get("frames") or ():
+        frames.append({"function": frame.get("name"), "file": frame.get("filename") or frame.get("module"),
+                       "line": frame.get("line")})
+    return {"thread": thread.get("thread_name") or str(thread.get("thread_id")), "active": thread.get("active"),
+            "owns_gil": thread.get("owns_gil"), "frames": frames[:80]}  # innermost first, as py-spy prints
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

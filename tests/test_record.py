@@ -1,0 +1,345 @@
+"""Recorder, call-site capture and stacks with fake tensors (anything with .shape and .dtype). No torch."""
+
+import os
+import sys
+import threading
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from ddpwatch import record as R, snapshot as S  # noqa: E402
+from ddpwatch.record import Recorder, is_internal_file, python_stacks, tensor_meta, user_frame  # noqa: E402
+
+HERE = os.path.abspath(__file__)
+RECORD_KEYS = {"seq", "group", "op", "api", "p2p", "peer", "shapes", "dtypes", "site", "region", "start", "age_s",
+               "duration_s", "state", "error", "thread"}
+SNAPSHOT_KEYS = {"progress", "idle_s", "inflight", "recent", "last_seq", "groups", "ops_recorded", "ddp_steps",
+                 "site_counts"}
+
+
+class FakeDtype:
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return "torch." + self.name
+
+
+class FakeTensor:
+    def __init__(self, *shape, dtype="float32"):
+        self.shape = shape
+        self.dtype = FakeDtype(dtype)
+
+
+class FakeWork:
+    def __init__(self, done=False, error=None):
+        self.done, self.error = done, error
+
+    def is_completed(self):
+        if self.error:
+            raise self.error
+        return self.done
+
+
+def begin(recorder, op="all_reduce", group="0", tensors=None, peer=None, api=None):
+    meta = tensor_meta(FakeTensor(8) if tensors is None else tensors)
+    return recorder.begin(op, api or op, group, meta, sys._getframe(1), peer=peer)
+
+
+def this_line():
+    return sys._getframe(1).f_lineno
+
+
+# ---------------------------------------------------------------- tensor metadata
+
+def test_tensor_meta_of_fake_tensors():
+    t = FakeTensor(2, 3, dtype="bfloat16")
+    assert tensor_meta(t) == (((2, 3), t.dtype),)
+    many = [FakeTensor(i + 1) for i in range(6)]
+    assert [shape for shape, _ in tensor_meta(many)] == [(1,), (2,), (3,), (4,)]  # at most 4
+    assert tensor_meta([FakeTensor(1), "not a tensor", FakeTensor(2)], limit=4)[1][0] == (2,)
+    assert tensor_meta(None) == ()
+    assert tensor_meta(3.0) == ()
+
+
+def test_record_dict_describes_the_tensors_without_torch_prefix():
+    rec = Recorder()
+    r = rec.begin("all_gather", "all_gather_into_tensor", "0",
+                  tensor_meta([FakeTensor(4, 5), FakeTensor(dtype="int64")]), sys._getframe())
+    d = r.to_dict(r.start_mono + 1.5)
+    assert set(d) == RECORD_KEYS
+    assert d["shapes"] == [[4, 5], []]
+    assert d["dtypes"] == ["float32", "int64"]
+    assert d["age_s"] == 1.5
+    assert (d["op"], d["api"], d["state"], d["duration_s"], d["p2p"], d["peer"]) == (
+        "all_gather", "all_gather_into_tensor", S.IN_FLIGHT, None, False, None)
+    assert d["thread"] == threading.current_thread().name
+
+
+# ---------------------------------------------------------------- begin / finish / in-flight set
+
+def test_begin_and_finish_keep_the_inflight_set_right():
+    rec = Recorder()
+    a = begin(rec)
+    b = begin(rec, op="broadcast")
+    assert set(map(id, rec.inflight.values())) == {id(a), id(b)}
+    assert (a.seq, b.seq) == (0, 1)
+    assert rec.progress == 2
+    rec.finish(a)
+    assert list(rec.inflight.values()) == [b]
+    assert a.state == S.COMPLETED and a.error is None
+    rec.finish(b, RuntimeError("Timed out waiting 20000ms"))
+    assert rec.inflight == {}
+    assert b.state == S.FAILED
+    assert b.error == "RuntimeError: Timed out waiting 20000ms"
+    assert rec.progress == 4
+    assert [r.seq for r in rec.ring] == [0, 1]
+    d = b.to_dict(b.end_mono + 10)
+    assert d["duration_s"] == round(b.end_mono - b.start_mono, 6)
+
+
+def test_failure_text_is_bounded():
+    rec = Recorder()
+    r = begin(rec)
+    rec.finish(r, RuntimeError("x" * 5000))
+    assert len(r.error) == 500
+
+
+def test_finish_after_an_abort_verdict_ends_the_process(monkeypatch):
+    codes = []
+
+    class Ended(Exception):
+        pass
+
+    def fake_exit(code):
+        codes.append(code)
+        raise Ended
+
+    monkeypatch.setattr(R, "_exit_now", fake_exit)
+    rec = Recorder()
+    rec.abort_code = 3
+    ok = begin(rec)
+    rec.finish(ok)  # success: no exit
+    assert codes == []
+    failing = begin(rec)
+    with pytest.raises(Ended):
+        rec.finish(failing, RuntimeError("peer gone"))
+    assert codes == [3]
+
+
+def test_record_site_is_the_callers_line():
+    rec = Recorder()
+    line = this_line() + 1
+    r = begin(rec)
+    assert r.site == {"file": HERE, "line": line, "function": "test_record_site_is_the_callers_line"}
+    assert r.site_frame is None  # no frame kept alive
+
+
+def test_ring_is_bounded_after_10000_ops():
+    rec = Recorder(ring_size=64)
+    for _ in range(10_000):
+        rec.finish(begin(rec))
+    assert len(rec.ring) == 64
+    assert [r.seq for r in rec.ring] == list(range(10_000 - 64, 10_000))
+    assert rec.inflight == {}
+    assert rec.last_seq == {"0": 9999}
+    assert rec.progress == 20_000
+    snap = rec.snapshot(recent=16)
+    assert [r["seq"] for r in snap["recent"]] == list(range(10_000 - 16, 10_000))
+    assert snap["inflight"] == []
+
+
+def test_seq_counts_per_group_independently():
+    rec = Recorder()
+    seqs = [(g, begin(rec, group=g).seq) for g in ("0", "0", "1", "0", "1", "7")]
+    assert seqs == [("0", 0), ("0", 1), ("1", 0), ("0", 2), ("1", 1), ("7", 0)]
+    assert rec.last_seq == {"0": 2, "1": 1, "7": 0}
+
+
+def test_point_to_point_seq_counts_per_peer_and_leaves_last_seq_alone():
+    rec = Recorder()
+    begin(rec, group="0")
+    s1 = begin(rec, op="send", group="0", peer=1)
+    s2 = begin(rec, op="send", group="0", peer=1)
+    s3 = begin(rec, op="recv", group="0", peer=2)
+    assert (s1.seq, s2.seq, s3.seq) == (0, 1, 0)
+    assert begin(rec, group="0").seq == 1
+    assert rec.last_seq == {"0": 1}
+    d = s3.to_dict(s3.start_mono)
+    assert (d["p2p"], d["peer"]) == (True, 2)
+
+
+def test_void_gives_the_seq_back():
+    rec = Recorder()
+    for _ in range(5):
+        rec.finish(begin(rec))
+    voided = begin(rec, op="broadcast", api=S.DDP_BUCKET_REBUILD)
+    assert voided.seq == 5
+    assert rec.last_seq == {"0": 5}
+    rec.void(voided)
+    assert voided not in rec.ring
+    assert rec.inflight == {}
+    assert rec.last_seq == {"0": 4}
+    assert begin(rec).seq == 5
+    assert rec.last_seq == {"0": 5}
+
+
+def test_void_of_the_first_op_forgets_the_group():
+    rec = Recorder()
+    rec.void(begin(rec, group="3"))
+    assert rec.last_seq == {}
+    assert begin(rec, group="3").seq == 0
+
+
+def test_void_point_to_point():
+    rec = Recorder()
+    begin(rec, group="0")
+    p = begin(rec, op="send", peer=1)
+    rec.void(p)
+    assert rec.last_seq == {"0": 0}
+    assert begin(rec, op="send", peer=1).seq == 0
+
+
+def test_regions_are_per_thread_and_land_in_records():
+    rec = Recorder()
+    where = S.site("/u/val.py", 42, "validate")
+    stack = rec.region_stack()
+    stack.append((S.DDP_FORWARD, where, "DistributedDataParallel.forward", None))
+    inside = begin(rec, op="broadcast", api=S.DDP_BUFFER_BROADCAST)
+    seen_in_thread = []
+    worker = threading.Thread(target=lambda: seen_in_thread.append(rec.current_region()))
+    worker.start()
+    worker.join()
+    stack.pop()
+    outside = begin(rec)
+    assert seen_in_thread == [None]
+    assert inside.to_dict(0.0)["region"] == {"kind": S.DDP_FORWARD, "site": where,
+                                             "api": "DistributedDataParallel.forward"}
+    assert outside.to_dict(0.0)["region"] is None
+    assert rec.current_region() is None
+
+
+def test_enter_call_records_only_the_outer_call():
+    rec = Recorder()
+    assert rec.enter_call() is True
+    assert rec.enter_call() is False
+    rec.exit_call()
+    rec.exit_call()
+    assert rec.enter_call() is True
+    rec.exit_call()
+
+
+def test_poll_pending_completes_finished_work():
+    rec = Recorder()
+    pending, finished, failed, plain = begin(rec), begin(rec), begin(rec), begin(rec)
+    pending.work, finished.work, failed.work = FakeWork(False), FakeWork(True), FakeWork(error=RuntimeError("x"))
+    rec.poll_pending()
+    assert {id(r) for r in rec.inflight.values()} == {id(pending), id(plain)}
+    assert (finished.state, failed.state, failed.error) == (S.COMPLETED, S.FAILED, "RuntimeError: x")
+    assert finished.work is None
+
+
+def test_snapshot_keys_and_contents():
+    rec = Recorder()
+    rec.groups["0"] = None
+    rec.groups["1"] = [0, 2]
+    done = [begin(rec) for _ in range(3)]
+    for r in done:
+        rec.finish(r)
+    waiting = begin(rec, op="barrier", tensors=[])
+    snap = rec.snapshot(recent=2)
+    assert set(snap) == SNAPSHOT_KEYS
+    assert [r["seq"] for r in snap["recent"]] == [1, 2]
+    assert [r["state"] for r in snap["recent"]] == [S.COMPLETED, S.COMPLETED]
+    assert [r["seq"] for r in snap["inflight"]] == [waiting.seq] == [3]
+    assert set(snap["inflight"][0]) == RECORD_KEYS
+    assert snap["inflight"][0]["shapes"] == []
+    assert snap["last_seq"] == {"0": 3}
+    assert snap["groups"] == {"0": None, "1": [0, 2]}
+    assert snap["progress"] == snap["ops_recorded"] == 7
+    assert snap["idle_s"] >= 0
+    snap["groups"]["2"] = None
+    assert "2" not in rec.groups  # a copy
+    assert S.load_json_text(S.dumps({"format_version": 1, **snap}), "snap")["inflight"] == snap["inflight"]
+
+
+def test_snapshot_inflight_sorted_oldest_first():
+    rec = Recorder()
+    a, b = begin(rec, group="1"), begin(rec, group="0")
+    b.start_mono, a.start_mono = a.start_mono - 5, a.start_mono
+    assert [r["group"] for r in rec.snapshot()["inflight"]] == ["0", "1"]
+
+
+def test_snapshot_with_recent_zero_has_no_history():
+    rec = Recorder()
+    for _ in range(5):
+        rec.finish(begin(rec))
+    assert rec.snapshot(recent=0)["recent"] == []
+
+
+# ---------------------------------------------------------------- whose line is it
+
+def test_is_internal_file():
+    assert is_internal_file(os.__file__) is True
+    assert is_internal_file(threading.__file__) is True
+    assert is_internal_file(R.__file__) is True  # ddpwatch itself
+    assert is_internal_file("<frozen importlib._bootstrap>") is True
+    assert is_internal_file("<string>") is True
+    assert is_internal_file(HERE) is False
+    assert is_internal_file("/u/train.py") is False
+    assert is_internal_file(os.path.join(R._PACKAGE_DIR, "examples", "seed.py")) is False  # plays the user
+    stdlib = R._STDLIB_PREFIXES[0]
+    assert is_internal_file(os.path.join(stdlib, "site-packages", "lightning", "trainer.py")) is False
+
+
+def test_user_frame_skips_internal_frames():
+    namespace = {}
+    # A function whose code claims to live in os.py: a standard-library frame between us and the recorder.
+    exec(compile("import sys\ndef call(fn):\n    return fn(sys._getframe())\n", os.__file__, "exec"), namespace)
+    line = this_line() + 1
+    found, where = namespace["call"](lambda frame: (user_frame(frame), R.frame_site(user_frame(frame))))
+    assert found is sys._getframe()
+    assert where == {"file": __file__, "line": line, "function": "test_user_frame_skips_internal_frames"}
+
+
+def test_user_frame_of_a_user_frame_is_itself():
+    here = sys._getframe()
+    assert user_frame(here) is here
+    assert user_frame(None) is None
+    assert R.frame_site(None) is None
+    namespace = {}
+    exec(compile("import sys\ndef top():\n    return sys._getframe()\n", os.__file__, "exec"), namespace)
+    assert user_frame(namespace["top"]()) is here  # the internal frame is skipped, its caller (this test) found
+
+
+def test_python_stacks_main_thread_first():
+    started, release = threading.Event(), threading.Event()
+
+    def park():
+        started.set()
+        release.wait(5)
+
+    # The name sorts before "MainThread": the main thread must still come first.
+    worker = threading.Thread(target=park, name="AAA-worker", daemon=True)
+    worker.start()
+    started.wait(5)
+    try:
+        stacks = python_stacks()
+        skipped = python_stacks(skip_thread=worker.ident)
+    finally:
+        release.set()
+        worker.join(5)
+    assert stacks[0]["main"] is True
+    assert stacks[0]["thread"] == threading.main_thread().name
+    assert [s["main"] for s in stacks].count(True) == 1
+    assert "AAA-worker" in [s["thread"] for s in stacks]
+    assert "AAA-worker" not in [s["thread"] for s in skipped]
+    main = stacks[0]["frames"]
+    assert set(main[-1]) == {"file", "line", "function", "internal"}
+    assert main[-1]["function"] == "python_stacks" and main[-1]["internal"] is True  # innermost last
+    mine = [f for f in main if f["function"] == "test_python_stacks_main_thread_first"]
+    assert len(mine) == 1 and mine[0]["internal"] is False and mine[0]["file"] == __file__
+    worker_stack = next(s for s in stacks if s["thread"] == "AAA-worker")
+    assert any(f["function"] == "park" for f in worker_stack["frames"])
+    assert len(python_stacks(limit=3)[0]["frames"]) == 3
