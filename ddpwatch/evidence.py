@@ -122,14 +122,17 @@ def progress_bars() -> list:
 
 # ---------------------------------------------------------------- native stacks through py-spy
 
-def native_stacks(pid: int, timeout: float = PY_SPY_TIMEOUT_S) -> dict:
-    """py-spy's dump of a process with native frames: {"threads": [...]} or {"unavailable": "one line why"}."""
+def native_stacks(pid: int, timeout: float = PY_SPY_TIMEOUT_S, native: bool = True) -> dict:
+    """py-spy's dump of a process (with native frames unless native=False, which also works on a stopped
+    process): {"threads": [...]} or {"unavailable": "one line why"}."""
     binary = shutil.which("py-spy")
     if binary is None:
         return {"unavailable": "py-spy is not installed (pip install py-spy); Python stacks only"}
     command = [binary, "dump", "--pid", str(pid), "--json"]
-    if sys.platform.startswith("linux"):
+    if native and sys.platform.startswith("linux"):
         command.append("--native")
+    elif not native:
+        command.append("--nonblocking")  # a SIGSTOPped process can only be read without pausing it
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
@@ -156,6 +159,17 @@ def _compact_thread(thread: dict) -> dict:
                        "line": frame.get("line")})
     return {"thread": thread.get("thread_name") or str(thread.get("thread_id")), "active": thread.get("active"),
             "owns_gil": thread.get("owns_gil"), "frames": frames[:80]}  # innermost first, as py-spy prints
+
+
+def python_stack_from_py_spy(dump: dict, is_internal) -> list:
+    """py-spy's threads (innermost first) as ddpwatch stacks (innermost last, frames marked internal or not)."""
+    stacks = []
+    for index, thread in enumerate(dump.get("threads") or ()):
+        frames = [{"file": f.get("file") or "?", "line": f.get("line") or 0, "function": f.get("function") or "?",
+                   "internal": is_internal(f.get("file") or "<unknown>")} for f in reversed(thread.get("frames") or ())]
+        stacks.append({"thread": thread.get("thread"), "main": thread.get("thread") == "MainThread" or (
+            index == 0 and not any(t.get("thread") == "MainThread" for t in dump["threads"])), "frames": frames})
+    return stacks
 
 
 def pid_alive(pid: int) -> bool:

@@ -34,8 +34,12 @@ def _kill_group(pgid: int) -> None:
 
 
 def run_ranks(command: list, nprocs: int, env: dict | None = None, timeout: float = 120.0,
-              capture: bool = True, cwd: str | None = None) -> list:
-    """Run `command` as ranks 0..nprocs-1 (RANK/WORLD_SIZE/MASTER_* set); kill the whole group at the limit."""
+              capture: bool = True, cwd: str | None = None, stop_when=None) -> list:
+    """Run `command` as ranks 0..nprocs-1 (RANK/WORLD_SIZE/MASTER_* set); kill the whole group at the limit.
+
+    `stop_when`: a callable polled while the ranks run; once it returns true the whole group is killed
+    (for jobs that are meant to stay hung, e.g. a stopped rank).
+    """
     port = free_port()
     base = dict(os.environ if env is None else env)
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nprocs),
@@ -54,6 +58,12 @@ def run_ranks(command: list, nprocs: int, env: dict | None = None, timeout: floa
                 pgid = proc.pid
             procs.append(proc)
         deadline = time.monotonic() + timeout
+        while stop_when is not None and time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            if stop_when():
+                time.sleep(0.5)  # let a report being finished land
+                _kill_group(pgid)
+                break
+            time.sleep(0.2)
         for proc in procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))

@@ -1,4 +1,4 @@
-"""Recognise rank conditions (tests only some ranks pass): the one recogniser shared by `ddpwatch lint` and the runtime report."""
+"""Recognise rank conditions, tests that only some ranks pass; shared by `ddpwatch lint` and the runtime report."""
 
 from __future__ import annotations
 

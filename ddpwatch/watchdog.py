@@ -12,7 +12,7 @@ import time
 
 from . import analysis, evidence, report, snapshot as S
 from .config import torchelastic_error_file
-from .record import python_stacks
+from .record import is_internal_file, python_stacks
 from .store import StoreUnavailable
 
 log = logging.getLogger("ddpwatch")
@@ -62,6 +62,7 @@ class Watchdog(threading.Thread):
         self._store_ok = True
         self.sampler = evidence.ProcessSampler()
         self.started_mono = time.monotonic()
+        self._frozen_stacks: dict = {}
 
     # ----- lifecycle -----
     def stop(self, timeout: float = 5.0) -> None:
@@ -69,6 +70,14 @@ class Watchdog(threading.Thread):
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
         self._publish_exit()
+
+    def start(self) -> None:
+        """Publish a first state before training goes on, so a rank that dies at once is still known (pid, host)."""
+        try:
+            self.store.put(self.store.key("state", self.rank), self.state())
+        except Exception:
+            pass  # the thread will find out, and log, on its first round
+        super().start()
 
     def run(self) -> None:
         while not self._stop_event.wait(self.config.interval):
@@ -194,10 +203,24 @@ class Watchdog(threading.Thread):
                 view["never_published"] = True
             elif last.get("host") == self.host:
                 view["process"] = evidence.peer_process_facts(int(last.get("pid", 0)))
+                if (view["process"] or {}).get("exists"):
+                    self._read_frozen_stack(rank, view)
             else:
                 view["remote"] = True  # another host: psutil cannot look
             silent[rank] = view
         return silent
+
+    def _read_frozen_stack(self, rank: int, view: dict) -> None:
+        """A frozen peer cannot answer: read its Python stack from outside with py-spy (once per peer)."""
+        cached = self._frozen_stacks.get(rank)
+        if cached is None:
+            dump = evidence.native_stacks(int(view["last_state"]["pid"]), native=False)
+            cached = self._frozen_stacks[rank] = dump
+        if cached.get("threads"):
+            view["last_state"] = dict(view["last_state"],
+                                      stacks=evidence.python_stack_from_py_spy(cached, is_internal_file))
+        else:
+            view["py_spy"] = cached.get("unavailable")
 
     # ----- incidents -----
     def run_incident(self, assessment, states: dict | None = None, silent: dict | None = None) -> None:

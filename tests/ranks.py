@@ -13,12 +13,12 @@ ROOT = os.path.dirname(HERE)
 SCENARIOS = os.path.join(HERE, "scenarios")
 
 
-def run_case(args, nprocs, report_dir, timeout=90, **env_overrides):
+def run_case(args, nprocs, report_dir, timeout=90, stop_when=None, **env_overrides):
     env = dict(os.environ)
     env.pop("DDPWATCH", None)
     env.update({"DDPWATCH_DIR": str(report_dir), "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
     env.update({k: str(v) for k, v in env_overrides.items()})
-    return run_ranks([sys.executable] + list(args), nprocs, env=env, timeout=timeout)
+    return run_ranks([sys.executable] + list(args), nprocs, env=env, timeout=timeout, stop_when=stop_when)
 
 
 def reports(report_dir):

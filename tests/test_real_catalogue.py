@@ -1,0 +1,87 @@
+"""One real multi-process reproduction per finding kind of the catalogue (gloo, 2-3 ranks, hard time limits)."""
+
+import os
+
+import pytest
+
+from ranks import SCENARIOS, describe, load_only_report, reports, run_case, tagged_line
+
+CATALOGUE = os.path.join(SCENARIOS, "catalogue.py")
+pytestmark = pytest.mark.timeout(120)
+
+
+def finding_of(tmp_path, results):
+    incident = load_only_report(tmp_path)
+    assert len(incident["findings"]) == 1, (incident["findings"], describe(results))
+    return incident, incident["findings"][0]
+
+
+def line(tag):
+    return tagged_line(CATALOGUE, tag)
+
+
+def test_skipped_barrier_names_the_rank_that_did_not_arrive(tmp_path):
+    results = run_case([CATALOGUE, "skipped"], 2, tmp_path, DDPWATCH_ACTION="abort")
+    assert all(r.returncode == 3 for r in results), describe(results)
+    _, finding = finding_of(tmp_path, results)
+    assert finding["kind"] == "skipped_collective"
+    assert finding["ranks"] == [1]
+    assert finding["location"]["line"] == line("skip_barrier")
+    assert "skip_step" not in finding["summary"] and "catalogue.py:" in finding["summary"]
+
+
+def test_uneven_inputs_names_the_rank_stuck_in_backward(tmp_path):
+    results = run_case([CATALOGUE, "uneven"], 2, tmp_path, DDPWATCH_ACTION="abort")
+    assert all(r.returncode == 3 for r in results), describe(results)
+    _, finding = finding_of(tmp_path, results)
+    assert finding["kind"] == "uneven_inputs"
+    assert finding["ranks"] == [0]
+    assert finding["location"]["line"] == line("uneven_backward")
+    assert "DistributedSampler" in finding["fix"] and "join()" in finding["fix"]
+
+
+def test_empty_tensor_is_a_shape_mismatch(tmp_path):
+    results = run_case([CATALOGUE, "shape"], 2, tmp_path, DDPWATCH_ACTION="abort")
+    assert all(r.returncode == 3 for r in results), describe(results)
+    _, finding = finding_of(tmp_path, results)
+    assert finding["kind"] == "shape_mismatch"
+    assert finding["ranks"] == [1]
+    assert finding["location"]["line"] == line("shape_all_reduce")
+
+
+def test_two_groups_in_opposite_orders_is_group_order(tmp_path):
+    results = run_case([CATALOGUE, "group_order"], 2, tmp_path, DDPWATCH_ACTION="abort")
+    assert all(r.returncode == 3 for r in results), describe(results)
+    _, finding = finding_of(tmp_path, results)
+    assert finding["kind"] == "group_order"
+    assert finding["ranks"] == [0, 1]
+    assert finding["location"]["line"] in (line("order_first"), line("order_second"))
+
+
+def test_a_collective_that_never_completes_anywhere_is_collective_stuck(tmp_path):
+    results = run_case([CATALOGUE, "stuck"], 2, tmp_path, DDPWATCH_ACTION="abort", DDPWATCH_TIMEOUT=4)
+    assert all(r.returncode == 3 for r in results), describe(results)
+    incident, finding = finding_of(tmp_path, results)
+    assert incident["trigger"] == "timeout"
+    assert finding["kind"] == "collective_stuck"
+    assert finding["ranks"] == [0, 1]
+    assert finding["location"]["line"] == line("stuck_all_reduce")
+
+
+def test_a_stopped_rank_is_unresponsive_with_its_process_state(tmp_path):
+    results = run_case([CATALOGUE, "unresponsive"], 2, tmp_path, timeout=60, DDPWATCH_ACTION="report",
+                       DDPWATCH_DEAD_AFTER=4, stop_when=lambda: bool(reports(tmp_path)))
+    incident, finding = finding_of(tmp_path, results)
+    assert finding["kind"] == "unresponsive_rank"
+    assert finding["ranks"] == [1]
+    assert finding["evidence"]["process"]["status"] == "stopped"
+    assert finding["location"]["line"] == line("stopped")
+
+
+def test_a_vanished_rank_is_dead(tmp_path):
+    results = run_case([CATALOGUE, "dead"], 3, tmp_path, timeout=60, DDPWATCH_ACTION="abort", DDPWATCH_DEAD_AFTER=4)
+    assert results[1].returncode == 1 and results[0].returncode == 3, describe(results)
+    _, finding = finding_of(tmp_path, results)
+    assert finding["kind"] == "dead_rank"
+    assert finding["ranks"] == [1]
+    assert finding["evidence"]["process"] == {"exists": False} or finding["evidence"]["process"]["exists"] is False
