@@ -180,3 +180,36 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+# ---------------------------------------------------------------- torch's Flight Recorder, where it is on
+
+FR_TAIL = 32
+
+
+def flight_recorder_tail(limit: int = FR_TAIL) -> dict:
+    """The last entries of torch's Flight Recorder for this process: every c10d op, DDP's C++ ones included.
+
+    Where the Python patches are blind (the gradient all-reduce inside backward) this shows what the process group
+    itself last issued. {"entries": [...]} or {"unavailable": "why"}; never raises.
+    """
+    try:
+        import torch._C._distributed_c10d as c10d_c
+
+        dump = getattr(c10d_c, "_dump_fr_trace_json", None)
+        if dump is None:
+            return {"unavailable": "this torch has no Flight Recorder JSON dump"}
+        data = json.loads(dump())
+    except Exception as exc:
+        return {"unavailable": f"Flight Recorder not readable: {type(exc).__name__}: {exc}"[:200]}
+    entries = data.get("entries") or []
+    if not entries:
+        return {"unavailable": "Flight Recorder is off or empty (TORCH_FR_BUFFER_SIZE=0?)"}
+    return {"entries": [_compact_fr_entry(e) for e in entries[-limit:]], "total": len(entries)}
+
+
+def _compact_fr_entry(entry: dict) -> dict:
+    group = entry.get("process_group") or ["?", ""]
+    return {"seq": entry.get("collective_seq_id"), "p2p_seq": entry.get("p2p_seq_id"), "group": str(group[0]),
+            "op": str(entry.get("profiling_name", "")).split(":")[-1], "sizes": entry.get("input_sizes"),
+            "state": entry.get("state"), "retired": entry.get("retired"), "is_p2p": entry.get("is_p2p")}

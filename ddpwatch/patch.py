@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import sys
 import threading
 
@@ -46,6 +47,14 @@ OBJECT_COLLECTIVES = (
 )
 BATCH_P2P = "batch_isend_irecv"
 PATCH_MARKER = "__ddpwatch_original__"
+log = logging.getLogger("ddpwatch")
+_logged: set = set()
+
+
+def _log_once(key: str, message: str) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        log.warning(message, exc_info=True)
 
 
 def _param_index(signature: inspect.Signature, name: str):
@@ -170,11 +179,22 @@ class Patcher:
         return name
 
     # ----- wrappers -----
-    def _collective_wrapper(self, original, api: str, op: str, tensor_params):
-        signature = inspect.signature(original)
-        group_i = _param_index(signature, "group")
-        async_i = _param_index(signature, "async_op")
-        tensor_i = [(_param_index(signature, p), p) for p in tensor_params]
+    def _begin(self, op: str, api: str, group, tensors, caller, peer=None):
+        """Start a record, or None when the call is not ours to record or ddpwatch itself failed.
+
+        Never raises: a bug here must cost a record, not the user's collective.
+        """
+        try:
+            name = self.group_name(group)
+            if name is None:
+                return None
+            return self.recorder.begin(op, api, name, tensors() if callable(tensors) else tensors, caller, peer)
+        except Exception:
+            _log_once("begin", "ddpwatch: could not record a collective; it runs unrecorded")
+            return None
+
+    def _outermost(self, original, body):
+        """Run `body` for the outermost patched call on this thread; nested patched calls go straight through."""
         recorder = self.recorder
 
         def wrapper(*args, **kwargs):
@@ -184,22 +204,40 @@ class Patcher:
                 finally:
                     recorder.exit_call()
             try:
-                group = self.group_name(_arg(args, kwargs, group_i, "group"))
-                if group is None:
-                    return original(*args, **kwargs)
-                tensors = ()
-                for index, name in tensor_i:
-                    tensors += tensor_meta(_arg(args, kwargs, index, name))
-                record = recorder.begin(op, api, group, tensors, sys._getframe(1))
-                try:
-                    return self._run(record, original, args, kwargs, async_i)
-                except BaseException as exc:
-                    recorder.finish(record, exc)
-                    raise
+                return body(args, kwargs, sys._getframe(1))
             finally:
                 recorder.exit_call()
 
         return wrapper
+
+    def _finish_on_error(self, record, call, *args, **kwargs):
+        """Call through; on the user's error, close the record and re-raise the very same exception."""
+        try:
+            return call(*args, **kwargs)
+        except BaseException as exc:
+            self.recorder.finish(record, exc)
+            raise
+
+    def _collective_wrapper(self, original, api: str, op: str, tensor_params):
+        signature = inspect.signature(original)
+        group_i = _param_index(signature, "group")
+        async_i = _param_index(signature, "async_op")
+        tensor_i = [(_param_index(signature, p), p) for p in tensor_params]
+
+        def tensors_of(args, kwargs):
+            metas = ()
+            for index, name in tensor_i:
+                metas += tensor_meta(_arg(args, kwargs, index, name))
+            return metas
+
+        def body(args, kwargs, caller):
+            record = self._begin(op, api, _arg(args, kwargs, group_i, "group"), lambda: tensors_of(args, kwargs),
+                                 caller)
+            if record is None:
+                return original(*args, **kwargs)
+            return self._finish_on_error(record, self._run, record, original, args, kwargs, async_i)
+
+        return self._outermost(original, body)
 
     def _run(self, record, original, args, kwargs, async_i):
         """Call the collective; "done" means the Work completed, not that the Python call returned (NCCL)."""
@@ -233,128 +271,78 @@ class Patcher:
         group_i = _param_index(signature, "group")
         peer_i = _param_index(signature, peer_param)
         tensor_i = _param_index(signature, "tensor")
-        recorder = self.recorder
 
-        def wrapper(*args, **kwargs):
-            if not recorder.enter_call():
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    recorder.exit_call()
-            try:
-                group = self.group_name(_arg(args, kwargs, group_i, "group"))
-                if group is None:
-                    return original(*args, **kwargs)
-                peer = _arg(args, kwargs, peer_i, peer_param)
-                peer = -1 if peer is None else int(peer)
-                tensors = tensor_meta(_arg(args, kwargs, tensor_i, "tensor"))
-                record = recorder.begin(op, api, group, tensors, sys._getframe(1), peer=peer)
-                try:
-                    result = original(*args, **kwargs)
-                except BaseException as exc:
-                    recorder.finish(record, exc)
-                    raise
-                if hasattr(result, "is_completed"):
-                    record.work = result  # isend/irecv: completes when the peer matches it
-                else:
-                    recorder.finish(record)
-                return result
-            finally:
-                recorder.exit_call()
+        def body(args, kwargs, caller):
+            peer = _arg(args, kwargs, peer_i, peer_param)
+            record = self._begin(op, api, _arg(args, kwargs, group_i, "group"),
+                                 lambda: tensor_meta(_arg(args, kwargs, tensor_i, "tensor")), caller,
+                                 peer=-1 if peer is None else int(peer))
+            if record is None:
+                return original(*args, **kwargs)
+            result = self._finish_on_error(record, original, *args, **kwargs)
+            self._complete_later_or_now(record, result if hasattr(result, "is_completed") else None)
+            return result
 
-        return wrapper
+        return self._outermost(original, body)
+
+    def _complete_later_or_now(self, record, handle) -> None:
+        if handle is not None:
+            record.work = handle  # isend/irecv/batch: completes when the peer matches it; the watchdog polls
+        else:
+            self.recorder.finish(record)
 
     def _batch_wrapper(self, original):
-        recorder = self.recorder
+        def body(args, kwargs, caller):
+            ops = args[0] if args else kwargs.get("p2p_op_list") or []
+            first = ops[0] if ops else None
+            record = self._begin("batch_p2p", BATCH_P2P, getattr(first, "group", None),
+                                 lambda: tensor_meta([getattr(p, "tensor", None) for p in ops]), caller, peer=-2)
+            if record is None:
+                return original(*args, **kwargs)
+            works = self._finish_on_error(record, original, *args, **kwargs)
+            pending = [w for w in works or () if hasattr(w, "is_completed")]
+            self._complete_later_or_now(record, _AllOf(pending) if pending else None)
+            return works
 
-        def wrapper(p2p_op_list, *args, **kwargs):
-            if not recorder.enter_call():
-                try:
-                    return original(p2p_op_list, *args, **kwargs)
-                finally:
-                    recorder.exit_call()
-            try:
-                first = p2p_op_list[0] if p2p_op_list else None
-                group = self.group_name(getattr(first, "group", None))
-                if group is None:
-                    return original(p2p_op_list, *args, **kwargs)
-                tensors = tensor_meta([getattr(p, "tensor", None) for p in p2p_op_list])
-                record = recorder.begin("batch_p2p", BATCH_P2P, group, tensors, sys._getframe(1), peer=-2)
-                try:
-                    works = original(p2p_op_list, *args, **kwargs)
-                except BaseException as exc:
-                    recorder.finish(record, exc)
-                    raise
-                pending = [w for w in works or () if hasattr(w, "is_completed")]
-                if pending:
-                    record.work = _AllOf(pending)
-                else:
-                    recorder.finish(record)
-                return works
-            finally:
-                recorder.exit_call()
-
-        return wrapper
+        return self._outermost(original, body)
 
     def _group_first_wrapper(self, original, api: str, op: str):
         """DDP's C++ helpers (`_broadcast_coalesced(pg, tensors, ...)`): blocking calls whose first argument is the group."""
-        recorder = self.recorder
 
-        def wrapper(process_group, tensors, *args, **kwargs):
-            if not recorder.enter_call():
-                try:
-                    return original(process_group, tensors, *args, **kwargs)
-                finally:
-                    recorder.exit_call()
-            try:
-                group = self.group_name(process_group)
-                if group is None:
-                    return original(process_group, tensors, *args, **kwargs)
-                record = recorder.begin(op, api, group, tensor_meta(tensors), sys._getframe(1))
-                try:
-                    result = original(process_group, tensors, *args, **kwargs)
-                except BaseException as exc:
-                    recorder.finish(record, exc)
-                    raise
-                recorder.finish(record)
-                return result
-            finally:
-                recorder.exit_call()
+        def body(args, kwargs, caller):
+            group = args[0] if args else kwargs.get("process_group")
+            tensors = args[1] if len(args) > 1 else kwargs.get("tensors")
+            record = self._begin(op, api, group, lambda: tensor_meta(tensors), caller)
+            if record is None:
+                return original(*args, **kwargs)
+            result = self._finish_on_error(record, original, *args, **kwargs)
+            self.recorder.finish(record)
+            return result
 
-        setattr(wrapper, "__name__", getattr(original, "__name__", api))
+        wrapper = self._outermost(original, body)
+        wrapper.__name__ = getattr(original, "__name__", api)
         return wrapper
 
     def _rebuild_wrapper(self, original):
         """Reducer._rebuild_buckets broadcasts only the one time it rebuilds; other calls are voided, not counted."""
         recorder = self.recorder
-        patcher = self
 
-        def _rebuild_buckets(reducer_self):
-            if not recorder.enter_call():
-                try:
-                    return original(reducer_self)
-                finally:
-                    recorder.exit_call()
-            try:
-                region = recorder.current_region()
-                group = patcher.group_name(region[3] if region and len(region) > 3 else None)
-                if group is None:
-                    return original(reducer_self)
-                record = recorder.begin("broadcast", snapshot.DDP_BUCKET_REBUILD, group, (), sys._getframe(1))
-                try:
-                    rebuilt = original(reducer_self)
-                except BaseException as exc:
-                    recorder.finish(record, exc)
-                    raise
-                if rebuilt:
-                    recorder.finish(record)
-                else:
-                    recorder.void(record)
-                return rebuilt
-            finally:
-                recorder.exit_call()
+        def body(args, kwargs, caller):
+            region = recorder.current_region()
+            group = region[3] if region and len(region) > 3 else None
+            record = self._begin("broadcast", snapshot.DDP_BUCKET_REBUILD, group, (), caller)
+            if record is None:
+                return original(*args, **kwargs)
+            rebuilt = self._finish_on_error(record, original, *args, **kwargs)
+            if rebuilt:
+                recorder.finish(record)
+            else:
+                recorder.void(record)
+            return rebuilt
 
-        return _rebuild_buckets
+        wrapper = self._outermost(original, body)
+        wrapper.__name__ = "_rebuild_buckets"
+        return wrapper
 
     def _region_wrapper(self, original, kind: str, api: str, skip_self: bool):
         """A call that is not itself a collective but issues some: records inside carry it as their region."""
@@ -399,15 +387,10 @@ class Patcher:
             if pg is None:
                 return original(*args, **kwargs)
             recorder.pending_grad_sync = None
-            group = patcher.group_name(pg)
-            if group is None:
+            record = patcher._begin("all_reduce", snapshot.DDP_GRAD_ALLREDUCE, pg, (), sys._getframe(1))
+            if record is None:
                 return original(*args, **kwargs)
-            record = recorder.begin("all_reduce", snapshot.DDP_GRAD_ALLREDUCE, group, (), sys._getframe(1))
-            try:
-                result = original(*args, **kwargs)
-            except BaseException as exc:
-                recorder.finish(record, exc)
-                raise
+            result = patcher._finish_on_error(record, original, *args, **kwargs)
             recorder.finish(record)
             return result
 

@@ -143,6 +143,7 @@ class Recorder:
         self.abort_code = 0
         # The process group of a grad-enabled DDP forward whose gradient all-reduce the next backward() will run.
         self.pending_grad_sync = None
+        self.failure_hook = None  # set by the watchdog while it runs
 
     # --- regions: "this happened inside DDP.forward called from val.py:42" ---
     def region_stack(self) -> list:
@@ -215,6 +216,12 @@ class Recorder:
         record.work = None
         self.inflight.pop(id(record), None)
         self.progress += 1
+        hook = self.failure_hook
+        if error is not None and hook is not None:
+            try:
+                hook(error)  # the watchdog reports a vanished peer before the user's error goes on
+            except Exception:
+                pass
 
     def void(self, record: Record) -> None:
         """Forget a record that turned out not to communicate (Reducer._rebuild_buckets returning False)."""

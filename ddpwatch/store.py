@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 
 from . import snapshot
 
@@ -20,6 +21,7 @@ class StateStore:
     def __init__(self, store, namespace: str, timeout_s: float = 5.0):
         self._store = store
         self.namespace = f"{PREFIX}/{namespace}"
+        self.stamp = ""
         try:
             store.set_timeout(datetime.timedelta(seconds=timeout_s))
         except Exception:
@@ -41,7 +43,20 @@ class StateStore:
             pass
         # Re-arming inside one job (destroy + init again) must not read the last generation's keys.
         arms = client.add(f"{PREFIX}/arms/{generation_key}", 1)
-        return cls(client, f"{generation_key}/g{(arms - 1) // max(world_size, 1)}", timeout_s)
+        state_store = cls(client, f"{generation_key}/g{(arms - 1) // max(world_size, 1)}", timeout_s)
+        state_store.stamp = state_store.agree("stamp", time.strftime("%Y%m%d-%H%M%S"))
+        return state_store
+
+    def agree(self, name: str, proposal: str) -> str:
+        """One value every rank gets: the first proposal to reach the store wins (compare-and-set on an empty key).
+
+        Used for names that must be the same on every rank even after the store is gone (local dump folders).
+        """
+        try:
+            value = self._store.compare_set(self.key(name), "", proposal)
+            return bytes(value).decode("utf-8") or proposal
+        except Exception:
+            return proposal
 
     def key(self, *parts) -> str:
         return "/".join((self.namespace,) + tuple(str(p) for p in parts))

@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 
@@ -18,6 +19,10 @@ from .store import StoreUnavailable
 log = logging.getLogger("ddpwatch")
 
 COLLECT_S = 2.0  # how long the writer waits for every rank's stacks before it writes what it has
+FAILURE_REPORT_S = 5.0  # how long a failed collective waits for the report before the user's error goes on
+# What a collective's error says when the rank at the other end is gone (gloo, NCCL).
+PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "remote worker", "Broken pipe",
+                        "Socket Timeout", "NCCL communicator was aborted")
 
 
 def _process_facts(pid: int) -> dict | None:
@@ -35,6 +40,22 @@ def _process_facts(pid: int) -> dict | None:
         return {"exists": False}
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _write_rank_dump(folder: str, doc: dict) -> str:
+    """rank-<r>.json in `folder`, written whole or not at all (temp file + rename); the temp dir if unwritable."""
+    for base in (folder, os.path.join(tempfile.gettempdir(), "ddpwatch-reports", os.path.basename(folder))):
+        try:
+            os.makedirs(base, exist_ok=True)
+            path = os.path.join(base, f"rank-{doc['rank']}.json")
+            handle, temp = tempfile.mkstemp(prefix=".rank-", dir=base)
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                out.write(S.dumps(doc) + "\n")
+            os.replace(temp, path)
+            return path
+        except OSError:
+            continue
+    return "(nowhere: no writable directory)"
 
 
 class Watchdog(threading.Thread):
@@ -58,6 +79,9 @@ class Watchdog(threading.Thread):
         self.last_report_dir = None
         self._stop_event = threading.Event()
         self._dump_requested = threading.Event()
+        self._peer_failure = threading.Event()
+        self._failure_handled = threading.Event()
+        self._local_dumps: set = set()
         self._logged: set = set()
         self._store_ok = True
         self.sampler = evidence.ProcessSampler()
@@ -66,6 +90,8 @@ class Watchdog(threading.Thread):
 
     # ----- lifecycle -----
     def stop(self, timeout: float = 5.0) -> None:
+        self.recorder.failure_hook = None
+        self._failure_handled.set()  # a training thread waiting on a failure report must not wait on a stopped watchdog
         self._stop_event.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
@@ -77,18 +103,99 @@ class Watchdog(threading.Thread):
             self.store.put(self.store.key("state", self.rank), self.state())
         except Exception:
             pass  # the thread will find out, and log, on its first round
+        self.recorder.failure_hook = self.on_collective_failure
         super().start()
 
     def run(self) -> None:
         while not self._stop_event.wait(self.config.interval):
             try:
-                self.tick()
+                if self._store_ok:
+                    self.tick()
+                else:
+                    self.tick_local()
             except StoreUnavailable as exc:
                 self._store_ok = False
-                self._log_once("store", "ddpwatch: the store stopped answering (%s); no longer publishing", exc)
-                return
+                self._log_once("store", "ddpwatch: the store stopped answering (%s); no longer publishing; "
+                                        "each rank now writes its own dump when it is stuck", exc)
             except Exception:
                 self._log_once("tick", "ddpwatch: watchdog error, continuing", exc_info=True)
+            finally:
+                if self._peer_failure.is_set() and not self._store_ok:
+                    self._failure_done()
+
+    # ----- a peer's failure seen by the training thread (gloo: "Connection closed by peer") -----
+    def on_collective_failure(self, error: BaseException) -> None:
+        """Called from the training thread when a collective fails: give the watchdog a moment to report it.
+
+        The training thread waits (bounded) and then re-raises the user's exception unchanged.
+        """
+        if threading.current_thread() is self or not self.is_alive():
+            return
+        if not any(marker in str(error) for marker in PEER_FAILURE_MARKERS):
+            return
+        self._failure_handled.clear()
+        self._peer_failure.set()
+        self._failure_handled.wait(FAILURE_REPORT_S + self.config.interval)
+
+    def _failure_done(self) -> None:
+        self._peer_failure.clear()
+        self._failure_handled.set()
+
+    def _report_peer_failure(self) -> None:
+        """Find the rank that vanished (psutil on this host; a heartbeat that stops elsewhere) and report it."""
+        deadline = time.monotonic() + FAILURE_REPORT_S - 1.0
+        silent: dict = {}
+        keys = [self.store.key("state", r) for r in range(self.world_size)]
+        while time.monotonic() < deadline:
+            docs = self.store.get_many(keys)
+            states = {doc["rank"]: doc for doc in docs.values() if isinstance(doc, dict) and "rank" in doc}
+            silent = self._vanished_peers(states)
+            if silent:
+                break
+            time.sleep(self.config.interval)
+        if not silent:
+            return
+        findings = analysis.silent_ranks(silent, {}, self.config.grace)
+        fingerprint = "peer-failure-" + "-".join(str(r) for r in sorted(silent))
+        if fingerprint in self.reported or self.store.add(self.store.key("claim", fingerprint), 1) != 1:
+            return
+        self.reported.add(fingerprint)
+        self.run_incident(analysis.Assessment(analysis.SILENT, findings, fingerprint), states, silent,
+                          action="report")  # the user's exception follows; torchrun decides what to do
+
+    def _vanished_peers(self, states: dict) -> dict:
+        silent = {}
+        for rank in range(self.world_size):
+            last = states.get(rank)
+            if rank == self.rank or not last or last.get("status") == S.EXITED:
+                continue
+            quiet = self._silent_for(rank, last)
+            process = evidence.peer_process_facts(int(last.get("pid", 0))) if last.get("host") == self.host else None
+            gone = (process or {}).get("exists") is False
+            if gone or (process is None and quiet >= 3 * self.config.interval):
+                silent[rank] = {"silent_s": round(quiet, 1), "last_state": last, "process": process,
+                                "remote": process is None}
+        return silent
+
+    # ----- without the store: each rank dumps itself -----
+    def tick_local(self) -> None:
+        """The store is gone: no peers to compare with, so a rank that is stuck writes its own dump for later."""
+        self.recorder.poll_pending()
+        state = self.state()
+        record = analysis.waiting_record(state)
+        if record is None or not analysis.is_blocked(state, self.config.grace):
+            return
+        episode = (record["group"], record["seq"])
+        if episode in self._local_dumps:
+            return
+        self._local_dumps.add(episode)
+        full = self.state(full=True)
+        full["store_lost"] = True
+        folder = os.path.join(self.config.dir, f"local-{self.store.stamp or 'run'}-{self.run_tag or 'job'}")
+        path = _write_rank_dump(folder, full)
+        sys.stderr.write(f"ddpwatch: rank {self.rank} is stuck in {analysis.describe_op(record)} and the store is "
+                         f"gone; wrote {path}. Merge the ranks' dumps with: ddpwatch report {folder}\n")
+        sys.stderr.flush()
 
     def request_dump(self) -> None:
         """Ask for a report now, from every rank, without stopping the job (SIGUSR1, `ddpwatch dump`).
@@ -111,6 +218,11 @@ class Watchdog(threading.Thread):
         self._answer_incidents()
         if self.pending_abort is not None:
             self._check_abort()
+        if self._peer_failure.is_set():
+            try:
+                self._report_peer_failure()
+            finally:
+                self._failure_done()
         if self._dump_requested.is_set():
             self._dump_requested.clear()
             self.run_incident(analysis.Assessment(analysis.DUMP, [], f"dump-{self.rank}-{time.time():.3f}"))
@@ -127,6 +239,7 @@ class Watchdog(threading.Thread):
             doc["stacks"] = python_stacks(skip_thread=threading.get_ident())
             doc["process"] = self.sampler.facts()
             doc["progress_bars"] = evidence.progress_bars()
+            doc["flight_recorder"] = evidence.flight_recorder_tail()
         return doc
 
     def _publish_exit(self) -> None:
@@ -223,9 +336,10 @@ class Watchdog(threading.Thread):
             view["py_spy"] = cached.get("unavailable")
 
     # ----- incidents -----
-    def run_incident(self, assessment, states: dict | None = None, silent: dict | None = None) -> None:
+    def run_incident(self, assessment, states: dict | None = None, silent: dict | None = None,
+                     action: str | None = None) -> None:
         number = self.store.add(self.store.key("incident"), 1)
-        action = "report" if assessment.verdict == analysis.DUMP else self.config.action
+        action = action or ("report" if assessment.verdict == analysis.DUMP else self.config.action)
         info = {"trigger": assessment.verdict, "leader": self.rank, "action": action,
                 "fingerprint": assessment.fingerprint}
         self.store.put(self.store.key("incident", number, "info"), info)

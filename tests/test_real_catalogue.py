@@ -20,6 +20,20 @@ def line(tag):
     return tagged_line(CATALOGUE, tag)
 
 
+def test_rank0_forward_after_the_first_backward_blocks_in_the_bucket_rebuild(tmp_path):
+    results = run_case([CATALOGUE, "rebuild"], 2, tmp_path, DDPWATCH_ACTION="abort")
+    assert all(r.returncode == 3 for r in results), describe(results)
+    incident, finding = finding_of(tmp_path, results)
+    assert finding["kind"] == "ddp_forward_on_subset"
+    assert finding["ranks"] == [0]
+    assert finding["evidence"]["ddp_op"] == "bucket_rebuild"
+    assert finding["location"]["line"] == line("rebuild_call")
+    assert "rebuild" in finding["fix"]
+    assert finding["evidence"]["rank_condition"]["0"]["condition"]["text"] == "if rank == 0:"
+    flight = incident["ranks"][0]["flight_recorder"]
+    assert flight["entries"] and flight["entries"][-1]["op"] == "broadcast"
+
+
 def test_skipped_barrier_names_the_rank_that_did_not_arrive(tmp_path):
     results = run_case([CATALOGUE, "skipped"], 2, tmp_path, DDPWATCH_ACTION="abort")
     assert all(r.returncode == 3 for r in results), describe(results)

@@ -47,6 +47,15 @@ def shape(rank):
     dist.barrier()
 
 
+def rebuild(rank):
+    model = DistributedDataParallel(nn.Linear(4, 4))  # no buffers: only the one-time bucket rebuild talks
+    model(torch.randn(8, 4)).sum().backward()
+    dist.barrier()
+    if rank == 0:
+        model(torch.randn(8, 4))  # LINE:rebuild_call
+    dist.barrier()
+
+
 def group_order(rank):
     first = dist.new_group([0, 1], timeout=GROUP_TIMEOUT)
     second = dist.new_group([0, 1], timeout=GROUP_TIMEOUT)
@@ -95,7 +104,7 @@ def simulate_transport_fault():
     c10d.all_reduce = dist.all_reduce = all_reduce
 
 
-CASES = {"skipped": skipped, "uneven": uneven, "shape": shape, "group_order": group_order, "stuck": stuck,
+CASES = {"rebuild": rebuild, "skipped": skipped, "uneven": uneven, "shape": shape, "group_order": group_order, "stuck": stuck,
          "unresponsive": unresponsive, "dead": dead}
 
 
