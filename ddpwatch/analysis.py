@@ -110,6 +110,9 @@ def _verb(ranks, one: str, many: str) -> str:
 def _position_key(state: dict, grace: float) -> tuple:
     if state.get("status") == S.EXITED:
         return ("exited",)
+    if state.get("stale"):
+        here = user_line_now(state)
+        return ("silent", here and (here["file"], here["line"], here["function"]))
     record = waiting_record(state)
     if record is None or record.get("age_s", 0.0) < grace:
         here = user_line_now(state)
@@ -138,6 +141,10 @@ def positions(states: dict, grace: float) -> list:
             waits = [states[r].get("idle_s", 0.0) for r in ranks]
             here = user_line_now(first)
             where = "busy outside collectives" + (f" at {S.short_site(here)}" if here else "")
+        elif key[0] == "silent":
+            here = user_line_now(first)
+            waits = [0.0]
+            where = "silent: no answer" + (f" (last seen at {S.short_site(here)})" if here else "")
         else:
             waits, where = [0.0], "exited"
         out.append({"ranks": ranks, "state": key[0], "where": where, "wait_s": round(max(waits), 1),
@@ -257,7 +264,7 @@ def ddp_forward_on_subset(parts: list, states: dict) -> dict | None:
     else:
         why = ("DDP's forward broadcasts the module's buffers (such as BatchNorm running statistics) from rank 0 "
                "to every rank before computing, so every rank must run it")
-        short_why = "DDP.forward's buffer broadcast (BatchNorm statistics) needs every rank"
+        short_why = "DDP.forward broadcasts BatchNorm statistics and other buffers to every rank"
     summary = (f"{_sentence(rank_list(culprits))} called the DistributedDataParallel model at "
                f"{S.short_site(call_site)} ({S.format_site(call_site)}) while {rank_list(others)} did not: "
                f"{why}. {_sentence(rank_list(culprits))} {_verb(culprits, 'blocks', 'block')} in "
@@ -460,8 +467,15 @@ def silent_ranks(silent: dict, live: dict, grace: float) -> list:
         process = view.get("process") or {}
         last = view.get("last_state") or {}
         record = waiting_record(last) if last else None
-        where = describe_op(record) if record else (S.short_site(user_line_now(last)) if last else "before it "
-                                                                                                    "published")
+        here = user_line_now(last) if last else None
+        if record:
+            where = "in " + describe_op(record)
+        elif here:
+            where = "at " + S.short_site(here)
+        elif last:
+            where = "outside collectives (it could not be asked for a stack)"
+        else:
+            where = "nowhere known: it never published its state"
         silent_s = view.get("silent_s", 0.0)
         if process.get("exists") is False or (not process and view.get("never_published") is None
                                               and view.get("remote")):
@@ -469,7 +483,7 @@ def silent_ranks(silent: dict, live: dict, grace: float) -> list:
             summary = (f"Rank {rank} (pid {last.get('pid', '?')} on {last.get('host', '?')}) is gone: its heartbeat "
                        f"stopped {silent_s:.0f} s ago"
                        + (" and the process no longer exists" if process.get("exists") is False else "")
-                       + f"; it was last {'in ' + where if record else 'at ' + where}.")
+                       + f"; it was last {where}.")
             fix = ("Find why the process died: its own log (out-of-memory killer, segfault, an exception), "
                    "`dmesg`, and the launcher's exit summary. The other ranks will wait forever for it.")
         else:
@@ -477,7 +491,7 @@ def silent_ranks(silent: dict, live: dict, grace: float) -> list:
             status = process.get("status", "unknown")
             summary = (f"Rank {rank} (pid {last.get('pid', '?')}) exists but has not answered for {silent_s:.0f} s "
                        f"(process status: {status}); neither its training thread nor ddpwatch's watchdog moves. "
-                       f"It was last {'in ' + where if record else 'at ' + where}.")
+                       f"It was last {where}.")
             fix = ("A stopped (SIGSTOP, a debugger), swapping, or GIL-holding process: check its state with "
                    "`py-spy dump --native --pid` and `cat /proc/<pid>/status`; resume or restart it.")
         location = user_location(record) if record else (user_line_now(last) if last else None)

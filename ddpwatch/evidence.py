@@ -50,7 +50,7 @@ def add_rank_conditions(findings: list, states: dict) -> None:
         finding["evidence"]["rank_condition"] = conditions
         first = next(iter(conditions.values()))
         where = S.short_site({"file": first["frame"]["file"], "line": first["condition"]["line"]})
-        finding["summary"] += (f" The call is reached only under the rank condition `{first['condition']['text']}`"
+        finding["summary"] += (f" That line runs only under the rank condition `{first['condition']['text']}`"
                                f" ({where}).")
 
 

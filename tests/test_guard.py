@@ -113,3 +113,59 @@ def test_destroy_inside_the_guard_stops_the_watchdog_and_init_again_rearms(one_r
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         assert session.watchdog is not None and session.watchdog.is_alive()
         dist.all_reduce(torch.ones(1))
+
+
+def test_collectives_from_a_second_thread_and_async_ops_are_recorded(one_rank_group):
+    with ddpwatch.guard(interval=0.2) as session:
+        one_rank_group()
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        pending = [r for r in session.recorder.inflight.values() if r.op == "all_reduce"]
+        work.wait()
+        worker = threading.Thread(target=lambda: dist.broadcast(torch.ones(1), src=0), name="side-thread")
+        worker.start()
+        worker.join(10)
+        session.recorder.poll_pending()
+        snap = session.recorder.snapshot(recent=10)
+    assert len(pending) == 1  # "in flight" until the Work completes, not until the call returns
+    assert snap["inflight"] == []
+    assert [(r["op"], r["thread"]) for r in snap["recent"]] == [("all_reduce", "MainThread"),
+                                                                ("broadcast", "side-thread")]
+    assert [r["seq"] for r in snap["recent"]] == [0, 1]
+
+
+def test_tens_of_thousands_of_ops_keep_memory_bounded(one_rank_group):
+    import tracemalloc
+
+    with ddpwatch.guard(ring_size=512) as session:
+        one_rank_group()
+        value = torch.ones(1)
+        for _ in range(2000):
+            dist.all_reduce(value)
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(30_000):
+            dist.all_reduce(value)
+        grown = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        recorder = session.recorder
+        assert len(recorder.ring) == 512 and not recorder.inflight
+        assert recorder.last_seq["0"] == 32_000 - 1
+        seqs = [r.seq for r in recorder.ring]
+        assert seqs == list(range(32_000 - 512, 32_000))  # no record lost or corrupted at the end of the ring
+    assert grown < 2 * 2**20, f"memory grew by {grown} bytes over 30,000 ops"
+
+
+def test_py_spy_missing_or_refused_is_one_line_and_python_stacks_remain(monkeypatch, tmp_path):
+    from ddpwatch import evidence
+
+    monkeypatch.setattr(evidence.shutil, "which", lambda name: None)
+    missing = evidence.native_stacks(os.getpid())
+    assert missing == {"unavailable": "py-spy is not installed (pip install py-spy); Python stacks only"}
+    fake = tmp_path / "py-spy"
+    fake.write_text("#!/bin/sh\necho 'Error: Permission Denied: try running again with elevated permissions' >&2\n"
+                    "exit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(evidence.shutil, "which", lambda name: str(fake))
+    refused = evidence.native_stacks(os.getpid())
+    assert "Permission Denied" in refused["unavailable"] and "SYS_PTRACE" in refused["unavailable"]
+    assert "\n" not in refused["unavailable"]

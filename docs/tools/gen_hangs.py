@@ -1,0 +1,104 @@
+"""Regenerates docs/hangs.md: runs every reproduction on 2-3 local gloo ranks and pastes the real report excerpts.
+
+    python docs/tools/gen_hangs.py        # about 2-3 minutes on 2 cores
+"""
+
+import os
+import re
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from ranks import SCENARIOS, reports, run_case  # noqa: E402
+
+HANGS = os.path.join(SCENARIOS, "hangs.py")
+CATALOGUE = os.path.join(SCENARIOS, "catalogue.py")
+FAULTS = os.path.join(SCENARIOS, "faults.py")
+
+# kind, title, symptom, reproduction (file, function), command args, ranks, extra env, stop when a report exists
+SECTIONS = [
+    ("ddp_forward_on_subset", "The DDP model called on some ranks only (the seed)",
+     "Rank-0-only validation calls the DistributedDataParallel wrapper; the job stalls at the next barrier.",
+     (os.path.join(ROOT, "ddpwatch", "examples", "seed_stall.py"), "validation"),
+     ["-m", "ddpwatch.examples.seed_stall"], 2, {}, False),
+    ("ddp_forward_on_subset", "... and its twin: the one-time bucket rebuild",
+     "A buffer-less model, called with grad enabled on rank 0 after the first backward: DDP's bucket rebuild "
+     "broadcasts.", (CATALOGUE, "rebuild"), [CATALOGUE, "rebuild"], 2, {}, False),
+    ("collective_on_subset", "A collective under a rank condition",
+     "`if rank == 0: dist.all_reduce(...)`: rank 0 waits in all_reduce, the others in the next barrier.",
+     (HANGS, "collective_on_subset"), [HANGS, "collective_on_subset"], 2, {}, False),
+    ("skipped_collective", "A collective skipped by an early continue/return",
+     "One rank `continue`s past the epoch-end barrier and runs into the next epoch's DDP forward.",
+     (CATALOGUE, "skipped"), [CATALOGUE, "skipped"], 2, {}, False),
+    ("uneven_inputs", "Ranks with different numbers of batches",
+     "Rank 0 has one batch more; its extra backward() all-reduces gradients that nobody else sends.",
+     (CATALOGUE, "uneven"), [CATALOGUE, "uneven"], 2, {}, False),
+    ("shape_mismatch", "Different tensor sizes in the same collective",
+     "Rank 1 passes an empty tensor to all_reduce; on gloo it returns at once while rank 0 waits forever.",
+     (CATALOGUE, "shape"), [CATALOGUE, "shape"], 2, {}, False),
+    ("group_order", "Two process groups used in opposite orders",
+     "Rank 0 all-reduces on group A then B, rank 1 on B then A.",
+     (CATALOGUE, "group_order"), [CATALOGUE, "group_order"], 2, {}, False),
+    ("straggler", "A rank that is merely slow",
+     "Rank 0 works outside collectives for longer than the timeout (here 4 s) while rank 1 waits.",
+     (HANGS, "busy"), [HANGS, "busy:60"], 2, {"DDPWATCH_TIMEOUT": 4}, False),
+    ("collective_stuck", "A collective that never completes anywhere",
+     "Every rank is in the same all_reduce at the same position and the transport never delivers "
+     "(simulated: the all_reduce blocks forever on every rank).", (CATALOGUE, "stuck"),
+     [CATALOGUE, "stuck"], 2, {"DDPWATCH_TIMEOUT": 4}, False),
+    ("dead_rank", "A rank that vanished",
+     "Rank 1 exits (here: os._exit) while rank 0 waits in a collective it never joins.",
+     (CATALOGUE, "dead"), [CATALOGUE, "dead"], 3, {"DDPWATCH_DEAD_AFTER": 4}, False),
+    ("unresponsive_rank", "A rank that is there but frozen",
+     "Rank 1 is stopped (SIGSTOP) before a barrier.", (CATALOGUE, "unresponsive"),
+     [CATALOGUE, "unresponsive"], 2, {"DDPWATCH_DEAD_AFTER": 4, "DDPWATCH_ACTION": "report"}, True),
+]
+
+FIXES_INTRO = """# The hang catalogue
+
+Every common way distributed PyTorch training hangs, what ddpwatch says about it, and the fix. Each excerpt below
+is the start of a real `report.txt`, produced by `python docs/tools/gen_hangs.py` from the reproductions in
+`tests/scenarios/` (the same ones the real tests run), on 2-3 CPU ranks with gloo. Paths are shortened to the
+repository. The verdict names the culprit rank (never the ranks innocently waiting), the user's line, and the fix.
+"""
+
+
+def function_source(path, name):
+    with open(path) as handle:
+        text = handle.read()
+    match = re.search(rf"^def {name}\(.*?(?=^\S)", text, re.S | re.M)
+    return match.group(0).rstrip() if match else ""
+
+
+def excerpt(report_text):
+    lines = report_text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("["))
+    out = []
+    for line in lines[start:]:
+        if line.startswith("Mismatched collectives") or line.startswith("Main-thread stack"):
+            break
+        out.append(line)
+    return "\n".join(out).rstrip().replace(ROOT + "/", "")
+
+
+def main():
+    parts = [FIXES_INTRO]
+    for kind, title, symptom, (path, function), args, nprocs, env, stop in SECTIONS:
+        folder = tempfile.mkdtemp()
+        env = dict({"DDPWATCH_ACTION": "abort"}, **env)
+        run_case(args, nprocs, folder, timeout=90, stop_when=(lambda f=folder: bool(reports(f))) if stop else None,
+                 **env)
+        found = reports(folder)
+        text = excerpt(open(os.path.join(os.path.dirname(found[0]), "report.txt")).read()) if found else "NO REPORT"
+        print(kind, "ok" if found else "NO REPORT", flush=True)
+        parts.append(f"## `{kind}`: {title}\n\n**Symptom.** {symptom}\n\n**Reproduction** "
+                     f"(`{os.path.relpath(path, ROOT)}`):\n\n```python\n{function_source(path, function)}\n```\n\n"
+                     f"**What ddpwatch reports:**\n\n```\n{text}\n```\n")
+    with open(os.path.join(ROOT, "docs", "hangs.md"), "w") as handle:
+        handle.write("\n".join(parts))
+
+
+if __name__ == "__main__":
+    main()
