@@ -78,7 +78,7 @@ def frame_site(frame) -> dict | None:
 class Record:
     """One collective as this rank issued it. Slots, raw values: formatting waits until someone reads it."""
 
-    __slots__ = ("seq", "group", "op", "api", "peer", "tensors", "site_frame", "site", "region",
+    __slots__ = ("seq", "group", "op", "api", "peer", "tensors", "site", "region",
                  "start_mono", "start_wall", "end_mono", "state", "error", "work", "thread")
 
     def to_dict(self, now_mono: float) -> dict:
@@ -181,8 +181,6 @@ class Recorder:
         record.op = op
         record.api = api
         record.tensors = tensors
-        record.site_frame = caller
-        record.site = None
         record.region = self.current_region()
         record.start_wall = time.time()
         record.start_mono = self.progress_mono = time.monotonic()
@@ -191,10 +189,8 @@ class Recorder:
         record.error = None
         record.work = None
         record.thread = threading.current_thread().name
-        # The user's frame is found now (the stack is gone later) but formatted lazily.
-        frame = user_frame(caller)
+        frame = user_frame(caller)  # found now: the stack is gone by the time anyone reads the record
         record.site = frame_site(frame)
-        record.site_frame = None
         if frame is not None:
             # How often each line issued a collective: "has this rank ever been here?" without keeping history.
             key = (frame.f_code.co_filename, frame.f_lineno)

@@ -25,23 +25,6 @@ PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer",
                         "Socket Timeout", "NCCL communicator was aborted")
 
 
-def _process_facts(pid: int) -> dict | None:
-    """psutil's view of a peer on this host: does it exist, its state, CPU, memory; None if psutil cannot say."""
-    try:
-        import psutil
-    except ImportError:
-        return None
-    try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            return {"exists": True, "status": proc.status(), "cpu_percent": proc.cpu_percent(interval=None),
-                    "rss_mb": round(proc.memory_info().rss / 2**20, 1), "threads": proc.num_threads()}
-    except psutil.NoSuchProcess:
-        return {"exists": False}
-    except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
-
-
 def _write_rank_dump(folder: str, doc: dict) -> str:
     """rank-<r>.json in `folder`, written whole or not at all (temp file + rename); the temp dir if unwritable."""
     for base in (folder, os.path.join(tempfile.gettempdir(), "ddpwatch-reports", os.path.basename(folder))):

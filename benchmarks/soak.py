@@ -1,0 +1,101 @@
+"""Soak: benign training with legitimately uneven work for minutes, a short grace, and zero false alarms expected.
+
+    python -m benchmarks.soak [--quick] [--minutes M]
+
+Rank 0 validates alone each epoch for 90% of ddpwatch's timeout while the others wait at the barrier; every
+tenth epoch one all_reduce is made slow (2 s on every rank, and it completes). Nothing here is a hang, so every
+report ddpwatch writes is a false alarm. Prints one table row: minutes, epochs, collectives, reports.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+import tempfile
+import time
+
+from . import _common as C
+
+TIMEOUT_S = 5.0
+BUSY_FRACTION = 0.9
+
+
+def worker(minutes: float) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import ddpwatch
+
+    torch.set_num_threads(1)
+    with ddpwatch.guard() as session:
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        model = torch.nn.parallel.DistributedDataParallel(
+            torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 1)))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        end = time.monotonic() + minutes * 60
+        epoch = 0
+        while True:
+            for _ in range(20):
+                loss = model(torch.randn(32, 16)).pow(2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                dist.all_reduce(loss.detach())
+            if epoch % 10 == 9:
+                time.sleep(2.0)  # a slow collective: every rank pays it inside the all_reduce below
+            flag = torch.tensor([1.0 if time.monotonic() < end else 0.0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # every rank agrees when to stop
+            if flag.item() == 0.0:
+                break
+            if rank == 0:
+                deadline = time.monotonic() + BUSY_FRACTION * TIMEOUT_S
+                with torch.no_grad():
+                    while time.monotonic() < deadline:
+                        model.module(torch.randn(32, 16))
+            dist.barrier()
+            epoch += 1
+        ops = session.recorder.progress // 2
+        dist.destroy_process_group()
+    print(f"{C.RESULT_TAG}rank={rank} epochs={epoch} ops={ops}", flush=True)
+
+
+def main(argv=None) -> int:
+    args = C.parser(__doc__)
+    args.add_argument("--minutes", type=float, default=None, help="how long to soak (default 10, quick 0.5)")
+    args.add_argument("--worker", action="store_true", help=argparse_hidden())
+    opts = args.parse_args(argv)
+    minutes = opts.minutes if opts.minutes is not None else (0.5 if opts.quick else 10.0)
+    if opts.worker:
+        worker(minutes)
+        return 0
+    C.header("soak", opts.quick)
+    from ddpwatch.launch import run_ranks
+
+    report_dir = tempfile.mkdtemp(prefix="ddpwatch-soak-")
+    env = C.child_env(DDPWATCH_DIR=report_dir, DDPWATCH_TIMEOUT=str(TIMEOUT_S), DDPWATCH_GRACE="0.5",
+                      DDPWATCH_INTERVAL="0.2", DDPWATCH_ACTION="report")
+    started = time.monotonic()
+    results = run_ranks([sys.executable, "-m", "benchmarks.soak", "--worker", "--minutes", str(minutes)], 2,
+                        env=env, timeout=minutes * 60 + 180, cwd=C.ROOT)
+    elapsed = (time.monotonic() - started) / 60
+    reports = glob.glob(os.path.join(report_dir, "*", "report.json"))
+    lines = [line for r in results for line in r.stdout.splitlines() if line.startswith(C.RESULT_TAG)]
+    fields = dict(part.split("=") for part in lines[0][len(C.RESULT_TAG):].split()) if lines else {}
+    C.print_table("Soak: benign uneven work (rank 0 busy 90% of the timeout each epoch), grace 0.5 s",
+                  ["minutes", "epochs", "collectives per rank", "exit codes", "reports (false alarms)"],
+                  [[f"{elapsed:.1f}", fields.get("epochs", "?"), fields.get("ops", "?"),
+                    ",".join(str(r.returncode) for r in results), len(reports)]])
+    ok = all(r.returncode == 0 for r in results) and lines
+    return 0 if ok else 1
+
+
+def argparse_hidden():
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    sys.exit(main())
