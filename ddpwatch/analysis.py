@@ -402,7 +402,7 @@ def sequence_divergence(group: str, parts: list, states: dict) -> dict:
             found["evidence"]["sequence"] = {"group": group, "seq": low}
             return found
         if len({(rec.get("api"), rec["op"]) for _, rec in regrouped}) > 1:
-            return collective_on_subset_or_mismatch(regrouped, states)
+            return ddp_forward_on_subset(regrouped, states) or collective_on_subset_or_mismatch(regrouped, states)
     ahead = _ranks_of([p for p in parts if p[1]["seq"] > low])
     summary = (f"On group {group} the ranks wait at different positions: "
                + "; ".join(f"{rank_list(r)} at seq {rec['seq']} ({describe_op(rec)})" for r, rec in parts)

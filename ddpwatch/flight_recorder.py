@@ -1,0 +1,487 @@
+"""Reads PyTorch Flight Recorder dumps (pickle or JSON, one per rank) as ddpwatch rank snapshots; no torch here."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import re
+
+from . import merge, snapshot as S
+
+# A dump file is named <prefix><rank> (TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE convention).
+DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
+RECENT_KEPT = 64
+MAX_SHAPES = 4  # as many tensors as ddpwatch's own records keep
+
+# Frames: what marks torch, the standard library and ddpwatch itself (by path text, so dumps from other machines
+# classify the same way; the user's line is the innermost frame that is none of these).
+_TORCH_FILE = re.compile(r"(^|[/\\])(site|dist)-packages[/\\]torch[/\\]|(^|[/\\])torch[/\\](distributed|nn|autograd|"
+                         r"utils|optim|_dynamo|_C|cuda|fx|_functorch|multiprocessing)[/\\]|(^|[/\\])torch[/\\]"
+                         r"(_tensor|functional|_ops|_compile|_utils|overrides|serialization|library|__init__)\.py$")
+_STDLIB_FILE = re.compile(r"[/\\]lib[/\\]python3(\.\d+)?[/\\](?!.*(site|dist)-packages)")
+_DDPWATCH_FILE = re.compile(r"(^|[/\\])ddpwatch[/\\](?!examples[/\\])[^/\\]+\.py$")
+_DDP_FILE = re.compile(r"torch[/\\]nn[/\\]parallel[/\\]distributed\.py$")
+_C10D_FILE = re.compile(r"torch[/\\]distributed[/\\]distributed_c10d\.py$")
+
+DDP_BUFFER_SYNC_FUNCTIONS = {"_sync_buffers", "_sync_module_buffers", "_default_broadcast_coalesced",
+                             "_distributed_broadcast_coalesced"}
+OBJECT_COLLECTIVES = {"all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+                      "send_object_list", "recv_object_list"}
+# The C++ Reducer's gradient all-reduce, issued from autograd hooks during backward() (named as ddpwatch's own
+# recording names it, so the analysis treats both alike).
+DDP_GRADIENT_ALLREDUCE = S.DDP_GRAD_ALLREDUCE
+DDP_SYNC_MODULE_STATES = "_sync_module_states"
+
+# profiling_name spellings across backends and versions -> ddpwatch's canonical op names.
+_OP_ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "allgather_base": "all_gather",
+               "all_gather_base": "all_gather", "all_gather_into_tensor": "all_gather",
+               "allgather_into_tensor_coalesced": "all_gather", "reduce_scatter_base": "reduce_scatter",
+               "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+               "alltoall": "all_to_all", "alltoall_base": "all_to_all", "all_to_all_single": "all_to_all",
+               "allreduce_coalesced": "all_reduce", "all_reduce_coalesced": "all_reduce", "sendrecv": "send"}
+# c10d's scalar type names (as FR writes dtypes) -> torch dtype names (as ddpwatch writes them).
+_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
+           "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool",
+           "ComplexFloat": "complex64", "ComplexDouble": "complex128"}
+
+
+class FlightRecorderError(S.FormatError):
+    """A file or folder that holds no Flight Recorder dump ddpwatch can read."""
+
+
+class NotADump(FlightRecorderError):
+    """A file that is plainly something else (no pickle or JSON object, or no 'entries'): skipped in a folder."""
+
+
+# ---------------------------------------------------------------- reading files safely
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Unpickling runs whatever callables a pickle names: allow only plain builtin containers and scalars.
+
+    torch writes FR dumps with nothing but dicts, lists, tuples, strings, numbers, booleans and None, so a real
+    dump never needs a class at all; anything else (os.system, eval, torch classes) is refused."""
+
+    ALLOWED = {("builtins", name) for name in ("dict", "list", "tuple", "set", "frozenset", "str", "bytes", "int",
+                                               "float", "bool", "complex")} \
+        | {("_codecs", "encode")}  # how protocol-2 pickles spell a bytes value: str -> bytes, nothing more
+
+    def find_class(self, module, name):
+        if module == "__builtin__":
+            module = "builtins"  # protocol 2 spells it the Python 2 way
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refused to load {module}.{name}: a Flight Recorder dump holds only plain data")
+
+    def persistent_load(self, pid):
+        raise pickle.UnpicklingError("refused a persistent reference: a Flight Recorder dump holds only plain data")
+
+
+def safe_unpickle(data: bytes):
+    return _SafeUnpickler(io.BytesIO(data)).load()
+
+
+def load_dump(path: str) -> dict:
+    """One dump file, pickle (from _dump_fr_trace) or JSON (from _dump_fr_trace_json)."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    start = data.lstrip()[:1]
+    try:
+        if data[:1] == b"\x80":  # pickle protocol 2+ marker
+            dump = safe_unpickle(data)
+        elif start == b"{":
+            dump = json.loads(data.decode("utf-8"))
+        else:
+            raise NotADump(f"{path}: not a Flight Recorder dump (neither pickle nor JSON)")
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, UnicodeDecodeError, AttributeError,
+            IndexError, KeyError, RecursionError) as exc:
+        if isinstance(exc, FlightRecorderError):
+            raise
+        raise FlightRecorderError(f"{path}: unreadable Flight Recorder dump ({exc})") from None
+    if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):
+        raise NotADump(f"{path}: not a Flight Recorder dump (no 'entries' list)")
+    return dump
+
+
+def _candidates(folder: str) -> list:
+    """(rank, path) for files named <prefix><rank> under folder, recursively; hidden files and folders skipped."""
+    found = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names):
+            match = DUMP_NAME.match(name)
+            if match and not name.startswith("."):
+                found.append((int(match.group("rank")), os.path.join(root, name)))
+    return found
+
+
+def find_dumps(folders: list) -> dict:
+    """rank -> (dump, path); a pickle beats a JSON dump of the same rank (only the pickle has stacks)."""
+    chosen: dict = {}
+    for folder in folders:
+        if not os.path.isdir(folder):
+            raise FlightRecorderError(f"{folder}: no such folder")
+        for rank, path in _candidates(folder):
+            try:
+                dump = load_dump(path)
+            except NotADump:
+                continue  # other files may sit beside the dumps (logs, checkpoints); a damaged dump is an error
+            if rank in chosen:
+                if _has_frames(chosen[rank][0]) and not _has_frames(dump):
+                    continue
+                if _has_frames(chosen[rank][0]) == _has_frames(dump):
+                    raise FlightRecorderError(f"two Flight Recorder dumps for rank {rank}: "
+                                              f"{chosen[rank][1]} and {path}")
+            chosen[rank] = (dump, path)
+    if not chosen:
+        raise FlightRecorderError(f"no Flight Recorder dump (files named <prefix><rank>) under {', '.join(folders)}")
+    return chosen
+
+
+def _has_frames(dump: dict) -> bool:
+    return any(entry.get("frames") for entry in dump.get("entries") or ())
+
+
+# ---------------------------------------------------------------- frames
+
+def is_internal_path(path: str) -> bool:
+    """torch, the standard library, ddpwatch (but not its examples) or no real file: never the user's line."""
+    if not path or path.startswith("<"):
+        return True
+    return bool(_TORCH_FILE.search(path) or _STDLIB_FILE.search(path) or _DDPWATCH_FILE.search(path))
+
+
+def _frame(raw: dict) -> dict:
+    path = str(raw.get("filename") or raw.get("file") or "?")
+    return {"file": path, "line": raw.get("line"), "function": str(raw.get("name") or raw.get("function") or "?"),
+            "internal": is_internal_path(path)}
+
+
+def _first_user_frame(frames: list, start: int = 0) -> dict | None:
+    """The innermost user frame at or outside `start` (frames innermost first, as FR writes them)."""
+    for frame in frames[start:]:
+        if not frame["internal"]:
+            return S.site(frame["file"], frame["line"], frame["function"])
+    return None
+
+
+def _index(frames: list, pattern, names=None) -> int | None:
+    for index, frame in enumerate(frames):
+        if pattern.search(frame["file"]) and (names is None or frame["function"] in names):
+            return index
+    return None
+
+
+def classify(frames: list, op: str) -> tuple:
+    """(api, region) for an op from its frames: DDP's buffer sync, bucket rebuild, gradient all-reduce, ..."""
+    forward_at = _index(frames, _DDP_FILE, {"forward"})
+    ddp_names = {f["function"] for f in frames if _DDP_FILE.search(f["file"])}
+    names = {f["function"] for f in frames}
+    if forward_at is not None:
+        region = {"kind": S.DDP_FORWARD, "site": _first_user_frame(frames, forward_at + 1),
+                  "api": "DistributedDataParallel.forward"}
+        innermost_ddp = frames[_index(frames, _DDP_FILE)]["function"]
+        if ddp_names & DDP_BUFFER_SYNC_FUNCTIONS:
+            return S.DDP_BUFFER_BROADCAST, region
+        if innermost_ddp == "_pre_forward" and op == "broadcast":
+            return S.DDP_BUCKET_REBUILD, region  # the C++ Reducer's rebuild, called from _pre_forward
+        return _c10d_api(frames, op), region
+    if "_verify_param_shape_across_processes" in names:
+        return S.DDP_VERIFY_PARAMS, None
+    if names & {"_sync_module_states", "_sync_params_and_buffers"}:
+        return DDP_SYNC_MODULE_STATES, None
+    object_at = _index(frames, _C10D_FILE, OBJECT_COLLECTIVES)
+    if object_at is not None:
+        api = frames[object_at]["function"]
+        return _c10d_api(frames, op), {"kind": S.OBJECT_COLLECTIVE, "site": _first_user_frame(frames, object_at + 1),
+                                       "api": api}
+    if _index(frames, _C10D_FILE) is None and "_engine_run_backward" in names:
+        return DDP_GRADIENT_ALLREDUCE, None
+    return _c10d_api(frames, op), None
+
+
+def _c10d_api(frames: list, op: str) -> str:
+    """The public torch.distributed function called: the outermost c10d frame (inner ones are helpers)."""
+    c10d = [f["function"] for f in frames if _C10D_FILE.search(f["file"]) and not f["function"].startswith("_")
+            and f["function"] not in OBJECT_COLLECTIVES and f["function"] != "wrapper"]
+    return c10d[-1] if c10d else op
+
+
+# ---------------------------------------------------------------- entries -> records
+
+def canonical_op(profiling_name: str) -> tuple:
+    """'gloo:broadcast' -> ('broadcast', None); 'nccl:send 0->1' -> ('send', (0, 1))."""
+    name = str(profiling_name or "?").split(":", 1)[-1].strip()
+    peers = None
+    match = re.search(r"(\d+)\s*->\s*(\d+)", name)
+    if match:
+        peers = (int(match.group(1)), int(match.group(2)))
+    op = name.split()[0] if name.split() else "?"
+    op = op.lstrip("_")
+    return _OP_ALIASES.get(op, op), peers
+
+
+def _dtype(name) -> str:
+    return _DTYPES.get(str(name), str(name).lower())
+
+
+def _ns(value) -> float | None:
+    """FR's nanosecond times -> epoch seconds; 0 or None (gloo, JSON dumps) means unknown."""
+    try:
+        value = int(value)
+    except (TypeError, ValueError):
+        return None
+    return value / 1e9 if value > 0 else None
+
+
+def _record(entry: dict, rank: int, now: float) -> dict:
+    op, peers = canonical_op(entry.get("profiling_name"))
+    frames = [_frame(f) for f in entry.get("frames") or () if isinstance(f, dict)]
+    api, region = classify(frames, op)
+    p2p = bool(entry.get("is_p2p"))
+    start = _ns(entry.get("time_created_ns")) or now
+    completed_at = _ns(entry.get("time_discovered_completed_ns"))
+    shapes = [list(s) for s in (entry.get("input_sizes") or ())][:MAX_SHAPES]
+    peer = None
+    if p2p and peers:
+        peer = peers[1] if peers[0] == rank else peers[0]
+    return {
+        "seq": entry.get("p2p_seq_id") if p2p else entry.get("collective_seq_id"),
+        "group": str(_pg_name(entry)),
+        "op": op, "api": api, "p2p": p2p, "peer": peer,
+        "shapes": shapes, "dtypes": [_dtype(d) for d in (entry.get("input_dtypes") or ())][:MAX_SHAPES],
+        "site": _first_user_frame(frames), "region": region,
+        "start": start, "age_s": round(max(0.0, now - start), 4),
+        "duration_s": round(completed_at - start, 6) if completed_at else None,
+        "state": S.COMPLETED,  # decided per rank afterwards, see in_flight_ids
+        "error": None, "thread": entry.get("thread_name") or "MainThread",
+        # Kept for the in-flight decision and for people comparing with torch's own tools.
+        "fr": {"record_id": entry.get("record_id"), "profiling_name": entry.get("profiling_name"),
+               "state": entry.get("state"), "retired": entry.get("retired"), "frames": frames},
+    }
+
+
+def _pg_name(entry: dict) -> str:
+    group = entry.get("process_group")
+    if isinstance(group, (list, tuple)) and group:
+        return group[0]
+    return entry.get("pg_id", "0")
+
+
+def _pg_desc(entry: dict) -> str:
+    group = entry.get("process_group")
+    return group[1] if isinstance(group, (list, tuple)) and len(group) > 1 else ""
+
+
+# ---------------------------------------------------------------- which ops are still in flight
+
+def _last_completed(dump: dict, group: str, pg_id) -> int | None:
+    status = dump.get("pg_status") or {}
+    for key in (group, str(pg_id)):
+        value = (status.get(key) or {}).get("last_completed_collective") if isinstance(status, dict) else None
+        if value is not None:
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def _torch_says_in_flight(record: dict, dump: dict, pg_id) -> bool | None:
+    """What the dump itself says (True/False), or None when it says nothing usable.
+
+    torch 2.13 marks an entry `retired` once its Work finished, and keeps each group's last completed sequence id
+    in `pg_status`; both were right on gloo where `state` stays 'scheduled' for completed ops."""
+    fr = record["fr"]
+    if fr.get("state") == "completed":
+        return False
+    if isinstance(fr.get("retired"), bool):
+        return not fr["retired"]
+    if not record["p2p"]:
+        last = _last_completed(dump, record["group"], pg_id)
+        if last is not None and last >= 0:
+            return record["seq"] > last
+    return None
+
+
+def decide_states(records_by_rank: dict, dumps: dict, members_of) -> dict:
+    """rank -> the rule used; marks each record in_flight or completed in place.
+
+    Rule: the dump's own completion marks when present; else (older or trimmed dumps) the heuristic below."""
+    rules = {}
+    heuristic = {}
+    for rank, records in records_by_rank.items():
+        dump = dumps[rank]
+        pg_ids = {r["group"]: r["fr"].get("pg_id") for r in records}
+        said = [_torch_says_in_flight(r, dump, pg_ids.get(r["group"])) for r in records]
+        if records and all(s is not None for s in said):
+            for record, in_flight in zip(records, said):
+                record["state"] = S.IN_FLIGHT if in_flight else S.COMPLETED
+            rules[rank] = "torch_completion_marks"
+        else:
+            heuristic[rank] = records
+            rules[rank] = "unmatched_tail_heuristic"
+    if heuristic:
+        _unmatched_tail(heuristic, records_by_rank, members_of)
+    return rules
+
+
+def _unmatched_tail(to_decide: dict, records_by_rank: dict, members_of) -> None:
+    """A collective completes only once every member rank joined it with the same op. So: an entry is in flight
+    when some member rank holds no entry with the same op at that position of that group, judged only from
+    the position where every member's ring buffer still reaches (older entries count as completed). In practice
+    that is the last entry per rank per group, or the last two for DDP's coalesced buffer broadcast."""
+    calls = {(rank, r["group"], r["seq"]): r["op"] for rank, records in records_by_rank.items()
+             for r in records if not r["p2p"]}
+    oldest: dict = {}
+    for (rank, group, seq) in calls:
+        oldest[(rank, group)] = min(seq, oldest.get((rank, group), seq))
+    for rank, records in to_decide.items():
+        for record in records:
+            record["state"] = S.COMPLETED  # p2p positions are per pair of ranks: left to the collectives' evidence
+            if record["p2p"] or record["seq"] is None:
+                continue
+            members = members_of(record["group"])
+            window = max((oldest.get((m, record["group"]), 0) for m in members), default=0)
+            if record["seq"] >= window and any(calls.get((m, record["group"], record["seq"])) != record["op"]
+                                               for m in members):
+                record["state"] = S.IN_FLIGHT
+
+
+# ---------------------------------------------------------------- dumps -> rank snapshots
+
+def _parse_ranks(value) -> list | None:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, (list, tuple)) and all(isinstance(r, int) for r in value):
+        return list(value)
+    return None
+
+
+def group_members(dumps: dict) -> dict:
+    """group name -> member ranks from pg_config (gloo writes the default group under an empty-string key)."""
+    members: dict = {}
+    for dump in dumps.values():
+        config = dump.get("pg_config") or {}
+        if not isinstance(config, dict):
+            continue
+        for key, entry in config.items():
+            if not isinstance(entry, dict):
+                continue
+            ranks = _parse_ranks(entry.get("ranks"))
+            name = str(entry.get("name") or key)
+            if ranks is not None and name:
+                members.setdefault(name, ranks)
+    return members
+
+
+def _world_size(dumps: dict) -> int:
+    """The default group holds every rank, so the largest group in pg_config (under whatever key: gloo writes an
+    empty one) is the world; without pg_config, the highest rank seen."""
+    sizes = [max(dumps) + 1]
+    for dump in dumps.values():
+        config = dump.get("pg_config") or {}
+        for entry in (config.values() if isinstance(config, dict) else ()):
+            ranks = _parse_ranks(entry.get("ranks")) if isinstance(entry, dict) else None
+            if ranks:
+                sizes.append(max(len(ranks), max(ranks) + 1))
+    return max(sizes)
+
+
+def _groups_field(records: list, members: dict, world_size: int) -> dict:
+    """ddpwatch's `groups`: name -> member ranks, None for the default group."""
+    out = {}
+    for record in records:
+        ranks = members.get(record["group"])
+        default = record["group"] == "0" or record["fr"].get("desc") == "default_pg"
+        out[record["group"]] = None if default or ranks is None or ranks == list(range(world_size)) else ranks
+    return out
+
+
+def _stacks(records: list) -> list:
+    """FR has no thread stacks; the frames of the op this rank waits in are the closest thing (outermost first)."""
+    from .analysis import waiting_record
+
+    waiting = waiting_record({"inflight": [r for r in records if r["state"] == S.IN_FLIGHT]})
+    if waiting is None or not waiting["fr"]["frames"]:
+        return []
+    return [{"thread": waiting.get("thread"), "main": True, "frames": list(reversed(waiting["fr"]["frames"])),
+             "source": "flight_recorder frames of the op in flight"}]
+
+
+def _snapshot(rank: int, world_size: int, records: list, dump: dict, path: str, now: float, members: dict,
+              rule: str) -> dict:
+    inflight = [r for r in records if r["state"] == S.IN_FLIGHT]
+    done = [r for r in records if r["state"] != S.IN_FLIGHT]
+    events = [r["start"] for r in records] + [r["start"] + r["duration_s"] for r in done if r["duration_s"]]
+    last_seq: dict = {}
+    for r in records:
+        if not r["p2p"] and r["seq"] is not None:
+            last_seq[r["group"]] = max(last_seq.get(r["group"], -1), r["seq"])
+    stacks = _stacks(records)
+    groups = _groups_field(records, members, world_size)
+    for r in records:
+        r["fr"].pop("frames", None)  # the stack section carries them once; records stay small
+        r["fr"].pop("desc", None)
+    return {
+        "format_version": S.FORMAT_VERSION, "rank": rank, "world_size": world_size, "pid": None, "host": None,
+        "beat": 0, "published_at": now, "status": S.RUNNING,
+        "progress": len(records) + len(done), "idle_s": round(max(0.0, now - max(events, default=now)), 4),
+        "inflight": sorted(inflight, key=lambda r: r["start"]), "recent": done[-RECENT_KEPT:],
+        "last_seq": {str(k): v for k, v in last_seq.items()}, "groups": groups,
+        "ops_recorded": len(records), "stacks": stacks,
+        "source": {"kind": "flight_recorder", "file": os.path.abspath(path), "fr_version": dump.get("version"),
+                   "in_flight_rule": rule},
+    }
+
+
+def _dump_time(path: str, entries: list) -> float:
+    """When the dump was taken: the file's modification time (FR writes no time of its own), never before its
+    newest entry."""
+    newest = max((_ns(e.get("time_created_ns")) or 0.0 for e in entries), default=0.0)
+    return max(os.path.getmtime(path), newest)
+
+
+def states_from_dumps(chosen: dict) -> tuple:
+    """({rank: snapshot}, world_size) from {rank: (dump, path)}."""
+    dumps = {rank: dump for rank, (dump, _) in chosen.items()}
+    members = group_members(dumps)
+    records_by_rank, now_by_rank = {}, {}
+    for rank, (dump, path) in sorted(chosen.items()):
+        entries = sorted((e for e in dump["entries"] if isinstance(e, dict)), key=lambda e: e.get("record_id") or 0)
+        now_by_rank[rank] = _dump_time(path, entries)
+        records = [_record(e, rank, now_by_rank[rank]) for e in entries]
+        for record, entry in zip(records, entries):
+            record["fr"]["pg_id"] = entry.get("pg_id")
+            record["fr"]["desc"] = _pg_desc(entry)
+        records_by_rank[rank] = records
+    world_size = _world_size(dumps)
+
+    def members_of(group: str) -> list:
+        ranks = members.get(group)
+        if group == "0":
+            ranks = list(range(world_size))
+        elif ranks is None:  # a subgroup pg_config does not name: the ranks seen using it
+            ranks = [rank for rank, records in records_by_rank.items() if any(r["group"] == group for r in records)]
+        return [r for r in ranks if r in records_by_rank]  # a rank without a dump cannot be checked
+
+    rules = decide_states(records_by_rank, dumps, members_of)
+    states = {rank: _snapshot(rank, world_size, records_by_rank[rank], dumps[rank], chosen[rank][1],
+                              now_by_rank[rank], members, rules[rank]) for rank in records_by_rank}
+    return states, world_size
+
+
+def load_incident(folders: list, grace: float = 2.0, timeout: float = 300.0) -> dict:
+    """`ddpwatch report --flight-recorder DIR`: every dump under the folders, converted and analysed by ddpwatch."""
+    chosen = find_dumps(folders)
+    states, world_size = states_from_dumps(chosen)
+    bad = [rank for rank in states if rank >= world_size]
+    if bad:
+        raise FlightRecorderError(f"{chosen[bad[0]][1]}: rank {bad[0]} is outside the world size {world_size}")
+    source = {"kind": "flight_recorder", "files": [os.path.abspath(chosen[r][1]) for r in sorted(chosen)]}
+    created = max(state["published_at"] for state in states.values())
+    return merge.incident_from_states(states, world_size, grace, timeout, source, created_at=created)

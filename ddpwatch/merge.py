@@ -1,0 +1,132 @@
+"""Finds rank snapshots written separately (rank-<r>.json, maybe on several hosts) and merges them into one incident."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+
+from . import report, snapshot as S
+
+RANK_FILE = re.compile(r"^rank-(\d+)\.json$")
+PROGRESS_FROM = 64  # files; below this a progress bar is noise
+
+
+class MergeError(S.FormatError):
+    """Rank files that cannot make one incident (none found, or from different jobs)."""
+
+
+def _walk_rank_files(folder: str) -> tuple:
+    """(rank files under folder, folders holding a report.json); hidden folders (half-written staging) skipped."""
+    files, incidents = [], []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        if report.REPORT_JSON in names:
+            incidents.append(root)
+        files.extend(os.path.join(root, name) for name in sorted(names) if RANK_FILE.match(name))
+    return files, incidents
+
+
+def find_rank_files(paths: list) -> list:
+    """Every rank-<r>.json under the given folders (recursively), plus the files named directly."""
+    found = []
+    for path in paths:
+        if os.path.isfile(path):
+            found.append(path)
+            continue
+        if not os.path.isdir(path):
+            raise MergeError(f"{path}: no such file or folder")
+        files, incidents = _walk_rank_files(path)
+        if len(incidents) > 1:
+            raise MergeError(f"{path} holds {len(incidents)} incident folders ({incidents[0]}, {incidents[1]}, ...);"
+                             " name the one to render")
+        if not files:
+            raise MergeError(f"{path}: no report.json or rank-<r>.json found under it")
+        found.extend(files)
+    return found
+
+
+def _newer(candidate: dict, current: dict) -> bool:
+    """Whether a second snapshot of the same rank replaces the first: the later heartbeat wins, then the later clock."""
+    def order(doc):
+        return (doc.get("beat") or 0, doc.get("published_at") or 0.0)
+    return order(candidate) >= order(current)
+
+
+def _progress(files: list):
+    if len(files) < PROGRESS_FROM:
+        return files
+    from tqdm import tqdm
+
+    return tqdm(files, desc="ddpwatch: reading rank files", unit="file", file=sys.stderr, leave=False)
+
+
+def load_rank_files(files: list) -> dict:
+    """rank -> (snapshot, path), one per rank (the later of duplicates)."""
+    chosen: dict = {}
+    for path in _progress(files):
+        doc = report.load_document(path)
+        if not report.is_rank_snapshot(doc):
+            raise MergeError(f"{path}: not a ddpwatch rank snapshot (expected a rank-<r>.json file)")
+        rank = doc["rank"]
+        if rank not in chosen or _newer(doc, chosen[rank][0]):
+            chosen[rank] = (doc, path)
+    return chosen
+
+
+def common_world_size(chosen: dict) -> int:
+    """The one world_size every rank file states; different ones mean files of different jobs."""
+    sizes: dict = {}
+    for rank, (doc, path) in sorted(chosen.items()):
+        sizes.setdefault(doc.get("world_size"), path)
+    if len(sizes) != 1:
+        described = ", ".join(f"{size} ({path})" for size, path in sizes.items())
+        raise MergeError(f"the rank files disagree on world_size: {described}; merge the files of one job only")
+    [world_size] = sizes
+    if not isinstance(world_size, int) or world_size < 1:
+        raise MergeError(f"{next(iter(sizes.values()))}: world_size {world_size!r} is not a positive integer")
+    outside = [(rank, path) for rank, (_, path) in chosen.items() if not 0 <= rank < world_size]
+    if outside:
+        raise MergeError(f"{outside[0][1]}: rank {outside[0][0]} is outside world_size {world_size}")
+    return world_size
+
+
+def trigger_of(findings: list) -> str:
+    """What an incident rebuilt offline counts as: a proven deadlock, a timeout (straggler), or a plain dump."""
+    kinds = {f["kind"] for f in findings}
+    if kinds - {"straggler"}:
+        return "deadlock"
+    return "timeout" if kinds else "dump"
+
+
+def incident_from_states(states: dict, world_size: int, grace: float, timeout: float, source: dict,
+                         created_at: float | None = None) -> dict:
+    """An incident document from rank snapshots, with ddpwatch's analysis run over them."""
+    from . import analysis
+
+    findings = analysis.analyze(states, world_size, grace, timeout)
+    created = created_at or max((s.get("published_at") or 0.0 for s in states.values()), default=0.0) or time.time()
+    return {
+        "format_version": S.FORMAT_VERSION,
+        "run_id": time.strftime("%Y%m%d-%H%M%S", time.localtime(created)) + f"-{source['kind'].replace('_', '-')}",
+        "world_size": world_size,
+        "created_at": created,
+        "trigger": trigger_of(findings),
+        "written_by": None,
+        "grace": grace,
+        "timeout": timeout,
+        "missing_ranks": [r for r in range(world_size) if r not in states],
+        "ranks": [states[r] for r in sorted(states)],
+        "findings": findings,
+        "source": source,
+    }
+
+
+def merged_incident(paths: list, grace: float = 2.0, timeout: float = 300.0) -> dict:
+    """`ddpwatch report A B ...`: every rank file under the paths, merged, analysed again."""
+    chosen = load_rank_files(find_rank_files(paths))
+    world_size = common_world_size(chosen)
+    states = {rank: doc for rank, (doc, _) in chosen.items()}
+    source = {"kind": "rank_files", "files": [os.path.abspath(path) for _, (_, path) in sorted(chosen.items())]}
+    return incident_from_states(states, world_size, grace, timeout, source)

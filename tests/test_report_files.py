@@ -1,0 +1,232 @@
+"""report.write_incident / load_incident on disk, and snapshot's format checks. No torch."""
+
+import copy
+import json
+import os
+import sys
+import tempfile
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from factory import incident, seed_states  # noqa: E402
+
+from ddpwatch import analysis, report, snapshot as S  # noqa: E402
+
+RUN_ID = "20250101-120000-job7"
+
+
+def seed_incident(world_size=2, run_id=RUN_ID):
+    st = seed_states(world_size)
+    return incident(st, analysis.analyze(st, world_size, 2.0, 300.0), run_id=run_id)
+
+
+@pytest.fixture
+def temp_dir(tmp_path, monkeypatch):
+    """Point tempfile (the fallback location) into tmp_path, so no test writes into the real /tmp."""
+    fallback = tmp_path / "systemp"
+    fallback.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(fallback))
+    return fallback
+
+
+def test_write_incident_writes_every_kind_of_file(tmp_path, temp_dir):
+    doc = seed_incident(3)
+    folder, note = report.write_incident(str(tmp_path / "reports"), RUN_ID, doc)
+    assert note == ""
+    assert folder == str(tmp_path / "reports" / RUN_ID)
+    assert sorted(os.listdir(folder)) == ["rank-0.json", "rank-1.json", "rank-2.json", "report.html", "report.json",
+                                          "report.txt", "trace.json"]
+    assert doc["report_dir"] == os.path.abspath(folder)
+    for rank in range(3):
+        with open(os.path.join(folder, f"rank-{rank}.json"), encoding="utf-8") as handle:
+            state = S.load_json_text(handle.read(), "rank file")
+        assert state == doc["ranks"][rank]
+    with open(os.path.join(folder, "report.txt"), encoding="utf-8") as handle:
+        text = handle.read()
+    assert "[ddp_forward_on_subset] culprit: rank 0 at val.py:42" in text
+    assert f"Report files: {os.path.abspath(folder)}" in text
+    assert os.listdir(temp_dir) == []
+
+
+def test_second_incident_with_the_same_run_id_gets_a_suffix(tmp_path, temp_dir):
+    base = str(tmp_path / "reports")
+    first, _ = report.write_incident(base, RUN_ID, seed_incident())
+    second, note = report.write_incident(base, RUN_ID, seed_incident())
+    third, _ = report.write_incident(base, RUN_ID, seed_incident())
+    assert note == ""
+    assert os.path.basename(first) == RUN_ID
+    assert os.path.basename(second) == RUN_ID + "-2"
+    assert os.path.basename(third) == RUN_ID + "-3"
+    assert report.load_incident(second)["report_dir"] == os.path.abspath(second)
+    assert sorted(os.listdir(base)) == [RUN_ID, RUN_ID + "-2", RUN_ID + "-3"]  # no .incoming- folder left behind
+
+
+def test_no_staging_folder_left_behind_on_failure(tmp_path, temp_dir, monkeypatch):
+    base = tmp_path / "reports"
+
+    def broken(path, text):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(report, "_write_file", broken)
+    with pytest.raises(OSError):
+        report.write_incident(str(base), RUN_ID, seed_incident())
+    assert os.listdir(base) == []
+    assert [name for name in os.listdir(temp_dir / "ddpwatch-reports") if name.startswith(".incoming-")] == []
+
+
+def test_incident_folder_gets_umask_permissions_not_mkdtemp_ones(tmp_path, temp_dir):
+    old = os.umask(0o022)
+    try:
+        folder, _ = report.write_incident(str(tmp_path), RUN_ID, seed_incident())
+    finally:
+        os.umask(old)
+    assert os.stat(folder).st_mode & 0o777 == 0o755
+
+
+def test_unsafe_run_id_is_made_a_safe_folder_name(tmp_path, temp_dir):
+    folder, _ = report.write_incident(str(tmp_path), "../a b/c", seed_incident())
+    assert os.path.dirname(folder) == str(tmp_path)
+    assert os.path.basename(folder) == "..-a-b-c"
+
+
+def test_unwritable_base_falls_back_to_the_temp_dir(tmp_path, temp_dir):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    base = str(blocker / "reports")
+    doc = seed_incident()
+    folder, note = report.write_incident(base, RUN_ID, doc)
+    assert folder == str(temp_dir / "ddpwatch-reports" / RUN_ID)
+    assert os.path.isfile(os.path.join(folder, "report.json"))
+    assert base in note
+    assert folder in note
+    assert note.startswith("could not write under ")
+    assert doc["report_dir"] == os.path.abspath(folder)
+    assert blocker.read_text() == "not a folder"
+
+
+def test_load_incident_reads_it_back(tmp_path, temp_dir):
+    doc = seed_incident(3)
+    original = copy.deepcopy(doc)
+    folder, _ = report.write_incident(str(tmp_path), RUN_ID, doc)
+    loaded = report.load_incident(folder)
+    assert loaded["report_dir"] == os.path.abspath(folder)
+    loaded.pop("report_dir")
+    assert loaded == original
+    # The report.json path works too.
+    assert report.load_incident(os.path.join(folder, "report.json")) == doc
+
+
+def test_load_incident_rejects_other_versions(tmp_path):
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({"format_version": 99, "ranks": []}))
+    with pytest.raises(S.FormatError, match="format_version 99"):
+        report.load_incident(str(tmp_path))
+
+
+def test_load_json_text_rejects_a_wrong_format_version():
+    with pytest.raises(S.FormatError, match="format_version 2 is not one this ddpwatch reads"):
+        S.load_json_text('{"format_version": 2}', "x.json")
+    with pytest.raises(S.FormatError, match="format_version None"):
+        S.load_json_text('{"rank": 0}', "x.json")
+    with pytest.raises(S.FormatError, match="format_version '1'"):
+        S.load_json_text('{"format_version": "1"}', "x.json")
+
+
+@pytest.mark.parametrize("text", ["{not json", "", '{"format_version": 1', "[1, 2"])
+def test_load_json_text_rejects_bad_json(text):
+    with pytest.raises(S.FormatError, match=r"^x\.json: not valid JSON"):
+        S.load_json_text(text, "x.json")
+
+
+@pytest.mark.parametrize("text", ["[]", "1", '"text"', "null"])
+def test_load_json_text_rejects_non_objects(text):
+    with pytest.raises(S.FormatError, match="expected a JSON object"):
+        S.load_json_text(text, "x.json")
+
+
+def test_format_error_is_a_value_error():
+    assert issubclass(S.FormatError, ValueError)
+    assert S.load_json_text('{"format_version": 1, "a": [1]}', "x") == {"format_version": 1, "a": [1]}
+
+
+def test_html_and_trace_files_are_whole_renderings(tmp_path, temp_dir):
+    doc = seed_incident(2)
+    folder, _ = report.write_incident(str(tmp_path), RUN_ID, doc)
+    with open(os.path.join(folder, "report.html"), encoding="utf-8") as handle:
+        page = handle.read()
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert 'id="divergence"' in page
+    with open(os.path.join(folder, "trace.json"), encoding="utf-8") as handle:
+        trace = json.load(handle)
+    assert {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"} == {"rank 0", "rank 1"}
+
+
+def test_a_renderer_bug_costs_only_its_own_file(tmp_path, temp_dir, monkeypatch):
+    import ddpwatch.html_report as html_report
+
+    def broken(incident):
+        raise RuntimeError("renderer bug")
+
+    monkeypatch.setattr(html_report, "render_html", broken)
+    folder, _ = report.write_incident(str(tmp_path), RUN_ID, seed_incident())
+    with open(os.path.join(folder, "report.html"), encoding="utf-8") as handle:
+        page = handle.read()
+    assert "could not render" in page and "renderer bug" in page
+    assert report.load_incident(folder)["findings"][0]["kind"] == "ddp_forward_on_subset"
+    with open(os.path.join(folder, "report.txt"), encoding="utf-8") as handle:
+        assert "[ddp_forward_on_subset] culprit: rank 0" in handle.read()
+
+
+class FakeTensor:
+    """Quacks like a tensor that slipped into a record by mistake; its data must never reach a report."""
+
+    shape = (2, 3)
+    dtype = "float32"
+
+    def __repr__(self):
+        return "tensor([[0.1234, 0.5678, 0.9999], ...])"
+
+
+def test_no_tensor_contents_reach_any_file(tmp_path, temp_dir):
+    doc = seed_incident(2)
+    doc["ranks"][0]["inflight"][0]["oops"] = FakeTensor()
+    folder, _ = report.write_incident(str(tmp_path), RUN_ID, doc)
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name), encoding="utf-8") as handle:
+            text = handle.read()
+        assert "0.1234" not in text, name
+    assert report.load_incident(folder)["ranks"][0]["inflight"][0]["oops"] == "<FakeTensor shape=[2, 3] dtype=float32>"
+
+
+def test_load_incident_refuses_a_rank_snapshot(tmp_path, temp_dir):
+    folder, _ = report.write_incident(str(tmp_path), RUN_ID, seed_incident())
+    with pytest.raises(S.FormatError, match="not a ddpwatch incident"):
+        report.load_incident(os.path.join(folder, "rank-0.json"))
+
+
+def test_upgrade_hook_brings_old_versions_to_the_current_one(monkeypatch):
+    """The loader reads every version written: each older version has an upgrade step to the next."""
+    monkeypatch.setattr(S, "READABLE_VERSIONS", (0, 1))
+    monkeypatch.setitem(report._UPGRADES, 0, lambda doc: dict(doc, format_version=1, findings=doc["problems"]))
+    old = {"format_version": 0, "ranks": [], "problems": []}
+    assert report.upgrade(S.check_version(old, "x")) == {"format_version": 1, "ranks": [], "problems": [],
+                                                         "findings": []}
+    assert not report._UPGRADES.get(S.FORMAT_VERSION), "the current version needs no upgrade"
+
+
+def test_every_readable_version_has_an_upgrade_path():
+    for version in S.READABLE_VERSIONS:
+        assert version == S.FORMAT_VERSION or version in report._UPGRADES, version
+
+
+def test_the_report_modules_import_no_torch():
+    """A saved incident is re-rendered anywhere, torch installed or not."""
+    import subprocess
+
+    modules = ["render", "report", "html_report", "trace", "merge", "flight_recorder", "cli"]
+    code = ("import sys; " + "; ".join(f"import ddpwatch.{m}" for m in modules)
+            + "; sys.exit('torch' in sys.modules)")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert subprocess.run([sys.executable, "-c", code], cwd=root, timeout=60).returncode == 0
