@@ -1,4 +1,4 @@
-"""The `ddpwatch` command line: demo, report, lint."""
+"""The `ddpwatch` command line: demo, report, lint, run, dump."""
 
 from __future__ import annotations
 
@@ -13,22 +13,43 @@ def _cmd_demo(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from . import render, report, snapshot
+    from . import report
 
+    return report.run_command(args)
+
+
+def _cmd_run(rest) -> int:
+    """`ddpwatch run [--] CMD ...`: CMD, and every Python process it starts, runs guarded (DDPWATCH=1)."""
+    import os
+
+    from . import config
+    from .bootstrap import BOOTSTRAP_DIR
+
+    command = rest[1:] if rest[:1] == ["--"] else rest
+    if not command or command[0] in ("-h", "--help"):
+        print("usage: ddpwatch run [--] CMD [ARG ...]\n\nRun CMD with DDPWATCH=1 and ddpwatch's sitecustomize first on "
+              "PYTHONPATH,\nso that every Python rank it starts is guarded with no change to its code.",
+              file=sys.stderr if not command else sys.stdout)
+        return 2 if not command else 0
+    env = config.activation_environ(BOOTSTRAP_DIR)
     try:
-        incident = report.load_incident(args.path)
-    except (OSError, snapshot.FormatError) as exc:
-        print(f"ddpwatch report: {exc}", file=sys.stderr)
+        config.load(environ=env)  # a bad value stops here, before anything is started
+    except config.ConfigError as exc:
+        print(exc, file=sys.stderr)
         return 2
-    if args.reanalyze:
-        from . import analysis
+    try:
+        os.execvpe(command[0], command, env)  # the same pid: signals from a scheduler reach CMD itself
+    except OSError as exc:
+        print(f"ddpwatch run: cannot run {command[0]!r}: {exc}", file=sys.stderr)
+        return 127
 
-        states = {state["rank"]: state for state in incident.get("ranks") or ()}
-        incident["findings"] = analysis.analyze(states, incident["world_size"], incident.get("grace", 2.0),
-                                                incident.get("timeout", 300.0)) or incident.get("findings", [])
-    text = render.render_json(incident) if args.format == "json" else render.render_text(incident)
-    sys.stdout.write(text)
-    return 0
+
+def _cmd_dump(args) -> int:
+    from . import control
+
+    if args.list:
+        return control.list_ranks()
+    return control.dump(pid=args.pid, job=args.job, report_dir=args.dir, wait=args.wait)
 
 
 def _cmd_lint(args, rest) -> int:
@@ -48,11 +69,25 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the seed stall on 2 CPU ranks and watch ddpwatch catch it")
     demo.add_argument("--fixed", action="store_true", help="run the fixed loop (model.module(x)); no report expected")
     demo.add_argument("--dir", default=None, help="report directory (default: a folder under the temp dir)")
-    rep = sub.add_parser("report", help="re-render a saved incident folder")
-    rep.add_argument("path", help="an incident folder or its report.json")
-    rep.add_argument("--format", choices=("text", "json"), default="text")
+    rep = sub.add_parser("report", help="re-render a saved incident, or merge rank dumps / Flight Recorder dumps")
+    rep.add_argument("path", nargs="*", help="an incident folder or report.json; or rank-<r>.json files and folders "
+                     "holding them (searched recursively) to merge")
+    rep.add_argument("--format", choices=("text", "json", "html", "trace"), default="text")
+    rep.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
     rep.add_argument("--reanalyze", action="store_true", help="run the analysis again on the saved rank states")
+    rep.add_argument("--flight-recorder", metavar="DIR", action="append", help="read PyTorch Flight Recorder "
+                     "dumps (<prefix><rank>, pickle or JSON) under DIR instead; repeatable")
+    rep.add_argument("--grace", type=float, default=None, help="analysis grace in seconds (default 2)")
+    rep.add_argument("--timeout", type=float, default=None, help="analysis timeout in seconds (default 300)")
     sub.add_parser("lint", help="find hangs in the source before it runs (see docs/lint.md)", add_help=False)
+    sub.add_parser("run", help="run a command (torchrun ...) with every Python rank guarded, no code change",
+                   add_help=False)
+    dump = sub.add_parser("dump", help="ask a live guarded job on this host for a report now (SIGUSR1)")
+    dump.add_argument("--pid", type=int, help="the rank to ask (default: the lowest rank of the one local job)")
+    dump.add_argument("--job", help="the job (TORCHELASTIC_RUN_ID, SLURM_JOB_ID or MASTER_ADDR:MASTER_PORT)")
+    dump.add_argument("--dir", help="where the report lands (default: the rank's own report directory)")
+    dump.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the report (default 30)")
+    dump.add_argument("--list", action="store_true", help="list the guarded ranks running on this host")
     return parser
 
 
@@ -60,8 +95,10 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "lint":
         return _cmd_lint(None, argv[1:])
+    if argv and argv[0] == "run":
+        return _cmd_run(argv[1:])
     args = build_parser().parse_args(argv)
-    return {"demo": _cmd_demo, "report": _cmd_report}[args.command](args)
+    return {"demo": _cmd_demo, "report": _cmd_report, "dump": _cmd_dump}[args.command](args)
 
 
 if __name__ == "__main__":

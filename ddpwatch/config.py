@@ -5,12 +5,17 @@ from __future__ import annotations
 import configparser
 import dataclasses
 import os
+import re
+import sys
 from typing import Any, Callable, Mapping
 
 try:  # Python 3.11+
     import tomllib
-except ImportError:  # pragma: no cover - Python < 3.11
-    tomllib = None
+except ImportError:  # pragma: no cover - Python < 3.11: the same parser, published as tomli
+    try:
+        import tomli as tomllib
+    except ImportError:
+        tomllib = None
 
 
 class ConfigError(ValueError):
@@ -96,6 +101,9 @@ OPTIONS = (
            "The exit status of a rank ended by action=abort."),
     Option("lint_ignore", (), _parse_codes, "comma-separated lint codes, e.g. DDP004",
            "Lint checks to turn off by default."),
+    Option("signals", True, _parse_bool, "1/0, true/false, yes/no, on/off",
+           "While armed, SIGUSR1 asks for a report now (`ddpwatch dump`) and SIGTERM lets a report being written "
+           "finish (at most 3 s) before the process ends as it would have."),
 )
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
 
@@ -112,6 +120,7 @@ class Config:
     ring_size: int = 2048
     exit_code: int = 3
     lint_ignore: tuple = ()
+    signals: bool = True
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
@@ -139,24 +148,57 @@ def _file_settings(cwd: str) -> list:
     found = []
     setup_cfg = os.path.join(cwd, "setup.cfg")
     if os.path.isfile(setup_cfg):
-        parser = configparser.ConfigParser()
-        try:
-            parser.read(setup_cfg, encoding="utf-8")
-        except configparser.Error as exc:
-            raise ConfigError(f"ddpwatch: cannot read {setup_cfg}: {exc}") from None
-        if parser.has_section("ddpwatch"):
-            found.append((f"{setup_cfg} [ddpwatch]", dict(parser.items("ddpwatch"))))
+        section = _setup_cfg_section(setup_cfg)
+        if section is not None:
+            found.append((f"{setup_cfg} [ddpwatch]", section))
     pyproject = os.path.join(cwd, "pyproject.toml")
-    if tomllib is not None and os.path.isfile(pyproject):
-        try:
-            with open(pyproject, "rb") as handle:
-                data = tomllib.load(handle)
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"ddpwatch: cannot read {pyproject}: {exc}") from None
-        section = data.get("tool", {}).get("ddpwatch")
-        if isinstance(section, dict):
+    if os.path.isfile(pyproject):
+        section = _pyproject_section(pyproject)
+        if section is not None:
             found.append((f"{pyproject} [tool.ddpwatch]", section))
     return found
+
+
+# No [DEFAULT] section for ddpwatch: with this name as the parser's default section, a file's [DEFAULT]
+# (meant for other tools) is an ordinary section whose keys never leak into [ddpwatch].
+_NO_DEFAULT_SECTION = "\x00ddpwatch-no-default"
+
+
+def _setup_cfg_section(path: str) -> dict | None:
+    """setup.cfg's [ddpwatch] as written: no %-interpolation (dir = /scratch/100% is a path), no [DEFAULT] keys."""
+    parser = configparser.ConfigParser(interpolation=None, default_section=_NO_DEFAULT_SECTION)
+    try:
+        parser.read(path, encoding="utf-8")
+        if not parser.has_section("ddpwatch"):
+            return None
+        return dict(parser.items("ddpwatch"))
+    except (configparser.Error, UnicodeDecodeError) as exc:
+        raise ConfigError(f"ddpwatch: cannot read {path}: {exc}") from None
+
+
+_TOOL_DDPWATCH = re.compile(r"^\s*\[\s*tool\s*\.\s*ddpwatch\s*[\].]", re.MULTILINE)
+
+
+def _pyproject_section(path: str) -> dict | None:
+    """pyproject.toml's [tool.ddpwatch]; needs tomllib (3.11+) or tomli, else fails only when the section exists."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except OSError as exc:
+        raise ConfigError(f"ddpwatch: cannot read {path}: {exc}") from None
+    if tomllib is None:
+        if _TOOL_DDPWATCH.search(raw.decode("utf-8", "replace")):
+            raise ConfigError(f"ddpwatch: {path} has a [tool.ddpwatch] section, but this Python "
+                              f"({sys.version.split()[0]}) cannot read TOML: pip install tomli, "
+                              f"or move the settings to setup.cfg [ddpwatch] or DDPWATCH_* variables")
+        return None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"ddpwatch: cannot read {path}: {exc}") from None
+    tool = data.get("tool")
+    section = tool.get("ddpwatch") if isinstance(tool, dict) else None
+    return section if isinstance(section, dict) else None
 
 
 def _check_names(names, source: str) -> None:
@@ -185,16 +227,17 @@ def load(overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] 
             values[option.name] = _coerce(option, raw, f"environment variable {option.env_var}")
             sources[option.name] = option.env_var
     for name, raw in (overrides or {}).items():
+        _check_names([name], "guard() arguments")  # a misspelt name is an error even when its value is None
         if raw is None:
             continue
-        _check_names([name], "guard() arguments")
         values[name] = _coerce(OPTIONS_BY_NAME[name], raw, f"argument {name}=")
         sources[name] = "argument"
     return Config(**values, sources=sources)
 
 
-def is_enabled_in(environ: Mapping[str, str]) -> bool:
+def is_enabled_in(environ: Mapping[str, str] | None = None) -> bool:
     """Whether DDPWATCH asks for zero-code activation; a bad value raises the same ConfigError as load()."""
+    environ = os.environ if environ is None else environ
     raw = environ.get("DDPWATCH")
     return False if raw is None else _coerce(OPTIONS_BY_NAME["enabled"], raw, "environment variable DDPWATCH")
 
@@ -213,3 +256,19 @@ def torchelastic_error_file(environ: Mapping[str, str] | None = None) -> str:
     """Where torchrun's agent reads a worker's failure reason (TORCHELASTIC_ERROR_FILE), or ''."""
     environ = os.environ if environ is None else environ
     return environ.get("TORCHELASTIC_ERROR_FILE", "")
+
+
+def rendezvous_address(environ: Mapping[str, str] | None = None) -> str:
+    """MASTER_ADDR:MASTER_PORT of this rank's job ('' without them): tells two local jobs apart in `ddpwatch dump`."""
+    environ = os.environ if environ is None else environ
+    addr, port = environ.get("MASTER_ADDR", ""), environ.get("MASTER_PORT", "")
+    return f"{addr}:{port}" if addr or port else ""
+
+
+def activation_environ(bootstrap_dir: str, environ: Mapping[str, str] | None = None) -> dict:
+    """The environment `ddpwatch run` gives its command: DDPWATCH=1 and bootstrap_dir first on PYTHONPATH."""
+    env = dict(os.environ if environ is None else environ)
+    env["DDPWATCH"] = "1"
+    rest = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != bootstrap_dir]
+    env["PYTHONPATH"] = os.pathsep.join([bootstrap_dir] + rest)
+    return env

@@ -15,18 +15,32 @@ from . import snapshot
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def _own_prefixes() -> tuple:
+def _find_own_prefixes() -> tuple:
     """Folders of ddpwatch and torch: their frames are never the user's line."""
     prefixes = [_PACKAGE_DIR + os.sep]
-    try:
-        import importlib.util
+    torch = sys.modules.get("torch")
+    locations = list(getattr(torch, "__path__", None) or ())
+    if not locations:
+        try:
+            import importlib.util
 
-        spec = importlib.util.find_spec("torch")
-        if spec is not None and spec.submodule_search_locations:
-            prefixes.extend(os.path.abspath(p) + os.sep for p in spec.submodule_search_locations)
-    except (ImportError, ValueError):
-        pass
+            spec = importlib.util.find_spec("torch")
+            locations = list(spec.submodule_search_locations or ()) if spec else []
+        except (ImportError, ValueError):
+            locations = []
+    prefixes.extend(os.path.abspath(p) + os.sep for p in locations)
     return tuple(dict.fromkeys(prefixes))
+
+
+_own_prefixes_found: tuple = ()
+
+
+def _own_prefixes() -> tuple:
+    """Found on first use, not at import: imported at interpreter start-up (.pth), sys.path may not list torch yet."""
+    global _own_prefixes_found
+    if len(_own_prefixes_found) < 2:  # ddpwatch's own folder only: torch not found yet, look again
+        _own_prefixes_found = _find_own_prefixes()
+    return _own_prefixes_found
 
 
 def _stdlib_prefixes() -> tuple:
@@ -34,7 +48,6 @@ def _stdlib_prefixes() -> tuple:
     return tuple(dict.fromkeys(os.path.abspath(paths[k]) + os.sep for k in ("stdlib", "platstdlib") if paths.get(k)))
 
 
-_OWN_PREFIXES = _own_prefixes()
 _EXAMPLES_DIR = os.path.join(_PACKAGE_DIR, "examples") + os.sep
 _STDLIB_PREFIXES = _stdlib_prefixes()
 _SITE_PACKAGES = ("site-packages" + os.sep, "dist-packages" + os.sep)
@@ -47,7 +60,7 @@ def is_internal_file(filename: str) -> bool:
     if filename.startswith("<"):
         return True  # <frozen importlib...>, <string>: never a line a user can open
     path = os.path.abspath(filename)
-    if path.startswith(_OWN_PREFIXES):
+    if path.startswith(_own_prefixes()):
         return not path.startswith(_EXAMPLES_DIR)  # the bundled example scripts play the user's part
     # A virtualenv's site-packages can sit under the stdlib folder: third-party code there is the user's.
     return path.startswith(_STDLIB_PREFIXES) and not any(marker in path for marker in _SITE_PACKAGES)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
+import sys
 import threading
 
 from . import config as config_module
-from .patch import Patcher
+from . import control as control_module
+from .patch import PATCH_MARKER, Patcher
 from .record import Recorder
 
 log = logging.getLogger("ddpwatch")
@@ -23,7 +26,9 @@ class Session:
         self.recorder = Recorder(config.ring_size)
         self.patcher = Patcher(self.recorder)
         self.watchdog = None
+        self.control = None  # SIGUSR1/SIGTERM handlers and the `ddpwatch dump` registry entry, while armed
         self.users = 0
+        self.held = False  # zero-code activation holds one install() until the process exits
         self.pid = os.getpid()
         self._init_patch = []
 
@@ -57,11 +62,49 @@ class Session:
         except Exception:
             log.warning("ddpwatch: could not start the watchdog; training continues unwatched", exc_info=True)
             self.watchdog = None
+            return
+        self._start_control(self.watchdog.rank, world_size, run_tag)
+
+    def _start_control(self, rank: int, world_size: int, run_tag: str) -> None:
+        """SIGUSR1 -> a report now; SIGTERM -> a report being written may finish; an entry for `ddpwatch dump`."""
+        if not self.config.signals:
+            return
+        try:
+            control = control_module.LiveControl(self)
+            entry = {"pid": self.pid, "rank": rank, "world_size": world_size, "job": run_tag,
+                     "master": config_module.rendezvous_address(), "dir": os.path.abspath(self.config.dir),
+                     "argv": " ".join(sys.argv)[:300]}
+            if control.start(entry):
+                self.control = control
+        except Exception:
+            log.warning("ddpwatch: could not install the SIGUSR1/SIGTERM handlers; no on-demand dumps", exc_info=True)
 
     def disarm(self) -> None:
+        control, self.control = self.control, None
+        if control is not None:
+            try:
+                control.stop()
+            except Exception:
+                log.warning("ddpwatch: could not restore the signal handlers", exc_info=True)
         watchdog, self.watchdog = self.watchdog, None
         if watchdog is not None:
             watchdog.stop()
+
+    def request_dump(self) -> None:
+        """A report now, from every rank, without stopping the job; safe from a signal handler or another thread."""
+        watchdog = self.watchdog
+        if watchdog is not None:
+            watchdog.request_dump()
+
+    def forked(self) -> None:
+        """In a forked child (a DataLoader worker): no rank, so it neither watches, publishes nor answers signals."""
+        control, self.control = self.control, None
+        if control is not None:
+            control.reset_in_child()
+        if self.watchdog is not None:
+            self.watchdog = None  # its thread stayed in the parent; stop() here would publish "exited" for the rank
+        else:
+            self.pid = os.getpid()  # the parent was not a rank: this child may become one (fork start method)
 
     def _wrap_lifecycle(self) -> None:
         """Arm right after init_process_group; disarm right before destroy_process_group (the store goes with it)."""
@@ -140,6 +183,77 @@ def _shutdown_at_exit() -> None:
 
 def current() -> Session | None:
     return _session
+
+
+def _after_fork_in_child() -> None:
+    if _session is not None:
+        _session.forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# ----- zero-code activation (DDPWATCH=1; see ddpwatch/bootstrap): the first init_process_group installs -----
+
+_activation: list = []  # (module, original init_process_group) replaced by activate_on_init()
+
+
+def activate_on_init() -> bool:
+    """Hook init_process_group so that its first call installs the guard, held until exit, and arms it.
+
+    Called once torch.distributed has been imported; installs nothing by itself, so a process that never
+    initialises a process group (torchrun's agent, a DataLoader worker, any other program) is left as it was.
+    """
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    original = getattr(c10d, "init_process_group", None)
+    if original is None or getattr(original, "__ddpwatch_activation__", False):
+        return False
+    hook = _activating(original)
+    with _lock:
+        for name in ("torch.distributed", "torch.distributed.distributed_c10d", "torch.distributed.device_mesh"):
+            module = sys.modules.get(name)
+            if module is not None and getattr(module, "init_process_group", None) is original:
+                setattr(module, "init_process_group", hook)
+                _activation.append((module, original))
+    return True
+
+
+def deactivate_on_init() -> None:
+    """Undo activate_on_init() (tests; a process under DDPWATCH=1 keeps the hook until it exits)."""
+    with _lock:
+        while _activation:
+            module, original = _activation.pop()
+            if getattr(getattr(module, "init_process_group", None), "__ddpwatch_activation__", False):
+                setattr(module, "init_process_group", original)
+
+
+def _activating(original):
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        session = _hold()
+        result = original(*args, **kwargs)
+        if session is not None:
+            session.arm()
+        return result
+
+    init_process_group.__ddpwatch_activation__ = True
+    setattr(init_process_group, PATCH_MARKER, original)  # a hook left behind is found like any other patch
+    return init_process_group
+
+
+def _hold() -> Session | None:
+    """The zero-code install: shared with any guard() of the program, released only at exit."""
+    try:
+        with _lock:
+            if _session is None or not _session.held:
+                install().held = True
+            return _session
+    except config_module.ConfigError:
+        raise  # a bad value is an error before training starts, as with guard()
+    except Exception:
+        log.warning("ddpwatch: could not install the guard; training continues unwatched", exc_info=True)
+        return None
 
 
 @contextlib.contextmanager

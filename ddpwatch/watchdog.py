@@ -62,6 +62,7 @@ class Watchdog(threading.Thread):
         self.last_report_dir = None
         self._stop_event = threading.Event()
         self._dump_requested = threading.Event()
+        self.writing = threading.Event()  # set while a report is being written: SIGTERM waits for it (control.py)
         self._peer_failure = threading.Event()
         self._failure_handled = threading.Event()
         self._local_dumps: set = set()
@@ -321,6 +322,18 @@ class Watchdog(threading.Thread):
     # ----- incidents -----
     def run_incident(self, assessment, states: dict | None = None, silent: dict | None = None,
                      action: str | None = None) -> None:
+        self.writing.set()
+        try:
+            written = self._write_incident(assessment, states, silent, action)
+        finally:
+            self.writing.clear()
+        if written is not None:
+            folder, number, action = written
+            if action == "abort":
+                self._abort(folder, number, leader=True)
+
+    def _write_incident(self, assessment, states, silent, action):
+        """Collect, analyse and write one incident: (folder, number, action), or None when it was called off."""
         number = self.store.add(self.store.key("incident"), 1)
         action = action or ("report" if assessment.verdict == analysis.DUMP else self.config.action)
         info = {"trigger": assessment.verdict, "leader": self.rank, "action": action,
@@ -336,7 +349,7 @@ class Watchdog(threading.Thread):
         if assessment.verdict == analysis.DEADLOCK and (again.verdict, again.fingerprint) != (
                 assessment.verdict, assessment.fingerprint):
             log.info("ddpwatch: the ranks moved on while stacks were collected; no report")
-            return
+            return None
         findings = again.findings if again.verdict else ([] if assessment.verdict == analysis.DUMP
                                                           else assessment.findings)
         try:
@@ -361,8 +374,10 @@ class Watchdog(threading.Thread):
         text = report.render.render_text(incident)
         sys.stderr.write("\n" + text + (f"ddpwatch: {note}\n" if note else ""))  # after any progress bar
         sys.stderr.flush()
+        first = incident["findings"][0] if incident["findings"] else {}
         self.store.put(self.store.key("incident", number, "verdict"),
-                       {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]], "action": action})
+                       {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]], "action": action,
+                        "culprits": first.get("ranks"), "summary": first.get("summary")})
         try:
             self._add_native_stacks(number, folder, incident)
         except StoreUnavailable:
@@ -371,7 +386,7 @@ class Watchdog(threading.Thread):
             self._log_once("native", "ddpwatch: could not add native stacks", exc_info=True)
         if action == "abort":
             self._write_error_file(incident)
-            self._abort(folder, number, leader=True)
+        return folder, number, action
 
     def _add_native_stacks(self, number: int, folder: str, incident: dict) -> None:
         """Second pass, after the report is out: py-spy's native stacks from every rank, files rewritten in place."""
@@ -437,8 +452,9 @@ class Watchdog(threading.Thread):
     def _check_abort(self) -> None:
         verdict = self.store.get(self.store.key("incident", self.pending_abort, "verdict"))
         if verdict is not None:
-            self._write_error_file({"findings": [{"kind": k} for k in verdict.get("kinds", [])],
-                                    "report_dir": verdict.get("folder")})
+            kinds = verdict.get("kinds") or ["hang"]
+            findings = [{"kind": kinds[0], "ranks": verdict.get("culprits") or [], "summary": verdict.get("summary")}]
+            self._write_error_file({"findings": findings, "report_dir": verdict.get("folder")})
             self._abort(verdict.get("folder"), self.pending_abort, leader=False)
 
     def _write_error_file(self, incident: dict) -> None:

@@ -3,8 +3,10 @@
     python docs/tools/gen_hangs.py        # about 2-3 minutes on 2 cores
 """
 
+import ast
 import os
 import re
+import textwrap
 import sys
 import tempfile
 
@@ -66,10 +68,13 @@ repository. The verdict names the culprit rank (never the ranks innocently waiti
 
 
 def function_source(path, name):
+    """The source of the first function or method called `name` in the file, dedented."""
     with open(path) as handle:
         text = handle.read()
-    match = re.search(rf"^def {name}\(.*?(?=^\S)", text, re.S | re.M)
-    return match.group(0).rstrip() if match else ""
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return textwrap.dedent("\n".join(text.splitlines()[node.lineno - 1:node.end_lineno]))
+    return ""
 
 
 def excerpt(report_text):

@@ -1,0 +1,162 @@
+"""Zero-code activation: with DDPWATCH=1, every Python process that starts watches its process group, if it gets one.
+
+Reached at interpreter start-up from two places, whichever comes first (the second call does nothing):
+- ddpwatch-startup.pth in site-packages, installed with the package (like coverage.py's process_startup()): its
+  one line imports the top-level _ddpwatch_startup module only when DDPWATCH is set, which calls here once
+  site.py has finished;
+- sitecustomize.py in this folder, which `ddpwatch run -- CMD` puts first on PYTHONPATH (like ddtrace-run).
+
+At start-up this only validates the configuration (a bad value ends the process with status 2, before the user's
+code runs) and registers an import hook; torch is not imported. Once torch.distributed has been imported,
+init_process_group is wrapped; its first call installs the guard, which arms the watchdog. A process that never
+creates a process group (torchrun's agent, DataLoader workers, any unrelated program) is not disturbed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..config import ConfigError
+
+BOOTSTRAP_DIR = os.path.dirname(os.path.abspath(__file__))
+PTH_NAME = "ddpwatch-startup.pth"
+HOOKED_MODULE = "torch.distributed"
+
+activated_by = ""  # "pth" or "sitecustomize": which start-up path activated this process ("" if none)
+_started = False
+
+
+def process_startup(via: str = "pth") -> bool:
+    """Activate ddpwatch in this process if DDPWATCH asks for it; refuses to run twice; never raises."""
+    global _started, activated_by
+    if _started:
+        return False
+    _started = True
+    try:
+        from .. import config
+
+        if not config.is_enabled_in():
+            return False
+        config.load()  # every bad value is reported now, not at the first init_process_group
+    except ConfigError as exc:
+        _refuse(exc)
+    except Exception as exc:
+        _warn(exc)
+        return False
+    try:
+        install_import_hook()
+    except Exception as exc:
+        _warn(exc)
+        return False
+    activated_by = via
+    return True
+
+
+def _refuse(exc: ConfigError) -> None:
+    """A job started under DDPWATCH=1 with a bad setting stops here: a silent half-start is worse."""
+    try:
+        sys.stderr.write(f"{exc}\nddpwatch: DDPWATCH is set, so this process stops now (exit status 2) "
+                         f"instead of running unwatched\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(2)  # SystemExit here would escape site.py as a fatal start-up error
+
+
+def _warn(exc: BaseException) -> None:
+    try:
+        sys.stderr.write(f"ddpwatch: start-up activation failed ({type(exc).__name__}: {exc}); "
+                         f"this process runs unwatched\n")
+    except Exception:
+        pass
+
+
+def install_import_hook() -> None:
+    """Wrap init_process_group once torch.distributed has been imported (now, if it already is)."""
+    when_imported(HOOKED_MODULE, _on_imported)
+
+
+def when_imported(name: str, callback) -> None:
+    """Call callback(module) right after module `name` has run (at once if it already has): a post-import hook."""
+    module = sys.modules.get(name)
+    if module is not None:
+        callback(module)
+    elif not any(isinstance(f, _PostImportFinder) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _PostImportFinder(name, callback))
+
+
+def remove_import_hooks() -> None:
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _PostImportFinder)]
+
+
+def _on_imported(module) -> None:
+    try:
+        from ..session import activate_on_init
+
+        activate_on_init()
+    except Exception as exc:
+        _warn(exc)
+
+
+class _PostImportFinder:
+    """A sys.meta_path entry that lets the other finders find one module, and calls back once that module has run.
+
+    torch imports torch.distributed while `import torch` is still running, so the callback must stay light: it
+    only wraps init_process_group.
+    """
+
+    def __init__(self, name: str, callback):
+        self.name = name
+        self.callback = callback
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _NotifyingLoader(spec.loader, self)
+        return spec
+
+    def invalidate_caches(self):
+        pass
+
+    def loaded(self, module) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        try:
+            self.callback(module)
+        except Exception as exc:  # never break the import it rides on
+            _warn(exc)
+
+
+class _NotifyingLoader:
+    """Runs the real loader, gives the module its real loader back, then tells the finder."""
+
+    def __init__(self, loader, finder):
+        self.loader = loader
+        self.finder = finder
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        try:
+            self.loader.exec_module(module)
+        finally:
+            spec = getattr(module, "__spec__", None)
+            if spec is not None and spec.loader is self:
+                spec.loader = self.loader
+            if getattr(module, "__loader__", None) is self:
+                module.__loader__ = self.loader
+        self.finder.loaded(module)

@@ -1,0 +1,416 @@
+"""Control of a live job: a registry of the armed local ranks, SIGUSR1 for a report now, SIGTERM that lets one finish."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+log = logging.getLogger("ddpwatch")
+
+TERM_GRACE_S = 3.0  # the longest a SIGTERM waits for a report being written
+
+
+# ----- the registry: <tempdir>/ddpwatch-<uid>/ranks/<pid>.json, one file per armed rank on this host -----
+
+def registry_dir() -> str:
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    return os.path.join(tempfile.gettempdir(), f"ddpwatch-{uid}", "ranks")
+
+
+def _create_time(pid: int) -> float | None:
+    """When `pid` started (to tell a live rank from a new process that reused its pid), None if unknown."""
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:
+        return None
+
+
+def register(entry: dict, folder: str | None = None) -> str | None:
+    """Write this process's entry atomically; returns its path, or None when the folder cannot be written."""
+    folder = folder or registry_dir()
+    pid = entry["pid"]
+    entry = dict(entry, host=socket.gethostname(), created=_create_time(pid), registered_at=time.time())
+    path = os.path.join(folder, f"{pid}.json")
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        staging = f"{path}.{threading.get_ident()}.tmp"
+        with open(staging, "w", encoding="utf-8") as handle:
+            json.dump(entry, handle)
+        os.replace(staging, path)
+        live_ranks(folder)  # prunes entries of ranks that ended without unregistering (SIGKILL)
+        return path
+    except OSError as exc:
+        log.info("ddpwatch: cannot register this rank for `ddpwatch dump` (%s)", exc)
+        return None
+
+
+def unregister(path: str | None) -> None:
+    if path:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
+def _alive(entry: dict) -> bool:
+    pid = entry.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, someone else's: its own registry is elsewhere, but do not delete what we cannot judge
+    created = entry.get("created")
+    now = _create_time(pid)
+    return created is None or now is None or abs(now - created) < 1.0
+
+
+def live_ranks(folder: str | None = None) -> list:
+    """Entries of armed ranks still running, sorted by (job, rank); stale entries (pid gone or reused) are removed."""
+    folder = folder or registry_dir()
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    entries = []
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                entry = json.load(handle)
+        except (OSError, ValueError):
+            continue  # being written, or not ours to judge
+        if not isinstance(entry, dict):
+            continue
+        if _alive(entry):
+            entries.append(entry)
+        else:
+            unregister(path)
+    return sorted(entries, key=lambda e: (str(e.get("job", "")), str(e.get("master", "")), e.get("rank", 0)))
+
+
+def job_key(entry: dict) -> str:
+    """How `ddpwatch dump` names a job: the launcher's job id, else the rendezvous address, else the pid."""
+    return entry.get("job") or entry.get("master") or f"pid {entry.get('pid')}"
+
+
+# ----- signals while armed -----
+
+def _is_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _default_disposition(signum: int) -> None:
+    """Give `signum` back its default action; from a thread other than the main one signal.signal() refuses."""
+    if _is_main_thread():
+        signal.signal(signum, signal.SIG_DFL)
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    libc.signal(signum, None)  # SIG_DFL is the null handler
+
+
+def report_in_progress(watchdog) -> bool:
+    """Whether the watchdog is collecting or writing a report (its `writing` event if it has one, else its stack)."""
+    if watchdog is None:
+        return False
+    flag = getattr(watchdog, "writing", None)
+    if flag is not None:
+        return flag.is_set() if hasattr(flag, "is_set") else bool(flag)
+    frame = sys._current_frames().get(getattr(watchdog, "ident", None))
+    names = set()
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "ddpwatch.watchdog":
+            names.add(frame.f_code.co_name)
+        frame = frame.f_back
+    return "run_incident" in names and "_abort" not in names
+
+
+class LiveControl:
+    """SIGUSR1 and SIGTERM handlers for one armed session, installed from the main thread, restored on stop().
+
+    A rank that hangs sits in a collective inside C++, and Python runs signal handlers only between bytecodes of
+    the main thread: a plain handler would wait for the collective to time out. So the C-level handler also writes
+    the signal number to a wakeup pipe (signal.set_wakeup_fd), which a small thread reads: a dump is requested, or
+    the process ends, while the main thread is still blocked.
+    """
+
+    def __init__(self, session, die=None):
+        self.session = session
+        self.pid = os.getpid()
+        self.previous: dict = {}
+        self._die_impl = die or self._die
+        self._read_fd = self._write_fd = -1
+        self._old_wakeup_fd = -1
+        self._thread = None
+        self._dying = threading.Lock()
+        self.registry_path = None
+
+    # ----- install / remove -----
+    def start(self, registry_entry: dict | None = None) -> bool:
+        """Install the handlers; False (and nothing changed) when this is not the main thread."""
+        if not _is_main_thread():
+            log.info("ddpwatch: armed outside the main thread: no SIGUSR1 dump, no SIGTERM grace")
+            return False
+        self._install(signal.SIGUSR1, self._on_usr1)
+        self._install(signal.SIGTERM, self._on_term)
+        if signal.SIGUSR1 in self.previous or signal.SIGTERM in self.previous:
+            self._start_wakeup_thread()
+        if signal.SIGUSR1 in self.previous and registry_entry is not None:
+            self.registry_path = register(registry_entry)
+        return True
+
+    def _install(self, signum: int, handler) -> None:
+        previous = signal.getsignal(signum)
+        if previous is None:  # a handler set outside Python: it cannot be chained, so leave it alone
+            log.warning("ddpwatch: %s has a handler installed outside Python; ddpwatch leaves it alone",
+                        signal.Signals(signum).name)
+            return
+        if previous is signal.SIG_IGN and signum == signal.SIGTERM:
+            return  # the program chose to ignore SIGTERM; there is nothing to finish before it ends
+        signal.signal(signum, handler)
+        self.previous[signum] = previous
+
+    def stop(self) -> None:
+        if os.getpid() != self.pid:
+            return  # a forked child: the registry entry and the handlers are the parent's
+        unregister(self.registry_path)
+        self.registry_path = None
+        if _is_main_thread():
+            for signum, previous in list(self.previous.items()):
+                if signal.getsignal(signum) in (self._on_usr1, self._on_term):
+                    signal.signal(signum, previous)  # only ours: a handler set after ours stays
+                self.previous.pop(signum)
+        self._stop_wakeup_thread()
+
+    def reset_in_child(self) -> None:
+        """After fork (a DataLoader worker): this process is no rank; give back what the parent installed."""
+        self.registry_path = None
+        try:
+            for signum, previous in self.previous.items():
+                signal.signal(signum, previous)
+            if self._write_fd >= 0:
+                signal.set_wakeup_fd(self._old_wakeup_fd)
+        except Exception:
+            pass
+        for fd in (self._read_fd, self._write_fd):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.previous, self._read_fd, self._write_fd, self._thread = {}, -1, -1, None
+
+    # ----- the wakeup pipe and its reader -----
+    def _start_wakeup_thread(self) -> None:
+        try:
+            read_fd, write_fd = os.pipe()
+            os.set_blocking(write_fd, False)
+            self._old_wakeup_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        except (OSError, ValueError) as exc:
+            log.info("ddpwatch: no wakeup pipe (%s): signals act only when the main thread runs Python", exc)
+            return
+        self._read_fd, self._write_fd = read_fd, write_fd
+        self._thread = threading.Thread(target=self._read_signals, name="ddpwatch-signals", daemon=True)
+        self._thread.start()
+
+    def _stop_wakeup_thread(self) -> None:
+        if self._thread is None:
+            return
+        restored = _is_main_thread()
+        if restored:
+            current = signal.set_wakeup_fd(self._old_wakeup_fd)
+            if current not in (self._write_fd, -1):
+                signal.set_wakeup_fd(current)  # someone replaced ours meanwhile: theirs stays
+        try:
+            os.write(self._write_fd, b"\0")  # 0 is no signal: it tells the reader to stop
+        except OSError:
+            pass
+        self._thread.join(5.0)
+        if restored:  # else signals still write to the pipe: closing it would let them hit a reused fd number
+            for fd in (self._read_fd, self._write_fd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._thread, self._read_fd, self._write_fd = None, -1, -1
+
+    def _read_signals(self) -> None:
+        while True:
+            try:
+                data = os.read(self._read_fd, 512)
+            except InterruptedError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum == 0:
+                    return
+                if self._old_wakeup_fd >= 0:  # someone else's wakeup fd (asyncio): pass every byte on
+                    try:
+                        os.write(self._old_wakeup_fd, bytes([signum]))
+                    except OSError:
+                        pass
+                try:
+                    self._from_thread(signum)
+                except Exception:
+                    log.warning("ddpwatch: signal handling failed", exc_info=True)
+
+    def _from_thread(self, signum: int) -> None:
+        if signum == signal.SIGUSR1 and signal.SIGUSR1 in self.previous:
+            self.session.request_dump()
+        elif signum == signal.SIGTERM and self.previous.get(signal.SIGTERM) is signal.SIG_DFL:
+            # A Python handler set before ours runs in the main thread, as it would have without ddpwatch.
+            self._terminate(signum)
+
+    def _wakeup_is_ours(self) -> bool:
+        """Whether the wakeup pipe still reaches our reader (asyncio, for one, may have set its own since)."""
+        if self._thread is None:
+            return False
+        try:
+            current = signal.set_wakeup_fd(-1)
+            signal.set_wakeup_fd(current, warn_on_full_buffer=current != self._write_fd)
+        except ValueError:
+            return False
+        return current == self._write_fd
+
+    # ----- the handlers -----
+    def _on_usr1(self, signum, frame) -> None:
+        if os.getpid() == self.pid and not self._wakeup_is_ours():
+            self.session.request_dump()  # else the reader thread has already asked: one signal, one report
+        previous = self.previous.get(signum)
+        if callable(previous):
+            previous(signum, frame)
+
+    def _on_term(self, signum, frame):
+        previous = self.previous.get(signum, signal.SIG_DFL)
+        if callable(previous):  # the program's own handler decides; ours only lets a report finish first
+            if os.getpid() == self.pid:
+                self.finish_report()
+            return previous(signum, frame)
+        self._terminate(signum)
+        return None
+
+    def finish_report(self, limit: float | None = None) -> bool:
+        """Wait (at most `limit` seconds, default TERM_GRACE_S) for a report being written; True if one finished."""
+        limit = TERM_GRACE_S if limit is None else limit
+        watchdog = self.session.watchdog
+        if not report_in_progress(watchdog):
+            return False
+        sys.stderr.write(f"ddpwatch: SIGTERM while a report is being written; finishing it (at most {limit:.0f} s)\n")
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and report_in_progress(watchdog):
+            time.sleep(0.05)
+        return not report_in_progress(watchdog)
+
+    def _terminate(self, signum: int) -> None:
+        """End the process by `signum` with its default action, as if ddpwatch had never been there."""
+        if not self._dying.acquire(blocking=False):
+            return  # the other path (main thread or reader) is already on it
+        self.finish_report()
+        unregister(self.registry_path)
+        self._die_impl(signum)
+
+    @staticmethod
+    def _die(signum: int) -> None:
+        try:
+            sys.stderr.flush()
+        except Exception:
+            pass
+        try:
+            _default_disposition(signum)
+            os.kill(os.getpid(), signum)
+            time.sleep(5.0)  # delivery is asynchronous; this is only reached if the signal is blocked here
+        finally:
+            os._exit(128 + signum)
+
+
+# ----- `ddpwatch dump`: a report now from a live local job -----
+
+def _report_folders(base: str) -> set:
+    try:
+        return {entry.path for entry in os.scandir(base) if not entry.name.startswith(".")  # .incoming-*: staging
+                and entry.is_dir() and os.path.isfile(os.path.join(entry.path, "report.json"))}
+    except OSError:
+        return set()
+
+
+def describe(entry: dict) -> str:
+    return (f"pid {entry.get('pid')}: rank {entry.get('rank')} of {entry.get('world_size')}, job {job_key(entry)}, "
+            f"reports to {entry.get('dir')}")
+
+
+def dump(pid: int | None = None, job: str | None = None, report_dir: str | None = None, wait: float = 30.0,
+         out=None, err=None, folder: str | None = None) -> int:
+    """Signal one armed rank (the lowest of the one local job, or `pid`) and print the new report folder's path.
+
+    0: printed; 1: no rank, or no report within `wait` seconds; 2: several jobs and nothing to choose between them.
+    """
+    out, err = out or sys.stdout, err or sys.stderr
+    entries = live_ranks(folder)
+    if pid is not None:
+        matching = [entry for entry in entries if entry.get("pid") == pid]
+        if not matching:
+            err.write(f"ddpwatch dump: pid {pid} is not an armed ddpwatch rank on this host "
+                      f"(`ddpwatch dump --list` shows those that are)\n")
+            return 1
+        target = matching[0]
+    else:
+        if job:
+            entries = [entry for entry in entries if job in (entry.get("job"), entry.get("master"), job_key(entry))]
+        jobs = sorted({job_key(entry) for entry in entries})
+        if not jobs:
+            err.write("ddpwatch dump: no armed ddpwatch rank on this host" + (f" in job {job}" if job else "")
+                      + f" (registry: {folder or registry_dir()})\n")
+            return 1
+        if len(jobs) > 1:
+            err.write("ddpwatch dump: ranks of several jobs run here; choose one with --job or --pid:\n"
+                      + "".join(f"  {describe(entry)}\n" for entry in entries))
+            return 2
+        target = min(entries, key=lambda entry: entry.get("rank", 0))
+    base = report_dir or target.get("dir") or "."
+    before = _report_folders(base)
+    try:
+        os.kill(target["pid"], signal.SIGUSR1)
+    except OSError as exc:
+        err.write(f"ddpwatch dump: cannot signal pid {target['pid']}: {exc}\n")
+        return 1
+    err.write(f"ddpwatch dump: asked {describe(target)}\n")
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        new = sorted(_report_folders(base) - before)
+        if new:
+            out.write(new[-1] + "\n")
+            return 0
+        if not _alive(target):
+            err.write(f"ddpwatch dump: pid {target['pid']} exited before writing a report\n")
+            return 1
+        time.sleep(0.1)
+    err.write(f"ddpwatch dump: no new report under {base} after {wait:g} s\n")
+    return 1
+
+
+def list_ranks(out=None, folder: str | None = None) -> int:
+    out = out or sys.stdout
+    entries = live_ranks(folder)
+    for entry in entries:
+        out.write(describe(entry) + "\n")
+    return 0 if entries else 1

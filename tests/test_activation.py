@@ -1,0 +1,529 @@
+"""Zero-code activation (DDPWATCH=1, `ddpwatch run`), `ddpwatch dump`, SIGUSR1 and SIGTERM, on real processes.
+
+Fast tests first (start-up of a bare interpreter, in-process hooks and handlers), then a few real jobs under
+torchrun and torch.multiprocessing.spawn (5-15 s each, hard limits, killed by process group).
+"""
+
+import datetime
+import glob
+import json
+import os
+import signal
+import site
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+from ranks import ROOT, SCENARIOS, tagged_line
+
+import ddpwatch.bootstrap as bootstrap
+from ddpwatch import control
+from ddpwatch import session as session_module
+from ddpwatch.launch import free_port
+
+PTH = os.path.join(ROOT, bootstrap.PTH_NAME)
+PLAIN = os.path.join(SCENARIOS, "plain_seed.py")
+SPAWN = os.path.join(SCENARIOS, "plain_spawn.py")
+LIST_MODULES = ("import json, sys; print(json.dumps(sorted(m for m in sys.modules if m == 'ddpwatch' "
+                "or m.startswith(('ddpwatch.', '_ddpwatch')))))")
+
+
+def installed_pth():
+    """The ddpwatch-startup.pth this interpreter processes at start-up, or skip saying why there is none."""
+    folders = list(site.getsitepackages()) + [site.getusersitepackages()]
+    found = [path for path in (os.path.join(f, bootstrap.PTH_NAME) for f in folders) if os.path.isfile(path)]
+    if not found:
+        pytest.skip(f"ddpwatch is not installed into site-packages of {sys.executable} "
+                    f"(no {bootstrap.PTH_NAME}; run `pip install -e .`)")
+    with open(found[0]) as installed, open(PTH) as ours:
+        if installed.read() != ours.read():
+            pytest.skip(f"{found[0]} is not this checkout's {bootstrap.PTH_NAME}: reinstall (`pip install -e .`)")
+    return found[0]
+
+
+def clean_env(**extra):
+    """os.environ without any DDPWATCH* or launcher variable, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPWATCH", "TORCHELASTIC", "MASTER_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PYTHONPATH")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def activation_path(*first):
+    """PYTHONPATH as `ddpwatch run` sets it: the bootstrap first, then this checkout (ddpwatch may not be installed)."""
+    return os.pathsep.join((bootstrap.BOOTSTRAP_DIR,) + first + (ROOT,))
+
+
+def python(code, env, cwd, timeout=30):
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=str(cwd), capture_output=True, text=True,
+                          timeout=timeout, start_new_session=True)
+
+
+def run_job(command, env, cwd, timeout):
+    """Run a whole job (torchrun and its workers) in its own session; kill that session whatever happens."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(command, env=env, cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT, text=True,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            _killpg(proc.pid)
+            proc.wait()
+        out.seek(0)
+        return proc.returncode, out.read()
+
+
+def _killpg(pgid):
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def torchrun(*args):
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+            "--master-port", str(free_port())] + list(args)
+
+
+def only_report(folder):
+    found = glob.glob(os.path.join(str(folder), "*", "report.json"))
+    assert len(found) == 1, f"expected one report under {folder}, found {found}"
+    with open(found[0]) as handle:
+        return json.load(handle)
+
+
+# ----- start-up of a bare interpreter -----
+
+def test_unset_imports_nothing_of_ddpwatch(tmp_path):
+    installed_pth()
+    for env in (clean_env(), clean_env(DDPWATCH="")):
+        done = python(LIST_MODULES, env, tmp_path)
+        assert done.returncode == 0 and json.loads(done.stdout) == [], done.stderr
+
+
+def test_set_activates_at_startup_without_importing_torch(tmp_path):
+    installed_pth()
+    code = ("import sys, ddpwatch.bootstrap as b; print(b.activated_by, 'torch' in sys.modules, "
+            "any(type(f).__name__ == '_PostImportFinder' for f in sys.meta_path))")
+    done = python(code, clean_env(DDPWATCH="1"), tmp_path)
+    assert (done.returncode, done.stdout.split(), done.stderr) == (0, ["pth", "False", "True"], "")
+
+
+def test_the_pth_line_itself(tmp_path):
+    """The checkout's .pth line, run by hand: nothing unless DDPWATCH is set, then activation once site.py is done."""
+    with open(PTH) as handle:
+        lines = handle.read().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("import ")
+    code = (f"import importlib.util, json, sys; before = set(sys.modules); exec(open({PTH!r}).read()); "
+            f"importlib.util.find_spec('sitecustomize'); "  # what site.py does last
+            f"print(json.dumps(sorted(m for m in set(sys.modules) - before if 'ddpwatch' in m))); "
+            f"b = sys.modules.get('ddpwatch.bootstrap'); print(b.activated_by if b else '-')")
+    unset = python(code, clean_env(PYTHONPATH=ROOT), tmp_path)
+    assert unset.returncode == 0 and unset.stdout.split("\n")[:2] == ["[]", "-"], unset.stderr
+    zero = python(code, clean_env(PYTHONPATH=ROOT, DDPWATCH="0"), tmp_path)
+    assert zero.returncode == 0 and zero.stdout.split("\n")[1] == "", zero.stderr  # imported, not activated
+    on = python(code, clean_env(PYTHONPATH=ROOT, DDPWATCH="1"), tmp_path)
+    assert on.returncode == 0 and on.stdout.split("\n")[1] == "pth", on.stderr
+
+
+def test_sitecustomize_activates_and_runs_the_users_own(tmp_path):
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("print('USER-SITECUSTOMIZE', flush=True)\n")
+    code = "import sys, ddpwatch.bootstrap as b; print(b.activated_by, 'torch' in sys.modules)"
+    done = python(code, clean_env(DDPWATCH="1", PYTHONPATH=activation_path(str(user))), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() in (["USER-SITECUSTOMIZE", "sitecustomize", "False"],
+                                   ["USER-SITECUSTOMIZE", "pth", "False"])  # pth: also installed here
+    assert done.stderr == ""
+
+
+@pytest.mark.parametrize("setting", ["env", "file", "enabled"])
+def test_bad_setting_stops_the_process_before_user_code(tmp_path, setting):
+    env = clean_env(DDPWATCH="1", PYTHONPATH=activation_path())
+    expected = "bad value 'explode' for action (from environment variable DDPWATCH_ACTION): accepted: report or abort"
+    if setting == "env":
+        env["DDPWATCH_ACTION"] = "explode"
+    elif setting == "file":
+        (tmp_path / "setup.cfg").write_text("[ddpwatch]\ntimeout = -1\n")
+        expected = f"bad value '-1' for timeout (from {tmp_path / 'setup.cfg'} [ddpwatch])"
+    else:
+        env["DDPWATCH"] = "maybe"
+        expected = "bad value 'maybe' for enabled (from environment variable DDPWATCH)"
+    done = python("print('USER CODE RAN')", env, tmp_path)
+    assert done.returncode == 2 and "USER CODE RAN" not in done.stdout
+    assert done.stderr.count(expected) == 1, done.stderr
+    assert "exit status 2" in done.stderr
+
+
+def test_a_failing_activation_is_one_warning_line_and_the_program_runs(tmp_path):
+    broken = tmp_path / "shadow" / "ddpwatch"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise RuntimeError('broken on purpose')\n")
+    env = clean_env(DDPWATCH="1", PYTHONPATH=os.pathsep.join([bootstrap.BOOTSTRAP_DIR, str(broken.parent)]))
+    done = python("print('USER CODE RAN')", env, tmp_path)
+    assert done.returncode == 0 and done.stdout == "USER CODE RAN\n"
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddpwatch: ") and "broken on purpose" in lines[0], done.stderr
+
+
+def test_ddpwatch_run_sets_the_environment_and_checks_the_settings_first(tmp_path):
+    def run(*args, **env):
+        return subprocess.run([sys.executable, "-m", "ddpwatch", "run"] + list(args),
+                              env=clean_env(PYTHONPATH=ROOT, **env), cwd=str(tmp_path), capture_output=True,
+                              text=True, timeout=30, start_new_session=True)
+
+    code = ("import os, ddpwatch.bootstrap as b; "
+            "print(os.environ['DDPWATCH'], os.environ['PYTHONPATH'].split(os.pathsep)[0], b.activated_by)")
+    done = run("--", sys.executable, "-c", code)
+    assert done.returncode == 0, done.stderr
+    flag, first, how = done.stdout.split()
+    assert (flag, first) == ("1", bootstrap.BOOTSTRAP_DIR) and how in ("sitecustomize", "pth")
+    bad = run(sys.executable, "-c", "print('RAN')", DDPWATCH_TIMEOUT="-1")
+    assert bad.returncode == 2 and "RAN" not in bad.stdout and "for timeout" in bad.stderr
+    assert run().returncode == 2
+    assert run("--", "no-such-command-ddpwatch").returncode == 127
+
+
+# ----- in-process: the import hook, the init_process_group hook, the handlers -----
+
+def test_post_import_hook_runs_after_the_module_and_leaves_no_trace(tmp_path, monkeypatch):
+    (tmp_path / "ddpw_probe_module.py").write_text("VALUE = 1\nLAST = 'set at the end'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    bootstrap.when_imported("ddpw_probe_module", lambda module: seen.append(getattr(module, "LAST", None)))
+    try:
+        import ddpw_probe_module
+
+        assert seen == ["set at the end"]
+        assert type(ddpw_probe_module.__loader__).__name__ == "SourceFileLoader"
+        assert ddpw_probe_module.__spec__.loader is ddpw_probe_module.__loader__
+        assert not [f for f in sys.meta_path if isinstance(f, bootstrap._PostImportFinder)]
+        bootstrap.when_imported("ddpw_probe_module", lambda module: seen.append("again, at once"))
+        assert seen[-1] == "again, at once"
+    finally:
+        bootstrap.remove_import_hooks()
+        sys.modules.pop("ddpw_probe_module", None)
+
+
+@pytest.fixture
+def isolated_registry(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    os.makedirs(tempfile.tempdir)
+    return control.registry_dir()
+
+
+@pytest.mark.timeout(60)
+def test_first_init_installs_and_arms_and_sigusr1_dumps(tmp_path, monkeypatch, isolated_registry):
+    import torch.distributed as dist
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DDPWATCH_DIR", str(tmp_path / "reports"))
+    monkeypatch.setenv("DDPWATCH_INTERVAL", "0.2")
+    original = dist.init_process_group
+    previous_usr1, previous_term = signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGTERM)
+    assert session_module.activate_on_init()
+    try:
+        assert dist.init_process_group is not original and session_module.current() is None
+        store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=datetime.timedelta(seconds=30))
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        session = session_module.current()
+        assert session.held and session.watchdog is not None and session.watchdog.is_alive()
+        assert signal.getsignal(signal.SIGUSR1) == session.control._on_usr1
+        [entry] = control.live_ranks()
+        assert (entry["pid"], entry["rank"], entry["world_size"]) == (os.getpid(), 0, 1)
+        with session_module.guard() as inner:  # a guard() in the program shares the held session
+            assert inner is session
+        os.kill(os.getpid(), signal.SIGUSR1)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not glob.glob(str(tmp_path / "reports" / "*" / "report.json")):
+            time.sleep(0.1)
+        assert only_report(tmp_path / "reports")["trigger"] == "dump"
+        dist.destroy_process_group()
+        assert session.watchdog is None and session.control is None
+        assert signal.getsignal(signal.SIGUSR1) == previous_usr1 and signal.getsignal(signal.SIGTERM) == previous_term
+        assert os.listdir(isolated_registry) == []
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        while session_module.current() is not None:
+            session_module.uninstall()  # first: the session's own wrappers sit around the hook
+        session_module.deactivate_on_init()
+    assert dist.init_process_group is original
+
+
+class FakeWatchdog:
+    def __init__(self):
+        self.writing = threading.Event()
+        self.dumps = 0
+
+    def request_dump(self):
+        self.dumps += 1
+
+
+class FakeSession:
+    def __init__(self):
+        self.watchdog = FakeWatchdog()
+
+    def request_dump(self):
+        self.watchdog.request_dump()
+
+
+@pytest.fixture
+def live_control():
+    """LiveControl on a fake session, with a stub instead of dying; both signals start from their defaults."""
+    saved = {signum: signal.signal(signum, signal.SIG_DFL) for signum in (signal.SIGUSR1, signal.SIGTERM)}
+    deaths = []
+    made = []
+
+    def make(**kwargs):
+        made.append(control.LiveControl(FakeSession(), die=lambda signum: deaths.append((signum, time.monotonic()))))
+        return made[-1]
+
+    yield make, deaths
+    for item in made:
+        item.stop()
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+def _wait_for(predicate, limit=5.0):
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and not predicate():
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_sigusr1_reaches_the_watchdog_once_and_chains_to_the_programs_handler(live_control):
+    make, _ = live_control
+    theirs = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: theirs.append(signum))
+    try:
+        live = make()
+        assert live.start()
+        assert live._thread is not None and live._thread.name == "ddpwatch-signals"
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert _wait_for(lambda: theirs and live.session.watchdog.dumps)
+        time.sleep(0.1)
+        assert theirs == [signal.SIGUSR1] and live.session.watchdog.dumps == 1  # one signal, one report
+        live.stop()
+        assert signal.getsignal(signal.SIGUSR1) is not live._on_usr1 and not live._thread
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert _wait_for(lambda: len(theirs) == 2)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_stop_leaves_a_handler_installed_after_ours(live_control):
+    make, _ = live_control
+    live = make()
+    live.start()
+    mine = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    try:
+        live.stop()
+        assert signal.getsignal(signal.SIGUSR1) is not mine and signal.getsignal(signal.SIGUSR1) != live._on_usr1
+    finally:
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+
+
+def test_no_handlers_outside_the_main_thread(live_control):
+    make, _ = live_control
+    results = []
+    thread = threading.Thread(target=lambda: results.append(make().start()))
+    thread.start()
+    thread.join()
+    assert results == [False] and signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+def test_sigterm_waits_for_a_report_being_written_then_dies_by_the_signal(live_control):
+    make, deaths = live_control
+    live = make()
+    live.start()
+    live.session.watchdog.writing.set()
+    started = time.monotonic()
+    threading.Timer(0.5, live.session.watchdog.writing.clear).start()
+    os.kill(os.getpid(), signal.SIGTERM)  # main-thread handler and reader thread both see it
+    assert _wait_for(lambda: deaths, 5.0)
+    time.sleep(0.2)
+    assert len(deaths) == 1 and deaths[0][0] == signal.SIGTERM
+    assert 0.45 <= deaths[0][1] - started < 2.5
+
+
+def test_sigterm_waits_at_most_the_grace(live_control, monkeypatch):
+    monkeypatch.setattr(control, "TERM_GRACE_S", 0.3)
+    make, deaths = live_control
+    live = make()
+    live.session.watchdog.writing.set()  # never cleared
+    started = time.monotonic()
+    live._terminate(signal.SIGTERM)
+    assert deaths and 0.25 <= deaths[0][1] - started < 1.5
+
+
+def test_sigterm_without_a_report_dies_at_once_and_a_programs_handler_decides(live_control):
+    make, deaths = live_control
+    live = make()
+    started = time.monotonic()
+    live._terminate(signal.SIGTERM)
+    assert deaths and deaths[0][1] - started < 0.2
+    theirs = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: theirs.append(signum))
+    try:
+        other = make()
+        other.start()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert _wait_for(lambda: theirs)
+        time.sleep(0.1)
+        assert len(deaths) == 1  # the program's handler ran instead of ours ending the process
+    finally:
+        other.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_report_in_progress_is_read_from_the_watchdog_stack():
+    inside, release = threading.Event(), threading.Event()
+    namespace = {"__name__": "ddpwatch.watchdog", "inside": inside, "release": release}
+    exec("def run_incident():\n    inside.set()\n    release.wait(5)\n", namespace)
+    thread = threading.Thread(target=namespace["run_incident"])
+
+    class Watchdog:
+        ident = None
+
+    try:
+        thread.start()
+        inside.wait(5)
+        Watchdog.ident = thread.ident
+        assert control.report_in_progress(Watchdog)
+    finally:
+        release.set()
+        thread.join()
+    assert not control.report_in_progress(Watchdog) and not control.report_in_progress(None)
+
+
+def test_registry_lists_live_ranks_and_removes_stale_ones(isolated_registry):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert control.register({"pid": os.getpid(), "rank": 1, "world_size": 2, "job": "j1", "dir": "/r"})
+    assert control.register({"pid": dead.pid, "rank": 0, "world_size": 2, "job": "j1", "dir": "/r"})
+    path = control.register({"pid": os.getppid(), "rank": 0, "world_size": 2, "job": "j1", "dir": "/r"})
+    with open(path) as handle:
+        reused = json.load(handle)
+    reused["created"] -= 100  # same pid, another process: pid reuse
+    with open(path, "w") as handle:
+        json.dump(reused, handle)
+    assert [(e["pid"], e["rank"]) for e in control.live_ranks()] == [(os.getpid(), 1)]
+    assert os.listdir(isolated_registry) == [f"{os.getpid()}.json"]
+
+
+def test_dump_chooses_one_job_or_says_why_not(isolated_registry, capsys):
+    assert control.dump(wait=0.1) == 1
+    assert "no armed ddpwatch rank" in capsys.readouterr().err
+    control.register({"pid": os.getpid(), "rank": 0, "world_size": 2, "job": "a", "dir": "/r"})
+    control.register({"pid": os.getppid(), "rank": 0, "world_size": 2, "job": "b", "dir": "/r"})
+    assert control.dump(wait=0.1) == 2
+    err = capsys.readouterr().err
+    assert "several jobs" in err and "job a" in err and "job b" in err
+    assert control.dump(pid=1, wait=0.1) == 1
+    assert "not an armed ddpwatch rank" in capsys.readouterr().err
+    assert control.list_ranks() == 0 and capsys.readouterr().out.count("pid ") == 2
+
+
+# ----- real jobs -----
+
+@pytest.mark.timeout(120)
+def test_torchrun_with_DDPWATCH_catches_the_unmodified_seed_and_aborts(tmp_path):
+    """DDPWATCH=1 python -m torch.distributed.run: the .pth file guards each worker; abort keeps torchrun's ways."""
+    installed_pth()
+    env = clean_env(DDPWATCH="1", DDPWATCH_DIR=tmp_path / "reports", DDPWATCH_ACTION="abort", DDPWATCH_GRACE="1",
+                    DDPWATCH_INTERVAL="0.2", TMPDIR=tmp_path)
+    code, output = run_job(torchrun(PLAIN), env, tmp_path, timeout=90)
+    assert code not in (0, None), output[-4000:]
+    [finding] = only_report(tmp_path / "reports")["findings"]
+    assert (finding["kind"], finding["ranks"]) == ("ddp_forward_on_subset", [0])
+    assert finding["location"]["line"] == tagged_line(PLAIN, "plain_ddp_call")
+    summary = output[output.rfind("Root Cause"):]
+    assert "traceback : ddpwatch: ddp_forward_on_subset" in summary, output[-4000:]
+    error_files = glob.glob(str(tmp_path / "torchelastic_*" / "**" / "error.json"), recursive=True)
+    assert any("ddp_forward_on_subset" in open(path).read() for path in error_files), error_files
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_without_DDPWATCH_is_plain_torch(tmp_path):
+    env = clean_env(DDPWATCH_DIR=tmp_path / "reports", PLAIN_SEED_PG_TIMEOUT="5", TMPDIR=tmp_path)
+    code, output = run_job(torchrun(PLAIN, "subset"), env, tmp_path, timeout=90)  # no DDP: seconds cheaper
+    assert code not in (0, None), output[-4000:]
+    assert "Timed out" in output and "ddpwatch" not in output, output[-4000:]
+    assert not os.path.exists(tmp_path / "reports")
+
+
+@pytest.mark.timeout(120)
+def test_ddpwatch_run_guards_torchrun_workers(tmp_path):
+    env = clean_env(PYTHONPATH=ROOT, DDPWATCH_DIR=tmp_path / "reports", DDPWATCH_ACTION="abort",
+                    DDPWATCH_GRACE="1", DDPWATCH_INTERVAL="0.2", TMPDIR=tmp_path)
+    command = [sys.executable, "-m", "ddpwatch", "run", "--"] + torchrun(PLAIN, "subset")
+    code, output = run_job(command, env, tmp_path, timeout=90)
+    assert code not in (0, None), output[-4000:]
+    [finding] = only_report(tmp_path / "reports")["findings"]
+    assert (finding["kind"], finding["ranks"]) == ("collective_on_subset", [0])
+    assert finding["location"]["line"] == tagged_line(PLAIN, "plain_subset_all_reduce")
+    assert "traceback : ddpwatch: collective_on_subset" in output[output.rfind("Root Cause"):], output[-4000:]
+
+
+@pytest.mark.timeout(120)
+def test_spawned_ranks_are_armed_and_forked_dataloader_workers_are_not(tmp_path):
+    env = clean_env(DDPWATCH="1", PYTHONPATH=activation_path(), DDPWATCH_DIR=tmp_path / "reports")
+    code, output = run_job([sys.executable, SPAWN, str(free_port())], env, tmp_path, timeout=90)
+    assert code == 0, output[-4000:]
+    lines = sorted(line for line in output.splitlines() if line.startswith("PLAIN-SPAWN"))
+    assert lines == [f"PLAIN-SPAWN rank {r} armed=1 threads=2 worker_armed=0 worker_threads=0 workers=2"
+                     for r in (0, 1)], output[-4000:]
+    assert not os.path.exists(tmp_path / "reports")
+
+
+@pytest.mark.timeout(120)
+def test_dump_a_live_job_then_sigterm_ends_each_rank_as_torch_would(tmp_path):
+    """`ddpwatch dump` on a job that is alive (rank 0 busy, rank 1 blocked in a barrier inside C++)."""
+    env = clean_env(DDPWATCH="1", PYTHONPATH=activation_path(), DDPWATCH_DIR=tmp_path / "reports",
+                    DDPWATCH_INTERVAL="0.2", TMPDIR=tmp_path, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(),
+                    WORLD_SIZE="2")
+    registry = os.path.join(str(tmp_path), f"ddpwatch-{os.getuid()}", "ranks")
+    procs = []
+    try:
+        for rank in (0, 1):
+            procs.append(subprocess.Popen([sys.executable, PLAIN, "busy:80"], env=dict(env, RANK=str(rank)),
+                                          cwd=str(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                          stdin=subprocess.DEVNULL, start_new_session=True))
+        assert _wait_for(lambda: len(os.listdir(registry)) == 2 if os.path.isdir(registry) else False, 60)
+
+        def dump(*args):
+            return subprocess.run([sys.executable, "-m", "ddpwatch", "dump", "--wait", "30"] + list(args),
+                                  env=dict(env, PYTHONPATH=ROOT), cwd=str(tmp_path), capture_output=True, text=True,
+                                  timeout=60)
+
+        blocked = dump("--pid", str(procs[1].pid))  # its main thread waits in gloo: the wakeup pipe answers
+        assert blocked.returncode == 0, blocked.stderr
+        lowest = dump()  # the lowest rank of the one job here
+        assert lowest.returncode == 0, lowest.stderr
+        incidents = []
+        for done in (blocked, lowest):
+            with open(os.path.join(done.stdout.strip(), "report.json")) as handle:
+                incidents.append(json.load(handle))
+        assert [(i["trigger"], i["written_by"]) for i in incidents] == [("dump", 1), ("dump", 0)]
+        assert [state["rank"] for state in incidents[0]["ranks"]] == [0, 1]
+        # (rank 1 may still be adding native stacks to its own report, too busy to answer the second in time)
+        assert 0 in [state["rank"] for state in incidents[1]["ranks"]]
+        for proc in reversed(procs):  # rank 1 is inside C++: only the reader thread can act on SIGTERM
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10)
+            assert proc.returncode == -signal.SIGTERM
+        assert os.listdir(registry) == []
+    finally:
+        for proc in procs:
+            _killpg(proc.pid)
+            proc.wait()
