@@ -25,6 +25,12 @@ def test_demo_catches_the_seed_stall_and_report_rerenders_it(tmp_path):
     assert "stall caught" in done.stderr and "[ddp_forward_on_subset] culprit: rank 0" in done.stderr
     [report_json] = reports(out)
     folder = os.path.dirname(report_json)
+    # README.md shows this verdict as a real excerpt: it must still be what the demo prints (paths relative to the
+    # checkout, wrapping aside, since the absolute path changes where lines break).
+    verdict = done.stderr[done.stderr.index("[ddp_forward_on_subset]"):].split("\n\n")[0]
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    shown = readme.split("<!-- docs-test: demo-excerpt -->\n```\n")[1].split("```")[0]
+    assert " ".join(shown.split()) == " ".join(verdict.replace(ROOT + os.sep, "").split())
     text = _run(["report", folder], tmp_path)
     assert text.returncode == 0 and "[ddp_forward_on_subset] culprit: rank 0 at seed_stall.py:" in text.stdout
     again = _run(["report", folder, "--format", "json", "--reanalyze"], tmp_path)
