@@ -184,7 +184,7 @@ def pid_alive(pid: int) -> bool:
 
 # ---------------------------------------------------------------- torch's Flight Recorder, where it is on
 
-FR_TAIL = 32
+FR_TAIL = 16
 
 
 def flight_recorder_tail(limit: int = FR_TAIL) -> dict:

@@ -68,12 +68,6 @@ def _arg(args, kwargs, index, name, default=None):
     return kwargs.get(name, default)
 
 
-def _finished(handle) -> bool:
-    if hasattr(handle, "is_completed"):
-        return handle.is_completed()
-    return handle.done()  # torch.futures.Future, returned by the *_coalesced collectives
-
-
 class Patcher:
     """Owns every patch ddpwatch makes: applies them once, keeps the originals, puts them back."""
 
@@ -185,8 +179,10 @@ class Patcher:
         Never raises: a bug here must cost a record, not the user's collective.
         """
         try:
-            name = self.group_name(group)
+            name = self._group_cache.get(self._c10d._world.default_pg if group is None else group)
             if name is None:
+                name = self.group_name(group)
+            if not name:
                 return None
             return self.recorder.begin(op, api, name, tensors() if callable(tensors) else tensors, caller, peer)
         except Exception:
@@ -219,25 +215,40 @@ class Patcher:
             raise
 
     def _collective_wrapper(self, original, api: str, op: str, tensor_params):
+        """The hot path (every all_reduce, barrier...): one flat function, no helper layers, nothing formatted."""
         signature = inspect.signature(original)
         group_i = _param_index(signature, "group")
         async_i = _param_index(signature, "async_op")
         tensor_i = [(_param_index(signature, p), p) for p in tensor_params]
+        recorder = self.recorder
+        local = recorder._local
+        run = self._run
 
-        def tensors_of(args, kwargs):
-            metas = ()
-            for index, name in tensor_i:
-                metas += tensor_meta(_arg(args, kwargs, index, name))
-            return metas
+        def wrapper(*args, **kwargs):
+            if getattr(local, "depth", 0):
+                return original(*args, **kwargs)  # called by another patched collective: the outer one records
+            local.depth = 1
+            try:
+                try:
+                    metas = ()
+                    for index, name in tensor_i:
+                        metas += tensor_meta(args[index] if index is not None and index < len(args)
+                                             else kwargs.get(name))
+                    group = args[group_i] if group_i is not None and group_i < len(args) else kwargs.get("group")
+                    record = self._begin(op, api, group, metas, sys._getframe(1))
+                except Exception:
+                    record = None  # never the user's problem; _begin logs its own failures
+                if record is None:
+                    return original(*args, **kwargs)
+                try:
+                    return run(record, original, args, kwargs, async_i)
+                except BaseException as exc:
+                    recorder.finish(record, exc)
+                    raise
+            finally:
+                local.depth = 0
 
-        def body(args, kwargs, caller):
-            record = self._begin(op, api, _arg(args, kwargs, group_i, "group"), lambda: tensors_of(args, kwargs),
-                                 caller)
-            if record is None:
-                return original(*args, **kwargs)
-            return self._finish_on_error(record, self._run, record, original, args, kwargs, async_i)
-
-        return self._outermost(original, body)
+        return wrapper
 
     def _run(self, record, original, args, kwargs, async_i):
         """Call the collective; "done" means the Work completed, not that the Python call returned (NCCL)."""
@@ -246,7 +257,7 @@ class Patcher:
             result = original(*args, **kwargs)
             recorder.finish(record)
             return result
-        user_async = bool(_arg(args, kwargs, async_i, "async_op", False))
+        user_async = bool(args[async_i] if async_i < len(args) else kwargs.get("async_op", False))
         if not user_async:
             # c10d's own synchronous path is `work = ...(async_op=True); work.wait()`: take the same path, keep the handle.
             if async_i < len(args):
@@ -254,14 +265,15 @@ class Patcher:
             else:
                 kwargs["async_op"] = True
         handle = original(*args, **kwargs)
-        if handle is None or not (hasattr(handle, "is_completed") or hasattr(handle, "done")):
+        completed = getattr(handle, "is_completed", None) or getattr(handle, "done", None)
+        if completed is None:  # None (not a member of the group), or no handle at all
             recorder.finish(record)
             return handle if user_async else None
         record.work = handle
         if user_async:
             return handle
         handle.wait()
-        if _finished(handle):
+        if completed():
             recorder.finish(record)
         # else: NCCL returned before the GPU finished; the watchdog's poll_pending completes it later.
         return None

@@ -75,8 +75,13 @@ def _is_internal_code(code) -> bool:
 
 def user_frame(frame):
     """The innermost frame outside torch, ddpwatch and the standard library, or None."""
+    cache = _internal_code
     while frame is not None:
-        if not _is_internal_code(frame.f_code):
+        code = frame.f_code
+        internal = cache.get(code)
+        if internal is None:
+            internal = cache[code] = is_internal_file(code.co_filename)
+        if not internal:
             return frame
         frame = frame.f_back
     return None
@@ -88,11 +93,31 @@ def frame_site(frame) -> dict | None:
     return snapshot.site(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
+def _site_dict(raw) -> dict | None:
+    return raw and snapshot.site(*raw)
+
+
+# Wall clock = monotonic + offset: one clock read per record on the hot path, the other at formatting time.
+_WALL_OFFSET = time.time() - time.monotonic()
+# Thread ident -> name, refreshed whenever records are formatted (names are looked up then, not per op).
+_thread_names: dict = {}
+
+
+def refresh_thread_names() -> None:
+    _thread_names.update({thread.ident: thread.name for thread in threading.enumerate()})
+
+
+def _thread_name(ident: int) -> str:
+    if ident not in _thread_names:
+        refresh_thread_names()
+    return _thread_names.get(ident) or f"thread-{ident}"
+
+
 class Record:
     """One collective as this rank issued it. Slots, raw values: formatting waits until someone reads it."""
 
     __slots__ = ("seq", "group", "op", "api", "peer", "tensors", "site", "region",
-                 "start_mono", "start_wall", "end_mono", "state", "error", "work", "thread")
+                 "start_mono", "end_mono", "state", "error", "work", "thread")
 
     def to_dict(self, now_mono: float) -> dict:
         shapes, dtypes = _describe_tensors(self.tensors)
@@ -106,14 +131,14 @@ class Record:
             "peer": self.peer,
             "shapes": shapes,
             "dtypes": dtypes,
-            "site": self.site,
+            "site": _site_dict(self.site),
             "region": self.region and {"kind": self.region[0], "site": self.region[1], "api": self.region[2]},
-            "start": self.start_wall,
+            "start": round(self.start_mono + _WALL_OFFSET, 6),
             "age_s": round(now_mono - self.start_mono, 4),
             "duration_s": None if in_flight else round(self.end_mono - self.start_mono, 6),
             "state": self.state,
             "error": self.error,
-            "thread": self.thread,
+            "thread": _thread_name(self.thread),
         }
 
 
@@ -143,6 +168,7 @@ class Recorder:
 
     def __init__(self, ring_size: int = 2048):
         self.ring = collections.deque(maxlen=ring_size)
+        self.inflight_limit = ring_size
         self.inflight: dict = {}
         self._counters: dict = {}
         self.last_seq: dict = {}
@@ -185,33 +211,51 @@ class Recorder:
         return next(counter)
 
     def begin(self, op: str, api: str, group: str, tensors, caller, peer=None) -> Record:
+        """Open a record: the hot path, so raw values only (tuples, ints); formatting waits for to_dict()."""
         record = Record()
         record.group = group
         record.peer = peer
-        record.seq = self.next_seq(group if peer is None else (group, peer))
+        key = group if peer is None else (group, peer)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters.setdefault(key, itertools.count())
+        record.seq = seq = next(counter)
         if peer is None:
-            self.last_seq[group] = record.seq
+            self.last_seq[group] = seq
         record.op = op
         record.api = api
         record.tensors = tensors
-        record.region = self.current_region()
-        record.start_wall = time.time()
+        regions = getattr(self._local, "regions", None)
+        record.region = regions[-1] if regions else None
         record.start_mono = self.progress_mono = time.monotonic()
         record.end_mono = None
         record.state = snapshot.IN_FLIGHT
         record.error = None
         record.work = None
-        record.thread = threading.current_thread().name
+        record.thread = ident = threading.get_ident()
+        if ident not in _thread_names:
+            _thread_names[ident] = threading.current_thread().name  # once per thread: it may be gone when read
         frame = user_frame(caller)  # found now: the stack is gone by the time anyone reads the record
-        record.site = frame_site(frame)
         if frame is not None:
+            code = frame.f_code
+            record.site = site = (code.co_filename, frame.f_lineno, code.co_name)
             # How often each line issued a collective: "has this rank ever been here?" without keeping history.
-            key = (frame.f_code.co_filename, frame.f_lineno)
-            self.site_counts[key] = self.site_counts.get(key, 0) + 1
+            self.site_counts[site] = self.site_counts.get(site, 0) + 1
+        else:
+            record.site = None
         self.ring.append(record)
-        self.inflight[id(record)] = record
+        inflight = self.inflight
+        inflight[id(record)] = record
+        if len(inflight) > self.inflight_limit:
+            self._untrack_oldest()
         self.progress += 1
         return record
+
+    def _untrack_oldest(self) -> None:
+        """Bound the in-flight set: a backend whose Work never says "completed" must not grow it forever."""
+        oldest = self.inflight.pop(next(iter(self.inflight)))
+        oldest.state = snapshot.UNTRACKED
+        oldest.work = None
 
     def finish(self, record: Record, error: BaseException | None = None) -> None:
         if error is not None and self.abort_code:
@@ -235,10 +279,13 @@ class Recorder:
     def void(self, record: Record) -> None:
         """Forget a record that turned out not to communicate (Reducer._rebuild_buckets returning False)."""
         self.inflight.pop(id(record), None)
-        try:
-            self.ring.remove(record)
-        except ValueError:
-            pass
+        if self.ring and self.ring[-1] is record:
+            self.ring.pop()  # the usual case, O(1): nothing was recorded since
+        else:
+            try:
+                self.ring.remove(record)
+            except ValueError:
+                pass
         key = record.group if record.peer is None else (record.group, record.peer)
         # Give the sequence number back so positions stay aligned with peers that never called it.
         self._counters[key] = itertools.count(record.seq)
@@ -262,7 +309,15 @@ class Recorder:
             if done:
                 self.finish(record)
 
+    def _site_counts_by_line(self) -> dict:
+        counts: dict = {}
+        for (file, line, _), count in list(self.site_counts.items()):
+            key = f"{file}:{line}"
+            counts[key] = counts.get(key, 0) + count
+        return counts
+
     def snapshot(self, recent: int = 16) -> dict:
+        refresh_thread_names()
         now = time.monotonic()
         inflight = sorted(self.inflight.values(), key=lambda r: r.start_mono)
         ring = list(self.ring)
@@ -276,7 +331,7 @@ class Recorder:
             "groups": dict(self.groups),
             "ops_recorded": self.progress,
             "ddp_steps": self.ddp_steps,
-            "site_counts": {f"{file}:{line}": count for (file, line), count in list(self.site_counts.items())},
+            "site_counts": self._site_counts_by_line(),
         }
 
 

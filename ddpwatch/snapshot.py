@@ -28,6 +28,7 @@ FINDING_KINDS = (
 IN_FLIGHT = "in_flight"
 COMPLETED = "completed"
 FAILED = "failed"
+UNTRACKED = "untracked"  # dropped from the in-flight set after ring_size newer ops: its end was never seen
 
 # Rank statuses.
 RUNNING = "running"

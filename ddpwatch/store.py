@@ -9,6 +9,7 @@ import time
 from . import snapshot
 
 PREFIX = "ddpwatch/v1"
+MULTI_GET_SLICE = 512
 
 
 class StoreUnavailable(RuntimeError):
@@ -81,17 +82,23 @@ class StateStore:
 
     def get_many(self, keys: list) -> dict:
         """{key: doc} for the keys that exist; a missing key is skipped, never waited for."""
-        # One round trip when every key is there (the usual case); per-key checks only when some are missing.
+        # Per slice of keys: one round trip when every key of the slice is there (the usual case), per-key checks
+        # only when some are missing. Slices, because one TCPStore multi_get of 16,384 keys took 14 s where 32
+        # slices of 512 took 0.4 s (benchmarks/scale.py).
         if not keys:
             return {}
-        everything = bool(self._call(self._store.check, list(keys)))
-        present = list(keys) if everything else [key for key in keys if self.exists(key)]
-        if not present:
-            return {}
-        if hasattr(self._store, "multi_get"):
-            values = self._call(self._store.multi_get, present)
-        else:
-            values = [self._call(self._store.get, key) for key in present]
+        present, values = [], []
+        for start in range(0, len(keys), MULTI_GET_SLICE):
+            chunk = list(keys[start:start + MULTI_GET_SLICE])
+            everything = bool(self._call(self._store.check, chunk))
+            found = chunk if everything else [key for key in chunk if self.exists(key)]
+            if not found:
+                continue
+            present.extend(found)
+            if hasattr(self._store, "multi_get"):
+                values.extend(self._call(self._store.multi_get, found))
+            else:
+                values.extend(self._call(self._store.get, key) for key in found)
         docs = {}
         for key, raw in zip(present, values):
             try:

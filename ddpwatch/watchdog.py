@@ -218,7 +218,7 @@ class Watchdog(threading.Thread):
         doc = {"format_version": S.FORMAT_VERSION, "rank": self.rank, "world_size": self.world_size,
                "pid": os.getpid(), "host": self.host, "beat": self.beat, "published_at": time.time(),
                "status": S.RUNNING}
-        doc.update(self.recorder.snapshot(recent=64 if full else 8))
+        doc.update(self.recorder.snapshot(recent=32 if full else 8))
         if full:
             doc["stacks"] = python_stacks(skip_thread=threading.get_ident())
             doc["process"] = self.sampler.facts()
@@ -250,17 +250,19 @@ class Watchdog(threading.Thread):
         if self.world_size < 2:
             return False
         if self.rank == 0:
+            self.store.add(self.store.key("leader_beat"), 1)  # 8 bytes the waiting ranks can read cheaply
             return self.store.counter(self.store.key("waiting")) > 0
         if not self.registered_waiting:
             return False
-        # Normally rank 0 watches: read its heartbeat only, and the others' only once rank 0 has gone silent.
-        if self._silent_for(0, self.store.get(self.store.key("state", 0))) < self.config.dead_after:
+        # Normally rank 0 watches: read its heartbeat counter only, the others' states only once it has gone silent.
+        leader_beat = {"beat": self.store.counter(self.store.key("leader_beat"))}
+        if self._silent_for("leader", leader_beat) < self.config.dead_after:
             return False
         lower = self.store.get_many([self.store.key("state", r) for r in range(1, self.rank)])
         return all(self._silent_for(r, lower.get(self.store.key("state", r))) >= self.config.dead_after
                    for r in range(1, self.rank))
 
-    def _silent_for(self, rank: int, doc: dict | None) -> float:
+    def _silent_for(self, rank, doc: dict | None) -> float:
         """Seconds (on this rank's clock) since `rank`'s heartbeat last moved; clocks across hosts never compared."""
         now = time.monotonic()
         beat = doc.get("beat") if doc else None
@@ -415,7 +417,7 @@ class Watchdog(threading.Thread):
         return f"{stamp}-{self.run_tag}" if self.run_tag else stamp
 
     def _collect(self, number: int) -> dict:
-        deadline = time.monotonic() + COLLECT_S
+        deadline = time.monotonic() + COLLECT_S + self.world_size / 2000  # thousands of answers take longer
         count_key = self.store.key("incident", number, "count")
         while time.monotonic() < deadline and self.store.counter(count_key) < self.world_size:
             time.sleep(0.05)

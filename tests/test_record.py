@@ -132,7 +132,7 @@ def test_record_site_is_the_callers_line():
     rec = Recorder()
     line = this_line() + 1
     r = begin(rec)
-    assert r.site == {"file": HERE, "line": line, "function": "test_record_site_is_the_callers_line"}
+    assert r.to_dict(0.0)["site"] == {"file": HERE, "line": line, "function": "test_record_site_is_the_callers_line"}
     assert not hasattr(r, "site_frame")  # no frame kept alive
 
 
@@ -343,3 +343,11 @@ def test_python_stacks_main_thread_first():
     worker_stack = next(s for s in stacks if s["thread"] == "AAA-worker")
     assert any(f["function"] == "park" for f in worker_stack["frames"])
     assert len(python_stacks(limit=3)[0]["frames"]) == 3
+
+
+def test_in_flight_set_is_bounded_when_work_never_completes():
+    rec = Recorder(ring_size=16)
+    records = [begin(rec) for _ in range(100)]  # never finished: a backend whose Work never says done
+    assert len(rec.inflight) == 16
+    assert [r.state for r in records[:84]] == [S.UNTRACKED] * 84
+    assert all(r.state == S.IN_FLIGHT for r in records[84:])
