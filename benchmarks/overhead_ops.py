@@ -1,0 +1,305 @@
+"""Per-collective overhead of the guard: the wrapper alone (torch's fake process group) and 2 gloo ranks, A/B/B/A."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from . import _common as C
+
+FAKE = {"full": (20000, 5), "quick": (1000, 2)}  # (iterations per block, A/B/B/A rounds)
+GLOO = {"full": (200, 10), "quick": (30, 1)}
+TARGET_US = 5.0
+TARGET_RATIO = 1.01
+COLD_SLEEP_S = 0.0003  # the pause before each call in the "cold" fake-pg row, about one small gloo op
+CONTROL_US = 8.0  # about what the guard's hot path costs per op (the fake-pg table): the control burns as much
+# wall: what the loop waits; thread: CPU of the calling thread only (the wrapper's own work, and other processes
+# on a shared machine cannot inflate it); process: CPU of every thread (gloo's and the watchdog's too).
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time, "process": time.process_time}
+
+
+class _Warnings(logging.Handler):
+    """Keeps what ddpwatch logs, so the table can say whether the watchdog armed and why not."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f" ({type(record.exc_info[1]).__name__}: {str(record.exc_info[1]).splitlines()[0]})"
+        self.messages.append(text)
+
+
+def make_ops(world_size: int) -> dict:
+    """The small collectives of a tight loop; 1 MiB is 262,144 float32."""
+    import torch
+    import torch.distributed as dist
+
+    one, big = torch.ones(1), torch.ones(262144)
+    gathered = [torch.empty(1) for _ in range(world_size)]
+    return {
+        "all_reduce 1 elem": lambda: dist.all_reduce(one),
+        "all_reduce 1 MiB": lambda: dist.all_reduce(big),
+        "barrier": lambda: dist.barrier(),
+        "broadcast 1 elem": lambda: dist.broadcast(one, 0),
+        "all_gather 1 elem": lambda: dist.all_gather(gathered, one),
+    }
+
+
+def timed_block(fn, iterations: int) -> dict:
+    """Microseconds per call over one block, on every clock."""
+    start = {name: clock() for name, clock in CLOCKS.items()}
+    for _ in range(iterations):
+        fn()
+    return {name: (clock() - start[name]) / iterations * 1e6 for name, clock in CLOCKS.items()}
+
+
+class Guard:
+    """The B side: ddpwatch.install() before a block, uninstall() after."""
+
+    def on(self):
+        import ddpwatch
+
+        return ddpwatch.install()
+
+    def off(self) -> None:
+        import ddpwatch
+
+        ddpwatch.uninstall()
+
+
+class Burner:
+    """The control B side: a pass-through wrapper on dist.all_reduce that only burns `us` of CPU per call.
+
+    On a loaded machine a few microseconds of extra CPU per op can cost far more wall time on gloo (the op's
+    threads miss their window and sleep); this shows how much of the guard's gloo figure is that effect.
+    """
+
+    def __init__(self, us: float):
+        self.seconds = us * 1e-6
+        self.original = None
+
+    def on(self):
+        import torch.distributed as dist
+
+        original, seconds = dist.all_reduce, self.seconds
+
+        def burning(*args, **kwargs):
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                pass
+            return original(*args, **kwargs)
+
+        self.original, dist.all_reduce = original, burning
+        return None
+
+    def off(self) -> None:
+        import torch.distributed as dist
+
+        dist.all_reduce = self.original
+
+
+def measure(ops: dict, iterations: int, rounds: int, sync, side=None) -> dict:
+    """A/B/B/A rounds in one process; the B side (the guard by default) is switched on and off between blocks."""
+    side = side or Guard()
+    blocks = {name: {False: [], True: []} for name in ops}
+    facts = {"watchdog_armed": [], "left_in_flight": 0}
+    for fn in ops.values():
+        timed_block(fn, max(1, iterations // 10))  # warm-up: first-call costs belong to neither side
+    for flag in C.abba(rounds):
+        session = side.on() if flag else None
+        if session is not None:
+            facts["watchdog_armed"].append(session.watchdog is not None)
+        for name, fn in ops.items():
+            sync()
+            blocks[name][flag].append(timed_block(fn, iterations))
+            if session is not None:
+                # The fake pg's Work never says completed, so its records stay "in flight"; a real backend's do not.
+                facts["left_in_flight"] = max(facts["left_in_flight"], len(session.recorder.inflight))
+                session.recorder.inflight.clear()
+        if flag:
+            side.off()
+    facts["times"] = {clock: {name: {"off": [b[clock] for b in per[False]], "on": [b[clock] for b in per[True]]}
+                              for name, per in blocks.items()} for clock in CLOCKS}
+    return facts
+
+
+def fake_worker(iterations: int, rounds: int) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import FakeWork
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # private: benchmarks only
+
+    torch.set_num_threads(1)
+    caught = _Warnings()
+    logging.getLogger("ddpwatch").addHandler(caught)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    ops = make_ops(4)
+    # As shipped, FakeWork.is_completed() stays False after wait(), so every record would stay "in flight" (a
+    # real backend's Work completes): measure that case once on its own, then make the fake Work behave.
+    never = measure({"all_reduce 1 elem": ops["all_reduce 1 elem"]}, iterations, rounds, lambda: None)
+    original = FakeWork.is_completed
+    FakeWork.is_completed = lambda self: True
+    try:
+        facts = measure(ops, iterations, rounds, lambda: None)
+        facts["parts"] = hot_path_parts(iterations)
+        # A real collective blocks, and the thread comes back to cold caches: sleep between calls to see that.
+        one = ops["all_reduce 1 elem"]
+        facts["cold"] = measure({"all_reduce 1 elem": lambda: (time.sleep(COLD_SLEEP_S), one())},
+                                max(1, iterations // 10), rounds, lambda: None)
+    finally:
+        FakeWork.is_completed = original
+    dist.destroy_process_group()
+    facts["never_completes"] = never
+    facts["warnings"] = sorted(set(caught.messages))
+    C.emit(facts)
+
+
+def hot_path_parts(iterations: int) -> dict:
+    """The wrapper's steps timed one by one (with the guard on), to show where the added microseconds go."""
+    import torch
+
+    import ddpwatch
+    from ddpwatch import record
+
+    session = ddpwatch.install()
+    recorder, patcher, tensor = session.recorder, session.patcher, torch.ones(1)
+    meta = record.tensor_meta(tensor)
+    here = sys._getframe()
+    parts = {
+        "tensor_meta(tensor)": lambda: record.tensor_meta(tensor),
+        "Patcher.group_name(None)": lambda: patcher.group_name(None),
+        "Recorder.enter_call + exit_call": lambda: (recorder.enter_call(), recorder.exit_call()),
+        "user_frame + frame_site": lambda: record.frame_site(record.user_frame(here)),
+        "Recorder.begin + finish": lambda: recorder.finish(recorder.begin("all_reduce", "all_reduce", "0", meta,
+                                                                           sys._getframe())),
+    }
+    try:
+        return {name: min(timed_block(fn, iterations)["thread"] for _ in range(3)) for name, fn in parts.items()}
+    finally:
+        ddpwatch.uninstall()
+
+
+def gloo_worker(iterations: int, rounds: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    caught = _Warnings()
+    logging.getLogger("ddpwatch").addHandler(caught)
+    dist.init_process_group("gloo")
+    ops = make_ops(dist.get_world_size())
+    facts = measure(ops, iterations, rounds, dist.barrier)
+    control = {"all_reduce 1 elem": ops["all_reduce 1 elem"]}
+    facts["control"] = measure(control, iterations, rounds, dist.barrier, Burner(CONTROL_US))
+    dist.barrier()
+    dist.destroy_process_group()
+    facts["rank"] = int(os.environ["RANK"])
+    facts["warnings"] = sorted(set(caught.messages))
+    C.emit(facts)
+
+
+def summarize(per_rank: list, clock: str) -> dict:
+    """Per op: the A/B/B/A statistics of the per-block times averaged over ranks; plus the whole loop."""
+    names = list(per_rank[0]["times"][clock])
+    mean = lambda lists: [sum(vals) / len(vals) for vals in zip(*lists)]
+    blocks = {n: {side: mean([r["times"][clock][n][side] for r in per_rank]) for side in ("off", "on")}
+              for n in names}
+    stats = {n: C.paired(blocks[n]["off"], blocks[n]["on"]) for n in names}
+    if len(names) > 1:
+        loop = {side: [sum(vals) for vals in zip(*(blocks[n][side] for n in names))] for side in ("off", "on")}
+        stats[f"loop of all {len(names)} (sum)"] = C.paired(loop["off"], loop["on"])
+    return stats
+
+
+def spread(s: dict) -> str:
+    return f"{s['added_min']:.1f} .. {s['added_max']:.1f}"
+
+
+def run_fake(mode: str) -> None:
+    iterations, rounds = FAKE[mode]
+    rc, out, err = C.run_bounded([sys.executable, "-m", "benchmarks.overhead_ops", "--worker", "fake",
+                                  str(iterations), str(rounds)], timeout=300)
+    results = C.parse_results(out)
+    if rc != 0 or not results:
+        raise SystemExit(f"fake-pg worker failed (exit {rc}):\n{err[-3000:]}")
+    facts = results[0]
+    stats = summarize([facts], "thread")
+    cold = summarize([facts["cold"]], "thread")["all_reduce 1 elem"]
+    stats[f"all_reduce 1 elem, after a {COLD_SLEEP_S * 1e3:g} ms sleep (cold caches)"] = cold
+    C.print_table(f"Hot path alone: torch's fake process group (world_size 4, one process), CPU time of the calling "
+                  f"thread, {iterations} calls per block, {rounds} A/B/B/A rounds, medians of per-round means",
+                  ["op", "without guard (us)", "with guard (us)", "added (us)", "added, min .. max over rounds",
+                   "ratio", f"< {TARGET_US:g} us"],
+                  [[name, s["off"], s["on"], s["added"], spread(s), f"{s['ratio']:.3f}",
+                    "yes" if s["added"] < TARGET_US else "NO"] for name, s in stats.items()])
+    C.print_table("Where the hot path's time goes (guard on, fake pg; thread CPU time, best of 3 blocks)",
+                  ["step", "us per call"], [[name, us] for name, us in facts["parts"].items()])
+    never = summarize([facts["never_completes"]], "thread")["all_reduce 1 elem"]
+    print(f"FakeWork.is_completed() was made to return True above, as a real backend's Work does after wait();"
+          f" as shipped it stays False, every record stays in flight (up to "
+          f"{facts['never_completes']['left_in_flight']} per block, cleared between blocks by the benchmark) and "
+          f"all_reduce 1 elem then costs {never['off']:.1f} -> {never['on']:.1f} us (+{never['added']:.1f} us).")
+    print(f"watchdog armed under the fake pg (FakeStore): {'yes' if all(facts['watchdog_armed']) else 'no'}"
+          + (f"; ddpwatch logged: {'; '.join(facts['warnings'])}" if facts["warnings"] else ""))
+    print()
+
+
+def gloo_rows(results: list, key=None, label: str = "") -> list:
+    """One row per op: wall-time A/B/B/A statistics, and the CPU the guard added on the calling thread and in all."""
+    pick = (lambda r: r[key]) if key else (lambda r: r)
+    stats = {clock: summarize([pick(r) for r in results], clock) for clock in CLOCKS}
+    rows = []
+    for name, wall in stats["wall"].items():
+        thread, process = stats["thread"][name], stats["process"][name]
+        rows.append([label + name, wall["off"], wall["on"], wall["added"], spread(wall), f"{wall['ratio']:.3f}",
+                     thread["added"], process["added"]])
+    return rows
+
+
+def run_gloo(mode: str) -> None:
+    from ddpwatch.launch import run_ranks
+
+    iterations, rounds = GLOO[mode]
+    command = [sys.executable, "-m", "benchmarks.overhead_ops", "--worker", "gloo", str(iterations), str(rounds)]
+    ranks = run_ranks(command, 2, env=C.child_env(), timeout=600, cwd=C.ROOT)
+    results = [doc for r in ranks for doc in C.parse_results(r.stdout)]
+    if len(results) != 2:
+        raise SystemExit("gloo ranks failed:\n" + "\n".join(f"rank {r.rank} exit {r.returncode}: {r.stderr[-2000:]}"
+                                                            for r in ranks))
+    rows = gloo_rows(results) + gloo_rows(results, "control", f"control (burns {CONTROL_US:g} us, no guard): ")
+    C.print_table(f"2 gloo ranks on this machine, {iterations} calls per block, {rounds} A/B/B/A rounds, averaged "
+                  f"over both ranks, medians of per-round means; the control row swaps the guard for a pass-through "
+                  f"wrapper that only burns CPU",
+                  ["op", "wall without (us)", "wall with (us)", "wall added (us)", "wall added, min .. max",
+                   "wall ratio", "calling-thread CPU added (us)", "process CPU added (us)"], rows)
+    loop = next(s for name, s in summarize(results, "wall").items() if name.startswith("loop"))
+    armed = all(a for r in results for a in r["watchdog_armed"])
+    print(f"whole loop: wall ratio {loop['ratio']:.3f} (target < {TARGET_RATIO}); watchdog armed in every guarded "
+          f"block: {'yes' if armed else 'no'}; records left in flight: {max(r['left_in_flight'] for r in results)}")
+    for message in sorted({m for r in results for m in r["warnings"]}):
+        print(f"ddpwatch logged: {message}")
+    print()
+
+
+def main(argv=None) -> None:
+    args = C.parser(__doc__)
+    args.add_argument("--worker", nargs=3, metavar=("KIND", "ITERATIONS", "ROUNDS"), help=argparse.SUPPRESS)
+    opts = args.parse_args(argv)
+    if opts.worker:
+        kind, iterations, rounds = opts.worker[0], int(opts.worker[1]), int(opts.worker[2])
+        (fake_worker if kind == "fake" else gloo_worker)(iterations, rounds)
+        return
+    mode = "quick" if opts.quick else "full"
+    C.header("overhead_ops: added cost per collective", opts.quick)
+    run_fake(mode)
+    run_gloo(mode)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+"""Step-time overhead of the guard on a small DDP loop (2 gloo ranks), next to Flight Recorder on/off and DEBUG=DETAIL."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import sys
+import time
+
+from . import _common as C
+
+SIZES = {"full": (40, 8), "quick": (8, 1)}  # (steps per block, A/B/B/A rounds)
+TARGET_RATIO = 1.01
+# wall: the step time; thread: CPU of the training thread (forward, backward, the guard's wrappers; not affected
+# by other processes the way wall time is); process: CPU of every thread (gloo's and the watchdog's too).
+CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time, "process": time.process_time}
+# name -> (extra environment, whether the guard is toggled A/B/B/A in that run)
+CONFIGS = {
+    "Flight Recorder on (default, 2000 entries)": ({}, True),
+    "Flight Recorder off (TORCH_FR_BUFFER_SIZE=0)": ({"TORCH_FR_BUFFER_SIZE": "0"}, True),
+    "TORCH_DISTRIBUTED_DEBUG=DETAIL (no guard)": ({"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, False),
+}
+QUICK_CONFIGS = ("Flight Recorder on (default, 2000 entries)", "TORCH_DISTRIBUTED_DEBUG=DETAIL (no guard)")
+
+
+def small_cnn():
+    """The seed's model shape (Conv + BatchNorm), a little wider so a step is not all Python overhead."""
+    import torch.nn as nn
+
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+    )
+
+
+def make_step():
+    """One training step as the seed does it, plus the barrier and metric all_reduce a real loop has."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(small_cnn())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    generator = torch.Generator().manual_seed(dist.get_rank())
+    inputs, labels = torch.randn(16, 3, 32, 32, generator=generator), torch.randint(0, 10, (16,), generator=generator)
+
+    def step():
+        loss = loss_fn(model(inputs), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        dist.barrier()
+        metric = loss.detach().clone()
+        dist.all_reduce(metric)
+
+    return step
+
+
+def block(step, steps: int) -> dict:
+    """Milliseconds per step over one block (started together on both ranks), on every clock."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    start = {name: clock() for name, clock in CLOCKS.items()}
+    for _ in range(steps):
+        step()
+    return {name: (clock() - start[name]) / steps * 1e3 for name, clock in CLOCKS.items()}
+
+
+def fr_entries():
+    """How many Flight Recorder entries this rank holds (proof that the FR setting took), or None."""
+    import torch
+
+    try:
+        return len(json.loads(torch._C._distributed_c10d._dump_fr_trace_json()).get("entries", []))
+    except Exception:
+        return None
+
+
+def worker(steps: int, rounds: int, toggle: bool) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import ddpwatch
+
+    torch.set_num_threads(1)
+    # A short process-group timeout: if a peer crashes (DETAIL), the survivor errors out instead of waiting 30 min.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    step = make_step()
+    print("BENCH-MARK ddp-constructed", flush=True)
+    for _ in range(3):
+        step()  # warm-up: bucket rebuild, first-call costs
+    times = {False: [], True: []}
+    for guarded in C.abba(rounds):
+        guarded = guarded and toggle
+        if guarded:
+            ddpwatch.install()
+        times[guarded].append(block(step, steps))
+        if guarded:
+            ddpwatch.uninstall()
+    entries = fr_entries()
+    dist.barrier()
+    dist.destroy_process_group()
+    C.emit({"rank": int(os.environ["RANK"]), "fr_entries": entries,
+            "times": {clock: {"off": [b[clock] for b in times[False]], "on": [b[clock] for b in times[True]]}
+                      for clock in CLOCKS}})
+
+
+def run_config(name: str, mode: str) -> dict:
+    """One launch of 2 ranks; a crash is a result (DETAIL segfaults at DDP construction on gloo in 2.13)."""
+    from ddpwatch.launch import run_ranks
+
+    extra, toggle = CONFIGS[name]
+    steps, rounds = SIZES[mode]
+    command = [sys.executable, "-m", "benchmarks.overhead_training", "--worker", str(steps), str(rounds),
+               "1" if toggle else "0"]
+    ranks = run_ranks(command, 2, env=C.child_env(**extra), timeout=300 if mode == "full" else 120, cwd=C.ROOT)
+    results = [doc for r in ranks for doc in C.parse_results(r.stdout)]
+    outcome = "finished" if len(results) == 2 else describe_failure(ranks)
+    return {"name": name, "toggle": toggle, "results": results, "outcome": outcome}
+
+
+def describe_failure(ranks) -> str:
+    parts = []
+    for r in ranks:
+        code = r.returncode
+        how = "killed at the time limit" if code == -signal.SIGKILL else (
+            f"signal {signal_name(-code)}" if code is not None and code < 0 else f"exit {code}")
+        constructed = "after" if "ddp-constructed" in r.stdout else "before"
+        last = last_error_line(r.stderr)
+        parts.append(f"rank {r.rank}: {how}, {constructed} DDP was constructed" + (f" ({last})" if last else ""))
+    return "; ".join(parts)
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def last_error_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "error" in line or "fault" in line or "Fatal" in line:
+            return line[:200]
+    return lines[-1][:200] if lines else ""
+
+
+def summarize(run: dict, clock: str = "wall"):
+    """Per-config statistics on one clock, averaging the two ranks' per-block times."""
+    results = run["results"]
+    if len(results) != 2:
+        return None
+    mean = lambda side: [sum(vals) / 2 for vals in zip(*(r["times"][clock][side] for r in results))]
+    off = mean("off")
+    if not run["toggle"]:
+        return {"off": sorted(off)[len(off) // 2], "on": None}
+    return C.paired(off, mean("on"))
+
+
+def row(run: dict) -> list:
+    stats = summarize(run)
+    entries = sorted({r["fr_entries"] for r in run["results"]}, key=str) if run["results"] else []
+    if stats is None:
+        return [run["name"]] + [None] * 8 + [run["outcome"]]
+    if stats["on"] is None:
+        return [run["name"], stats["off"]] + [None] * 6 + [entries, run["outcome"]]
+    thread, process = summarize(run, "thread"), summarize(run, "process")
+    verdict = " (< 1%)" if stats["ratio"] < TARGET_RATIO else " (>= 1%)"
+    return [run["name"], stats["off"], stats["on"], stats["added"] * 1e3,
+            f"{stats['added_min'] * 1e3:.0f} .. {stats['added_max'] * 1e3:.0f}", f"{stats['ratio']:.3f}{verdict}",
+            f"{thread['added'] * 1e3:.0f} ({(thread['ratio'] - 1) * 100:+.2f}%)",
+            f"{process['added'] * 1e3:.0f} ({(process['ratio'] - 1) * 100:+.2f}%)", entries, run["outcome"]]
+
+
+def table(runs: list) -> None:
+    C.print_table("Small DDP loop on 2 gloo ranks (CNN + BatchNorm, SGD, barrier + metric all_reduce per step); "
+                  "medians of per-round means over both ranks",
+                  ["configuration", "wall without guard (ms/step)", "wall with guard (ms/step)",
+                   "wall added (us/step)", "wall added, min .. max (us)", "wall ratio",
+                   "main-thread CPU added (us/step)", "process CPU added (us/step)", "FR entries held", "outcome"],
+                  [row(run) for run in runs])
+
+
+def main(argv=None) -> None:
+    args = C.parser(__doc__)
+    args.add_argument("--worker", nargs=3, metavar=("STEPS", "ROUNDS", "TOGGLE"), help=argparse.SUPPRESS)
+    opts = args.parse_args(argv)
+    if opts.worker:
+        worker(int(opts.worker[0]), int(opts.worker[1]), opts.worker[2] == "1")
+        return
+    mode = "quick" if opts.quick else "full"
+    C.header("overhead_training: step time with and without the guard", opts.quick)
+    steps, rounds = SIZES[mode]
+    print(f"{steps} steps per block, {rounds} A/B/B/A rounds per configuration; each configuration is its own "
+          f"launch (the environment is read at start-up)")
+    names = QUICK_CONFIGS if opts.quick else tuple(CONFIGS)
+    runs = [run_config(name, mode) for name in names]
+    table(runs)
+    on_off = [summarize(run) for run in runs if run["name"].startswith("Flight Recorder")]
+    if len(on_off) == 2 and all(on_off):
+        print(f"Flight Recorder on vs off, without the guard (two launches, so noisier than the A/B/B/A ratios): "
+              f"{on_off[0]['off']:.2f} vs {on_off[1]['off']:.2f} ms/step, ratio {on_off[0]['off'] / on_off[1]['off']:.3f}")
+    if opts.quick:
+        print("(quick mode skips: " + ", ".join(n for n in CONFIGS if n not in names) + ")")
+
+
+if __name__ == "__main__":
+    main()
