@@ -15,6 +15,7 @@ BENCHMARKS = {
     "scale": 1200,
     "memory": 600,
     "startup": 600,
+    "step_cost": 600,
     "soak": 3000,  # 10 minutes of benign training by default; --quick: 30 s
 }
 

@@ -1,6 +1,7 @@
 """The docs cannot rot: README's commands and code run here, and the docs' code blocks match the code they show."""
 
 import glob
+import json
 import os
 import re
 import shlex
@@ -118,3 +119,22 @@ def test_readme_guard_example_runs_clean(tmp_path):
                                "--nproc-per-node 2 train.py", tmp_path, user_env(tmp_path))
     assert code == 0, err[-3000:]
     assert not (tmp_path / "ddpwatch-reports").exists()
+
+
+def test_every_lint_example_flags_exactly_the_lines_its_comments_name(tmp_path, capsys):
+    """docs/lint.md marks each line a check should flag with `# DDP00N`: lint each example and compare."""
+    from ddpwatch import lint
+
+    examples = [code for _, _, code in blocks(os.path.join(ROOT, "docs", "lint.md"), "python")
+                if re.search(r"#\s*DDP\d{3}", code)]
+    assert len(examples) >= 4
+    for index, code in enumerate(examples):
+        source = textwrap.dedent(code)
+        path = tmp_path / f"example_{index}.py"
+        path.write_text(source)
+        expected = sorted((n, code) for n, line in enumerate(source.splitlines(), 1)
+                          for code in re.findall(r"#\s*(DDP\d{3})", line))
+        capsys.readouterr()
+        lint.main([str(path), "--format", "json"])
+        found = sorted((item["line"], item["code"]) for item in json.loads(capsys.readouterr().out))
+        assert found == expected, f"docs/lint.md example {index}:\n{source}"
