@@ -213,3 +213,29 @@ def _compact_fr_entry(entry: dict) -> dict:
     return {"seq": entry.get("collective_seq_id"), "p2p_seq": entry.get("p2p_seq_id"), "group": str(group[0]),
             "op": str(entry.get("profiling_name", "")).split(":")[-1], "sizes": entry.get("input_sizes"),
             "state": entry.get("state"), "retired": entry.get("retired"), "is_p2p": entry.get("is_p2p")}
+
+
+def align_flight_recorder(state: dict) -> None:
+    """Pair each in-flight record with the Flight Recorder's last entry on its group, when they name the same op.
+
+    The pair confirms what the process group itself has in flight (DDP's gradient all-reduce, issued in C++, is
+    recorded by ddpwatch only at the backward() call) and gives the c10d-level sequence number, which counts the
+    C++ collectives too. The match is by group and op name only: a hint for the reader, not used for verdicts.
+    """
+    entries = (state.get("flight_recorder") or {}).get("entries") or []
+    if not entries:
+        return
+    last_by_group: dict = {}
+    for entry in entries:
+        if not entry.get("is_p2p"):
+            last_by_group[entry.get("group")] = entry
+    for record in state.get("inflight") or ():
+        entry = last_by_group.get(record.get("group"))
+        if entry and _op_key(entry.get("op")) == _op_key(record.get("op")):
+            record["flight_recorder"] = {"seq": entry.get("seq"), "op": entry.get("op"),
+                                         "retired": entry.get("retired"), "sizes": entry.get("sizes")}
+
+
+def _op_key(name) -> str:
+    """'all_reduce', 'allreduce', 'ALLREDUCE' -> 'allreduce'."""
+    return str(name or "").replace("_", "").lower()

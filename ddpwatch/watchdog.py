@@ -224,6 +224,7 @@ class Watchdog(threading.Thread):
             doc["process"] = self.sampler.facts()
             doc["progress_bars"] = evidence.progress_bars()
             doc["flight_recorder"] = evidence.flight_recorder_tail()
+            evidence.align_flight_recorder(doc)
         return doc
 
     def _publish_exit(self) -> None:

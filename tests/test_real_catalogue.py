@@ -47,11 +47,15 @@ def test_skipped_barrier_names_the_rank_that_did_not_arrive(tmp_path):
 def test_uneven_inputs_names_the_rank_stuck_in_backward(tmp_path):
     results = run_case([CATALOGUE, "uneven"], 2, tmp_path, DDPWATCH_ACTION="abort")
     assert all(r.returncode == 3 for r in results), describe(results)
-    _, finding = finding_of(tmp_path, results)
+    incident, finding = finding_of(tmp_path, results)
     assert finding["kind"] == "uneven_inputs"
     assert finding["ranks"] == [0]
     assert finding["location"]["line"] == line("uneven_backward")
     assert "DistributedSampler" in finding["fix"] and "join()" in finding["fix"]
+    # The Flight Recorder confirms the all-reduce that backward() issued in C++ is what rank 0 has in flight.
+    [stuck] = [s for s in incident["ranks"] if s["rank"] == 0][0]["inflight"]
+    assert stuck["api"] == "DDP.backward_all_reduce"
+    assert stuck["flight_recorder"]["op"].replace("_", "") == "allreduce" and stuck["flight_recorder"]["seq"] > 0
 
 
 def test_empty_tensor_is_a_shape_mismatch(tmp_path):
