@@ -9,21 +9,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, TensorDataset
 
-
-def small_cnn():
-    return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10),
-    )
-
-
-def loader(samples, seed):
-    generator = torch.Generator().manual_seed(seed)
-    data = torch.randn(samples, 3, 16, 16, generator=generator)
-    labels = torch.randint(0, 10, (samples,), generator=generator)
-    return DataLoader(TensorDataset(data, labels), batch_size=8)
+# The same model and data as the demo's script; importing it imports ddpwatch but patches nothing.
+from ddpwatch.examples.seed_stall import loader, small_cnn
 
 
 def train(model, epochs):
