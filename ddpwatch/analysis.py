@@ -553,10 +553,6 @@ def _members(states: dict, group: str, world_size: int) -> list:
     return list(range(world_size))
 
 
-def _point_to_point_only(records) -> bool:
-    return all(rec.get("p2p") for rec in records)
-
-
 def proven_mismatches(states: dict, world_size: int) -> list:
     """[(group, parts)] for each group whose waiting ranks sit in calls that can never match one another."""
     waiting = {r: rec for r, rec in _waiting_map(states).items() if not rec.get("p2p")}

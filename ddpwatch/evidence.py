@@ -172,16 +172,6 @@ def python_stack_from_py_spy(dump: dict, is_internal) -> list:
     return stacks
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # ---------------------------------------------------------------- torch's Flight Recorder, where it is on
 
 FR_TAIL = 16

@@ -204,12 +204,6 @@ class Recorder:
     def exit_call(self) -> None:
         self._local.depth -= 1
 
-    def next_seq(self, key) -> int:
-        counter = self._counters.get(key)
-        if counter is None:
-            counter = self._counters.setdefault(key, itertools.count())
-        return next(counter)
-
     def begin(self, op: str, api: str, group: str, tensors, caller, peer=None) -> Record:
         """Open a record: the hot path, so raw values only (tuples, ints); formatting waits for to_dict()."""
         record = Record()

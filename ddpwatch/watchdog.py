@@ -59,7 +59,6 @@ class Watchdog(threading.Thread):
         self.reported: set = set()
         self.pending_abort = None
         self.peer_beats: dict = {}
-        self.last_report_dir = None
         self._stop_event = threading.Event()
         self._dump_requested = threading.Event()
         self.writing = threading.Event()  # set while a report is being written: SIGTERM waits for it (control.py)
@@ -69,7 +68,6 @@ class Watchdog(threading.Thread):
         self._logged: set = set()
         self._store_ok = True
         self.sampler = evidence.ProcessSampler()
-        self.started_mono = time.monotonic()
         self._frozen_stacks: dict = {}
 
     # ----- lifecycle -----
@@ -144,7 +142,7 @@ class Watchdog(threading.Thread):
         if fingerprint in self.reported or self.store.add(self.store.key("claim", fingerprint), 1) != 1:
             return
         self.reported.add(fingerprint)
-        self.run_incident(analysis.Assessment(analysis.SILENT, findings, fingerprint), states, silent,
+        self.run_incident(analysis.Assessment(analysis.SILENT, findings, fingerprint), silent,
                           action="report")  # the user's exception follows; torchrun decides what to do
 
     def _vanished_peers(self, states: dict) -> dict:
@@ -286,7 +284,7 @@ class Watchdog(threading.Thread):
         self.reported.add(assessment.fingerprint)
         if self.store.add(self.store.key("claim", assessment.fingerprint), 1) != 1:
             return  # another rank is already writing this one
-        self.run_incident(assessment, states, silent)
+        self.run_incident(assessment, silent)
 
     def _silent_peers(self, states: dict) -> dict:
         """Peers whose heartbeat has not moved for dead_after seconds (or never came), with what psutil says."""
@@ -323,11 +321,10 @@ class Watchdog(threading.Thread):
             view["py_spy"] = cached.get("unavailable")
 
     # ----- incidents -----
-    def run_incident(self, assessment, states: dict | None = None, silent: dict | None = None,
-                     action: str | None = None) -> None:
+    def run_incident(self, assessment, silent: dict | None = None, action: str | None = None) -> None:
         self.writing.set()
         try:
-            written = self._write_incident(assessment, states, silent, action)
+            written = self._write_incident(assessment, silent, action)
         finally:
             self.writing.clear()
         if written is not None:
@@ -335,7 +332,7 @@ class Watchdog(threading.Thread):
             if action == "abort":
                 self._abort(folder, number, leader=True)
 
-    def _write_incident(self, assessment, states, silent, action):
+    def _write_incident(self, assessment, silent, action):
         """Collect, analyse and write one incident: (folder, number, action), or None when it was called off."""
         number = self.store.add(self.store.key("incident"), 1)
         action = action or ("report" if assessment.verdict == analysis.DUMP else self.config.action)
@@ -373,7 +370,6 @@ class Watchdog(threading.Thread):
             "findings": findings,
         }
         folder, note = report.write_incident(self.config.dir, incident["run_id"], incident)
-        self.last_report_dir = folder
         text = report.render.render_text(incident)
         sys.stderr.write("\n" + text + (f"ddpwatch: {note}\n" if note else ""))  # after any progress bar
         sys.stderr.flush()
@@ -396,13 +392,13 @@ class Watchdog(threading.Thread):
         self._contribute_native(number)
         deadline = time.monotonic() + evidence.PY_SPY_TIMEOUT_S + 1.0
         wanted = {state["rank"] for state in incident["ranks"] if not state.get("stale")}
-        keys = {r: self.store.key("incident", number, "native", r) for r in wanted}
+        keys = {self.store.key("incident", number, "native", r): r for r in wanted}
         natives: dict = {}
         while time.monotonic() < deadline and len(natives) < len(wanted):
-            for rank, key in keys.items():
-                if rank not in natives and self.store.exists(key):
-                    natives[rank] = self.store.get(key)
-            time.sleep(0.1)
+            missing = [key for key, rank in keys.items() if rank not in natives]
+            natives.update({keys[key]: doc for key, doc in self.store.get_many(missing).items()})
+            if len(natives) < len(wanted):
+                time.sleep(0.1)
         if not natives:
             return
         for state in incident["ranks"]:
