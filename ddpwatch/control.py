@@ -6,11 +6,14 @@ import json
 import logging
 import os
 import signal
+import re
 import socket
+import stat
 import sys
-import tempfile
 import threading
 import time
+
+from . import private
 
 log = logging.getLogger("ddpwatch")
 
@@ -18,88 +21,181 @@ TERM_GRACE_S = 3.0  # the longest a SIGTERM waits for a report being written
 
 
 # ----- the registry: <tempdir>/ddpwatch-<uid>/ranks/<pid>.json, one file per armed rank on this host -----
+#
+# Other users share the temp dir, so the folders are private and checked (private.py), every file is read and
+# removed through the folder's descriptor, and only files that ddpwatch itself writes are touched: named
+# <pid>.json, regular, owned by this user. An entry is believed only while the process at its pid still has the
+# start time and the program name the entry recorded: a pid reused after a SIGKILL, or an entry naming any other
+# process, is never signalled.
+
+ENTRY_NAME = re.compile(r"^([1-9][0-9]{0,9})\.json$")
+MAX_ENTRY_BYTES = 64 * 1024
+SAME_START_S = 0.05  # psutil's start time of one process never moves; another process at the same pid differs
+_O_READ = os.O_RDONLY | private.NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
 
 def registry_dir() -> str:
-    uid = os.getuid() if hasattr(os, "getuid") else "user"
-    return os.path.join(tempfile.gettempdir(), f"ddpwatch-{uid}", "ranks")
+    return os.path.join(private.root_path(), "ranks")
 
 
-def _create_time(pid: int) -> float | None:
-    """When `pid` started (to tell a live rank from a new process that reused its pid), None if unknown."""
+def _open_registry(folder: str | None) -> int:
+    if folder is None:
+        return private.open_private("ranks")
+    parent, name = os.path.split(os.path.abspath(folder))
+    parent_fd = os.open(parent, os.O_RDONLY)
+    try:
+        return private.open_child(parent_fd, name, folder)
+    finally:
+        os.close(parent_fd)
+
+
+def _identity(pid: int) -> tuple | None:
+    """(start time, program name, real uid) of the process at `pid`, None when there is none or psutil cannot say."""
     try:
         import psutil
 
-        return psutil.Process(pid).create_time()
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            return proc.create_time(), proc.name(), proc.uids().real
     except Exception:
         return None
 
 
 def register(entry: dict, folder: str | None = None) -> str | None:
-    """Write this process's entry atomically; returns its path, or None when the folder cannot be written."""
-    folder = folder or registry_dir()
+    """Write this process's entry atomically; returns its path, or None when the folder cannot be used."""
     pid = entry["pid"]
-    entry = dict(entry, host=socket.gethostname(), created=_create_time(pid), registered_at=time.time())
-    path = os.path.join(folder, f"{pid}.json")
+    identity = _identity(pid)
+    entry = {key: value for key, value in entry.items() if key != "argv"}  # arguments may hold secrets (--token)
+    entry.update(host=socket.gethostname(), created=identity and identity[0], command=identity and identity[1],
+                 registered_at=time.time())
+    shown = folder or registry_dir()
     try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        staging = f"{path}.{threading.get_ident()}.tmp"
-        with open(staging, "w", encoding="utf-8") as handle:
-            json.dump(entry, handle)
-        os.replace(staging, path)
-        live_ranks(folder)  # prunes entries of ranks that ended without unregistering (SIGKILL)
-        return path
+        fd = _open_registry(folder)
+    except private.UnsafeFolder as exc:
+        log.warning("ddpwatch: no `ddpwatch dump` for this rank: %s", exc)
+        return None
     except OSError as exc:
         log.info("ddpwatch: cannot register this rank for `ddpwatch dump` (%s)", exc)
         return None
+    try:
+        name, staging = f"{pid}.json", f".{pid}.{threading.get_ident()}.tmp"
+        private.remove_quietly(fd, staging)
+        private.write_new_file(fd, staging, json.dumps(entry).encode(), mode=0o600)
+        os.replace(staging, name, src_dir_fd=fd, dst_dir_fd=fd)
+        _scan(fd)  # prunes entries of ranks that ended without unregistering (SIGKILL)
+        return os.path.join(shown, name)
+    except OSError as exc:
+        private.remove_quietly(fd, staging)
+        log.info("ddpwatch: cannot register this rank for `ddpwatch dump` (%s)", exc)
+        return None
+    finally:
+        os.close(fd)
 
 
 def unregister(path: str | None) -> None:
-    if path:
+    if path and ENTRY_NAME.match(os.path.basename(path)):
         try:
             os.remove(path)
         except OSError:
             pass
 
 
-def _alive(entry: dict) -> bool:
-    pid = entry.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
+def is_current(entry: dict) -> bool:
+    """Whether the process at the entry's pid is the one that wrote it: same start time, same program, this user."""
+    pid, created, command = entry.get("pid"), entry.get("created"), entry.get("command")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
+    if not isinstance(created, (int, float)) or not isinstance(command, str):
+        return False
+    identity = _identity(pid)
+    if identity is None:
+        return False
+    started, name, uid = identity
+    return abs(started - created) < SAME_START_S and name == command and uid == os.getuid()
+
+
+def _read_entry(fd: int, name: str) -> tuple:
+    """(entry, inode) of a registry file ddpwatch wrote, or (None, None) for anything else (left alone)."""
+    match = ENTRY_NAME.match(name)
+    if not match:
+        return None, None
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, someone else's: its own registry is elsewhere, but do not delete what we cannot judge
-    created = entry.get("created")
-    now = _create_time(pid)
-    return created is None or now is None or abs(now - created) < 1.0
+        handle = os.open(name, _O_READ, dir_fd=fd)
+    except OSError:
+        return None, None  # a symlink (ELOOP), gone meanwhile, or unreadable: not ours to judge
+    try:
+        info = os.fstat(handle)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_size > MAX_ENTRY_BYTES:
+            return None, None
+        entry = json.loads(os.read(handle, MAX_ENTRY_BYTES + 1).decode("utf-8"))
+    except (OSError, ValueError):
+        return None, None  # being written, or damaged
+    finally:
+        os.close(handle)
+    if not isinstance(entry, dict) or entry.get("pid") != int(match.group(1)):
+        return None, None
+    return entry, (info.st_dev, info.st_ino)
+
+
+def _scan(fd: int) -> list:
+    """The entries of ranks still running; entries ddpwatch wrote for processes now gone (or replaced) removed."""
+    entries = []
+    for name in sorted(os.listdir(fd)):
+        entry, inode = _read_entry(fd, name)
+        if entry is None:
+            continue
+        if is_current(entry):
+            entries.append(entry)
+            continue
+        try:  # remove it only if it is still the file just read (the pid's new owner may have registered since)
+            now = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if (now.st_dev, now.st_ino) == inode:
+                os.unlink(name, dir_fd=fd)
+        except OSError:
+            pass
+    return sorted(entries, key=lambda e: (str(e.get("job", "")), str(e.get("master", "")), str(e.get("rank", ""))))
 
 
 def live_ranks(folder: str | None = None) -> list:
-    """Entries of armed ranks still running, sorted by (job, rank); stale entries (pid gone or reused) are removed."""
-    folder = folder or registry_dir()
+    """Entries of armed ranks still running, sorted by (job, rank); [] when the registry cannot be used."""
     try:
-        names = sorted(os.listdir(folder))
+        return registry(folder)
     except OSError:
         return []
-    entries = []
-    for name in names:
-        if not name.endswith(".json"):
-            continue
-        path = os.path.join(folder, name)
+
+
+def registry(folder: str | None = None) -> list:
+    """live_ranks, but an unusable registry folder raises (private.UnsafeFolder says why in one line)."""
+    fd = _open_registry(folder)
+    try:
+        return _scan(fd)
+    finally:
+        os.close(fd)
+
+
+def signal_rank(entry: dict, signum: int) -> bool:
+    """Send `signum` to the entry's process only if it is still the process that registered; False otherwise.
+
+    With a pidfd the check and the signal concern one process for sure: the descriptor is taken first, then the
+    pid is checked; if the process died and the pid was reused in between, the check fails or the descriptor
+    points at a process that is gone, and nothing is signalled."""
+    pidfd = None
+    if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
         try:
-            with open(path, encoding="utf-8") as handle:
-                entry = json.load(handle)
-        except (OSError, ValueError):
-            continue  # being written, or not ours to judge
-        if not isinstance(entry, dict):
-            continue
-        if _alive(entry):
-            entries.append(entry)
+            pidfd = os.pidfd_open(entry["pid"])
+        except OSError:
+            return False
+    try:
+        if not is_current(entry):
+            return False
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signum)
         else:
-            unregister(path)
-    return sorted(entries, key=lambda e: (str(e.get("job", "")), str(e.get("master", "")), e.get("rank", 0)))
+            os.kill(entry["pid"], signum)
+        return True
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 def job_key(entry: dict) -> str:
@@ -354,8 +450,17 @@ def _report_folders(base: str) -> set:
 
 
 def describe(entry: dict) -> str:
-    return (f"pid {entry.get('pid')}: rank {entry.get('rank')} of {entry.get('world_size')}, job {job_key(entry)}, "
-            f"reports to {entry.get('dir')}")
+    program = f" ({entry['program']})" if entry.get("program") else ""
+    return (f"pid {entry.get('pid')}{program}: rank {entry.get('rank')} of {entry.get('world_size')}, "
+            f"job {job_key(entry)}, reports to {entry.get('dir')}")
+
+
+def _entries_or_say_why(folder: str | None, err) -> list | None:
+    try:
+        return registry(folder)
+    except OSError as exc:
+        err.write(f"ddpwatch dump: {exc}\n")
+        return None
 
 
 def dump(pid: int | None = None, job: str | None = None, report_dir: str | None = None, wait: float = 30.0,
@@ -365,7 +470,9 @@ def dump(pid: int | None = None, job: str | None = None, report_dir: str | None 
     0: printed; 1: no rank, or no report within `wait` seconds; 2: several jobs and nothing to choose between them.
     """
     out, err = out or sys.stdout, err or sys.stderr
-    entries = live_ranks(folder)
+    entries = _entries_or_say_why(folder, err)
+    if entries is None:
+        return 1
     if pid is not None:
         matching = [entry for entry in entries if entry.get("pid") == pid]
         if not matching:
@@ -389,7 +496,9 @@ def dump(pid: int | None = None, job: str | None = None, report_dir: str | None 
     base = report_dir or target.get("dir") or "."
     before = _report_folders(base)
     try:
-        os.kill(target["pid"], signal.SIGUSR1)
+        if not signal_rank(target, signal.SIGUSR1):
+            err.write(f"ddpwatch dump: pid {target['pid']} is no longer the rank that registered; not signalled\n")
+            return 1
     except OSError as exc:
         err.write(f"ddpwatch dump: cannot signal pid {target['pid']}: {exc}\n")
         return 1
@@ -400,7 +509,7 @@ def dump(pid: int | None = None, job: str | None = None, report_dir: str | None 
         if new:
             out.write(new[-1] + "\n")
             return 0
-        if not _alive(target):
+        if not is_current(target):
             err.write(f"ddpwatch dump: pid {target['pid']} exited before writing a report\n")
             return 1
         time.sleep(0.1)
@@ -408,9 +517,9 @@ def dump(pid: int | None = None, job: str | None = None, report_dir: str | None 
     return 1
 
 
-def list_ranks(out=None, folder: str | None = None) -> int:
-    out = out or sys.stdout
-    entries = live_ranks(folder)
+def list_ranks(out=None, folder: str | None = None, err=None) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    entries = _entries_or_say_why(folder, err) or []
     for entry in entries:
         out.write(describe(entry) + "\n")
     return 0 if entries else 1

@@ -5,17 +5,24 @@ from __future__ import annotations
 import glob
 import os
 import sys
-import tempfile
 import time
 
+from . import private
 from .launch import run_ranks
 
 DEMO_TIMEOUT_S = 180.0
 
 
 def run_demo(fixed: bool = False, report_dir: str | None = None, nprocs: int = 2) -> int:
-    """0 when the demo did what it shows (stall caught, or the fixed loop finished clean), 1 otherwise."""
-    report_dir = os.path.abspath(report_dir or os.path.join(tempfile.gettempdir(), "ddpwatch-demo"))
+    """0 when the demo did what it shows (stall caught, or the fixed loop finished clean), 1 otherwise; 2 when the
+    default report folder (this user's private folder in the temp dir) cannot be trusted."""
+    if report_dir is None:
+        try:
+            report_dir = private.private_path("demo")  # not a fixed name in /tmp: others could prepare it
+        except OSError as exc:
+            print(f"ddpwatch demo: {exc}", file=sys.stderr)
+            return 2
+    report_dir = os.path.abspath(report_dir)
     before = set(glob.glob(os.path.join(report_dir, "*", "report.json")))
     env = dict(os.environ, DDPWATCH_DIR=report_dir, DDPWATCH_ACTION="abort")
     env.pop("DDPWATCH", None)  # the script guards itself; keep zero-code activation from doubling up

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sys
 import tempfile
 import traceback
 
-from . import render, snapshot as S
+from . import private, render, snapshot as S
 
 REPORT_TXT = "report.txt"
 REPORT_JSON = "report.json"
@@ -23,11 +22,8 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run"
 
 
-def _write_file(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
+def _write_file(folder_fd: int, name: str, text: str) -> None:
+    private.write_new_file(folder_fd, name, text.encode("utf-8"))
 
 
 def render_format(incident: dict, fmt: str) -> str:
@@ -61,38 +57,72 @@ def _render_or_note(incident: dict, fmt: str) -> str:
         return note + detail
 
 
-def _fill(folder: str, incident: dict) -> None:
+def _fill(folder_fd: int, incident: dict) -> None:
+    """Write every file of the incident into the folder open at `folder_fd` (new files only, no link followed)."""
     for state in incident.get("ranks") or ():
-        _write_file(os.path.join(folder, f"rank-{state['rank']}.json"),
+        _write_file(folder_fd, f"rank-{state['rank']}.json",
                     json.dumps(state, default=render.json_default, separators=(",", ":")) + "\n")
-    _write_file(os.path.join(folder, REPORT_JSON), render.render_json(incident))
+    _write_file(folder_fd, REPORT_JSON, render.render_json(incident))
     for name, fmt in ((REPORT_TXT, "text"), (REPORT_HTML, "html"), (TRACE_JSON, "trace")):
-        _write_file(os.path.join(folder, name), _render_or_note(incident, fmt))
+        _write_file(folder_fd, name, _render_or_note(incident, fmt))
 
 
-def _place(base: str, run_id: str, incident: dict) -> str:
-    os.makedirs(base, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".incoming-", dir=base)
+def _place(base_fd: int, base: str, run_id: str, incident: dict) -> str:
+    """Fill a private staging folder inside `base`, give it the umask's mode through its descriptor, rename it.
+
+    Whoever can write `base` may swap the staging folder for a symlink at any moment: the files are written and
+    the mode set through the descriptor of the folder we made, and the rename happens only while the name still
+    is that folder."""
+    staging, staging_fd = private.make_private_dir(base_fd, ".incoming-")
     try:
         for attempt in range(1, 1000):
             name = _safe(run_id) + ("" if attempt == 1 else f"-{attempt}")
-            final = os.path.join(base, name)
-            if os.path.exists(final):
+            if _exists(base_fd, name):
                 continue
+            final = os.path.join(base, name)
             incident["report_dir"] = os.path.abspath(final)
-            _fill(staging, incident)
-            os.chmod(staging, 0o777 & ~_umask())
+            _fill(staging_fd, incident)
+            os.fchmod(staging_fd, 0o777 & ~_umask())
+            if not private.same_entry(base_fd, staging, staging_fd):
+                raise private.UnsafeFolder(f"{os.path.join(base, staging)} was replaced while the report was "
+                                           "written; someone else can write that folder")
             try:
-                os.rename(staging, final)  # atomic: readers see no folder or a whole one
+                os.rename(staging, name, src_dir_fd=base_fd, dst_dir_fd=base_fd)  # readers see none or all of it
             except OSError:
-                if os.path.exists(final):
+                if _exists(base_fd, name):
+                    _empty(staging_fd)
                     continue  # another writer took the name between our check and rename
                 raise
             return final
         raise OSError(f"no free incident folder name under {base}")
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_staging(base_fd, staging, staging_fd)
         raise
+    finally:
+        os.close(staging_fd)
+
+
+def _exists(folder_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _empty(folder_fd: int) -> None:
+    for name in os.listdir(folder_fd):
+        private.remove_quietly(folder_fd, name)
+
+
+def _remove_staging(base_fd: int, staging: str, staging_fd: int) -> None:
+    """Remove what we wrote; the staging name is removed only while it still is our folder (not a swapped link)."""
+    _empty(staging_fd)
+    if private.same_entry(base_fd, staging, staging_fd):
+        try:
+            os.rmdir(staging, dir_fd=base_fd)
+        except OSError:
+            pass
 
 
 def _umask() -> int:
@@ -109,13 +139,30 @@ def _umask() -> int:
     return mask
 
 
+def fallback_dir() -> str:
+    """Where reports go when their folder cannot be written: this user's private folder in the temp dir."""
+    return os.path.join(private.root_path(), "reports")
+
+
+def open_fallback(*parts: str) -> int:
+    """A descriptor of fallback_dir()/<parts...>, each level private and checked (private.UnsafeFolder if not)."""
+    return private.open_private("reports", *parts)
+
+
 def write_incident(base: str, run_id: str, incident: dict) -> tuple:
     """(folder, note): the folder written; note says where it went instead when `base` was not writable."""
     try:
-        return _place(base, run_id, incident), ""
+        fd = private.open_folder(base)
+        try:
+            return _place(fd, base, run_id, incident), ""
+        finally:
+            os.close(fd)
     except OSError as exc:
-        fallback = os.path.join(tempfile.gettempdir(), "ddpwatch-reports")
-        folder = _place(fallback, run_id, incident)
+        fd = open_fallback()  # raises UnsafeFolder, saying why, when that folder is not safe
+        try:
+            folder = _place(fd, fallback_dir(), run_id, incident)
+        finally:
+            os.close(fd)
         return folder, f"could not write under {base} ({exc}); wrote {folder} instead"
 
 
@@ -225,9 +272,9 @@ def _write_output(path: str, text: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     fd, temp = tempfile.mkstemp(prefix=".ddpwatch-", dir=folder)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it private; a report is an ordinary file
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
-        os.chmod(temp, 0o666 & ~_umask())  # mkstemp makes it private; a report is an ordinary file
         os.replace(temp, path)
     except BaseException:
         if os.path.exists(temp):
@@ -254,11 +301,25 @@ def run_command(args, stdout=None, stderr=None) -> int:
 
 
 def refresh_incident(folder: str, incident: dict) -> None:
-    """Rewrite an incident folder's files in place with later evidence (native stacks); each file replaced atomically."""
-    staging = tempfile.mkdtemp(prefix=".refresh-", dir=folder)
+    """Rewrite an incident folder's files in place with later evidence (native stacks); each file replaced atomically.
+
+    The folder is opened without following a symlink and must be this user's: the files go through its descriptor."""
+    parent, name = os.path.split(os.path.abspath(folder))
+    parent_fd = os.open(parent, os.O_RDONLY)
     try:
-        _fill(staging, incident)
-        for name in os.listdir(staging):
-            os.replace(os.path.join(staging, name), os.path.join(folder, name))
+        fd = os.open(name, os.O_RDONLY | private.NOFOLLOW | getattr(os, "O_DIRECTORY", 0), dir_fd=parent_fd)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        os.close(parent_fd)
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise private.UnsafeFolder(f"{folder} is not yours; ddpwatch will not rewrite it")
+        staging, staging_fd = private.make_private_dir(fd, ".refresh-")
+        try:
+            _fill(staging_fd, incident)
+            for entry in os.listdir(staging_fd):
+                os.replace(entry, entry, src_dir_fd=staging_fd, dst_dir_fd=fd)
+        finally:
+            _remove_staging(fd, staging, staging_fd)
+            os.close(staging_fd)
+    finally:
+        os.close(fd)

@@ -73,7 +73,7 @@ class Session:
             control = control_module.LiveControl(self)
             entry = {"pid": self.pid, "rank": rank, "world_size": world_size, "job": run_tag,
                      "master": config_module.rendezvous_address(), "dir": os.path.abspath(self.config.dir),
-                     "argv": " ".join(sys.argv)[:300]}
+                     "program": _program_name()}
             if control.start(entry):
                 self.control = control
         except Exception:
@@ -142,6 +142,12 @@ class Session:
 
 _lock = threading.RLock()
 _session: Session | None = None
+
+
+def _program_name() -> str:
+    """The script's file name for `ddpwatch dump --list`; never its arguments, which may hold secrets (--token)."""
+    script = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else ""
+    return os.path.basename(script) or os.path.basename(sys.executable)
 
 
 def install(**options) -> Session:

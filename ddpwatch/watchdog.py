@@ -7,11 +7,10 @@ import logging
 import os
 import socket
 import sys
-import tempfile
 import threading
 import time
 
-from . import analysis, evidence, report, snapshot as S
+from . import analysis, evidence, private, report, snapshot as S
 from .config import torchelastic_error_file
 from .record import is_internal_file, python_stacks
 from .store import StoreUnavailable
@@ -26,18 +25,26 @@ PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer",
 
 
 def _write_rank_dump(folder: str, doc: dict) -> str:
-    """rank-<r>.json in `folder`, written whole or not at all (temp file + rename); the temp dir if unwritable."""
-    for base in (folder, os.path.join(tempfile.gettempdir(), "ddpwatch-reports", os.path.basename(folder))):
+    """rank-<r>.json in `folder`, written whole or not at all (temp file + rename), with the umask's mode; else in
+    this user's private temp folder; a failed write (full disk) leaves no temp file behind."""
+    data = (S.dumps(doc) + "\n").encode("utf-8")
+    name, sub = f"rank-{doc['rank']}.json", os.path.basename(folder)
+    places = ((folder, lambda: private.open_folder(folder)),
+              (os.path.join(report.fallback_dir(), sub), lambda: report.open_fallback(sub)))
+    for base, open_base in places:
         try:
-            os.makedirs(base, exist_ok=True)
-            path = os.path.join(base, f"rank-{doc['rank']}.json")
-            handle, temp = tempfile.mkstemp(prefix=".rank-", dir=base)
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                out.write(S.dumps(doc) + "\n")
-            os.replace(temp, path)
-            return path
+            fd = open_base()
         except OSError:
             continue
+        temp = f".rank-{doc['rank']}-{os.getpid()}-{threading.get_ident()}.tmp"
+        try:
+            private.write_new_file(fd, temp, data)  # mode 0o666 through the umask, like any file the user writes
+            os.replace(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            return os.path.join(base, name)
+        except OSError:
+            private.remove_quietly(fd, temp)
+        finally:
+            os.close(fd)
     return "(nowhere: no writable directory)"
 
 

@@ -239,6 +239,7 @@ def test_first_init_installs_and_arms_and_sigusr1_dumps(tmp_path, monkeypatch, i
         assert signal.getsignal(signal.SIGUSR1) == session.control._on_usr1
         [entry] = control.live_ranks()
         assert (entry["pid"], entry["rank"], entry["world_size"]) == (os.getpid(), 0, 1)
+        assert "argv" not in entry and entry["program"]  # the program's name, never its arguments
         with session_module.guard() as inner:  # a guard() in the program shares the held session
             assert inner is session
         os.kill(os.getpid(), signal.SIGUSR1)

@@ -66,14 +66,14 @@ def test_second_incident_with_the_same_run_id_gets_a_suffix(tmp_path, temp_dir):
 def test_no_staging_folder_left_behind_on_failure(tmp_path, temp_dir, monkeypatch):
     base = tmp_path / "reports"
 
-    def broken(path, text):
+    def broken(*args):
         raise OSError("disk full")
 
     monkeypatch.setattr(report, "_write_file", broken)
     with pytest.raises(OSError):
         report.write_incident(str(base), RUN_ID, seed_incident())
     assert os.listdir(base) == []
-    assert [name for name in os.listdir(temp_dir / "ddpwatch-reports") if name.startswith(".incoming-")] == []
+    assert [name for name in os.listdir(report.fallback_dir()) if name.startswith(".incoming-")] == []
 
 
 def test_incident_folder_gets_umask_permissions_not_mkdtemp_ones(tmp_path, temp_dir):
@@ -97,7 +97,8 @@ def test_unwritable_base_falls_back_to_the_temp_dir(tmp_path, temp_dir):
     base = str(blocker / "reports")
     doc = seed_incident()
     folder, note = report.write_incident(base, RUN_ID, doc)
-    assert folder == str(temp_dir / "ddpwatch-reports" / RUN_ID)
+    assert folder == os.path.join(report.fallback_dir(), RUN_ID)
+    assert report.fallback_dir() == str(temp_dir / f"ddpwatch-{os.getuid()}" / "reports")
     assert os.path.isfile(os.path.join(folder, "report.json"))
     assert base in note
     assert folder in note
