@@ -144,7 +144,8 @@ def _svg_box(x: float, y: float, w: float, ranks: list, record: dict, role: str 
     title, sub = _box_label(record)
     text = (f'<text x="{x + 5:.1f}" y="{y + 13}" class="l1">{_e(_fit(title, w, 6.7))}</text>'
             f'<text x="{x + 5:.1f}" y="{y + 25}" class="l2">{_e(_fit(sub, w, 5.5))}</text>') if w >= 40 else ""
-    return (f'<g class="{_box_class(record, role)}" tabindex="0" data-rank="{ranks[0]}" data-record="{index}">'
+    return (f'<g class="{_e(_box_class(record, role))}" tabindex="0" data-rank="{_e(ranks[0])}" '
+            f'data-record="{int(index)}">'
             f"<title>{_e(_tooltip(ranks, record))}</title>"
             f'<rect x="{x:.1f}" y="{y}" width="{max(w, 3):.1f}" height="{BOX_H}" rx="4"></rect>{text}</g>')
 
@@ -196,7 +197,7 @@ def _sequence_svg(model: dict) -> str:
             x = LABEL_W + COL_W * index
             if key == NOW_KEY and rank in model["busy"]:
                 parts.append(f'<g class="op busy{" culprit" if rank in model["culprits"] else ""}" '
-                             f'data-rank="{rank}"><title>{_e(rank_list(ranks))}: {_e(model["busy"][rank])}</title>'
+                             f'data-rank="{_e(rank)}"><title>{_e(rank_list(ranks))}: {_e(model["busy"][rank])}</title>'
                              f'<rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="4"></rect>'
                              f'<text x="{x + 5}" y="{y + 13}" class="l1">busy</text>'
                              f'<text x="{x + 5}" y="{y + 25}" class="l2">outside collectives</text></g>')

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 
 import pytest
 
@@ -85,6 +86,90 @@ def test_hostile_text_is_escaped_everywhere():
     assert html.escape(evil) in page
 
 
+HOSTILE = ['"><script>document.body.setAttribute("data-pwned","1")</script>',
+           "' onmouseover='document.body.setAttribute(\"data-pwned\",\"1\")' x='",
+           '</style><img src=x onerror="document.body.setAttribute(\'data-pwned\',\'1\')">',
+           "</script><b onmouseover=x>", "]]><svg onload=alert(4)>", "<!--", "&amp;&lt;"]
+# The elements ddpwatch's page is made of: anything else in a parsed page came from the data.
+PAGE_TAGS = {"html", "head", "meta", "title", "style", "body", "header", "h1", "h2", "p", "b", "section", "div", "span",
+             "button", "svg", "g", "rect", "text", "line", "ul", "li", "table", "tr", "th", "td", "details", "summary",
+             "ol", "script"}
+
+
+def straggler_incident():
+    st = states(rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
+                rank_state(1, 2, inflight=[barrier(age=301.0)], idle=301.0))
+    return incident(st, analysis.analyze(st, 2, 2.0, 300.0), trigger="timeout")
+
+
+def poisoned(value, counter=None, ranks_too=False):
+    """Every string in the document (values and the names of groups) with a hostile string appended; with
+    ranks_too, every rank number (states, findings, rows, missing ranks) replaced by one."""
+    counter = counter if counter is not None else [0]
+
+    def evil():
+        counter[0] += 1
+        return HOSTILE[counter[0] % len(HOSTILE)]
+
+    if isinstance(value, str):
+        return value + evil()
+    if isinstance(value, list):
+        return [poisoned(v, counter, ranks_too) for v in value]
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if key in ("last_seq", "groups", "site_counts") and isinstance(item, dict):
+                out[key] = {k + evil(): poisoned(v, counter, ranks_too) for k, v in item.items()}
+            elif ranks_too and key in ("rank", "written_by", "peer") and isinstance(item, int):
+                out[key] = str(item) + evil()
+            elif ranks_too and key in ("ranks", "missing_ranks") and all(isinstance(r, int) for r in item):
+                out[key] = [str(r) + evil() for r in item]
+            else:
+                out[key] = poisoned(item, counter, ranks_too)
+        return out
+    return value
+
+
+class PageParser(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags, self.scripts = [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, attrs))
+        if tag == "script":
+            self.scripts.append(dict(attrs))
+
+    handle_startendtag = handle_starttag
+
+
+def assert_no_markup_comes_through(page):
+    parser = PageParser()
+    parser.feed(page)
+    parser.close()
+    assert {tag for tag, _ in parser.tags} <= PAGE_TAGS, {tag for tag, _ in parser.tags} - PAGE_TAGS
+    assert parser.scripts == [{"type": "application/json", "id": "incident-data"}, {}]
+    handlers = [(tag, name) for tag, attrs in parser.tags for name, _ in attrs if name.lower().startswith("on")]
+    assert handlers == []
+    names = {name for _, attrs in parser.tags for name, _ in attrs}
+    assert names <= {"lang", "charset", "name", "content", "id", "class", "width", "height", "viewbox", "role",
+                     "aria-label", "x", "y", "rx", "x1", "x2", "y1", "y2", "data-ranks", "data-rank", "data-record",
+                     "tabindex", "type", "data-view", "hidden", "open"}, names
+    return parser
+
+
+@pytest.mark.parametrize("make", [seed_incident, straggler_incident])
+@pytest.mark.parametrize("ranks_too", [False, True])
+def test_hostile_strings_in_every_field_bring_no_markup(make, ranks_too):
+    doc = poisoned(make(), ranks_too=ranks_too)
+    page = render_html(doc)
+    parser = assert_no_markup_comes_through(page)
+    assert embedded(page) == json.loads(json.dumps(doc))  # the data itself is kept whole
+    if ranks_too:  # an attribute keeps the hostile rank as one value (the issue's `data-rank="0"><script>`)
+        ranks = [dict(attrs)["data-rank"] for tag, attrs in parser.tags if "data-rank" in dict(attrs)]
+        assert ranks and all(rank[:1].isdigit() and rank[1:] in HOSTILE for rank in ranks)
+
+
 def test_at_scale_ranks_that_look_alike_share_a_lane():
     page = render_html(seed_incident(1024))
     assert lanes(page) == ["rank 0", "ranks 1-1023"]
@@ -144,6 +229,19 @@ def test_page_script_runs_in_a_headless_browser(tmp_path):
                     "--window-size=1200,900", f"--screenshot={shot}", path.as_uri()],
                    capture_output=True, text=True, timeout=60)
     assert shot.exists() and shot.stat().st_size > 10_000  # a picture, saved under the test's temp dir
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no `chromium` on PATH (Debian package `chromium`)")
+@pytest.mark.timeout(90)
+def test_a_hostile_report_runs_no_injected_script_in_a_browser(tmp_path):
+    path = tmp_path / "report.html"
+    path.write_text(render_html(poisoned(seed_incident(3), ranks_too=True)), encoding="utf-8")
+    done_run = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                               path.as_uri()], capture_output=True, text=True, timeout=60)
+    dom = done_run.stdout
+    assert 'data-ready="1"' in dom, done_run.stderr[-2000:]  # the page's own script ran to its end
+    assert not re.search(r"<body[^>]*data-pwned", dom)  # no injected script or handler did
+    assert "<img" not in dom
 
 
 NODE = shutil.which("node") or shutil.which("nodejs")
