@@ -7,8 +7,9 @@ import json
 import os
 import pickle
 import re
+import struct
 
-from . import merge, snapshot as S
+from . import merge, schema, snapshot as S
 
 # A dump file is named <prefix><rank> (TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE convention).
 DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
@@ -57,22 +58,59 @@ class NotADump(FlightRecorderError):
 
 # ---------------------------------------------------------------- reading files safely
 
-class _SafeUnpickler(pickle.Unpickler):
+MAX_DUMP_BYTES = 128 * 2**20       # one dump file (torch's default 2000 entries with frames: a few MB)
+MAX_ENTRIES = 200_000              # entries of one dump
+MAX_FRAMES_PER_ENTRY = 1024
+MAX_FRAMES = 2_000_000             # frames of one dump, all entries together (shared objects counted each time)
+MAX_CONSTRUCTED = 1 << 20          # bytes or characters an allowed call may make
+
+
+def _refuse(what: str):
+    raise pickle.UnpicklingError(f"refused {what}: a Flight Recorder dump holds only plain data")
+
+
+def _checked_builtin(kind):
+    """`kind(*args)` as a pickle may ask for it (protocol 2 spells sets and bytes as calls): one argument at most,
+    never a size (bytes(8_000_000_000) would allocate 8 GB), never a long result."""
+    def call(*args):
+        if len(args) > 1 or (kind is bytes and args and not isinstance(args[0], (bytes, str, list, tuple))):
+            _refuse(f"{kind.__name__}{args!r:.60}")
+        result = kind(*args)
+        if isinstance(result, (str, bytes)) and len(result) > MAX_CONSTRUCTED:
+            _refuse(f"a {kind.__name__} of {len(result)} items built by a call")
+        return result
+    call.__name__ = kind.__name__
+    return call
+
+
+def _encode(text, encoding="utf-8", errors="strict"):
+    """_codecs.encode as protocol-2 pickles use it for a bytes value: latin-1 text to bytes, nothing else."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1") or len(text) > MAX_CONSTRUCTED:
+        _refuse(f"_codecs.encode(..., {encoding!r})")
+    return text.encode(encoding, errors)
+
+
+class _SafeUnpickler(pickle._Unpickler):
     """Unpickling runs whatever callables a pickle names: allow only plain builtin containers and scalars.
 
     torch writes FR dumps with nothing but dicts, lists, tuples, strings, numbers, booleans and None, so a real
-    dump never needs a class at all; anything else (os.system, eval, torch classes) is refused."""
+    dump never needs a class at all; anything else (os.system, eval, torch classes) is refused. The allowed names
+    resolve to checked calls (no sizes: bytes(8e9) is refused) that are not classes, so NEWOBJ cannot use them.
+    This is the pure-Python unpickler: the C one sizes its memo by the largest index a file names, so one opcode
+    (LONG_BINPUT 2**31) makes it allocate gigabytes; here the memo is a dict, and memory grows with the file."""
 
-    ALLOWED = {("builtins", name) for name in ("dict", "list", "tuple", "set", "frozenset", "str", "bytes", "int",
-                                               "float", "bool", "complex")} \
-        | {("_codecs", "encode")}  # how protocol-2 pickles spell a bytes value: str -> bytes, nothing more
+    ALLOWED = {("builtins", kind.__name__): _checked_builtin(kind)
+               for kind in (dict, list, tuple, set, frozenset, str, bytes, int, float, bool, complex)} \
+        | {("_codecs", "encode"): _encode}  # how protocol-2 pickles spell a bytes value: str -> bytes, nothing more
 
     def find_class(self, module, name):
         if module == "__builtin__":
             module = "builtins"  # protocol 2 spells it the Python 2 way
-        if (module, name) in self.ALLOWED:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refused to load {module}.{name}: a Flight Recorder dump holds only plain data")
+        call = self.ALLOWED.get((module, name))
+        if call is None:
+            raise pickle.UnpicklingError(f"refused to load {module}.{name}: a Flight Recorder dump holds only plain "
+                                         "data")
+        return call
 
     def persistent_load(self, pid):
         raise pickle.UnpicklingError("refused a persistent reference: a Flight Recorder dump holds only plain data")
@@ -82,26 +120,92 @@ def safe_unpickle(data: bytes):
     return _SafeUnpickler(io.BytesIO(data)).load()
 
 
+def _parse(path: str, data: bytes):
+    """The dump's object from pickle or JSON bytes; NotADump when the bytes are plainly neither."""
+    if data[:1] == b"\x80":  # pickle protocol 2+ marker
+        return safe_unpickle(data)
+    if data.lstrip()[:1] == b"{":
+        return schema.loads(data, path)
+    raise NotADump(f"{path}: not a Flight Recorder dump (neither pickle nor JSON)")
+
+
 def load_dump(path: str) -> dict:
-    """One dump file, pickle (from _dump_fr_trace) or JSON (from _dump_fr_trace_json)."""
+    """One dump file, pickle (from _dump_fr_trace) or JSON (from _dump_fr_trace_json), checked (check_dump)."""
     with open(path, "rb") as handle:
-        data = handle.read()
-    start = data.lstrip()[:1]
-    try:
-        if data[:1] == b"\x80":  # pickle protocol 2+ marker
-            dump = safe_unpickle(data)
-        elif start == b"{":
-            dump = json.loads(data.decode("utf-8"))
-        else:
+        if handle.read(64).lstrip()[:1] not in (b"\x80", b"{"):
             raise NotADump(f"{path}: not a Flight Recorder dump (neither pickle nor JSON)")
+    data = schema.read_limited(path, MAX_DUMP_BYTES)
+    try:
+        dump = _parse(path, data)
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, UnicodeDecodeError, AttributeError,
-            IndexError, KeyError, RecursionError) as exc:
-        if isinstance(exc, FlightRecorderError):
-            raise
-        raise FlightRecorderError(f"{path}: unreadable Flight Recorder dump ({exc})") from None
-    if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):
+            IndexError, KeyError, RecursionError, MemoryError, OverflowError, struct.error) as exc:
+        if isinstance(exc, S.FormatError):
+            raise FlightRecorderError(str(exc)) from None
+        reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, (RecursionError, MemoryError)) else str(exc)
+        raise FlightRecorderError(f"{path}: unreadable Flight Recorder dump ({reason[:200]})") from None
+    if not isinstance(dump, dict) or not isinstance(dump.get("entries"), (list, tuple)):
         raise NotADump(f"{path}: not a Flight Recorder dump (no 'entries' list)")
+    try:
+        check_dump(dump, path)
+    except S.FormatError as exc:
+        raise FlightRecorderError(str(exc)) from None
     return dump
+
+
+# What ddpwatch reads of a dump, checked before anything is read from it (torch's field names).
+_ints = schema.list_of(schema.integer, 64)
+_FRAME = schema.fields({"name": schema.nullable(schema.text), "filename": schema.nullable(schema.text),
+                        "file": schema.nullable(schema.text), "function": schema.nullable(schema.text),
+                        "line": schema.nullable(schema.integer)})
+_ENTRY = schema.fields({
+    "record_id": schema.nullable(schema.integer), "pg_id": schema.nullable(schema.name),
+    "process_group": schema.nullable(schema.list_of(schema.nullable(schema.name), 8)),
+    "collective_seq_id": schema.nullable(schema.integer), "p2p_seq_id": schema.nullable(schema.integer),
+    "profiling_name": schema.nullable(schema.text), "time_created_ns": schema.nullable(schema.ranged(0, 2**63)),
+    "time_discovered_completed_ns": schema.nullable(schema.ranged(0, 2**63)),
+    "input_sizes": schema.nullable(schema.list_of(_ints, 1024)), "input_dtypes": schema.nullable(
+        schema.list_of(schema.text, 1024)), "state": schema.nullable(schema.text),
+    "retired": schema.nullable(schema.boolean), "is_p2p": schema.nullable(schema.boolean),
+    "thread_name": schema.nullable(schema.text),
+    "frames": schema.nullable(schema.list_of(_FRAME, MAX_FRAMES_PER_ENTRY)),
+})
+_GROUP = schema.fields({"name": schema.nullable(schema.name), "desc": schema.nullable(schema.text),
+                        "ranks": schema.nullable(lambda value, where: _checked_ranks(value, where))})
+_STATUS = schema.fields({"last_completed_collective": schema.nullable(schema.integer)})
+
+
+def _checked_ranks(value, where: str) -> None:
+    if _parse_ranks(value) is None and value not in ("", []):
+        raise S.FormatError(f"{where}: not a list of ranks 0..{schema.MAX_WORLD_SIZE - 1}")
+
+
+def _version(value, where: str) -> None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        schema.number(value, where)
+    else:
+        schema.text(value, where)
+
+
+def check_dump(dump: dict, path: str) -> None:
+    """The fields ddpwatch reads, with their types and limits: FormatError (one line) for anything else."""
+    schema.checked(_check_dump, dump, path)
+
+
+def _check_dump(dump: dict, where: str) -> None:
+    entries = dump["entries"]
+    if len(entries) > MAX_ENTRIES:
+        raise S.FormatError(f"{len(entries)} entries (at most {MAX_ENTRIES})")
+    frames = sum(len(e["frames"]) for e in entries if isinstance(e, dict) and isinstance(e.get("frames"), list))
+    if frames > MAX_FRAMES:  # counted before anything is walked: one shared entry repeated costs 2 bytes a time
+        raise S.FormatError(f"{frames} frames in all (at most {MAX_FRAMES})")
+    for index, entry in enumerate(entries):
+        key = "p2p_seq_id" if isinstance(entry, dict) and entry.get("is_p2p") else "collective_seq_id"
+        if isinstance(entry, dict) and not isinstance(entry.get(key), int):
+            raise S.FormatError(f"entries[{index}].{key}: expected an integer, got {type(entry.get(key)).__name__}")
+    schema.fields({"version": schema.nullable(_version),
+                   "entries": schema.list_of(_ENTRY, MAX_ENTRIES),
+                   "pg_config": schema.nullable(schema.dict_of(schema.nullable(_GROUP))),
+                   "pg_status": schema.nullable(schema.dict_of(schema.nullable(_STATUS)))})(dump, where)
 
 
 def _candidates(folder: str) -> list:
@@ -127,6 +231,9 @@ def find_dumps(folders: list) -> dict:
                 dump = load_dump(path)
             except NotADump:
                 continue  # other files may sit beside the dumps (logs, checkpoints); a damaged dump is an error
+            if rank >= schema.MAX_WORLD_SIZE:
+                raise FlightRecorderError(f"{path}: rank {rank} from the file name is beyond "
+                                          f"{schema.MAX_WORLD_SIZE - 1}")
             if rank in chosen:
                 if _has_frames(chosen[rank][0]) and not _has_frames(dump):
                     continue
@@ -298,7 +405,7 @@ def _torch_says_in_flight(record: dict, dump: dict, pg_id) -> bool | None:
         return False
     if isinstance(fr.get("retired"), bool):
         return not fr["retired"]
-    if not record["p2p"]:
+    if not record["p2p"] and record["seq"] is not None:
         last = _last_completed(dump, record["group"], pg_id)
         if last is not None and last >= 0:
             return record["seq"] > last
@@ -333,7 +440,7 @@ def _unmatched_tail(to_decide: dict, records_by_rank: dict, members_of) -> None:
     the position where every member's ring buffer still reaches (older entries count as completed). In practice
     that is the last entry per rank per group, or the last two for DDP's coalesced buffer broadcast."""
     calls = {(rank, r["group"], r["seq"]): r["op"] for rank, records in records_by_rank.items()
-             for r in records if not r["p2p"]}
+             for r in records if not r["p2p"] and r["seq"] is not None}
     oldest: dict = {}
     for (rank, group, seq) in calls:
         oldest[(rank, group)] = min(seq, oldest.get((rank, group), seq))
@@ -352,12 +459,14 @@ def _unmatched_tail(to_decide: dict, records_by_rank: dict, members_of) -> None:
 # ---------------------------------------------------------------- dumps -> rank snapshots
 
 def _parse_ranks(value) -> list | None:
+    """A pg_config `ranks` value (a JSON text, or a list) as a list of ranks in range; None if it is not one."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-        except ValueError:
+            value = json.loads(value) if len(value) <= schema.MAX_STRING else None
+        except (ValueError, RecursionError):
             return None
-    if isinstance(value, (list, tuple)) and all(isinstance(r, int) for r in value):
+    if isinstance(value, (list, tuple)) and len(value) <= schema.MAX_WORLD_SIZE and all(
+            isinstance(r, int) and not isinstance(r, bool) and 0 <= r < schema.MAX_WORLD_SIZE for r in value):
         return list(value)
     return None
 

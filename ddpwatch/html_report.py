@@ -164,14 +164,19 @@ def _column_label(key: tuple, many_groups: bool) -> str:
     return f"g{group} {name}" if many_groups else name
 
 
-def _record_index(state: dict, record: dict) -> int:
-    """Where the record sits in the embedded JSON: recent first, then inflight (what the script looks up)."""
-    everything = list(state.get("recent") or ()) + list(state.get("inflight") or ())
-    return next(index for index, candidate in enumerate(everything) if candidate is record)
+def _record_indexes(states: dict) -> dict:
+    """id(record) -> where it sits in the embedded JSON: recent first, then inflight (what the script looks up).
+
+    Worked out once for all records: a search per box made a rank with many records quadratic (minutes)."""
+    indexes = {}
+    for state in states.values():
+        everything = list(state.get("recent") or ()) + list(state.get("inflight") or ())
+        indexes.update((id(record), index) for index, record in enumerate(everything))
+    return indexes
 
 
 def _sequence_svg(model: dict) -> str:
-    columns, lanes, states = model["columns"], model["lanes"], model["states"]
+    columns, lanes = model["columns"], model["lanes"]
     many_groups = len({k[0] for k in columns if k != NOW_KEY}) > 1
     width = LABEL_W + COL_W * max(1, len(columns)) + 10
     height = TOP + LANE_H * len(lanes) + 10
@@ -204,7 +209,7 @@ def _sequence_svg(model: dict) -> str:
             elif key in by_key:
                 record = by_key[key]
                 parts.append(_svg_box(x, y, BOX_W, ranks, record, model["roles"].get((rank, key)),
-                                      _record_index(states[rank], record)))
+                                      model["indexes"][id(record)]))
         parts.append("</g>")
     parts.append("</svg>")
     return "".join(parts)
@@ -229,7 +234,7 @@ def _record_end(record: dict, end: float | None) -> float:
 
 def _time_svg(model: dict) -> str:
     t0, t1 = _time_range(model)
-    lanes, states = model["lanes"], model["states"]
+    lanes = model["lanes"]
     width = LABEL_W + TIME_W + 90
     height = TOP + LANE_H * len(lanes) + 10
     parts = [f'<svg id="time-view" class="timeline" width="{width}" height="{height}" '
@@ -256,7 +261,7 @@ def _time_svg(model: dict) -> str:
             x = LABEL_W + (record["start"] - t0) * scale
             w = (_record_end(record, model["end"]) - record["start"]) * scale
             parts.append(_svg_box(x, y, w, ranks, record, model["roles"].get((rank, _key(record))),
-                                  _record_index(states[rank], record)))
+                                  model["indexes"][id(record)]))
     parts.append("</svg>")
     return "".join(parts)
 
@@ -271,7 +276,7 @@ def build_model(incident: dict) -> dict:
     culprits = {r for f in incident.get("findings") or () for r in f.get("ranks") or ()}
     return {"states": states, "by_rank": by_rank, "roles": roles, "divergence": set(divergence), "busy": busy,
             "columns": columns, "left_out": left_out, "lanes": _lanes(states, by_rank, roles, busy, columns),
-            "culprits": culprits, "end": incident.get("created_at")}
+            "culprits": culprits, "end": incident.get("created_at"), "indexes": _record_indexes(states)}
 
 
 # ---------------------------------------------------------------- the page's sections

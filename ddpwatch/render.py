@@ -18,6 +18,7 @@ MAX_STACK_GROUPS = 6
 MAX_STACK_LINES = 16
 MAX_VALUE_GROUPS = 4
 RANKS_TEXT_BUDGET = 32
+MAX_EXPANDED_RANKS = 2**20  # a rank run in prose longer than this is no job's: left as written
 STACK_INDENT_USER, STACK_INDENT_INTERNAL = "  > ", "    "
 SOURCES = {"rank_files": "rank files", "flight_recorder": "Flight Recorder dumps"}
 
@@ -49,11 +50,15 @@ def _expand(run: str) -> list:
     return ranks
 
 
+def _run_size(run: str) -> int:
+    return sum(int(high or low) - int(low) + 1 for low, _, high in (part.partition("-") for part in run.split(",")))
+
+
 def shorten_rank_runs(text: str) -> str:
     """Shorten long rank lists inside prose (the analysis writes them in full; report.json keeps them so)."""
     def shorter(match):
-        if len(match.group(0)) <= RANKS_TEXT_BUDGET:
-            return match.group(0)
+        if len(match.group(0)) <= RANKS_TEXT_BUDGET or not 0 < _run_size(match.group(2)) <= MAX_EXPANDED_RANKS:
+            return match.group(0)  # short already; or not a list of real ranks (0-99999999999 in a crafted file)
         short = short_rank_list(_expand(match.group(2)))
         return match.group(1) + short[1:]
     return _RANK_RUN.sub(shorter, text)

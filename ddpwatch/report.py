@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
 import tempfile
 import traceback
 
-from . import private, render, snapshot as S
+from . import private, render, schema, snapshot as S
 
 REPORT_TXT = "report.txt"
 REPORT_JSON = "report.json"
@@ -189,19 +190,26 @@ def is_rank_snapshot(doc: dict) -> bool:
 
 
 def load_document(path: str) -> dict:
-    """Any ddpwatch JSON file (incident or rank snapshot) of a version this ddpwatch reads, upgraded."""
+    """Any ddpwatch JSON file (incident or rank snapshot) of a version this ddpwatch reads, upgraded and checked
+    against the schema (FormatError, one line, for anything else)."""
     foreign = f"{path}: not a ddpwatch report.json or rank-<r>.json"
-    with open(path, "rb") as handle:
-        data = handle.read()
+    data = schema.read_limited(path, schema.MAX_DOCUMENT_BYTES)
     if data[:1] == b"\x80":
         raise S.FormatError(f"{foreign} (a pickle: for Flight Recorder dumps use --flight-recorder FOLDER)")
     try:
-        doc = json.loads(data.decode("utf-8"))
+        doc = schema.loads(data, path)
     except (UnicodeDecodeError, ValueError) as exc:
+        if isinstance(exc, S.FormatError):
+            raise
         raise S.FormatError(f"{foreign} ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})") from None
     if not isinstance(doc, dict):
         raise S.FormatError(f"{foreign} (JSON {type(doc).__name__}, not an object)")
-    return upgrade(S.check_version(doc, path))
+    doc = upgrade(S.check_version(doc, path))
+    if is_incident(doc):
+        schema.checked(schema.incident, doc, path)
+    elif is_rank_snapshot(doc):
+        schema.checked(schema.rank_snapshot, doc, path)
+    return doc
 
 
 def load_incident(folder: str) -> dict:
@@ -219,15 +227,15 @@ class ReportError(Exception):
     """A problem with the command's input, said in one line."""
 
 
-def _single_incident_path(paths: list) -> str | None:
-    """The report.json to re-render when the one path given is an incident folder or a report.json file."""
+def _single_incident(paths: list) -> dict | None:
+    """The incident to re-render when the one path given is an incident folder or a report.json file."""
     if len(paths) != 1:
         return None
     path = paths[0]
     if os.path.isdir(path):
-        return os.path.join(path, REPORT_JSON) if os.path.isfile(os.path.join(path, REPORT_JSON)) else None
+        return load_incident(path) if os.path.isfile(os.path.join(path, REPORT_JSON)) else None
     doc = load_document(path)
-    return path if is_incident(doc) else None
+    return doc if is_incident(doc) else None
 
 
 def _reanalyze(incident: dict, grace: float | None, timeout: float | None) -> dict:
@@ -246,6 +254,9 @@ def build_incident(args) -> dict:
     paths = list(args.path or [])
     fr_dirs = list(getattr(args, "flight_recorder", None) or [])
     grace, timeout = getattr(args, "grace", None), getattr(args, "timeout", None)
+    for option, value in (("--grace", grace), ("--timeout", timeout)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ReportError(f"{option} {value}: give a number of seconds, 0 or more")
     if fr_dirs and paths:
         raise ReportError("give either incident/rank-file paths or --flight-recorder folders, not both")
     if fr_dirs:
@@ -258,9 +269,8 @@ def build_incident(args) -> dict:
     for path in paths:
         if not os.path.exists(path):
             raise ReportError(f"{path}: no such file or folder")
-    single = _single_incident_path(paths)
-    if single is not None:
-        incident = load_incident(single)
+    incident = _single_incident(paths)
+    if incident is not None:
         return _reanalyze(incident, grace, timeout) if args.reanalyze else incident
     from . import merge
 

@@ -7,7 +7,6 @@ another uid, which needs root; those tests are skipped otherwise.
 
 import json
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -216,8 +215,8 @@ def test_a_real_entry_is_found_and_signalled(temp_dir):
             "path = control.register({'pid': os.getpid(), 'rank': 0, 'world_size': 1, 'job': 'j', 'dir': sys.argv[1],"
             " 'program': 'x'})\nprint(path, flush=True)\n"
             "deadline = time.time() + 30\nwhile not got and time.time() < deadline: time.sleep(0.02)\n"
-            "os.makedirs(os.path.join(sys.argv[1], 'run1'))\nopen(os.path.join(sys.argv[1], 'run1', 'report.json'), 'w')"
-            ".close()\ncontrol.unregister(path)\n")
+            "folder = os.path.join(sys.argv[1], 'run1')\nos.makedirs(folder)\n"
+            "open(os.path.join(folder, 'report.json'), 'w').close()\ncontrol.unregister(path)\n")
     out = os.path.dirname(str(temp_dir)) + "/reports"
     os.makedirs(out)
     env = dict(os.environ, TMPDIR=str(temp_dir), PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
