@@ -171,7 +171,14 @@ _ENTRY = schema.fields({
 })
 _GROUP = schema.fields({"name": schema.nullable(schema.name), "desc": schema.nullable(schema.text),
                         "ranks": schema.nullable(lambda value, where: _checked_ranks(value, where))})
-_STATUS = schema.fields({"last_completed_collective": schema.nullable(schema.integer)})
+_STATUS = schema.fields({"last_completed_collective": schema.nullable(lambda value, where: _counter(value, where))})
+
+
+def _counter(value, where: str) -> None:
+    """A sequence counter: an integer in pickles, its decimal text in JSON dumps ("3")."""
+    if isinstance(value, str) and re.fullmatch(r"-?\d{1,19}", value):
+        value = int(value)
+    schema.integer(value, where)
 
 
 def _checked_ranks(value, where: str) -> None:

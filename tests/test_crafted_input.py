@@ -237,6 +237,20 @@ def test_crafted_pickle_opcodes_end_in_one_line(tmp_path, data):
     assert_one_line_error(report_cli("--flight-recorder", folder), str(folder))
 
 
+@pytest.mark.parametrize("kind", ["pickle", "json"])
+def test_the_spellings_torch_writes_pass_the_checks(tmp_path, kind):
+    """As torch 2.13 writes them: counters as text in JSON dumps, tuples in pickles, extra sections."""
+    dumps = seed_dumps()
+    for dump in dumps.values():
+        dump["nccl_comm_state"] = {}
+        dump["pg_status"]["0"] = {k: str(v) for k, v in dump["pg_status"]["0"].items()}
+        for entry in dump["entries"]:
+            entry.update(process_group=tuple(entry["process_group"]), thread_id="139766887193472",
+                         time_discovered_completed_ns=0, output_sizes=[[4]])
+    incident_doc = fr.load_incident([str(write_dumps(tmp_path / "fr", dumps, kind))])
+    assert [f["ranks"] for f in incident_doc["findings"]] == [[0]]
+
+
 def test_mixed_record_id_types_are_one_line(tmp_path):
     dumps = seed_dumps()
     dumps[0]["entries"][0]["record_id"] = "first"
