@@ -153,7 +153,12 @@ def _scan(fd: int) -> list:
                 os.unlink(name, dir_fd=fd)
         except OSError:
             pass
-    return sorted(entries, key=lambda e: (str(e.get("job", "")), str(e.get("master", "")), str(e.get("rank", ""))))
+    return sorted(entries, key=lambda e: (str(e.get("job", "")), str(e.get("master", "")), _rank_of(e)))
+
+
+def _rank_of(entry: dict) -> int:
+    rank = entry.get("rank")
+    return rank if isinstance(rank, int) else -1
 
 
 def live_ranks(folder: str | None = None) -> list:
@@ -492,7 +497,7 @@ def dump(pid: int | None = None, job: str | None = None, report_dir: str | None 
             err.write("ddpwatch dump: ranks of several jobs run here; choose one with --job or --pid:\n"
                       + "".join(f"  {describe(entry)}\n" for entry in entries))
             return 2
-        target = min(entries, key=lambda entry: entry.get("rank", 0))
+        target = min(entries, key=_rank_of)
     base = report_dir or target.get("dir") or "."
     before = _report_folders(base)
     try:
