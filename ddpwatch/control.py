@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import re
+import signal
 import socket
 import stat
 import sys
