@@ -66,6 +66,14 @@ def _parse_codes(text: str) -> tuple:
     return tuple(code.strip().upper() for code in str(text).split(",") if code.strip())
 
 
+def _parse_packages(text: str) -> tuple:
+    names = tuple(name.strip() for name in str(text).split(",") if name.strip())
+    bad = [name for name in names if not name.isidentifier()]
+    if bad:
+        raise ValueError(f"not a top-level package name: {', '.join(bad)}")
+    return names
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     name: str
@@ -101,6 +109,11 @@ OPTIONS = (
            "The exit status of a rank ended by action=abort."),
     Option("lint_ignore", (), _parse_codes, "comma-separated lint codes, e.g. DDP004",
            "Lint checks to turn off by default."),
+    Option("user_packages", (), _parse_packages, "comma-separated top-level package names, e.g. mylab",
+           "Installed packages whose frames are your own code: the report may name their lines as yours."),
+    Option("library_packages", (), _parse_packages, "comma-separated top-level package names, e.g. trainkit",
+           "Packages (installed or not) whose frames are library code, never named as your line. Every package "
+           "installed in site-packages other than those in user_packages already is."),
     Option("signals", True, _parse_bool, "1/0, true/false, yes/no, on/off",
            "While armed, SIGUSR1 asks for a report now (`ddpwatch dump`) and SIGTERM lets a report being written "
            "finish (at most 3 s) before the process ends as it would have."),
@@ -120,6 +133,8 @@ class Config:
     ring_size: int = 2048
     exit_code: int = 3
     lint_ignore: tuple = ()
+    user_packages: tuple = ()
+    library_packages: tuple = ()
     signals: bool = True
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
@@ -127,7 +142,7 @@ class Config:
 def _coerce(option: Option, raw: Any, source: str) -> Any:
     """Parse one raw value, or raise a ConfigError naming the option, the value, where it came from and what is accepted."""
     if not isinstance(raw, str):
-        if option.parse is _parse_codes and isinstance(raw, (list, tuple)):
+        if option.parse in (_parse_codes, _parse_packages) and isinstance(raw, (list, tuple)):
             raw = ",".join(str(item) for item in raw)
         elif isinstance(raw, bool) and option.parse is _parse_bool:
             return raw

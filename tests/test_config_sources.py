@@ -89,13 +89,14 @@ def test_tomli_is_the_fallback_parser():
 
 def test_environment_variable_of_every_option(tmp_path):
     raw = {"enabled": "yes", "dir": "/r", "timeout": "9", "action": "abort", "grace": "1.5", "interval": "0.25",
-           "dead_after": "4", "ring_size": "16", "exit_code": "9", "lint_ignore": "ddp001", "signals": "off"}
+           "dead_after": "4", "ring_size": "16", "exit_code": "9", "lint_ignore": "ddp001", "signals": "off",
+           "user_packages": "mylab, other", "library_packages": "trainkit"}
     assert set(raw) == set(config.OPTIONS_BY_NAME), "a new option needs a row here"
     environ = {config.OPTIONS_BY_NAME[name].env_var: value for name, value in raw.items()}
     cfg = load(environ=environ, cwd=str(tmp_path))
     assert (cfg.enabled, cfg.dir, cfg.timeout, cfg.action, cfg.grace, cfg.interval, cfg.dead_after, cfg.ring_size,
-            cfg.exit_code, cfg.lint_ignore, cfg.signals) == (
-        True, "/r", 9.0, "abort", 1.5, 0.25, 4.0, 16, 9, ("DDP001",), False)
+            cfg.exit_code, cfg.lint_ignore, cfg.signals, cfg.user_packages, cfg.library_packages) == (
+        True, "/r", 9.0, "abort", 1.5, 0.25, 4.0, 16, 9, ("DDP001",), False, ("mylab", "other"), ("trainkit",))
     assert all(cfg.sources[name] == config.OPTIONS_BY_NAME[name].env_var for name in raw)
 
 
