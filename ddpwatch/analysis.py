@@ -61,6 +61,9 @@ def describe_op(record: dict) -> str:
         text += " for DDP's gradient bucket rebuild"
     elif api and api != record["op"]:
         text += f" ({api})"
+    via = record.get("via")
+    if via:
+        text += f" via {via.get('function')} ({via.get('package')})"
     region = record.get("region")
     if region and region.get("kind") == S.DDP_FORWARD:
         return f"{text} inside DistributedDataParallel.forward called at {S.short_site(region.get('site'))}"
@@ -206,10 +209,40 @@ def _ranks_of(parts) -> list:
     return sorted(r for ranks, _ in parts for r in ranks)
 
 
+def rank_condition(state: dict | None) -> dict | None:
+    """The rank condition (if-branch, early exit, rank-only decorator) the rank's own code stands under, if any."""
+    found = (state or {}).get("rank_condition")
+    return found if isinstance(found, dict) and found.get("condition") else None
+
+
+def _under_rank_condition(ranks, states: dict) -> bool:
+    return bool(ranks) and all(rank_condition(states.get(r)) for r in ranks)
+
+
+def _free_of_rank_conditions(ranks, states: dict) -> bool:
+    return not any(rank_condition(states.get(r)) for r in ranks)
+
+
+def _rank_only_culprits(parts: list, states: dict):
+    """The one partition outside any rank condition while every other stands inside one: the others are culprits."""
+    outside = [p for p in parts if _free_of_rank_conditions(p[0], states)]
+    inside = [p for p in parts if _under_rank_condition(p[0], states)]
+    if len(outside) == 1 and inside and len(inside) + 1 == len(parts):
+        return outside[0]
+    return None
+
+
 def _innocent_partition(parts: list, states: dict):
-    """The partition that waits where the program expects everyone: the majority, a barrier, or a familiar line."""
+    """The partition that waits where the program expects everyone.
+
+    First the rank conditions on each rank's own code: ranks inside a rank-only region while the others are not are
+    the culprits, whatever op they wait in. Without one: the majority, a lone barrier, or a familiar line.
+    """
     if len(parts) < 2:
         return None, ""
+    innocent = _rank_only_culprits(parts, states)
+    if innocent is not None:
+        return innocent, "rank_condition"
     sizes = sorted((len(ranks) for ranks, _ in parts), reverse=True)
     if sizes[0] > sizes[1]:
         return max(parts, key=lambda p: len(p[0])), "majority"
@@ -287,6 +320,11 @@ def training_step_left_behind(culprit_parts: list, innocent, states: dict, rule:
     skipped_site = innocent[1].get("site")
     if _familiar_to(skipped_site, states, culprits):
         return skipped_collective(culprits, innocent, record, rule, parts)
+    if _left_the_loop_together(culprits + innocent[0], states, innocent[1]["group"],
+                               min(rec["seq"] for _, rec in parts)):
+        # Uneven inputs means leaving the training loop at different steps; these ranks matched a collective
+        # outside training after their last step, so they left it together and one skipped what came next.
+        return skipped_collective(culprits, innocent, record, "left_loop_together", parts)
     steps = {r: states[r].get("ddp_steps") for r in culprits + innocent[0]}
     summary = (f"{_sentence(rank_list(culprits))} {_verb(culprits, 'is', 'are')} still training "
                f"({describe_op(record)}) while {rank_list(innocent[0])} finished the loop and "
@@ -298,6 +336,23 @@ def training_step_left_behind(culprit_parts: list, innocent, states: dict, rule:
     return S.finding("uneven_inputs", culprits, summary, fix, step_site,
                      {"mismatched": _side_by_side(parts), "culprit_rule": rule,
                       "ddp_steps": {str(r): n for r, n in steps.items()}})
+
+
+def _completed_at(state: dict, group: str, seq: int) -> dict | None:
+    for record in state.get("recent") or ():
+        if (record.get("group") == group and record.get("seq") == seq and not record.get("p2p")
+                and record.get("state") == S.COMPLETED):
+            return record
+    return None
+
+
+def _left_the_loop_together(ranks, states: dict, group: str, below: int) -> bool:
+    """Whether the last collective these ranks all completed on `group` before `below` was outside training."""
+    seq = below - 1
+    records = [_completed_at(states[r], group, seq) for r in ranks]
+    if seq < 0 or not all(records):
+        return False
+    return not any(_is_training_step(rec) for rec in records) and len({rec["op"] for rec in records}) == 1
 
 
 def skipped_collective(culprits: list, innocent, culprit_record: dict, rule: str, parts: list) -> dict:
@@ -331,6 +386,8 @@ def collective_on_subset_or_mismatch(parts: list, states: dict) -> dict:
         return S.finding("collective_mismatch", ranks, summary, fix, user_location(record),
                          {"mismatched": side, "culprit_rule": "none"})
     culprit_parts = [p for p in parts if p is not innocent]
+    if reason == "rank_condition":
+        return collective_on_subset(culprit_parts, innocent, states, reason, side)
     found = training_step_left_behind(culprit_parts, innocent, states, reason, parts)
     if found:
         return found
@@ -339,16 +396,65 @@ def collective_on_subset_or_mismatch(parts: list, states: dict) -> dict:
     if (_familiar_to(user_location(record), states, innocent[0])
             and _familiar_to(innocent[1].get("site"), states, culprits) and reason != "history"):
         return skipped_collective(culprits, innocent, record, reason, parts)
+    return collective_on_subset(culprit_parts, innocent, states, reason, side)
+
+
+def collective_on_subset(culprit_parts: list, innocent, states: dict, reason: str, side: list) -> dict:
+    """Culprits called a collective the others do not call at this point (often inside a rank-only branch)."""
+    culprits = _ranks_of(culprit_parts)
+    record = culprit_parts[0][1]
     location = user_location(record)
+    if innocent is None:
+        elsewhere = "never reach: they exited"
+    else:
+        elsewhere = (f"{_verb(innocent[0], 'does', 'do')} not call at this point: "
+                     f"{_verb(innocent[0], 'it waits', 'they wait')} in {describe_op(innocent[1])}")
+    others = rank_list(innocent[0]) if innocent is not None else "the other ranks"
     summary = (f"{_sentence(rank_list(culprits))} called {describe_op(record)} ({S.format_site(location)}), "
-               f"which {rank_list(innocent[0])} {_verb(innocent[0], 'does', 'do')} not call at this point: "
-               f"{_verb(innocent[0], 'it waits', 'they wait')} in {describe_op(innocent[1])}. "
-               "Neither side can ever finish.")
-    fix = (f"Run the collective at {S.short_site(location)} on every rank of the group (move it out of any "
-           f"rank-only branch), or give it a process group made of only the ranks that call it "
-           f"(`dist.new_group(ranks=...)`).")
+               f"which {others} {elsewhere}. Neither side can ever finish.")
+    condition = rank_condition(states.get(culprits[0]))
+    fix = framework_fix(record, location, condition) or (
+        f"Run the collective at {S.short_site(location)} on every rank of the group (move it out of "
+        + (f"the rank-only branch `{condition['condition']['text']}`" if condition else "any rank-only branch")
+        + "), or give it a process group made of only the ranks that call it (`dist.new_group(ranks=...)`).")
     return S.finding("collective_on_subset", culprits, summary, fix, location,
                      {"mismatched": side, "culprit_rule": reason})
+
+
+# Fixes in the framework's own words: (package, method name the user's code called) -> the fix. `{cond}` is the
+# rank condition's text, `{line}` the user's line.
+FRAMEWORK_FIXES = {
+    ("lightning", "barrier"): "Call `trainer.strategy.barrier()` on every rank: move it out of `{cond}` at {line} "
+                              "(a barrier only some ranks reach waits forever).",
+    ("lightning", "broadcast"): "Call `trainer.strategy.broadcast(...)` on every rank (it is a collective): move it "
+                                "out of `{cond}` at {line}, and use the result on the rank that needs it.",
+    ("lightning", "reduce"): "Call the reduction (`trainer.strategy.reduce`, `self.all_gather`) on every rank: move it "
+                             "out of `{cond}` at {line}.",
+    ("lightning", "all_gather"): "Call `self.all_gather(...)` on every rank: move it out of `{cond}` at {line}, then "
+                                 "use the result on rank zero only.",
+    ("lightning", "log"): "Call `self.log(..., sync_dist=True)` on every rank, or log on rank zero only with "
+                          "`self.log(..., rank_zero_only=True)` and without sync_dist (at {line}).",
+    ("accelerate", "wait_for_everyone"): "Call `accelerator.wait_for_everyone()` on every process: move it out of "
+                                         "`{cond}` at {line}.",
+    ("accelerate", "gather"): "Call `accelerator.gather(...)` on every process (it is a collective): move it out "
+                              "of `{cond}` at {line} and use the result on the main process only.",
+    ("accelerate", "gather_for_metrics"): "Call `accelerator.gather_for_metrics(...)` on every process: move it "
+                                          "out of `{cond}` at {line} and compute the metric on the main process only.",
+    ("accelerate", "reduce"): "Call `accelerator.reduce(...)` on every process: move it out of `{cond}` at {line}.",
+    ("accelerate", "broadcast"): "Call the broadcast on every process: move it out of `{cond}` at {line}.",
+}
+
+
+def framework_fix(record: dict, location: dict | None, condition: dict | None) -> str | None:
+    """The fix for a collective a framework issued for the user, in that framework's terms; None if not known."""
+    via = record.get("via") or {}
+    package = str(via.get("package") or "")
+    method = str(via.get("function") or "").rsplit(".", 1)[-1]
+    for (known_package, known_method), text in FRAMEWORK_FIXES.items():
+        if package.startswith(known_package) and method == known_method:
+            cond = condition["condition"]["text"] if condition else "the rank-only branch"
+            return text.format(cond=cond, line=S.short_site(location))
+    return None
 
 
 def shape_mismatch(parts: list, states: dict) -> dict | None:
@@ -454,8 +560,12 @@ def skipped_by_exited(live: dict, exited: set, grace: float, world_size: int) ->
         if not gone:
             continue
         record = waiting[ranks[0]]
-        innocent = (ranks, record)
-        findings.append(skipped_collective(gone, innocent, None, "exited", _partitions({r: waiting[r] for r in ranks})))
+        parts = _partitions({r: waiting[r] for r in ranks})
+        if _under_rank_condition(ranks, live):
+            # the waiting ranks got there inside a rank-only region: they called what the others never will
+            findings.append(collective_on_subset(parts, None, live, "rank_condition", _side_by_side(parts)))
+            continue
+        findings.append(skipped_collective(gone, (ranks, record), None, "exited", parts))
     return findings
 
 

@@ -69,6 +69,7 @@ class Watchdog(threading.Thread):
         self._store_ok = True
         self.sampler = evidence.ProcessSampler()
         self._frozen_stacks: dict = {}
+        self._condition_for: tuple = (None, None)  # (the wait it was read for, the rank condition found)
 
     # ----- lifecycle -----
     def stop(self, timeout: float = 5.0) -> None:
@@ -219,11 +220,28 @@ class Watchdog(threading.Thread):
         doc.update(self.recorder.snapshot(recent=32 if full else 8))
         if full:
             doc["stacks"] = python_stacks(skip_thread=threading.get_ident())
+            doc["rank_condition"] = evidence.rank_condition_of(doc)
             doc["process"] = self.sampler.facts()
             doc["progress_bars"] = evidence.progress_bars()
             doc["flight_recorder"] = evidence.flight_recorder_tail()
             evidence.align_flight_recorder(doc)
+        else:
+            self._add_rank_condition(doc)
         return doc
+
+    def _add_rank_condition(self, doc: dict) -> None:
+        """A rank waiting in a collective says whether its own code got there under a rank condition.
+
+        The leader decides culprits from it before it asks for stacks; read once per wait (parsed files are cached).
+        """
+        record = analysis.waiting_record(doc)
+        if record is None or record.get("age_s", 0.0) < self.config.grace:
+            return
+        key = (record["group"], record["seq"], record.get("peer"))
+        if self._condition_for[0] != key:
+            stacks = python_stacks(skip_thread=threading.get_ident())
+            self._condition_for = (key, evidence.rank_condition_of({"stacks": stacks}))
+        doc["rank_condition"] = self._condition_for[1]
 
     def _publish_exit(self) -> None:
         if not self._store_ok:
