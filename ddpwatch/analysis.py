@@ -59,6 +59,8 @@ def describe_op(record: dict) -> str:
         return f"{text} of gradients inside backward() at {S.short_site(record.get('site'))}"
     elif api == S.DDP_BUCKET_REBUILD:
         text += " for DDP's gradient bucket rebuild"
+    elif api == S.FLIGHT_RECORDER_ONLY:
+        text += " (seen by torch's Flight Recorder only: issued outside Python, e.g. compiled code or torch.ops)"
     elif api and api != record["op"]:
         text += f" ({api})"
     via = record.get("via")

@@ -198,6 +198,43 @@ def flight_recorder_tail(limit: int = FR_TAIL) -> dict:
     return {"entries": [_compact_fr_entry(e) for e in entries[-limit:]], "total": len(entries)}
 
 
+def flight_recorder_active() -> list:
+    """The Flight Recorder's entries not yet retired (on gloo `state` stays "scheduled": `retired` is what moves),
+    oldest first; only-active, no stack traces: the cheap dump. [] when it is off or unreadable; never raises."""
+    try:
+        import torch._C._distributed_c10d as c10d_c
+
+        data = json.loads(c10d_c._dump_fr_trace_json(True, True))
+    except Exception:
+        return []
+    active = [e for e in data.get("entries") or () if not e.get("retired") and e.get("state") != "completed"
+              and not e.get("is_p2p")]
+    return sorted(active, key=lambda e: e.get("time_created_ns") or 0)
+
+
+def record_from_flight_recorder(entry: dict, state: dict, frame, now: float) -> dict | None:
+    """A record for a collective only the Flight Recorder saw, at the position this rank's recorded ops reach next.
+
+    ddpwatch's sequence numbers count the collectives it recorded; an op it never saw takes the next one on its
+    group, which lines up with the peers as long as every rank's unseen ops are the same. Its line is where the
+    training thread stands now in the user's code.
+    """
+    group = str((entry.get("process_group") or ["?"])[0])
+    created = (entry.get("time_created_ns") or 0) / 1e9
+    if not created:
+        return None
+    from .record import frame_site
+
+    return {"seq": (state.get("last_seq") or {}).get(group, -1) + 1, "group": group,
+            "op": str(entry.get("profiling_name", "")).split(":")[-1] or "collective",
+            "api": S.FLIGHT_RECORDER_ONLY, "p2p": False, "peer": None,
+            "shapes": [list(s) for s in entry.get("input_sizes") or () if isinstance(s, list)][:4],
+            "dtypes": [str(d) for d in entry.get("input_dtypes") or ()][:4], "site": frame_site(frame),
+            "via": None, "region": None, "start": round(created, 6), "age_s": round(max(0.0, now - created), 4),
+            "duration_s": None, "state": S.IN_FLIGHT, "error": None, "thread": "MainThread",
+            "flight_recorder": {"seq": entry.get("collective_seq_id"), "op": entry.get("profiling_name")}}
+
+
 def _compact_fr_entry(entry: dict) -> dict:
     group = entry.get("process_group") or ["?", ""]
     return {"seq": entry.get("collective_seq_id"), "p2p_seq": entry.get("p2p_seq_id"), "group": str(group[0]),

@@ -44,6 +44,8 @@ DDP_BUCKET_REBUILD = "Reducer._rebuild_buckets"
 DDP_VERIFY_PARAMS = "_verify_params_across_processes"
 # Not a Python call: the gradient all-reduce DDP's C++ Reducer runs inside backward(), recorded at the backward call.
 DDP_GRAD_ALLREDUCE = "DDP.backward_all_reduce"
+# A collective that Python never saw (compiled graph, torch.ops, C++), taken from the Flight Recorder's active entries.
+FLIGHT_RECORDER_ONLY = "flight_recorder"
 TRAINING_STEP_APIS = (DDP_BUFFER_BROADCAST, DDP_BUCKET_REBUILD, DDP_GRAD_ALLREDUCE)
 
 

@@ -13,7 +13,7 @@ import time
 
 from . import analysis, evidence, report, snapshot as S
 from .config import torchelastic_error_file
-from .record import is_internal_file, python_stacks
+from .record import is_internal_file, python_stacks, user_frame
 from .store import StoreUnavailable
 
 log = logging.getLogger("ddpwatch")
@@ -218,6 +218,7 @@ class Watchdog(threading.Thread):
                "pid": os.getpid(), "host": self.host, "beat": self.beat, "published_at": time.time(),
                "status": S.RUNNING}
         doc.update(self.recorder.snapshot(recent=32 if full else 8))
+        self._add_unseen_collective(doc)
         if full:
             doc["stacks"] = python_stacks(skip_thread=threading.get_ident())
             doc["rank_condition"] = evidence.rank_condition_of(doc)
@@ -229,6 +230,20 @@ class Watchdog(threading.Thread):
             self._add_rank_condition(doc)
         return doc
 
+    def _add_unseen_collective(self, doc: dict) -> None:
+        """No recorded collective in flight, no progress, and the training thread sits inside torch: ask the
+        Flight Recorder whether c10d has an op in flight that Python never saw (compiled graphs, torch.ops, C++)."""
+        if doc["inflight"] or doc.get("idle_s", 0.0) < self.config.grace:
+            return
+        main = sys._current_frames().get(threading.main_thread().ident)
+        if main is None or not is_internal_file(main.f_code.co_filename):
+            return  # running the user's own Python: busy, not blocked in a native wait
+        entries = evidence.flight_recorder_active()
+        if not entries:
+            return
+        record = evidence.record_from_flight_recorder(entries[0], doc, user_frame(main), time.time())
+        if record is not None and record["age_s"] >= self.config.grace:
+            doc["inflight"] = [record]
     def _add_rank_condition(self, doc: dict) -> None:
         """A rank waiting in a collective says whether its own code got there under a rank condition.
 
