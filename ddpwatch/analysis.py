@@ -63,8 +63,11 @@ def describe_op(record: dict) -> str:
         text += " (seen by torch's Flight Recorder only: issued outside Python, e.g. compiled code or torch.ops)"
     elif api and api != record["op"]:
         text += f" ({api})"
+    framework = record.get("framework") or {}
     via = record.get("via")
-    if via:
+    if framework.get("description"):
+        text += f" of {framework['description']}"
+    elif via:
         text += f" via {via.get('function')} ({via.get('package')})"
     region = record.get("region")
     if region and region.get("kind") == S.DDP_FORWARD:
@@ -450,8 +453,9 @@ FRAMEWORK_FIXES = {
 def framework_fix(record: dict, location: dict | None, condition: dict | None) -> str | None:
     """The fix for a collective a framework issued for the user, in that framework's terms; None if not known."""
     via = record.get("via") or {}
-    package = str(via.get("package") or "")
-    method = str(via.get("function") or "").rsplit(".", 1)[-1]
+    framework = record.get("framework") or {}
+    package = str(framework.get("framework") or via.get("package") or "")
+    method = str(framework.get("call") or via.get("function") or "").rsplit(".", 1)[-1]
     for (known_package, known_method), text in FRAMEWORK_FIXES.items():
         if package.startswith(known_package) and method == known_method:
             cond = condition["condition"]["text"] if condition else "the rank-only branch"

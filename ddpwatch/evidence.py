@@ -36,13 +36,21 @@ def rank_condition_of(state: dict) -> dict | None:
     return None
 
 
+def rank_condition_at_site(site: dict) -> dict | None:
+    """The rank condition over one known line (a framework call's site): {"frame", "condition"} or None."""
+    from .rankcond import rank_condition_at_path
+
+    condition = rank_condition_at_path(site["file"], site["line"])
+    return {"frame": dict(site), "condition": condition} if condition else None
+
+
 def add_rank_conditions(findings: list, states: dict) -> None:
     """Put the strongest hint to the fix into each finding: the culprit's line sits under a rank condition."""
     for finding in findings:
         conditions = {}
         for rank in finding.get("ranks") or ():
             state = states.get(rank)
-            found = rank_condition_of(state) if state else None
+            found = (state.get("rank_condition") or rank_condition_of(state)) if state else None
             if found:
                 conditions[str(rank)] = found
         if not conditions:

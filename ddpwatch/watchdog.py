@@ -11,7 +11,7 @@ import tempfile
 import threading
 import time
 
-from . import analysis, evidence, report, snapshot as S
+from . import analysis, evidence, frameworks, report, snapshot as S
 from .config import torchelastic_error_file
 from .record import is_internal_file, python_stacks, user_frame
 from .store import StoreUnavailable
@@ -69,7 +69,7 @@ class Watchdog(threading.Thread):
         self._store_ok = True
         self.sampler = evidence.ProcessSampler()
         self._frozen_stacks: dict = {}
-        self._condition_for: tuple = (None, None)  # (the wait it was read for, the rank condition found)
+        self._explained: tuple = (None, (None, None))  # (the wait it was read for, (framework context, condition))
 
     # ----- lifecycle -----
     def stop(self, timeout: float = 5.0) -> None:
@@ -221,14 +221,45 @@ class Watchdog(threading.Thread):
         self._add_unseen_collective(doc)
         if full:
             doc["stacks"] = python_stacks(skip_thread=threading.get_ident())
-            doc["rank_condition"] = evidence.rank_condition_of(doc)
             doc["process"] = self.sampler.facts()
             doc["progress_bars"] = evidence.progress_bars()
             doc["flight_recorder"] = evidence.flight_recorder_tail()
             evidence.align_flight_recorder(doc)
-        else:
-            self._add_rank_condition(doc)
+        self._explain_wait(doc, full)
         return doc
+
+    def _explain_wait(self, doc: dict, full: bool) -> None:
+        """A rank waiting in a collective says what its own code was doing: the framework call behind it (Lightning's
+        deferred `self.log` reduction) and the rank condition its code stands under.
+
+        The leader decides culprits from these before it asks for stacks; read once per wait (files parse once).
+        """
+        record = analysis.waiting_record(doc)
+        if record is None or (record.get("age_s", 0.0) < self.config.grace and not full):
+            return
+        key = (record["group"], record["seq"], record.get("peer"), record.get("api"))
+        if self._explained[0] != key:
+            self._explained = (key, self._read_wait(doc.get("stacks")))
+        context, condition = self._explained[1]
+        if context is not None:
+            record["framework"] = dict(context, stack_site=record.get("site"))
+            if context.get("site"):
+                record["site"] = context["site"]
+        doc["rank_condition"] = condition
+
+    def _read_wait(self, stacks) -> tuple:
+        main = sys._current_frames().get(threading.main_thread().ident)
+        context = None
+        try:
+            context = frameworks.framework_context(main)
+        except Exception:
+            self._log_once("framework", "ddpwatch: could not read the framework's state", exc_info=True)
+        site = (context or {}).get("site")
+        condition = evidence.rank_condition_at_site(site) if site else None
+        if condition is None:
+            stacks = stacks or python_stacks(skip_thread=threading.get_ident())
+            condition = evidence.rank_condition_of({"stacks": stacks})
+        return context, condition
 
     def _add_unseen_collective(self, doc: dict) -> None:
         """No recorded collective in flight, no progress, and the training thread sits inside torch: ask the
