@@ -434,6 +434,8 @@ class Watchdog(threading.Thread):
             "findings": findings,
         }
         folder, note = report.write_incident(self.config.dir, incident["run_id"], incident)
+        if action == "abort":
+            self.recorder.abort_code = self.config.exit_code  # the verdict is out: from here on this rank only ends
         text = report.render.render_text(incident)
         sys.stderr.write("\n" + text + (f"ddpwatch: {note}\n" if note else ""))  # after any progress bar
         sys.stderr.flush()
