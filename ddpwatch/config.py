@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import configparser
 import dataclasses
-import logging
 import os
 import re
 import sys
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 try:  # Python 3.11+
     import tomllib
@@ -164,8 +163,7 @@ def _as_text(option: Option, raw: Any, source: str) -> Any:
 MIN_INTERVAL_S = 0.05
 
 
-@dataclasses.dataclass(frozen=True)
-class Bound:
+class Bound(NamedTuple):  # a NamedTuple, not a dataclass: this module is imported at every start under DDPWATCH=1
     """`name` must be at least `factor` x the value of option `basis` (or `factor` seconds without one);
     `why` says what goes wrong below it, and goes into the error."""
 
@@ -235,14 +233,16 @@ def _check_dir(path: str, source: str, cwd: str) -> None:
 
 # ---------------------------------------------------------------- names ddpwatch does not know: warn once
 
-log = logging.getLogger("ddpwatch")
 _warned: set = set()  # one warning per process for each unknown name
 
 
 def _warn_once(key: str, message: str) -> None:
+    """On stderr through the ddpwatch logger (Python's last-resort handler when the program set up none)."""
     if key not in _warned:
         _warned.add(key)
-        log.warning(message)
+        import logging  # only when there is something to say: start-up under DDPWATCH=1 stays lean
+
+        logging.getLogger("ddpwatch").warning(message)
 
 
 def _did_you_mean(word: str, choices) -> str:
@@ -293,11 +293,15 @@ _NO_DEFAULT_SECTION = "\x00ddpwatch-no-default"
 # Whether a file that cannot be parsed holds ddpwatch settings at all: only then is it ddpwatch's problem (an
 # unrelated broken pyproject.toml must not stop every Python process started under DDPWATCH=1). Any case, so
 # that a broken file with a [DDPWATCH] section is reported too.
-_SETUP_CFG_OURS = re.compile(r"^\s*\[\s*(tool\s*[:.]\s*)?ddpwatch\s*\]", re.MULTILINE | re.IGNORECASE)
-_PYPROJECT_OURS = re.compile(r'^\s*\[+\s*"?tool"?\s*\.\s*"?ddpwatch\b'        # [tool.ddpwatch], [tool.ddpwatch.x]
-                             r'|^\s*"?tool"?\s*\.\s*"?ddpwatch"?\s*[.=]'         # tool.ddpwatch.timeout = 5
-                             r'|^\s*"?ddpwatch"?\s*(\.|=\s*\{)',                # ddpwatch = {...} inside [tool]
-                             re.MULTILINE | re.IGNORECASE)
+_SETUP_CFG_OURS = r"^\s*\[\s*(tool\s*[:.]\s*)?ddpwatch\s*\]"
+_PYPROJECT_OURS = (r'^\s*\[+\s*"?tool"?\s*\.\s*"?ddpwatch\b'       # [tool.ddpwatch], [tool.ddpwatch.x]
+                   r'|^\s*"?tool"?\s*\.\s*"?ddpwatch"?\s*[.=]'        # tool.ddpwatch.timeout = 5
+                   r'|^\s*"?ddpwatch"?\s*(\.|=\s*\{)')               # ddpwatch = {...} inside [tool]
+
+
+def _holds_ddpwatch_settings(text: str, pattern: str) -> bool:
+    # Compiled on first use only (re caches it): most processes never meet a broken file.
+    return re.search(pattern, text, re.MULTILINE | re.IGNORECASE) is not None
 
 
 def _read_text(path: str) -> tuple:
@@ -313,9 +317,9 @@ def _read_text(path: str) -> tuple:
         return raw.decode("utf-8", "replace"), exc
 
 
-def _unreadable(path: str, text: str, ours, exc) -> None:
+def _unreadable(path: str, text: str, ours: str, exc) -> None:
     """A file that cannot be parsed is an error only when it holds ddpwatch settings; otherwise it is not ours."""
-    if ours.search(text):
+    if _holds_ddpwatch_settings(text, ours):
         raise ConfigError(f"ddpwatch: cannot read {path}, which holds ddpwatch settings: {exc}")
 
 
@@ -351,7 +355,7 @@ def _pyproject_section(path: str) -> dict | None:
     """pyproject.toml's [tool.ddpwatch]; needs tomllib (3.11+) or tomli, else fails only when the section exists."""
     text, undecodable = _read_text(path)
     if tomllib is None:
-        if _PYPROJECT_OURS.search(text):
+        if _holds_ddpwatch_settings(text, _PYPROJECT_OURS):
             raise ConfigError(f"ddpwatch: {path} has a [tool.ddpwatch] section, but this Python "
                               f"({sys.version.split()[0]}) cannot read TOML: pip install tomli, "
                               f"or move the settings to setup.cfg [ddpwatch] or DDPWATCH_* variables")
