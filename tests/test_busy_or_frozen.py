@@ -1,4 +1,4 @@
-"""Busy vs frozen (issue 13 point 3): a silent peer's psutil facts decide, on hand-built facts; no processes, no torch."""
+"""Busy vs frozen (issue 13 point 3): a silent peer's psutil facts decide; hand-built facts, no processes, no torch."""
 
 import os
 import sys
