@@ -576,7 +576,11 @@ def skipped_by_exited(live: dict, exited: set, grace: float, world_size: int) ->
 
 
 def silent_ranks(silent: dict, live: dict, grace: float) -> list:
-    """Ranks whose heartbeat stopped: gone (dead_rank) or present but frozen (unresponsive_rank)."""
+    """Ranks whose heartbeat stopped: gone (dead_rank) or present but frozen (unresponsive_rank).
+
+    The watchdog leaves out local ranks that psutil sees busy (running, or using CPU); on another host it cannot
+    look, and the summary says so.
+    """
     findings = []
     waiting = sorted(r for r, s in live.items() if is_blocked(s, grace))
     for rank, view in sorted(silent.items()):
@@ -593,18 +597,22 @@ def silent_ranks(silent: dict, live: dict, grace: float) -> list:
         else:
             where = "nowhere known: it never published its state"
         silent_s = view.get("silent_s", 0.0)
-        if process.get("exists") is False or (not process and view.get("never_published") is None
-                                              and view.get("remote")):
+        remote = bool(view.get("remote")) and not process
+        if process.get("exists") is False or (remote and view.get("never_published") is None):
             kind = "dead_rank"
-            summary = (f"Rank {rank} (pid {last.get('pid', '?')} on {last.get('host', '?')}) is gone: its heartbeat "
+            summary = (f"Rank {rank} (pid {last.get('pid', '?')} on {last.get('host', '?')}) "
+                       f"{'is silent' if remote else 'is gone'}: its heartbeat "
                        f"stopped {silent_s:.0f} s ago"
                        + (" and the process no longer exists" if process.get("exists") is False else "")
-                       + f"; it was last {where}.")
+                       + f"; it was last {where}."
+                       + (" It runs on another host, where ddpwatch cannot look at the process: it cannot tell a "
+                          "dead or frozen rank from one busy in a long call that holds the GIL (which silences the "
+                          "heartbeat too)." if remote else ""))
             fix = ("Find why the process died: its own log (out-of-memory killer, segfault, an exception), "
                    "`dmesg`, and the launcher's exit summary. The other ranks will wait forever for it.")
         else:
             kind = "unresponsive_rank"
-            status = process.get("status", "unknown")
+            status = process.get("why") or process.get("status", "unknown")
             summary = (f"Rank {rank} (pid {last.get('pid', '?')}) exists but has not answered for {silent_s:.0f} s "
                        f"(process status: {status}); neither its training thread nor ddpwatch's watchdog moves. "
                        f"It was last {where}.")

@@ -13,6 +13,16 @@ from .launch import run_ranks
 DEMO_TIMEOUT_S = 180.0
 
 
+def demo_report_dir(explicit: str | None, settings) -> str:
+    """Where the demo's reports go: --dir, else the configured dir (DDPWATCH_DIR, setup.cfg, pyproject.toml), else a
+    folder under the temp dir (the demo's own default, not ./ddpwatch-reports: a demo should not litter the cwd)."""
+    if explicit:
+        return os.path.abspath(explicit)
+    if settings.sources.get("dir", "default") != "default":
+        return os.path.abspath(os.path.expanduser(settings.dir))
+    return os.path.join(tempfile.gettempdir(), "ddpwatch-demo")
+
+
 def run_demo(fixed: bool = False, report_dir: str | None = None, nprocs: int = 2) -> int:
     """0 when the demo did what it shows (stall caught, or the fixed loop finished clean), 1 otherwise."""
     report_dir = os.path.abspath(report_dir or os.path.join(tempfile.gettempdir(), "ddpwatch-demo"))

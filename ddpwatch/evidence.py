@@ -89,7 +89,8 @@ class ProcessSampler:
 
 
 def peer_process_facts(pid: int) -> dict | None:
-    """psutil's view of another process on this host: exists or not, its state; None if psutil cannot say."""
+    """psutil's view of another process on this host: exists or not, its state, CPU seconds used so far (all
+    threads); None if psutil cannot say."""
     try:
         import psutil
     except ImportError:
@@ -100,12 +101,55 @@ def peer_process_facts(pid: int) -> dict | None:
             status = proc.status()
             if status == psutil.STATUS_ZOMBIE:
                 return {"exists": False, "status": status}
-            return {"exists": True, "status": status, "rss_mb": round(proc.memory_info().rss / 2**20, 1),
-                    "threads": proc.num_threads()}
+            times = proc.cpu_times()
+            return {"exists": True, "status": status, "cpu_s": round(times.user + times.system, 3),
+                    "rss_mb": round(proc.memory_info().rss / 2**20, 1), "threads": proc.num_threads()}
     except psutil.NoSuchProcess:
         return {"exists": False}
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+# What a silent peer on this host is doing, from psutil (its watchdog thread cannot tell us: one thread holding the
+# GIL in a long C call, such as sum(range(N)) or pickling a big object, silences every other thread of the process).
+GONE, FROZEN, BUSY, LOOK_AGAIN, UNKNOWN = "gone", "frozen", "busy", "look_again", "unknown"
+# psutil's status names: a process in one of these runs no code at all, whatever its CPU counters say.
+HALTED_STATUSES = ("stopped", "tracing-stop", "dead", "zombie")
+# A frozen process still ticks a little (the TCPStore server thread on rank 0, gloo's threads): a tenth of a core
+# tells computing apart from that background noise, also on a machine so loaded that a busy rank gets little CPU.
+BUSY_CPU_SHARE = 0.1
+
+
+def cpu_share(now: dict | None, before: dict | None, seconds_between: float) -> float | None:
+    """The share of one core a process used between two looks (1.0 = one core all the time), or None."""
+    if not now or not before or seconds_between <= 0 or "cpu_s" not in now or "cpu_s" not in before:
+        return None
+    return max(0.0, now["cpu_s"] - before["cpu_s"]) / seconds_between
+
+
+def peer_condition(now: dict | None, before: dict | None, seconds_between: float) -> dict:
+    """Busy or frozen, from two psutil looks at a peer whose heartbeat stopped: {"condition", "why", "cpu_share"}.
+
+    gone: no such process (or a zombie). frozen: stopped, traced, dead, or not running and using no CPU (a long
+    uninterruptible disk sleep, or a thread that holds the GIL while it waits). busy: running, or its CPU time
+    advances between the looks. look_again: only one look so far and the status alone does not say.
+    unknown: psutil cannot look (not installed, no permission).
+    """
+    if not now or "error" in now or ("status" not in now and now.get("exists") is not False):
+        return {"condition": UNKNOWN, "why": (now or {}).get("error") or "psutil cannot look at it",
+                "cpu_share": None}
+    status = now.get("status")
+    if now.get("exists") is False:
+        return {"condition": GONE, "why": "the process no longer exists", "cpu_share": None}
+    share = cpu_share(now, before, seconds_between)
+    used = f", {share:.0%} of a CPU over the last {seconds_between:.1f} s" if share is not None else ""
+    if status in HALTED_STATUSES:
+        return {"condition": FROZEN, "why": f"{status}{used}", "cpu_share": share}
+    if status == "running" or (share is not None and share >= BUSY_CPU_SHARE):
+        return {"condition": BUSY, "why": f"{status}{used}", "cpu_share": share}
+    if share is None and before is None:
+        return {"condition": LOOK_AGAIN, "why": f"{status}; CPU use not measured yet", "cpu_share": None}
+    return {"condition": FROZEN, "why": f"{status}{used}", "cpu_share": share}
 
 
 def progress_bars() -> list:

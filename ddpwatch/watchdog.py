@@ -70,6 +70,7 @@ class Watchdog(threading.Thread):
         self.sampler = evidence.ProcessSampler()
         self._frozen_stacks: dict = {}
         self._explained: tuple = (None, (None, None))  # (the wait it was read for, (framework context, condition))
+        self._peer_looks: dict = {}  # rank -> (pid, psutil facts, monotonic time) of the last look while silent
 
     # ----- lifecycle -----
     def stop(self, timeout: float = 5.0) -> None:
@@ -351,26 +352,54 @@ class Watchdog(threading.Thread):
         self.run_incident(assessment, silent)
 
     def _silent_peers(self, states: dict) -> dict:
-        """Peers whose heartbeat has not moved for dead_after seconds (or never came), with what psutil says."""
+        """Peers whose heartbeat has not moved for dead_after seconds (or never came), with what psutil says.
+
+        A silent peer on this host that psutil sees running or using CPU is busy, not frozen: one long GIL-holding
+        call silences its watchdog thread too. It is left out of the answer and its stale state in `states` is
+        replaced by a busy one (see _busy_state), so only the straggler timeout can report on it, like any busy rank.
+        """
         silent = {}
         for rank in range(self.world_size):
             if rank == self.rank:
                 continue
             quiet = self._silent_for(rank, states.get(rank))
             if quiet < self.config.dead_after:
+                self._peer_looks.pop(rank, None)  # CPU use is measured within one silence, from its first look
                 continue
             last = states.get(rank)
             view = {"silent_s": round(quiet, 1), "last_state": last}
             if last is None:
                 view["never_published"] = True
             elif last.get("host") == self.host:
-                view["process"] = evidence.peer_process_facts(int(last.get("pid", 0)))
+                view["process"] = self._look_at_peer(rank, int(last.get("pid", 0)))
+                condition = (view["process"] or {}).get("condition")
+                if condition in (evidence.BUSY, evidence.LOOK_AGAIN):
+                    states[rank] = self._busy_state(last)
+                    continue
                 if (view["process"] or {}).get("exists"):
                     self._read_frozen_stack(rank, view)
             else:
-                view["remote"] = True  # another host: psutil cannot look
+                view["remote"] = True  # another host: psutil cannot look, so busy and frozen look the same
             silent[rank] = view
         return silent
+
+    def _look_at_peer(self, rank: int, pid: int) -> dict | None:
+        """psutil's facts about a silent local peer, judged busy or frozen against the previous look at it."""
+        facts = evidence.peer_process_facts(pid)
+        now = time.monotonic()
+        previous = self._peer_looks.get(rank)
+        self._peer_looks[rank] = (pid, facts, now)
+        if facts is None:
+            return None
+        before, seconds = (previous[1], now - previous[2]) if previous and previous[0] == pid else (None, 0.0)
+        judged = evidence.peer_condition(facts, before, seconds)
+        return dict(facts, condition=judged["condition"], why=judged["why"], cpu_share=judged["cpu_share"])
+
+    @staticmethod
+    def _busy_state(last: dict) -> dict:
+        """A busy peer's last published state, without its in-flight records: those may be from before it went
+        busy (the barrier it just left), and a stale wait must never count as blocked or prove a deadlock."""
+        return dict(last, inflight=[])
 
     def _read_frozen_stack(self, rank: int, view: dict) -> None:
         """A frozen peer cannot answer: read its Python stack from outside with py-spy (once per peer)."""
