@@ -252,15 +252,18 @@ def flight_recorder_tail(limit: int = FR_TAIL) -> dict:
 
 def flight_recorder_active() -> list:
     """The Flight Recorder's entries not yet retired (on gloo `state` stays "scheduled": `retired` is what moves),
-    oldest first; only-active, no stack traces: the cheap dump. [] when it is off or unreadable; never raises."""
+    oldest first; only-active, no stack traces: the cheapest dump (pickle: about 3x faster than JSON at 2,000
+    entries, `python -m benchmarks.flight_recorder`). [] when it is off or unreadable; never raises."""
     try:
+        import pickle
+
         import torch._C._distributed_c10d as c10d_c
 
-        data = json.loads(c10d_c._dump_fr_trace_json(True, True))
+        data = pickle.loads(c10d_c._dump_fr_trace(True, False, True))  # our own process's dump: not hostile input
     except Exception:
         return []
-    active = [e for e in data.get("entries") or () if not e.get("retired") and e.get("state") != "completed"
-              and not e.get("is_p2p")]
+    active = [e for e in (data.get("entries") or ()) if isinstance(e, dict) and not e.get("retired")
+              and e.get("state") != "completed" and not e.get("is_p2p")]
     return sorted(active, key=lambda e: e.get("time_created_ns") or 0)
 
 

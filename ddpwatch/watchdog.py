@@ -70,6 +70,7 @@ class Watchdog(threading.Thread):
         self.sampler = evidence.ProcessSampler()
         self._frozen_stacks: dict = {}
         self._explained: tuple = (None, (None, None))  # (the wait it was read for, (framework context, condition))
+        self._unseen: tuple = (None, None, 0.0)  # (progress, Flight-Recorder-only record found, idle of next read)
         self._peer_looks: dict = {}  # rank -> (pid, psutil facts, monotonic time) of the last look while silent
 
     # ----- lifecycle -----
@@ -228,6 +229,70 @@ class Watchdog(threading.Thread):
             evidence.align_flight_recorder(doc)
         self._explain_wait(doc, full)
         return doc
+
+    def _explain_wait(self, doc: dict, full: bool) -> None:
+        """A rank waiting in a collective says what its own code was doing: the framework call behind it (Lightning's
+        deferred `self.log` reduction) and the rank condition its code stands under.
+
+        The leader decides culprits from these before it asks for stacks; read once per wait (files parse once).
+        """
+        record = analysis.waiting_record(doc)
+        if record is None or (record.get("age_s", 0.0) < self.config.grace and not full):
+            return
+        key = (record["group"], record["seq"], record.get("peer"), record.get("api"))
+        if self._explained[0] != key:
+            self._explained = (key, self._read_wait(doc.get("stacks")))
+        context, condition = self._explained[1]
+        if context is not None:
+            record["framework"] = dict(context, stack_site=record.get("site"))
+            if context.get("site"):
+                record["site"] = context["site"]
+        doc["rank_condition"] = condition
+
+    def _read_wait(self, stacks) -> tuple:
+        main = sys._current_frames().get(threading.main_thread().ident)
+        context = None
+        try:
+            context = frameworks.framework_context(main)
+        except Exception:
+            self._log_once("framework", "ddpwatch: could not read the framework's state", exc_info=True)
+        site = (context or {}).get("site")
+        condition = evidence.rank_condition_at_site(site) if site else None
+        if condition is None:
+            stacks = stacks or python_stacks(skip_thread=threading.get_ident())
+            condition = evidence.rank_condition_of({"stacks": stacks})
+        return context, condition
+
+    def _add_unseen_collective(self, doc: dict) -> None:
+        """No recorded collective in flight, no progress, and the training thread sits inside torch: ask the
+        Flight Recorder whether c10d has an op in flight that Python never saw (compiled graphs, torch.ops, C++).
+
+        A read costs up to ~30 ms at 2,000 entries (benchmarks.flight_recorder) and holds the GIL: one read per
+        doubling of the idle time (grace, 2 grace, 4 grace...), and a found op is kept, not read again.
+        """
+        idle = doc.get("idle_s", 0.0)
+        if doc["inflight"] or idle < self.config.grace:
+            return
+        progress, found, next_read = self._unseen
+        if progress != doc["progress"]:
+            found, next_read = None, self.config.grace
+        if found is None and idle >= next_read:
+            found = self._read_unseen_collective(doc)
+            next_read = min(2 * idle, idle + 30.0)
+        self._unseen = (doc["progress"], found, next_read)
+        if found is not None:
+            record = dict(found, age_s=round(max(0.0, time.time() - found["start"]), 4))
+            if record["age_s"] >= self.config.grace:
+                doc["inflight"] = [record]
+
+    def _read_unseen_collective(self, doc: dict) -> dict | None:
+        main = sys._current_frames().get(threading.main_thread().ident)
+        if main is None or not is_internal_file(main.f_code.co_filename):
+            return None  # running the user's own Python: busy, not blocked in a native wait
+        entries = evidence.flight_recorder_active()
+        if not entries:
+            return None
+        return evidence.record_from_flight_recorder(entries[0], doc, user_frame(main), time.time())
 
     def _explain_wait(self, doc: dict, full: bool) -> None:
         """A rank waiting in a collective says what its own code was doing: the framework call behind it (Lightning's
