@@ -70,6 +70,7 @@ class Watchdog(threading.Thread):
         self.sampler = evidence.ProcessSampler()
         self._frozen_stacks: dict = {}
         self._explained: tuple = (None, (None, None))  # (the wait it was read for, (framework context, condition))
+        self._watched_states: dict = {}  # the peers' states of the last look that started an incident
         self._unseen: tuple = (None, None, 0.0)  # (progress, Flight-Recorder-only record found, idle of next read)
         self._peer_looks: dict = {}  # rank -> (pid, psutil facts, monotonic time) of the last look while silent
 
@@ -408,6 +409,7 @@ class Watchdog(threading.Thread):
         docs = self.store.get_many(keys)
         states = {doc["rank"]: doc for doc in docs.values() if isinstance(doc, dict) and "rank" in doc}
         silent = self._silent_peers(states)
+        self._watched_states = states  # a busy peer cannot contribute to an incident: its last state stands in
         assessment = analysis.assess(states, self.world_size, self.config.grace, self.config.timeout, silent)
         if assessment.verdict is None or assessment.fingerprint in self.reported:
             return
@@ -503,6 +505,9 @@ class Watchdog(threading.Thread):
         for rank, view in (silent or {}).items():
             if rank not in final and view.get("last_state"):
                 final[rank] = dict(view["last_state"], stale=True)  # its last heartbeat: all there is
+        for rank, state in self._watched_states.items():
+            if rank not in final:
+                final[rank] = dict(state, stale=True)  # too busy (a GIL-holding call) to answer: its last state
         again = analysis.assess(final, self.world_size, self.config.grace, self.config.timeout, silent)
         if assessment.verdict == analysis.DEADLOCK and (again.verdict, again.fingerprint) != (
                 assessment.verdict, assessment.fingerprint):

@@ -35,6 +35,8 @@ def test_a_rank_holding_the_gil_past_the_timeout_is_a_straggler_never_earlier(tm
     [finding] = incident["findings"]
     assert finding["kind"] == "straggler" and finding["ranks"] == [0], finding
     assert finding["evidence"]["waiting"] == [1] and finding["evidence"]["wait_s"] >= 8
+    # the busy rank is in the report: its own answer, or its last published state when it could not answer
+    assert sorted(state["rank"] for state in incident["ranks"]) == [0, 1]
 
 
 def test_three_ranks_of_pure_python_cpu_hogs_give_no_report(tmp_path):
