@@ -1,10 +1,9 @@
 """Real hangs written with Lightning, Accelerate, FSDP2, DTensor and functional collectives: `frameworks.py CASE`.
 
 Run on N ranks with the torchrun-like environment of tests/ranks.py (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*):
-Lightning sees LOCAL_RANK and runs as an externally launched DDP job, Accelerate sees LOCAL_RANK/WORLD_SIZE and
-runs MULTI_CPU on gloo. Every case activates ddpwatch the way a user does: `with ddpwatch.guard():` around the
-training, or, when DDPWATCH is set, zero-code from start-up. The user's lines are tagged `# LINE:tag`;
-`DDPWATCH-MARK hang-forms` is printed just before the hang forms.
+Lightning sees LOCAL_RANK (an externally launched DDP job), Accelerate LOCAL_RANK/WORLD_SIZE (MULTI_CPU, gloo).
+ddpwatch is on as users turn it on: `with ddpwatch.guard():` around the case, or zero-code when DDPWATCH is set.
+User lines are tagged `# LINE:tag`; `DDPWATCH-MARK hang-forms` is printed just before the hang forms.
 """
 
 import os
