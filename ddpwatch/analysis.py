@@ -72,6 +72,8 @@ def describe_op(record: dict) -> str:
     region = record.get("region")
     if region and region.get("kind") == S.DDP_FORWARD:
         return f"{text} inside DistributedDataParallel.forward called at {S.short_site(region.get('site'))}"
+    if region and region.get("kind") == S.FSDP_FORWARD:
+        return f"{text} inside FSDP2's forward (fully_shard) called at {S.short_site(region.get('site'))}"
     if region and region.get("kind") == S.OBJECT_COLLECTIVE:
         return f"{text} inside {region.get('api')} at {S.short_site(region.get('site') or record.get('site'))}"
     return f"{text} at {S.short_site(record.get('site'))}"
@@ -217,23 +219,42 @@ def _ranks_of(parts) -> list:
 def rank_condition(state: dict | None) -> dict | None:
     """The rank condition (if-branch, early exit, rank-only decorator) the rank's own code stands under, if any."""
     found = (state or {}).get("rank_condition")
-    return found if isinstance(found, dict) and found.get("condition") else None
+    return found if isinstance(found, dict) and isinstance(found.get("condition"), dict) else None
 
 
-def _under_rank_condition(ranks, states: dict) -> bool:
-    return bool(ranks) and all(rank_condition(states.get(r)) for r in ranks)
+def _condition_kind(state: dict | None) -> str | None:
+    found = rank_condition(state)
+    return found["condition"].get("kind") if found else None
 
 
-def _free_of_rank_conditions(ranks, states: dict) -> bool:
-    return not any(rank_condition(states.get(r)) for r in ranks)
+# Inside one of these, a line runs on some ranks only. After an early exit (`if rank == 1: continue` above it) the
+# opposite holds: a rank standing there did not take the exit, so the ranks elsewhere did.
+_RANK_ONLY_REGIONS = ("if", "else", "while", "decorator")
+EARLY_EXIT = "early_exit"
+
+
+def _all_of(ranks, states: dict, kinds) -> bool:
+    return bool(ranks) and all(_condition_kind(states.get(r)) in kinds for r in ranks)
+
+
+def _none_of(ranks, states: dict, kinds) -> bool:
+    return not any(_condition_kind(states.get(r)) in kinds for r in ranks)
 
 
 def _rank_only_culprits(parts: list, states: dict):
-    """The one partition outside any rank condition while every other stands inside one: the others are culprits."""
-    outside = [p for p in parts if _free_of_rank_conditions(p[0], states)]
-    inside = [p for p in parts if _under_rank_condition(p[0], states)]
+    """The one partition outside any rank-only region while every other stands inside one: the others are culprits."""
+    outside = [p for p in parts if _none_of(p[0], states, _RANK_ONLY_REGIONS)]
+    inside = [p for p in parts if _all_of(p[0], states, _RANK_ONLY_REGIONS)]
     if len(outside) == 1 and inside and len(inside) + 1 == len(parts):
         return outside[0]
+    return None
+
+
+def _past_an_early_exit(parts: list, states: dict):
+    """The one partition standing after a rank-guarded early exit that the others' code does not stand after."""
+    after = [p for p in parts if _all_of(p[0], states, (EARLY_EXIT,))]
+    if len(after) == 1 and all(_none_of(p[0], states, (EARLY_EXIT,)) for p in parts if p is not after[0]):
+        return after[0]
     return None
 
 
@@ -248,6 +269,9 @@ def _innocent_partition(parts: list, states: dict):
     innocent = _rank_only_culprits(parts, states)
     if innocent is not None:
         return innocent, "rank_condition"
+    innocent = _past_an_early_exit(parts, states)
+    if innocent is not None:
+        return innocent, EARLY_EXIT
     sizes = sorted((len(ranks) for ranks, _ in parts), reverse=True)
     if sizes[0] > sizes[1]:
         return max(parts, key=lambda p: len(p[0])), "majority"
@@ -393,6 +417,12 @@ def collective_on_subset_or_mismatch(parts: list, states: dict) -> dict:
     culprit_parts = [p for p in parts if p is not innocent]
     if reason == "rank_condition":
         return collective_on_subset(culprit_parts, innocent, states, reason, side)
+    if reason == EARLY_EXIT:
+        found = skipped_collective(_ranks_of(culprit_parts), innocent, culprit_parts[0][1], reason, parts)
+        exit_ = rank_condition(states.get(innocent[0][0]))
+        found["fix"] += (f" Here it is the exit at line {exit_['condition'].get('exit_line')} under "
+                         f"`{exit_['condition']['text']}` ({S.short_site(exit_['frame'])}).")
+        return found
     found = training_step_left_behind(culprit_parts, innocent, states, reason, parts)
     if found:
         return found
@@ -452,6 +482,11 @@ FRAMEWORK_FIXES = {
 
 def framework_fix(record: dict, location: dict | None, condition: dict | None) -> str | None:
     """The fix for a collective a framework issued for the user, in that framework's terms; None if not known."""
+    if (record.get("region") or {}).get("kind") == S.FSDP_FORWARD:
+        return (f"A fully_shard (FSDP2) model's forward all-gathers its parameters from every rank, so run the forward "
+                f"at {S.short_site(location)} on every rank (evaluate on every rank and reduce the metric), or build "
+                "an unsharded copy for rank-local work: on every rank take `model.state_dict()` and call "
+                "`.full_tensor()` on each DTensor, then load it into a plain model used on one rank only.")
     via = record.get("via") or {}
     framework = record.get("framework") or {}
     package = str(framework.get("framework") or via.get("package") or "")
@@ -567,7 +602,7 @@ def skipped_by_exited(live: dict, exited: set, grace: float, world_size: int) ->
             continue
         record = waiting[ranks[0]]
         parts = _partitions({r: waiting[r] for r in ranks})
-        if _under_rank_condition(ranks, live):
+        if _all_of(ranks, live, _RANK_ONLY_REGIONS):
             # the waiting ranks got there inside a rank-only region: they called what the others never will
             findings.append(collective_on_subset(parts, None, live, "rank_condition", _side_by_side(parts)))
             continue

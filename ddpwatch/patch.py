@@ -153,11 +153,26 @@ class Patcher:
         forward = DistributedDataParallel.forward
         if not hasattr(forward, PATCH_MARKER):
             self._replace(DistributedDataParallel, "forward", functools.wraps(forward)(self._ddp_forward_wrapper(forward)))
+        self._patch_fsdp2_forward()
         import torch.autograd
 
         backward = torch.autograd.backward
         if not hasattr(backward, PATCH_MARKER):
             self._replace(torch.autograd, "backward", functools.wraps(backward)(self._backward_wrapper(backward)))
+
+    def _patch_fsdp2_forward(self) -> None:
+        """FSDP2's pre-forward hook all-gathers the module's parameters: a region, like DDP.forward.
+
+        The hook is bound when fully_shard() runs: models sharded before the guard started are not covered.
+        """
+        try:
+            from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+        except ImportError:
+            return  # a torch without FSDP2
+        pre_forward = getattr(FSDPState, "_pre_forward", None)
+        if pre_forward is not None and not hasattr(pre_forward, PATCH_MARKER):
+            self._replace(FSDPState, "_pre_forward", functools.wraps(pre_forward)(
+                self._region_wrapper(pre_forward, snapshot.FSDP_FORWARD, "fully_shard forward", skip_self=False)))
 
     # ----- process groups -----
     def group_name(self, group):

@@ -37,6 +37,7 @@ EXITED = "exited"
 # Region kinds: what the record happened inside of.
 DDP_FORWARD = "ddp_forward"
 OBJECT_COLLECTIVE = "object_collective"
+FSDP_FORWARD = "fsdp_forward"  # FSDP2 (fully_shard): the pre-forward hook that all-gathers a module's parameters
 
 # APIs through which DDP itself talks, and why (the fix text leans on these).
 DDP_BUFFER_BROADCAST = "_broadcast_coalesced"

@@ -140,3 +140,16 @@ def test_rank_only_decorators_are_rank_conditions():
     assert rankcond.rank_condition_at(source, 4) == {"line": 2, "kind": "decorator", "text": "@rank_zero_only"}
     assert rankcond.rank_condition_at(source, 8)["text"] == "@accelerator.on_main_process"
     assert rankcond.rank_condition_at(source, 11) is None
+
+
+def test_a_rank_standing_after_a_rank_guarded_continue_is_innocent_the_rank_elsewhere_took_it():
+    # rank 0 waits at the barrier after `if rank == 1 and epoch == 0: continue`; rank 1 runs the next step
+    barrier = rec(8, "barrier", site=("train.py", 33, "train"))
+    step = rec(8, "all_reduce", api="DDP.backward_all_reduce", site=("train.py", 20, "train"))
+    r0 = rank_state(0, 2, inflight=[barrier])
+    r0["rank_condition"] = under("if rank == 1 and epoch == 0:", line=31, kind="early_exit")
+    r0["rank_condition"]["condition"]["exit_line"] = 32
+    f = only(run(states(r0, rank_state(1, 2, inflight=[step]))))
+    assert (f["kind"], f["ranks"], f["location"]["line"]) == ("skipped_collective", [1], 33)
+    assert f["evidence"]["culprit_rule"] == "early_exit"
+    assert "line 32" in f["fix"] and "if rank == 1 and epoch == 0:" in f["fix"]

@@ -2,8 +2,8 @@
 
 Each hang runs on 2 gloo ranks (tests/scenarios/frameworks.py); the report must name the right kind, the culprit
 rank, the user's own line (tagged `# LINE:` there, never a site-packages frame) and a fix in the framework's terms.
-The benign runs of each framework must give no report. Cases marked xfail were measured wrong on the library of
-commit c05745e (the reason says what it reported); the lead removes the mark once the library gets them right.
+The benign runs of each framework must give no report. What each case reported before the fixes of issue 12 (the library of
+commit c05745e) is in tests/scenarios/frameworks_measured.md.
 """
 
 import importlib.util
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from ranks import SCENARIOS, describe, load_only_report, reports, run_case, tagged_line
+from ranks import ROOT, SCENARIOS, describe, load_only_report, reports, run_case, tagged_line
 
 FRAMEWORKS = os.path.join(SCENARIOS, "frameworks.py")
 pytestmark = pytest.mark.timeout(150)
@@ -74,8 +74,6 @@ def run_benign(case, tmp_path, **env):
 # ---------------------------------------------------------------- Lightning
 
 @needs_lightning
-@pytest.mark.xfail(strict=False, reason="today: skipped_collective blaming rank 1 at lightning/fabric/utilities/"
-                                        "distributed.py:213 (_sync_ddp's barrier), early-return fix")
 def test_lightning_sync_dist_log_on_global_zero_only(tmp_path):
     incident, finding = hang_report("lightning_log_sync_rank0", tmp_path)
     # The reduce runs at validation epoch end, long after self.log returned: the line is not on the stack then.
@@ -85,8 +83,6 @@ def test_lightning_sync_dist_log_on_global_zero_only(tmp_path):
 
 
 @needs_lightning
-@pytest.mark.xfail(strict=False, reason="today: skipped_collective blaming rank 1 at lightning/pytorch/strategies/"
-                                        "ddp.py:303 (Strategy.barrier), early-return fix")
 @pytest.mark.parametrize("activation", [{}, {"DDPWATCH": "1"}], ids=["guard", "zero_code"])
 def test_lightning_strategy_barrier_in_a_callback_on_global_zero_only(tmp_path, activation):
     incident, finding = hang_report("lightning_barrier_rank0", tmp_path, **activation)
@@ -95,9 +91,6 @@ def test_lightning_strategy_barrier_in_a_callback_on_global_zero_only(tmp_path, 
 
 
 @needs_lightning
-@pytest.mark.xfail(strict=False, reason="today: skipped_collective, rank 0, at lightning/pytorch/strategies/"
-                                        "strategy.py:641 (rank 1's DDP forward), condition `if rank == 0:` read in "
-                                        "lightning_utilities/core/rank_zero.py")
 def test_lightning_broadcast_inside_rank_zero_only(tmp_path):
     incident, finding = hang_report("lightning_rank_zero_only", tmp_path)
     assert_collective_on_subset(incident, finding, "rank_zero_broadcast", "rank_zero_only")
@@ -112,8 +105,6 @@ def test_lightning_fit_with_validation_and_sync_dist_on_every_rank_gives_no_repo
 # ---------------------------------------------------------------- Accelerate
 
 @needs_accelerate
-@pytest.mark.xfail(strict=False, reason="today: uneven_inputs blaming rank 1 at accelerate/accelerator.py:2861 "
-                                        "(backward), DistributedSampler/join fix")
 def test_accelerate_wait_for_everyone_on_main_process_only(tmp_path):
     incident, finding = hang_report("accelerate_wait_rank0", tmp_path)
     assert_collective_on_subset(incident, finding, "wait_for_everyone", "is_main_process")
@@ -121,8 +112,6 @@ def test_accelerate_wait_for_everyone_on_main_process_only(tmp_path):
 
 
 @needs_accelerate
-@pytest.mark.xfail(strict=False, reason="today: collective_on_subset, rank 0, condition found, but the location and "
-                                        "fix name accelerate/utils/operations.py:355 (_gpu_gather_one)")
 def test_accelerate_gather_on_main_process_only(tmp_path):
     incident, finding = hang_report("accelerate_gather_rank0", tmp_path)
     assert_collective_on_subset(incident, finding, "gather", "is_main_process")
@@ -130,8 +119,6 @@ def test_accelerate_gather_on_main_process_only(tmp_path):
 
 
 @needs_accelerate
-@pytest.mark.xfail(strict=False, reason="today: collective_on_subset, rank 0, but at accelerate/utils/operations.py:"
-                                        "879 and no rank condition (the on_main_process decorator is not read)")
 def test_accelerate_reduce_inside_on_main_process(tmp_path):
     incident, finding = hang_report("accelerate_on_main_process", tmp_path)
     assert_collective_on_subset(incident, finding, "on_main_reduce", "on_main_process")
@@ -146,9 +133,6 @@ def test_accelerate_loop_with_gather_for_metrics_on_every_rank_gives_no_report(t
 # ---------------------------------------------------------------- FSDP2, functional collectives, DTensor
 
 @needs_fsdp2
-@pytest.mark.xfail(strict=False, reason="today: collective_stuck on both ranks at the old reduce_scatter of "
-                                        "loss.backward() (4 reduce_scatter records never leave in-flight), after the "
-                                        "timeout; with the default timeout nothing for 300 s")
 def test_fsdp2_evaluation_forward_on_rank0_only(tmp_path):
     incident, finding = hang_report("fsdp2_eval_rank0", tmp_path)
     assert_collective_on_subset(incident, finding, "fsdp_eval_forward", "get_rank() == 0")
@@ -158,15 +142,11 @@ def test_fsdp2_evaluation_forward_on_rank0_only(tmp_path):
 
 
 @needs_fsdp2
-@pytest.mark.xfail(strict=False, reason="today: 800 records left in flight per rank after 200+200 steps "
-                                        "(gloo reduce_scatter Work.is_completed() stays False after wait())")
 def test_fsdp2_train_and_eval_on_every_rank_gives_no_report_and_no_inflight_growth(tmp_path):
     results = run_benign("fsdp2_benign", tmp_path, FRAMEWORKS_STEPS=200)
     assert all("FRAMEWORKS-INFLIGHT 0\n" in r.stderr for r in results), [r.stderr[-300:] for r in results]
 
 
-@pytest.mark.xfail(strict=False, reason="today: straggler (rank 0 'busy outside collectives') after the timeout; "
-                                        "functional collectives are not recorded")
 def test_functional_all_reduce_on_rank0_only(tmp_path):
     incident, finding = hang_report("funcol_rank0", tmp_path)
     assert incident["trigger"] == "deadlock"
@@ -179,13 +159,21 @@ def test_functional_all_reduce_on_rank0_only(tmp_path):
     assert "every rank" in finding["fix"]
 
 
+def test_a_collective_python_never_sees_comes_from_the_flight_recorder(tmp_path):
+    incident, finding = hang_report("ops_rank0", tmp_path)
+    assert incident["trigger"] == "deadlock"
+    assert (finding["kind"], finding["ranks"]) == ("collective_on_subset", [0])
+    assert_user_line(finding, "ops_wait")
+    assert_rank_condition(finding, 0, "get_rank() == 0")
+    [side] = [row for row in finding["evidence"]["mismatched"] if row["ranks"] == [0]]
+    assert (side["op"], side["api"]) == ("all_reduce", "flight_recorder")
+
+
 def test_functional_collectives_on_every_rank_give_no_report(tmp_path):
     run_benign("funcol_benign", tmp_path)
 
 
 @needs_dtensor
-@pytest.mark.xfail(strict=False, reason="today: straggler (rank 0 'busy outside collectives', at the right line) "
-                                        "after the timeout; DTensor's all-gather is not recorded")
 def test_dtensor_full_tensor_on_rank0_only(tmp_path):
     incident, finding = hang_report("dtensor_rank0", tmp_path)
     assert_collective_on_subset(incident, finding, "dtensor_full_tensor", "get_rank() == 0")
@@ -200,10 +188,8 @@ def test_dtensor_ops_on_every_rank_give_no_report(tmp_path):
 # ---------------------------------------------------------------- skip vs uneven (issue 12, point 5)
 
 @pytest.mark.parametrize("case", [
-    pytest.param("skip_after_checkpoint", marks=pytest.mark.xfail(
-        strict=False, reason="today: uneven_inputs while its own Progress says 3 DDP steps on every rank")),
-    pytest.param("skip_after_checkpoint_backward", marks=pytest.mark.xfail(
-        strict=False, reason="today: uneven_inputs (rank 1 blocked in backward of its 4th step)")),
+    "skip_after_checkpoint",
+    "skip_after_checkpoint_backward",
 ])
 def test_skip_after_a_matched_checkpoint_barrier_is_a_skipped_collective(tmp_path, case):
     incident, finding = hang_report(case, tmp_path)
@@ -213,3 +199,36 @@ def test_skip_after_a_matched_checkpoint_barrier_is_a_skipped_collective(tmp_pat
     assert_user_line(finding, "skip_ckpt_barrier")
     assert "different numbers of training steps" not in finding["summary"]
     assert "continue" in finding["fix"]
+
+
+@needs_lightning
+def test_abort_under_torchrun_ends_every_rank_quietly_with_the_verdict(tmp_path):
+    """action=abort: torchrun SIGTERMs the rank still running once the first exits; after the verdict that rank ends
+    with ddpwatch's exit code, and neither Lightning's SIGTERM handler nor failing collectives add to the output."""
+    import subprocess
+    import sys
+
+    from ddpwatch.launch import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPWATCH")}
+    env.update(DDPWATCH_DIR=str(tmp_path / "reports"), DDPWATCH_ACTION="abort", DDPWATCH_TIMEOUT="10",
+               FRAMEWORKS_ROOT_DIR=str(tmp_path), PYTHONPATH=ROOT + os.pathsep
+               + env.get("PYTHONPATH", ""))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+               "--master-port", str(free_port()), FRAMEWORKS, "lightning_barrier_rank0"]
+    proc = subprocess.Popen(command, env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=100)
+    finally:
+        try:
+            os.killpg(proc.pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+    assert proc.returncode not in (0, None), output[-4000:]
+    incident = load_only_report(tmp_path / "reports")
+    assert [f["kind"] for f in incident["findings"]] == ["collective_on_subset"]
+    assert output.count("exitcode  : 3") == 2, output[-4000:]  # torchrun's summary: both ranks ended by the verdict
+    assert "Received SIGTERM" not in output, output[-4000:]  # Lightning's handler did not run on top of ddpwatch's
+    assert "Connection closed by peer" not in output and "RuntimeError" not in output, output[-4000:]

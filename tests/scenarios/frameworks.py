@@ -272,6 +272,18 @@ def funcol_rank0():
     dist.destroy_process_group()
 
 
+def ops_rank0():
+    """The op itself, `torch.ops._c10d_functional` (what compiled graphs call): Python's patches never see it."""
+    dist.init_process_group("gloo")
+    dist.barrier()
+    if dist.get_rank() == 0:
+        mark_hang_forms()
+        issued = torch.ops._c10d_functional.all_reduce(torch.ones(4), "sum", "0")
+        torch.ops._c10d_functional.wait_tensor(issued)  # LINE:ops_wait
+    dist.barrier()  # LINE:ops_barrier
+    dist.destroy_process_group()
+
+
 def funcol_benign():
     import torch.distributed._functional_collectives as funcol
 
@@ -343,7 +355,7 @@ def skip_after_checkpoint_backward():
     skip_after_checkpoint(nn.Linear(4, 4))
 
 
-CASES = {case.__name__: case for case in (
+CASES = {case.__name__: case for case in (ops_rank0, 
     lightning_log_sync_rank0, lightning_barrier_rank0, lightning_rank_zero_only, lightning_fit_benign,
     accelerate_wait_rank0, accelerate_gather_rank0, accelerate_on_main_process, accelerate_benign,
     fsdp2_eval_rank0, fsdp2_benign, funcol_rank0, funcol_benign, dtensor_rank0, dtensor_benign,
