@@ -13,6 +13,7 @@ import time
 
 from . import analysis, evidence, frameworks, report, snapshot as S
 from .config import torchelastic_error_file
+from .incident import build as build_incident
 from .record import is_internal_file, python_stacks, user_frame
 from .store import StoreUnavailable
 
@@ -515,23 +516,10 @@ class Watchdog(threading.Thread):
             return None
         findings = again.findings if again.verdict else ([] if assessment.verdict == analysis.DUMP
                                                           else assessment.findings)
-        try:
-            evidence.add_rank_conditions(findings, final)
-        except Exception:
-            self._log_once("rank-conditions", "ddpwatch: could not read rank conditions", exc_info=True)
-        incident = {
-            "format_version": S.FORMAT_VERSION,
-            "run_id": self._incident_id(),
-            "world_size": self.world_size,
-            "created_at": time.time(),
-            "trigger": assessment.verdict,
-            "written_by": self.rank,
-            "grace": self.config.grace,
-            "timeout": self.config.timeout,
-            "ranks": [final[r] for r in sorted(final)],
-            "missing_ranks": [r for r in range(self.world_size) if r not in contributions],
-            "findings": findings,
-        }
+        incident = build_incident(final, self.world_size, self.config.grace, self.config.timeout, silent=silent,
+                                  trigger=assessment.verdict, findings=findings, run_id=self._incident_id(),
+                                  written_by=self.rank, created_at=time.time(),
+                                  missing_ranks=[r for r in range(self.world_size) if r not in contributions])
         folder, note = report.write_incident(self.config.dir, incident["run_id"], incident)
         if action == "abort":
             self.recorder.abort_code = self.config.exit_code  # the verdict is out: from here on this rank only ends
