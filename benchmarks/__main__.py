@@ -16,6 +16,7 @@ BENCHMARKS = {
     "memory": 600,
     "startup": 600,
     "step_cost": 600,
+    "flight_recorder": 300,
     "soak": 3000,  # 10 minutes of benign training by default; --quick: 30 s
 }
 

@@ -59,11 +59,21 @@ def describe_op(record: dict) -> str:
         return f"{text} of gradients inside backward() at {S.short_site(record.get('site'))}"
     elif api == S.DDP_BUCKET_REBUILD:
         text += " for DDP's gradient bucket rebuild"
+    elif api == S.FLIGHT_RECORDER_ONLY:
+        text += " (seen by torch's Flight Recorder only: issued outside Python, e.g. compiled code or torch.ops)"
     elif api and api != record["op"]:
         text += f" ({api})"
+    framework = record.get("framework") or {}
+    via = record.get("via")
+    if framework.get("description"):
+        text += f" of {framework['description']}"
+    elif via:
+        text += f" via {via.get('function')} ({via.get('package')})"
     region = record.get("region")
     if region and region.get("kind") == S.DDP_FORWARD:
         return f"{text} inside DistributedDataParallel.forward called at {S.short_site(region.get('site'))}"
+    if region and region.get("kind") == S.FSDP_FORWARD:
+        return f"{text} inside FSDP2's forward (fully_shard) called at {S.short_site(region.get('site'))}"
     if region and region.get("kind") == S.OBJECT_COLLECTIVE:
         return f"{text} inside {region.get('api')} at {S.short_site(region.get('site') or record.get('site'))}"
     return f"{text} at {S.short_site(record.get('site'))}"
@@ -206,10 +216,62 @@ def _ranks_of(parts) -> list:
     return sorted(r for ranks, _ in parts for r in ranks)
 
 
+def rank_condition(state: dict | None) -> dict | None:
+    """The rank condition (if-branch, early exit, rank-only decorator) the rank's own code stands under, if any."""
+    found = (state or {}).get("rank_condition")
+    return found if isinstance(found, dict) and isinstance(found.get("condition"), dict) else None
+
+
+def _condition_kind(state: dict | None) -> str | None:
+    found = rank_condition(state)
+    return found["condition"].get("kind") if found else None
+
+
+# Inside one of these, a line runs on some ranks only. After an early exit (`if rank == 1: continue` above it) the
+# opposite holds: a rank standing there did not take the exit, so the ranks elsewhere did.
+_RANK_ONLY_REGIONS = ("if", "else", "while", "decorator")
+EARLY_EXIT = "early_exit"
+
+
+def _all_of(ranks, states: dict, kinds) -> bool:
+    return bool(ranks) and all(_condition_kind(states.get(r)) in kinds for r in ranks)
+
+
+def _none_of(ranks, states: dict, kinds) -> bool:
+    return not any(_condition_kind(states.get(r)) in kinds for r in ranks)
+
+
+def _rank_only_culprits(parts: list, states: dict):
+    """The one partition outside any rank-only region while every other stands inside one: the others are culprits."""
+    outside = [p for p in parts if _none_of(p[0], states, _RANK_ONLY_REGIONS)]
+    inside = [p for p in parts if _all_of(p[0], states, _RANK_ONLY_REGIONS)]
+    if len(outside) == 1 and inside and len(inside) + 1 == len(parts):
+        return outside[0]
+    return None
+
+
+def _past_an_early_exit(parts: list, states: dict):
+    """The one partition standing after a rank-guarded early exit that the others' code does not stand after."""
+    after = [p for p in parts if _all_of(p[0], states, (EARLY_EXIT,))]
+    if len(after) == 1 and all(_none_of(p[0], states, (EARLY_EXIT,)) for p in parts if p is not after[0]):
+        return after[0]
+    return None
+
+
 def _innocent_partition(parts: list, states: dict):
-    """The partition that waits where the program expects everyone: the majority, a barrier, or a familiar line."""
+    """The partition that waits where the program expects everyone.
+
+    First the rank conditions on each rank's own code: ranks inside a rank-only region while the others are not are
+    the culprits, whatever op they wait in. Without one: the majority, a lone barrier, or a familiar line.
+    """
     if len(parts) < 2:
         return None, ""
+    innocent = _rank_only_culprits(parts, states)
+    if innocent is not None:
+        return innocent, "rank_condition"
+    innocent = _past_an_early_exit(parts, states)
+    if innocent is not None:
+        return innocent, EARLY_EXIT
     sizes = sorted((len(ranks) for ranks, _ in parts), reverse=True)
     if sizes[0] > sizes[1]:
         return max(parts, key=lambda p: len(p[0])), "majority"
@@ -287,6 +349,11 @@ def training_step_left_behind(culprit_parts: list, innocent, states: dict, rule:
     skipped_site = innocent[1].get("site")
     if _familiar_to(skipped_site, states, culprits):
         return skipped_collective(culprits, innocent, record, rule, parts)
+    if _left_the_loop_together(culprits + innocent[0], states, innocent[1]["group"],
+                               min(rec["seq"] for _, rec in parts)):
+        # Uneven inputs means leaving the training loop at different steps; these ranks matched a collective
+        # outside training after their last step, so they left it together and one skipped what came next.
+        return skipped_collective(culprits, innocent, record, "left_loop_together", parts)
     steps = {r: states[r].get("ddp_steps") for r in culprits + innocent[0]}
     summary = (f"{_sentence(rank_list(culprits))} {_verb(culprits, 'is', 'are')} still training "
                f"({describe_op(record)}) while {rank_list(innocent[0])} finished the loop and "
@@ -298,6 +365,23 @@ def training_step_left_behind(culprit_parts: list, innocent, states: dict, rule:
     return S.finding("uneven_inputs", culprits, summary, fix, step_site,
                      {"mismatched": _side_by_side(parts), "culprit_rule": rule,
                       "ddp_steps": {str(r): n for r, n in steps.items()}})
+
+
+def _completed_at(state: dict, group: str, seq: int) -> dict | None:
+    for record in state.get("recent") or ():
+        if (record.get("group") == group and record.get("seq") == seq and not record.get("p2p")
+                and record.get("state") == S.COMPLETED):
+            return record
+    return None
+
+
+def _left_the_loop_together(ranks, states: dict, group: str, below: int) -> bool:
+    """Whether the last collective these ranks all completed on `group` before `below` was outside training."""
+    seq = below - 1
+    records = [_completed_at(states[r], group, seq) for r in ranks]
+    if seq < 0 or not all(records):
+        return False
+    return not any(_is_training_step(rec) for rec in records) and len({rec["op"] for rec in records}) == 1
 
 
 def skipped_collective(culprits: list, innocent, culprit_record: dict, rule: str, parts: list) -> dict:
@@ -331,6 +415,14 @@ def collective_on_subset_or_mismatch(parts: list, states: dict) -> dict:
         return S.finding("collective_mismatch", ranks, summary, fix, user_location(record),
                          {"mismatched": side, "culprit_rule": "none"})
     culprit_parts = [p for p in parts if p is not innocent]
+    if reason == "rank_condition":
+        return collective_on_subset(culprit_parts, innocent, states, reason, side)
+    if reason == EARLY_EXIT:
+        found = skipped_collective(_ranks_of(culprit_parts), innocent, culprit_parts[0][1], reason, parts)
+        exit_ = rank_condition(states.get(innocent[0][0]))
+        found["fix"] += (f" Here it is the exit at line {exit_['condition'].get('exit_line')} under "
+                         f"`{exit_['condition']['text']}` ({S.short_site(exit_['frame'])}).")
+        return found
     found = training_step_left_behind(culprit_parts, innocent, states, reason, parts)
     if found:
         return found
@@ -339,16 +431,71 @@ def collective_on_subset_or_mismatch(parts: list, states: dict) -> dict:
     if (_familiar_to(user_location(record), states, innocent[0])
             and _familiar_to(innocent[1].get("site"), states, culprits) and reason != "history"):
         return skipped_collective(culprits, innocent, record, reason, parts)
+    return collective_on_subset(culprit_parts, innocent, states, reason, side)
+
+
+def collective_on_subset(culprit_parts: list, innocent, states: dict, reason: str, side: list) -> dict:
+    """Culprits called a collective the others do not call at this point (often inside a rank-only branch)."""
+    culprits = _ranks_of(culprit_parts)
+    record = culprit_parts[0][1]
     location = user_location(record)
+    if innocent is None:
+        elsewhere = "never reach: they exited"
+    else:
+        elsewhere = (f"{_verb(innocent[0], 'does', 'do')} not call at this point: "
+                     f"{_verb(innocent[0], 'it waits', 'they wait')} in {describe_op(innocent[1])}")
+    others = rank_list(innocent[0]) if innocent is not None else "the other ranks"
     summary = (f"{_sentence(rank_list(culprits))} called {describe_op(record)} ({S.format_site(location)}), "
-               f"which {rank_list(innocent[0])} {_verb(innocent[0], 'does', 'do')} not call at this point: "
-               f"{_verb(innocent[0], 'it waits', 'they wait')} in {describe_op(innocent[1])}. "
-               "Neither side can ever finish.")
-    fix = (f"Run the collective at {S.short_site(location)} on every rank of the group (move it out of any "
-           f"rank-only branch), or give it a process group made of only the ranks that call it "
-           f"(`dist.new_group(ranks=...)`).")
+               f"which {others} {elsewhere}. Neither side can ever finish.")
+    condition = rank_condition(states.get(culprits[0]))
+    fix = framework_fix(record, location, condition) or (
+        f"Run the collective at {S.short_site(location)} on every rank of the group (move it out of "
+        + (f"the rank-only branch `{condition['condition']['text']}`" if condition else "any rank-only branch")
+        + "), or give it a process group made of only the ranks that call it (`dist.new_group(ranks=...)`).")
     return S.finding("collective_on_subset", culprits, summary, fix, location,
                      {"mismatched": side, "culprit_rule": reason})
+
+
+# Fixes in the framework's own words: (package, method name the user's code called) -> the fix. `{cond}` is the
+# rank condition's text, `{line}` the user's line.
+FRAMEWORK_FIXES = {
+    ("lightning", "barrier"): "Call `trainer.strategy.barrier()` on every rank: move it out of `{cond}` at {line} "
+                              "(a barrier only some ranks reach waits forever).",
+    ("lightning", "broadcast"): "Call `trainer.strategy.broadcast(...)` on every rank (it is a collective): move it "
+                                "out of `{cond}` at {line}, and use the result on the rank that needs it.",
+    ("lightning", "reduce"): "Call the reduction (`trainer.strategy.reduce`, `self.all_gather`) on every rank: move it "
+                             "out of `{cond}` at {line}.",
+    ("lightning", "all_gather"): "Call `self.all_gather(...)` on every rank: move it out of `{cond}` at {line}, then "
+                                 "use the result on rank zero only.",
+    ("lightning", "log"): "Call `self.log(..., sync_dist=True)` on every rank, or log on rank zero only with "
+                          "`self.log(..., rank_zero_only=True)` and without sync_dist (at {line}).",
+    ("accelerate", "wait_for_everyone"): "Call `accelerator.wait_for_everyone()` on every process: move it out of "
+                                         "`{cond}` at {line}.",
+    ("accelerate", "gather"): "Call `accelerator.gather(...)` on every process (it is a collective): move it out "
+                              "of `{cond}` at {line} and use the result on the main process only.",
+    ("accelerate", "gather_for_metrics"): "Call `accelerator.gather_for_metrics(...)` on every process: move it "
+                                          "out of `{cond}` at {line} and compute the metric on the main process only.",
+    ("accelerate", "reduce"): "Call `accelerator.reduce(...)` on every process: move it out of `{cond}` at {line}.",
+    ("accelerate", "broadcast"): "Call the broadcast on every process: move it out of `{cond}` at {line}.",
+}
+
+
+def framework_fix(record: dict, location: dict | None, condition: dict | None) -> str | None:
+    """The fix for a collective a framework issued for the user, in that framework's terms; None if not known."""
+    if (record.get("region") or {}).get("kind") == S.FSDP_FORWARD:
+        return (f"A fully_shard (FSDP2) model's forward all-gathers its parameters from every rank, so run the forward "
+                f"at {S.short_site(location)} on every rank (evaluate on every rank and reduce the metric), or build "
+                "an unsharded copy for rank-local work: on every rank take `model.state_dict()` and call "
+                "`.full_tensor()` on each DTensor, then load it into a plain model used on one rank only.")
+    via = record.get("via") or {}
+    framework = record.get("framework") or {}
+    package = str(framework.get("framework") or via.get("package") or "")
+    method = str(framework.get("call") or via.get("function") or "").rsplit(".", 1)[-1]
+    for (known_package, known_method), text in FRAMEWORK_FIXES.items():
+        if package.startswith(known_package) and method == known_method:
+            cond = condition["condition"]["text"] if condition else "the rank-only branch"
+            return text.format(cond=cond, line=S.short_site(location))
+    return None
 
 
 def shape_mismatch(parts: list, states: dict) -> dict | None:
@@ -454,13 +601,21 @@ def skipped_by_exited(live: dict, exited: set, grace: float, world_size: int) ->
         if not gone:
             continue
         record = waiting[ranks[0]]
-        innocent = (ranks, record)
-        findings.append(skipped_collective(gone, innocent, None, "exited", _partitions({r: waiting[r] for r in ranks})))
+        parts = _partitions({r: waiting[r] for r in ranks})
+        if _all_of(ranks, live, _RANK_ONLY_REGIONS):
+            # the waiting ranks got there inside a rank-only region: they called what the others never will
+            findings.append(collective_on_subset(parts, None, live, "rank_condition", _side_by_side(parts)))
+            continue
+        findings.append(skipped_collective(gone, (ranks, record), None, "exited", parts))
     return findings
 
 
 def silent_ranks(silent: dict, live: dict, grace: float) -> list:
-    """Ranks whose heartbeat stopped: gone (dead_rank) or present but frozen (unresponsive_rank)."""
+    """Ranks whose heartbeat stopped: gone (dead_rank) or present but frozen (unresponsive_rank).
+
+    The watchdog leaves out local ranks that psutil sees busy (running, or using CPU); on another host it cannot
+    look, and the summary says so.
+    """
     findings = []
     waiting = sorted(r for r, s in live.items() if is_blocked(s, grace))
     for rank, view in sorted(silent.items()):
@@ -477,18 +632,22 @@ def silent_ranks(silent: dict, live: dict, grace: float) -> list:
         else:
             where = "nowhere known: it never published its state"
         silent_s = view.get("silent_s", 0.0)
-        if process.get("exists") is False or (not process and view.get("never_published") is None
-                                              and view.get("remote")):
+        remote = bool(view.get("remote")) and not process
+        if process.get("exists") is False or (remote and view.get("never_published") is None):
             kind = "dead_rank"
-            summary = (f"Rank {rank} (pid {last.get('pid', '?')} on {last.get('host', '?')}) is gone: its heartbeat "
+            summary = (f"Rank {rank} (pid {last.get('pid', '?')} on {last.get('host', '?')}) "
+                       f"{'is silent' if remote else 'is gone'}: its heartbeat "
                        f"stopped {silent_s:.0f} s ago"
                        + (" and the process no longer exists" if process.get("exists") is False else "")
-                       + f"; it was last {where}.")
+                       + f"; it was last {where}."
+                       + (" It runs on another host, where ddpwatch cannot look at the process: it cannot tell a "
+                          "dead or frozen rank from one busy in a long call that holds the GIL (which silences the "
+                          "heartbeat too)." if remote else ""))
             fix = ("Find why the process died: its own log (out-of-memory killer, segfault, an exception), "
                    "`dmesg`, and the launcher's exit summary. The other ranks will wait forever for it.")
         else:
             kind = "unresponsive_rank"
-            status = process.get("status", "unknown")
+            status = process.get("why") or process.get("status", "unknown")
             summary = (f"Rank {rank} (pid {last.get('pid', '?')}) exists but has not answered for {silent_s:.0f} s "
                        f"(process status: {status}); neither its training thread nor ddpwatch's watchdog moves. "
                        f"It was last {where}.")

@@ -1,4 +1,4 @@
-"""The `ddpwatch` command line: demo, report, lint, run, dump."""
+"""The `ddpwatch` command line: demo, report, lint, run, dump, --version."""
 
 from __future__ import annotations
 
@@ -7,9 +7,15 @@ import sys
 
 
 def _cmd_demo(args) -> int:
-    from .demo import run_demo
+    from . import config
+    from .demo import demo_report_dir, run_demo
 
-    return run_demo(fixed=args.fixed, report_dir=args.dir)
+    try:
+        settings = config.load()  # defaults < files < DDPWATCH_* variables < --dir, as for every command
+    except config.ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    return run_demo(fixed=args.fixed, report_dir=demo_report_dir(args.dir, settings))
 
 
 def _cmd_report(args) -> int:
@@ -64,11 +70,15 @@ def _cmd_lint(args, rest) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="ddpwatch", description="Catch hangs in distributed PyTorch training.")
+    parser.add_argument("--version", action="version", version=f"ddpwatch {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the seed stall on 2 CPU ranks and watch ddpwatch catch it")
     demo.add_argument("--fixed", action="store_true", help="run the fixed loop (model.module(x)); no report expected")
-    demo.add_argument("--dir", default=None, help="report directory (default: a folder under the temp dir)")
+    demo.add_argument("--dir", default=None, help="report directory (default: DDPWATCH_DIR or the dir of "
+                      "setup.cfg/pyproject.toml if set, else a folder under the temp dir)")
     rep = sub.add_parser("report", help="re-render a saved incident, or merge rank dumps / Flight Recorder dumps")
     rep.add_argument("path", nargs="*", help="an incident folder or report.json; or rank-<r>.json files and folders "
                      "holding them (searched recursively) to merge")

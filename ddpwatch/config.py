@@ -7,7 +7,7 @@ import dataclasses
 import os
 import re
 import sys
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 try:  # Python 3.11+
     import tomllib
@@ -66,6 +66,14 @@ def _parse_codes(text: str) -> tuple:
     return tuple(code.strip().upper() for code in str(text).split(",") if code.strip())
 
 
+def _parse_packages(text: str) -> tuple:
+    names = tuple(name.strip() for name in str(text).split(",") if name.strip())
+    bad = [name for name in names if not name.isidentifier()]
+    if bad:
+        raise ValueError(f"not a top-level package name: {', '.join(bad)}")
+    return names
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     name: str
@@ -73,6 +81,8 @@ class Option:
     parse: Callable[[str], Any]
     accepted: str
     help: str
+    # Besides text: the TOML / Python types this option takes from a file or an argument (a list is never str()ed).
+    takes: tuple = ()
 
     @property
     def env_var(self) -> str:
@@ -82,28 +92,35 @@ class Option:
 # The one table of options. docs/configuration.md documents each row; a test checks that it does.
 OPTIONS = (
     Option("enabled", False, _parse_bool, "1/0, true/false, yes/no, on/off",
-           "Install the guard in every Python process that starts (zero-code activation)."),
+           "Install the guard in every Python process that starts (zero-code activation).", (bool, int)),
     Option("dir", "./ddpwatch-reports", str, "a directory path",
-           "Where incident folders are written."),
+           "Where incident folders are written.", (os.PathLike,)),
     Option("timeout", 300.0, _parse_seconds, "a positive number of seconds",
-           "How long a rank may wait in a collective, while a peer is busy elsewhere, before a straggler is reported."),
+           "How long a rank may wait in a collective, while a peer is busy elsewhere, before a straggler is reported.",
+           (int, float)),
     Option("action", "report", _parse_action, "report or abort",
            "What to do after a report: keep waiting (report) or end every rank with a non-zero exit (abort)."),
     Option("grace", 2.0, _parse_seconds, "a positive number of seconds",
-           "How long every rank must be blocked with no progress before a deadlock counts as proven."),
+           "How long every rank must be blocked with no progress before a deadlock counts as proven.", (int, float)),
     Option("interval", 0.5, _parse_seconds, "a positive number of seconds",
-           "How often each rank publishes its state and looks at its peers."),
+           "How often each rank publishes its state and looks at its peers.", (int, float)),
     Option("dead_after", 10.0, _parse_seconds, "a positive number of seconds",
-           "How long a peer's heartbeat may stay still before it is taken for dead or unresponsive."),
+           "How long a peer's heartbeat may stay still before it is taken for dead or unresponsive.", (int, float)),
     Option("ring_size", 2048, _parse_positive_int, "a positive integer",
-           "How many collective records each rank keeps (a bounded ring buffer)."),
+           "How many collective records each rank keeps (a bounded ring buffer).", (int,)),
     Option("exit_code", 3, _parse_exit_code, "an integer from 1 to 255",
-           "The exit status of a rank ended by action=abort."),
+           "The exit status of a rank ended by action=abort.", (int,)),
     Option("lint_ignore", (), _parse_codes, "comma-separated lint codes, e.g. DDP004",
-           "Lint checks to turn off by default."),
+           "Lint checks to turn off by default.", (list, tuple)),
+    Option("user_packages", (), _parse_packages, "comma-separated top-level package names, e.g. mylab",
+           "Installed packages whose frames are your own code: the report may name their lines as yours.",
+           (list, tuple)),
+    Option("library_packages", (), _parse_packages, "comma-separated top-level package names, e.g. trainkit",
+           "Packages (installed or not) whose frames are library code, never named as your line. Every package "
+           "installed in site-packages other than those in user_packages already is.", (list, tuple)),
     Option("signals", True, _parse_bool, "1/0, true/false, yes/no, on/off",
            "While armed, SIGUSR1 asks for a report now (`ddpwatch dump`) and SIGTERM lets a report being written "
-           "finish (at most 3 s) before the process ends as it would have."),
+           "finish (at most 3 s) before the process ends as it would have.", (bool, int)),
 )
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
 
@@ -120,27 +137,153 @@ class Config:
     ring_size: int = 2048
     exit_code: int = 3
     lint_ignore: tuple = ()
+    user_packages: tuple = ()
+    library_packages: tuple = ()
     signals: bool = True
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 def _coerce(option: Option, raw: Any, source: str) -> Any:
     """Parse one raw value, or raise a ConfigError naming the option, the value, where it came from and what is accepted."""
-    if not isinstance(raw, str):
-        if option.parse is _parse_codes and isinstance(raw, (list, tuple)):
-            raw = ",".join(str(item) for item in raw)
-        elif isinstance(raw, bool) and option.parse is _parse_bool:
-            return raw
-        elif isinstance(raw, (int, float)) and not isinstance(raw, bool):
-            raw = str(raw)
-        else:
-            raw = str(raw)
+    text = _as_text(option, raw, source)
+    if isinstance(text, bool):
+        return text
     try:
-        return option.parse(raw)
+        return option.parse(text)
     except (TypeError, ValueError):
         raise ConfigError(
-            f"ddpwatch: bad value {raw!r} for {option.name} (from {source}): accepted: {option.accepted}"
+            f"ddpwatch: bad value {text!r} for {option.name} (from {source}): accepted: {option.accepted}"
         ) from None
+
+
+def _as_text(option: Option, raw: Any, source: str) -> Any:
+    """The raw value as text for option.parse (a bool stays a bool for a yes/no option); a value of a type the
+    option does not take (a TOML list where one path is expected, true where seconds are) is a ConfigError."""
+    if isinstance(raw, str):
+        return raw
+    takes = tuple(kind for kind in option.takes if kind is not bool)
+    if isinstance(raw, bool):
+        if bool in option.takes:
+            return raw
+    elif isinstance(raw, (list, tuple)) and list in option.takes:
+        if all(isinstance(item, str) for item in raw):
+            return ",".join(raw)
+    elif takes and isinstance(raw, takes):
+        return os.fspath(raw) if isinstance(raw, os.PathLike) else str(raw)
+    raise ConfigError(f"ddpwatch: bad value {raw!r} for {option.name} (from {source}): "
+                      f"a {type(raw).__name__} is not accepted here; accepted: {option.accepted}")
+
+
+# ---------------------------------------------------------------- bounds that involve more than one value
+
+MIN_INTERVAL_S = 0.05
+
+
+class Bound(NamedTuple):  # a NamedTuple, not a dataclass: this module is imported at every start under DDPWATCH=1
+    """`name` must be at least `factor` x the value of option `basis` (or `factor` seconds without one);
+    `why` says what goes wrong below it, and goes into the error."""
+
+    name: str
+    factor: float
+    basis: str | None
+    why: str
+
+    def least(self, values: dict) -> float:
+        return self.factor * (values[self.basis] if self.basis else 1.0)
+
+    def describe(self, values: dict, sources: dict) -> str:
+        if self.basis is None:
+            return f"{self.factor:g} s"
+        times = f"{self.factor:g} x " if self.factor != 1 else ""
+        return (f"{times}{self.basis} = {self.least(values):g} s "
+                f"({self.basis} from {_described_source(sources[self.basis])})")
+
+
+# Checked in this order: each bound rests on a value that an earlier row has already accepted.
+BOUNDS = (
+    Bound("interval", MIN_INTERVAL_S, None,
+          "each round publishes this rank's state to the store and reads its peers', so shorter rounds take "
+          "time from training (an interval of 1e-9 s cost 45% of the throughput)"),
+    Bound("grace", 1.0, "interval",
+          "a wait is judged once per round of the watchdog, so a shorter grace cannot be measured"),
+    Bound("dead_after", 3.0, "interval",
+          "a heartbeat comes once per interval, and one or two late rounds on a loaded machine must not make a "
+          "live rank look dead"),
+    Bound("timeout", 1.0, "grace",
+          "a straggler would be reported before its wait even counts as blocked"),
+)
+
+
+def _described_source(source: str) -> str:
+    """A Config.sources entry as the errors say it: DDPWATCH_GRACE -> environment variable DDPWATCH_GRACE."""
+    if source == "argument":
+        return "a guard()/install() argument"
+    return f"environment variable {source}" if source.startswith("DDPWATCH") else source
+
+
+def _check_bounds(values: dict, sources: dict) -> None:
+    for bound in BOUNDS:
+        if values[bound.name] < bound.least(values) * (1 - 1e-9):  # 3 x 0.05 is 0.15000000000000002 in floats
+            raise ConfigError(f"ddpwatch: {bound.name} = {values[bound.name]:g} s "
+                              f"(from {_described_source(sources[bound.name])}) is "
+                              f"too small: the least is {bound.describe(values, sources)}, because {bound.why}")
+
+
+def _check_dir(path: str, source: str, cwd: str) -> None:
+    """dir must be a folder or a path where one can be made: not empty, not a file such as /dev/null."""
+    if not path:
+        raise ConfigError(f"ddpwatch: bad value '' for dir (from {source}): accepted: a directory path")
+    target = os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))
+    here = target
+    while not os.path.exists(here):  # the nearest existing path above decides whether the folder can be made
+        parent = os.path.dirname(here)
+        if parent == here:
+            return
+        here = parent
+    if not os.path.isdir(here):
+        where = "is" if here == target else "lies under"
+        raise ConfigError(f"ddpwatch: bad value {path!r} for dir (from {source}): it {where} {here}, which exists "
+                          f"and is not a directory, so no report folder can be made there; "
+                          f"accepted: a directory path")
+
+
+# ---------------------------------------------------------------- names ddpwatch does not know: warn once
+
+_warned: set = set()  # one warning per process for each unknown name
+
+
+def _warn_once(key: str, message: str) -> None:
+    """On stderr through the ddpwatch logger (Python's last-resort handler when the program set up none)."""
+    if key not in _warned:
+        _warned.add(key)
+        import logging  # only when there is something to say: start-up under DDPWATCH=1 stays lean
+
+        logging.getLogger("ddpwatch").warning(message)
+
+
+def _did_you_mean(word: str, choices) -> str:
+    import difflib  # only when something is misspelt: start-up under DDPWATCH=1 stays lean
+
+    close = difflib.get_close_matches(word.lower(), list(choices), n=1, cutoff=0.6)
+    return close[0] if close else ""
+
+
+# Names that are right elsewhere: guard(report_dir=...) is DDPWATCH_DIR in the environment.
+_SPELT_OTHERWISE = {"report_dir": "dir", "reports_dir": "dir"}
+
+
+def _warn_unknown_variables(environ: Mapping[str, str]) -> None:
+    """DDPWATCH_TIMOUT would be ignored silently otherwise: say so, with the nearest real name."""
+    known = {option.env_var for option in OPTIONS}
+    for name in environ:
+        upper = name.upper()
+        if name in known or not (upper == "DDPWATCH" or upper.startswith("DDPWATCH_")):
+            continue
+        suffix = upper[len("DDPWATCH_"):].lower() if upper != "DDPWATCH" else "enabled"
+        nearest = _SPELT_OTHERWISE.get(suffix) or _did_you_mean(suffix, OPTIONS_BY_NAME)
+        hint = (f"did you mean {OPTIONS_BY_NAME[nearest].env_var}?" if nearest
+                else f"known: {', '.join(sorted(known))}")
+        _warn_once(f"env:{name}", f"ddpwatch: ignoring the environment variable {name}: no such option; {hint}")
 
 
 def _file_settings(cwd: str) -> list:
@@ -163,49 +306,108 @@ def _file_settings(cwd: str) -> list:
 # (meant for other tools) is an ordinary section whose keys never leak into [ddpwatch].
 _NO_DEFAULT_SECTION = "\x00ddpwatch-no-default"
 
-
-def _setup_cfg_section(path: str) -> dict | None:
-    """setup.cfg's [ddpwatch] as written: no %-interpolation (dir = /scratch/100% is a path), no [DEFAULT] keys."""
-    parser = configparser.ConfigParser(interpolation=None, default_section=_NO_DEFAULT_SECTION)
-    try:
-        parser.read(path, encoding="utf-8")
-        if not parser.has_section("ddpwatch"):
-            return None
-        return dict(parser.items("ddpwatch"))
-    except (configparser.Error, UnicodeDecodeError) as exc:
-        raise ConfigError(f"ddpwatch: cannot read {path}: {exc}") from None
+# Whether a file that cannot be parsed holds ddpwatch settings at all: only then is it ddpwatch's problem (an
+# unrelated broken pyproject.toml must not stop every Python process started under DDPWATCH=1). Any case, so
+# that a broken file with a [DDPWATCH] section is reported too.
+_SETUP_CFG_OURS = r"^\s*\[\s*(tool\s*[:.]\s*)?ddpwatch\s*\]"
+_PYPROJECT_OURS = (r'^\s*\[+\s*"?tool"?\s*\.\s*"?ddpwatch\b'       # [tool.ddpwatch], [tool.ddpwatch.x]
+                   r'|^\s*"?tool"?\s*\.\s*"?ddpwatch"?\s*[.=]'        # tool.ddpwatch.timeout = 5
+                   r'|^\s*"?ddpwatch"?\s*(\.|=\s*\{)')               # ddpwatch = {...} inside [tool]
 
 
-_TOOL_DDPWATCH = re.compile(r"^\s*\[\s*tool\s*\.\s*ddpwatch\s*[\].]", re.MULTILINE)
+def _holds_ddpwatch_settings(text: str, pattern: str) -> bool:
+    # Compiled on first use only (re caches it): most processes never meet a broken file.
+    return re.search(pattern, text, re.MULTILINE | re.IGNORECASE) is not None
 
 
-def _pyproject_section(path: str) -> dict | None:
-    """pyproject.toml's [tool.ddpwatch]; needs tomllib (3.11+) or tomli, else fails only when the section exists."""
+def _read_text(path: str) -> tuple:
+    """(text, error): the file as UTF-8, or what it could be read as with the reason it is not valid UTF-8."""
     try:
         with open(path, "rb") as handle:
             raw = handle.read()
     except OSError as exc:
         raise ConfigError(f"ddpwatch: cannot read {path}: {exc}") from None
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        return raw.decode("utf-8", "replace"), exc
+
+
+def _unreadable(path: str, text: str, ours: str, exc) -> None:
+    """A file that cannot be parsed is an error only when it holds ddpwatch settings; otherwise it is not ours."""
+    if _holds_ddpwatch_settings(text, ours):
+        raise ConfigError(f"ddpwatch: cannot read {path}, which holds ddpwatch settings: {exc}")
+
+
+def _looks_like_ours(name: str) -> bool:
+    """[DDPWATCH], [tool:ddpwatch], [tool.DdpWatch], [ddp-watch]: a section meant for ddpwatch, spelt otherwise."""
+    return re.sub(r"[\s_-]", "", name.lower()) in ("ddpwatch", "tool:ddpwatch", "tool.ddpwatch")
+
+
+def _warn_misnamed_section(path: str, found: str, meant: str) -> None:
+    _warn_once(f"section:{path}:{found}", f"ddpwatch: ignoring [{found}] in {path}: section names are "
+                                          f"case-sensitive; did you mean [{meant}]?")
+
+
+def _setup_cfg_section(path: str) -> dict | None:
+    """setup.cfg's [ddpwatch] as written: no %-interpolation (dir = /scratch/100% is a path), no [DEFAULT] keys."""
+    text, undecodable = _read_text(path)
+    if undecodable:
+        _unreadable(path, text, _SETUP_CFG_OURS, undecodable)
+        return None
+    parser = configparser.ConfigParser(interpolation=None, default_section=_NO_DEFAULT_SECTION)
+    try:
+        parser.read_string(text, source=path)
+    except configparser.Error as exc:
+        _unreadable(path, text, _SETUP_CFG_OURS, exc)
+        return None
+    for name in parser.sections():
+        if name != "ddpwatch" and _looks_like_ours(name):
+            _warn_misnamed_section(path, name, "ddpwatch")
+    return dict(parser.items("ddpwatch")) if parser.has_section("ddpwatch") else None
+
+
+def _pyproject_section(path: str) -> dict | None:
+    """pyproject.toml's [tool.ddpwatch]; needs tomllib (3.11+) or tomli, else fails only when the section exists."""
+    text, undecodable = _read_text(path)
     if tomllib is None:
-        if _TOOL_DDPWATCH.search(raw.decode("utf-8", "replace")):
+        if _holds_ddpwatch_settings(text, _PYPROJECT_OURS):
             raise ConfigError(f"ddpwatch: {path} has a [tool.ddpwatch] section, but this Python "
                               f"({sys.version.split()[0]}) cannot read TOML: pip install tomli, "
                               f"or move the settings to setup.cfg [ddpwatch] or DDPWATCH_* variables")
         return None
+    if undecodable:
+        _unreadable(path, text, _PYPROJECT_OURS, undecodable)
+        return None
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"ddpwatch: cannot read {path}: {exc}") from None
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        _unreadable(path, text, _PYPROJECT_OURS, exc)
+        return None
+    _warn_misnamed_tables(path, data)
     tool = data.get("tool")
     section = tool.get("ddpwatch") if isinstance(tool, dict) else None
     return section if isinstance(section, dict) else None
 
 
+def _warn_misnamed_tables(path: str, data: dict) -> None:
+    """[DDPWATCH], [ddpwatch] at the top level, [tool.DDPWATCH], [Tool.ddpwatch]: all ignored, so say so."""
+    for key, value in data.items():
+        if _looks_like_ours(key):
+            _warn_misnamed_section(path, key, "tool.ddpwatch")
+        elif key.lower() == "tool" and isinstance(value, dict):
+            for name in value:
+                if _looks_like_ours(name) and (key, name) != ("tool", "ddpwatch"):
+                    _warn_misnamed_section(path, f"{key}.{name}", "tool.ddpwatch")
+
+
 def _check_names(names, source: str) -> None:
     unknown = sorted(set(names) - set(OPTIONS_BY_NAME))
     if unknown:
+        nearest = _did_you_mean(unknown[0], OPTIONS_BY_NAME)
+        hint = f" (did you mean {nearest}?)" if nearest else ""
         raise ConfigError(
-            f"ddpwatch: unknown option(s) {', '.join(unknown)} in {source}; known: {', '.join(OPTIONS_BY_NAME)}"
+            f"ddpwatch: unknown option(s) {', '.join(unknown)} in {source}{hint}; known: {', '.join(OPTIONS_BY_NAME)}"
         )
 
 
@@ -221,6 +423,7 @@ def load(overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] 
         for name, raw in settings.items():
             values[name] = _coerce(OPTIONS_BY_NAME[name], raw, source)
             sources[name] = source
+    _warn_unknown_variables(environ)
     for option in OPTIONS:
         raw = environ.get(option.env_var)
         if raw is not None:
@@ -232,6 +435,8 @@ def load(overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] 
             continue
         values[name] = _coerce(OPTIONS_BY_NAME[name], raw, f"argument {name}=")
         sources[name] = "argument"
+    _check_bounds(values, sources)
+    _check_dir(values["dir"], _described_source(sources["dir"]), cwd or os.getcwd())
     return Config(**values, sources=sources)
 
 

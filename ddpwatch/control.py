@@ -378,6 +378,8 @@ class LiveControl:
     def _from_thread(self, signum: int) -> None:
         if signum == signal.SIGUSR1 and signal.SIGUSR1 in self.previous:
             self.session.request_dump()
+        elif signum == signal.SIGTERM and self._ending_by_verdict():
+            pass
         elif signum == signal.SIGTERM and self.previous.get(signal.SIGTERM) is signal.SIG_DFL:
             # A Python handler set before ours runs in the main thread, as it would have without ddpwatch.
             self._terminate(signum)
@@ -403,12 +405,30 @@ class LiveControl:
 
     def _on_term(self, signum, frame):
         previous = self.previous.get(signum, signal.SIG_DFL)
+        if self._ending_by_verdict():
+            return None
         if callable(previous):  # the program's own handler decides; ours only lets a report finish first
             if os.getpid() == self.pid:
                 self.finish_report()
             return previous(signum, frame)
         self._terminate(signum)
         return None
+
+    def _ending_by_verdict(self) -> bool:
+        """An action=abort verdict is out, so this rank ends with ddpwatch's exit code anyway. A launcher's SIGTERM
+        (torchrun, once the first rank has exited) then ends it quietly, after the report: no framework handler
+        starting its own teardown, no traceback from collectives failing on the way down."""
+        recorder = getattr(self.session, "recorder", None)
+        code = getattr(recorder, "abort_code", 0)
+        if not code or os.getpid() != self.pid:
+            return False
+        self.finish_report()
+        try:
+            sys.stderr.write(f"ddpwatch: SIGTERM after the verdict; ending with exit code {code} (action=abort)\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+        return True
 
     def finish_report(self, limit: float | None = None) -> bool:
         """Wait (at most `limit` seconds, default TERM_GRACE_S) for a report being written; True if one finished."""

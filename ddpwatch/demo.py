@@ -13,6 +13,17 @@ from .launch import run_ranks
 DEMO_TIMEOUT_S = 180.0
 
 
+def demo_report_dir(explicit: str | None, settings) -> str | None:
+    """Where the demo's reports go: --dir, else the configured dir (DDPWATCH_DIR, setup.cfg, pyproject.toml), else
+    None: run_demo's own default, this user's private folder in the temp dir (not ./ddpwatch-reports: a demo should
+    not litter the cwd)."""
+    if explicit:
+        return os.path.abspath(explicit)
+    if settings.sources.get("dir", "default") != "default":
+        return os.path.abspath(os.path.expanduser(settings.dir))
+    return None
+
+
 def run_demo(fixed: bool = False, report_dir: str | None = None, nprocs: int = 2) -> int:
     """0 when the demo did what it shows (stall caught, or the fixed loop finished clean), 1 otherwise; 2 when the
     default report folder (this user's private folder in the temp dir) cannot be trusted."""

@@ -36,13 +36,21 @@ def rank_condition_of(state: dict) -> dict | None:
     return None
 
 
+def rank_condition_at_site(site: dict) -> dict | None:
+    """The rank condition over one known line (a framework call's site): {"frame", "condition"} or None."""
+    from .rankcond import rank_condition_at_path
+
+    condition = rank_condition_at_path(site["file"], site["line"])
+    return {"frame": dict(site), "condition": condition} if condition else None
+
+
 def add_rank_conditions(findings: list, states: dict) -> None:
     """Put the strongest hint to the fix into each finding: the culprit's line sits under a rank condition."""
     for finding in findings:
         conditions = {}
         for rank in finding.get("ranks") or ():
             state = states.get(rank)
-            found = rank_condition_of(state) if state else None
+            found = (state.get("rank_condition") or rank_condition_of(state)) if state else None
             if found:
                 conditions[str(rank)] = found
         if not conditions:
@@ -81,7 +89,8 @@ class ProcessSampler:
 
 
 def peer_process_facts(pid: int) -> dict | None:
-    """psutil's view of another process on this host: exists or not, its state; None if psutil cannot say."""
+    """psutil's view of another process on this host: exists or not, its state, CPU seconds used so far (all
+    threads); None if psutil cannot say."""
     try:
         import psutil
     except ImportError:
@@ -92,12 +101,55 @@ def peer_process_facts(pid: int) -> dict | None:
             status = proc.status()
             if status == psutil.STATUS_ZOMBIE:
                 return {"exists": False, "status": status}
-            return {"exists": True, "status": status, "rss_mb": round(proc.memory_info().rss / 2**20, 1),
-                    "threads": proc.num_threads()}
+            times = proc.cpu_times()
+            return {"exists": True, "status": status, "cpu_s": round(times.user + times.system, 3),
+                    "rss_mb": round(proc.memory_info().rss / 2**20, 1), "threads": proc.num_threads()}
     except psutil.NoSuchProcess:
         return {"exists": False}
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+# What a silent peer on this host is doing, from psutil (its watchdog thread cannot tell us: one thread holding the
+# GIL in a long C call, such as sum(range(N)) or pickling a big object, silences every other thread of the process).
+GONE, FROZEN, BUSY, LOOK_AGAIN, UNKNOWN = "gone", "frozen", "busy", "look_again", "unknown"
+# psutil's status names: a process in one of these runs no code at all, whatever its CPU counters say.
+HALTED_STATUSES = ("stopped", "tracing-stop", "dead", "zombie")
+# A frozen process still ticks a little (the TCPStore server thread on rank 0, gloo's threads): a tenth of a core
+# tells computing apart from that background noise, also on a machine so loaded that a busy rank gets little CPU.
+BUSY_CPU_SHARE = 0.1
+
+
+def cpu_share(now: dict | None, before: dict | None, seconds_between: float) -> float | None:
+    """The share of one core a process used between two looks (1.0 = one core all the time), or None."""
+    if not now or not before or seconds_between <= 0 or "cpu_s" not in now or "cpu_s" not in before:
+        return None
+    return max(0.0, now["cpu_s"] - before["cpu_s"]) / seconds_between
+
+
+def peer_condition(now: dict | None, before: dict | None, seconds_between: float) -> dict:
+    """Busy or frozen, from two psutil looks at a peer whose heartbeat stopped: {"condition", "why", "cpu_share"}.
+
+    gone: no such process (or a zombie). frozen: stopped, traced, dead, or not running and using no CPU (a long
+    uninterruptible disk sleep, or a thread that holds the GIL while it waits). busy: running, or its CPU time
+    advances between the looks. look_again: only one look so far and the status alone does not say.
+    unknown: psutil cannot look (not installed, no permission).
+    """
+    if not now or "error" in now or ("status" not in now and now.get("exists") is not False):
+        return {"condition": UNKNOWN, "why": (now or {}).get("error") or "psutil cannot look at it",
+                "cpu_share": None}
+    status = now.get("status")
+    if now.get("exists") is False:
+        return {"condition": GONE, "why": "the process no longer exists", "cpu_share": None}
+    share = cpu_share(now, before, seconds_between)
+    used = f", {share:.0%} of a CPU over the last {seconds_between:.1f} s" if share is not None else ""
+    if status in HALTED_STATUSES:
+        return {"condition": FROZEN, "why": f"{status}{used}", "cpu_share": share}
+    if status == "running" or (share is not None and share >= BUSY_CPU_SHARE):
+        return {"condition": BUSY, "why": f"{status}{used}", "cpu_share": share}
+    if share is None and before is None:
+        return {"condition": LOOK_AGAIN, "why": f"{status}; CPU use not measured yet", "cpu_share": None}
+    return {"condition": FROZEN, "why": f"{status}{used}", "cpu_share": share}
 
 
 def progress_bars() -> list:
@@ -196,6 +248,46 @@ def flight_recorder_tail(limit: int = FR_TAIL) -> dict:
     if not entries:
         return {"unavailable": "Flight Recorder is off or empty (TORCH_FR_BUFFER_SIZE=0?)"}
     return {"entries": [_compact_fr_entry(e) for e in entries[-limit:]], "total": len(entries)}
+
+
+def flight_recorder_active() -> list:
+    """The Flight Recorder's entries not yet retired (on gloo `state` stays "scheduled": `retired` is what moves),
+    oldest first; only-active, no stack traces: the cheapest dump (pickle: about 3x faster than JSON at 2,000
+    entries, `python -m benchmarks.flight_recorder`). [] when it is off or unreadable; never raises."""
+    try:
+        import pickle
+
+        import torch._C._distributed_c10d as c10d_c
+
+        data = pickle.loads(c10d_c._dump_fr_trace(True, False, True))  # our own process's dump: not hostile input
+    except Exception:
+        return []
+    active = [e for e in (data.get("entries") or ()) if isinstance(e, dict) and not e.get("retired")
+              and e.get("state") != "completed" and not e.get("is_p2p")]
+    return sorted(active, key=lambda e: e.get("time_created_ns") or 0)
+
+
+def record_from_flight_recorder(entry: dict, state: dict, frame, now: float) -> dict | None:
+    """A record for a collective only the Flight Recorder saw, at the position this rank's recorded ops reach next.
+
+    ddpwatch's sequence numbers count the collectives it recorded; an op it never saw takes the next one on its
+    group, which lines up with the peers as long as every rank's unseen ops are the same. Its line is where the
+    training thread stands now in the user's code.
+    """
+    group = str((entry.get("process_group") or ["?"])[0])
+    created = (entry.get("time_created_ns") or 0) / 1e9
+    if not created:
+        return None
+    from .record import frame_site
+
+    return {"seq": (state.get("last_seq") or {}).get(group, -1) + 1, "group": group,
+            "op": str(entry.get("profiling_name", "")).split(":")[-1] or "collective",
+            "api": S.FLIGHT_RECORDER_ONLY, "p2p": False, "peer": None,
+            "shapes": [list(s) for s in entry.get("input_sizes") or () if isinstance(s, list)][:4],
+            "dtypes": [str(d) for d in entry.get("input_dtypes") or ()][:4], "site": frame_site(frame),
+            "via": None, "region": None, "start": round(created, 6), "age_s": round(max(0.0, now - created), 4),
+            "duration_s": None, "state": S.IN_FLIGHT, "error": None, "thread": "MainThread",
+            "flight_recorder": {"seq": entry.get("collective_seq_id"), "op": entry.get("profiling_name")}}
 
 
 def _compact_fr_entry(entry: dict) -> dict:

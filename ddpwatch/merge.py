@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import re
 import sys
-import time
 
-from . import report, snapshot as S
+from . import incident, report, snapshot as S
 
 RANK_FILE = re.compile(r"^rank-(\d+)\.json$")
 PROGRESS_FROM = 64  # files; below this a progress bar is noise
@@ -92,35 +91,10 @@ def common_world_size(chosen: dict) -> int:
     return world_size
 
 
-def trigger_of(findings: list) -> str:
-    """What an incident rebuilt offline counts as: a proven deadlock, a timeout (straggler), or a plain dump."""
-    kinds = {f["kind"] for f in findings}
-    if kinds - {"straggler"}:
-        return "deadlock"
-    return "timeout" if kinds else "dump"
-
-
 def incident_from_states(states: dict, world_size: int, grace: float, timeout: float, source: dict,
                          created_at: float | None = None) -> dict:
     """An incident document from rank snapshots, with ddpwatch's analysis run over them."""
-    from . import analysis
-
-    findings = analysis.analyze(states, world_size, grace, timeout)
-    created = created_at or max((s.get("published_at") or 0.0 for s in states.values()), default=0.0) or time.time()
-    return {
-        "format_version": S.FORMAT_VERSION,
-        "run_id": time.strftime("%Y%m%d-%H%M%S", time.localtime(created)) + f"-{source['kind'].replace('_', '-')}",
-        "world_size": world_size,
-        "created_at": created,
-        "trigger": trigger_of(findings),
-        "written_by": None,
-        "grace": grace,
-        "timeout": timeout,
-        "missing_ranks": [r for r in range(world_size) if r not in states],
-        "ranks": [states[r] for r in sorted(states)],
-        "findings": findings,
-        "source": source,
-    }
+    return incident.build(states, world_size, grace, timeout, source=source, created_at=created_at)
 
 
 def merged_incident(paths: list, grace: float = 2.0, timeout: float = 300.0) -> dict:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import sys
 import threading
+import weakref
 
 from . import snapshot
 from .record import Recorder, tensor_meta
@@ -46,7 +48,13 @@ OBJECT_COLLECTIVES = (
     "send_object_list", "recv_object_list",
 )
 BATCH_P2P = "batch_isend_irecv"
+COALESCING_MANAGER = "_coalescing_manager"
 PATCH_MARKER = "__ddpwatch_original__"
+# Backends whose collectives are done when the Python call (or Work.wait()) returns: the op runs on the host.
+# Every other backend (nccl, xccl, hccl, custom ones) may return before the device finished: there completion is
+# what Work.is_completed() says. Unknown backends are treated as device-asynchronous, which can only delay a
+# completion, never invent one.
+HOST_SYNC_BACKENDS = frozenset({"gloo", "mpi", "fake"})
 log = logging.getLogger("ddpwatch")
 _logged: set = set()
 
@@ -74,6 +82,7 @@ class Patcher:
     def __init__(self, recorder: Recorder):
         self.recorder = recorder
         self._originals: list = []  # (owner, attribute, original)
+        # id(process group) -> (weak reference, name): a destroyed group is not kept alive by the cache.
         self._group_cache: dict = {}
         self._lock = threading.Lock()
 
@@ -97,10 +106,15 @@ class Patcher:
                 self._patch_function(dist, c10d, name, lambda orig, n=name, o=op, p=peer_param:
                                      self._p2p_wrapper(orig, n, o, p))
             self._patch_function(dist, c10d, BATCH_P2P, self._batch_wrapper)
+            self._patch_function(dist, c10d, COALESCING_MANAGER, self._coalescing_wrapper)
+            self._patch_work_wait(c10d)
             for name in OBJECT_COLLECTIVES:
                 self._patch_function(dist, c10d, name, lambda orig, n=name: self._region_wrapper(
                     orig, snapshot.OBJECT_COLLECTIVE, n, skip_self=False))
             self._patch_ddp_internals(dist)
+            from .functional import patch_functional_collectives
+
+            patch_functional_collectives(self)
 
     def unpatch(self) -> None:
         with self._lock:
@@ -139,21 +153,40 @@ class Patcher:
         forward = DistributedDataParallel.forward
         if not hasattr(forward, PATCH_MARKER):
             self._replace(DistributedDataParallel, "forward", functools.wraps(forward)(self._ddp_forward_wrapper(forward)))
+        self._patch_fsdp2_forward()
         import torch.autograd
 
         backward = torch.autograd.backward
         if not hasattr(backward, PATCH_MARKER):
             self._replace(torch.autograd, "backward", functools.wraps(backward)(self._backward_wrapper(backward)))
 
+    def _patch_fsdp2_forward(self) -> None:
+        """FSDP2's pre-forward hook all-gathers the module's parameters: a region, like DDP.forward.
+
+        The hook is bound when fully_shard() runs: models sharded before the guard started are not covered.
+        """
+        try:
+            from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+        except ImportError:
+            return  # a torch without FSDP2
+        pre_forward = getattr(FSDPState, "_pre_forward", None)
+        if pre_forward is not None and not hasattr(pre_forward, PATCH_MARKER):
+            self._replace(FSDPState, "_pre_forward", functools.wraps(pre_forward)(
+                self._region_wrapper(pre_forward, snapshot.FSDP_FORWARD, "fully_shard forward", skip_self=False)))
+
     # ----- process groups -----
     def group_name(self, group):
         """A name every rank gives the same group (torch's own pg name), or None for a group this rank is not in."""
         c10d = self._c10d
         pg = c10d._world.default_pg if group is None else group
-        name = self._group_cache.get(pg)
-        if name is None:
-            name = self._describe_group(pg)
-            self._group_cache[pg] = name
+        entry = self._group_cache.get(id(pg))
+        if entry is not None and entry[0]() is pg:
+            return entry[1] or None
+        name = self._describe_group(pg)
+        try:
+            self._group_cache[id(pg)] = (weakref.ref(pg), name)
+        except TypeError:  # an object that takes no weak reference: describe it every time rather than pin it
+            pass
         return name or None
 
     def _describe_group(self, pg) -> str:
@@ -170,6 +203,7 @@ class Patcher:
         except Exception:
             ranks = None
         self.recorder.groups[name] = ranks
+        self.recorder.host_sync[name] = _runs_on_host(c10d, pg)
         return name
 
     # ----- wrappers -----
@@ -179,9 +213,7 @@ class Patcher:
         Never raises: a bug here must cost a record, not the user's collective.
         """
         try:
-            name = self._group_cache.get(self._c10d._world.default_pg if group is None else group)
-            if name is None:
-                name = self.group_name(group)
+            name = self.group_name(group)
             if not name:
                 return None
             return self.recorder.begin(op, api, name, tensors() if callable(tensors) else tensors, caller, peer)
@@ -222,7 +254,8 @@ class Patcher:
         tensor_i = [(_param_index(signature, p), p) for p in tensor_params]
         recorder = self.recorder
         local = recorder._local
-        run = self._run
+        coalescing = self._c10d._world.pg_coalesce_state
+        world = self._c10d._world
 
         def wrapper(*args, **kwargs):
             if getattr(local, "depth", 0):
@@ -230,53 +263,92 @@ class Patcher:
             local.depth = 1
             try:
                 try:
-                    metas = ()
-                    for index, name in tensor_i:
-                        metas += tensor_meta(args[index] if index is not None and index < len(args)
-                                             else kwargs.get(name))
                     group = args[group_i] if group_i is not None and group_i < len(args) else kwargs.get("group")
-                    record = self._begin(op, api, group, metas, sys._getframe(1))
+                    if coalescing and (world.default_pg if group is None else group) in coalescing:
+                        record = None  # queued inside _coalescing_manager: recorded once, when it is issued
+                    else:
+                        metas = ()
+                        for index, name in tensor_i:
+                            metas += tensor_meta(args[index] if index is not None and index < len(args)
+                                                 else kwargs.get(name))
+                        record = self._begin(op, api, group, metas, sys._getframe(1))
                 except Exception:
                     record = None  # never the user's problem; _begin logs its own failures
                 if record is None:
                     return original(*args, **kwargs)
+                local.issuing = record  # a Work.wait() inside this call (c10d's own, for a sync call) is this op's
                 try:
-                    return run(record, original, args, kwargs, async_i)
+                    result = original(*args, **kwargs)
                 except BaseException as exc:
                     recorder.finish(record, exc)
                     raise
+                finally:
+                    local.issuing = None
+                user_async = async_i is not None and (args[async_i] if async_i < len(args)
+                                                      else kwargs.get("async_op", False))
+                recorder.issued(record, result if user_async else None)
+                return result
             finally:
                 local.depth = 0
 
         return wrapper
 
-    def _run(self, record, original, args, kwargs, async_i):
-        """Call the collective; "done" means the Work completed, not that the Python call returned (NCCL)."""
+    def _patch_work_wait(self, c10d) -> None:
+        """Work.wait() returning is when a host-synchronous op is done; on a device it only hands over the Work."""
+        work_class = getattr(c10d, "Work", None)
+        original = getattr(work_class, "wait", None)
+        if original is None or hasattr(original, PATCH_MARKER):
+            return
         recorder = self.recorder
-        if async_i is None:
-            result = original(*args, **kwargs)
-            recorder.finish(record)
+        local = recorder._local
+
+        def wait(work, *args, **kwargs):
+            try:
+                result = original(work, *args, **kwargs)
+            except BaseException as exc:
+                recorder.waited(work, getattr(local, "issuing", None), exc)
+                raise
+            recorder.waited(work, getattr(local, "issuing", None))
             return result
-        user_async = bool(args[async_i] if async_i < len(args) else kwargs.get("async_op", False))
-        if not user_async:
-            # c10d's own synchronous path is `work = ...(async_op=True); work.wait()`: take the same path, keep the handle.
-            if async_i < len(args):
-                args = args[:async_i] + (True,) + args[async_i + 1:]
-            else:
-                kwargs["async_op"] = True
-        handle = original(*args, **kwargs)
-        completed = getattr(handle, "is_completed", None) or getattr(handle, "done", None)
-        if completed is None:  # None (not a member of the group), or no handle at all
-            recorder.finish(record)
-            return handle if user_async else None
-        record.work = handle
-        if user_async:
-            return handle
-        handle.wait()
-        if completed():
-            recorder.finish(record)
-        # else: NCCL returned before the GPU finished; the watchdog's poll_pending completes it later.
-        return None
+
+        self._replace(work_class, "wait", functools.wraps(original)(wait))
+
+    def _coalescing_wrapper(self, original):
+        """_coalescing_manager queues the collectives inside it and issues them as one op at its exit: record that."""
+        patcher = self
+        recorder = self.recorder
+
+        @contextlib.contextmanager
+        def coalescing(group=None, device=None, async_ops=False):
+            context = original(group, device, async_ops)
+            manager = context.__enter__()
+            try:
+                yield manager
+            except BaseException:
+                if not context.__exit__(*sys.exc_info()):
+                    raise
+                return
+            queued = list(patcher._c10d._world.pg_coalesce_state.get(
+                patcher._c10d._world.default_pg if group is None else group) or ())
+            record = None
+            if queued and not getattr(recorder._local, "depth", 0):
+                op_name = getattr(queued[0].op, "__name__", "collective")
+                canonical = COLLECTIVES.get(op_name, (op_name,))[0]
+                record = patcher._begin(canonical, f"{op_name} (coalesced x{len(queued)})", group,
+                                        lambda: tensor_meta([getattr(q, "tensor", None) for q in queued]),
+                                        sys._getframe(1))
+            if record is None:
+                context.__exit__(None, None, None)
+                return
+            try:
+                context.__exit__(None, None, None)
+            except BaseException as exc:
+                recorder.finish(record, exc)
+                raise
+            works = [w for w in manager.works if hasattr(w, "is_completed")]
+            recorder.issued(record, _AllOf(works) if async_ops and works else None)
+
+        return coalescing
 
     def _p2p_wrapper(self, original, api: str, op: str, peer_param: str):
         signature = inspect.signature(original)
@@ -298,10 +370,7 @@ class Patcher:
         return self._outermost(original, body)
 
     def _complete_later_or_now(self, record, handle) -> None:
-        if handle is not None:
-            record.work = handle  # isend/irecv/batch: completes when the peer matches it; the watchdog polls
-        else:
-            self.recorder.finish(record)
+        self.recorder.issued(record, handle)  # isend/irecv/batch: completes when the peer matches it
 
     def _batch_wrapper(self, original):
         def body(args, kwargs, caller):
@@ -407,6 +476,17 @@ class Patcher:
             return result
 
         return backward
+
+
+def _runs_on_host(c10d, pg) -> bool:
+    """Whether every backend of this group finishes its ops on the host (gloo), so a returned call is a done op."""
+    try:
+        name = pg._get_backend_name() if hasattr(pg, "_get_backend_name") else c10d.get_backend(pg)
+    except Exception:
+        return False
+    # "gloo", or "cpu:gloo,cuda:nccl" for a group with a backend per device type
+    backends = {part.split(":")[-1].strip().lower() for part in str(name).split(",") if part.strip()}
+    return bool(backends) and backends <= HOST_SYNC_BACKENDS
 
 
 class _AllOf:

@@ -20,6 +20,7 @@ __all__ = [
     "function_rank_names",
     "module_rank_names",
     "rank_guarded_exit",
+    "rank_only_decorator",
     "rank_condition_at",
     "rank_condition_at_path",
     "clear_cache",
@@ -52,6 +53,12 @@ RANK_ENV_VARS: frozenset[str] = frozenset({
     "RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "GLOBAL_RANK",
     "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
+})
+
+# Decorators that run the function on some ranks only (Lightning's rank_zero_only, Accelerate's on_main_process...).
+RANK_ONLY_DECORATORS: frozenset[str] = frozenset({
+    "rank_zero_only", "rank_zero_first", "on_main_process", "on_local_main_process", "on_process",
+    "on_local_process", "on_last_process", "main_process_only", "master_only", "on_rank_0", "rank0_only",
 })
 
 # Wrappers that keep a value rank-dependent: int(os.environ["RANK"]) is still the rank.
@@ -323,6 +330,16 @@ def rank_guarded_exit(stmt: ast.stmt, rank_names: Iterable[str] = DEFAULT_RANK_N
     return exits[0] if len(exits) == 1 else None
 
 
+def rank_only_decorator(function: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.expr | None:
+    """The decorator that makes ``function`` run on some ranks only (``@rank_zero_only``), or None."""
+    for decorator in function.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        name = dotted_name(target)
+        if name is not None and name.split(".")[-1] in RANK_ONLY_DECORATORS:
+            return decorator
+    return None
+
+
 def _exit_applies(exit_stmt: ast.stmt, in_function: bool, in_loop: bool) -> bool:
     """A return leaves the function; continue/break only matter inside a loop of this scope."""
     if isinstance(exit_stmt, ast.Return):
@@ -381,8 +398,12 @@ def _condition_in_stmt(stmt: ast.stmt, line: int, lines: list[str], names: set[s
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
         if not stmt.body or line < stmt.body[0].lineno:
             return best  # decorators and the signature run where the def is
-        # a function body runs wherever it is called, not under the condition around its def
-        return _condition_in_block(stmt.body, line, lines, function_rank_names(stmt, names), True, False, None)
+        # a function body runs wherever it is called, not under the condition around its def; a rank-only
+        # decorator (`@rank_zero_only`) is a condition over the whole body
+        decorator = rank_only_decorator(stmt)
+        best = None if decorator is None else {"line": decorator.lineno, "kind": "decorator",
+                                               "text": _header_text(lines, decorator)}
+        return _condition_in_block(stmt.body, line, lines, function_rank_names(stmt, names), True, False, best)
     if isinstance(stmt, ast.ClassDef):
         return _condition_in_block(stmt.body, line, lines, names, False, False, best)
     if isinstance(stmt, (ast.If, ast.While)) and is_rank_condition(stmt.test, names):

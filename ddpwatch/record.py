@@ -51,40 +51,104 @@ def _stdlib_prefixes() -> tuple:
 _EXAMPLES_DIR = os.path.join(_PACKAGE_DIR, "examples") + os.sep
 _STDLIB_PREFIXES = _stdlib_prefixes()
 _SITE_PACKAGES = ("site-packages" + os.sep, "dist-packages" + os.sep)
-# Code objects seen so far -> whether they are internal. Keyed by code object so the hot path does one dict lookup.
-_internal_code: dict = {}
+
+# What a frame is, for finding "the user's line": never the user's (ddpwatch, torch, the standard library), an
+# installed framework's (lightning, accelerate...: the user called it, it is not the line to change), or the user's.
+INTERNAL, LIBRARY, USER = 0, 1, 2
+# Code objects seen so far -> INTERNAL/LIBRARY/USER. Keyed by code object so the hot path does one dict lookup.
+_kind_of_code: dict = {}
+# Top-level package names that count as the user's although installed, and ones that count as library although
+# not installed (config options user_packages / library_packages, set by the session through configure_frames).
+_user_packages: frozenset = frozenset()
+_library_packages: frozenset = frozenset()
+
+
+def configure_frames(user_packages=(), library_packages=()) -> None:
+    """Name packages that count as the user's code (a user's own installed package) or as a library."""
+    global _user_packages, _library_packages
+    _user_packages = frozenset(p for p in user_packages if p)
+    _library_packages = frozenset(p for p in library_packages if p)
+    _kind_of_code.clear()
+
+
+def installed_package(path: str) -> str | None:
+    """The top-level package of a file under site-packages/dist-packages ('lightning'), else None."""
+    for marker in _SITE_PACKAGES:
+        at = path.rfind(marker)
+        if at >= 0:
+            rest = path[at + len(marker):]
+            top = rest.split(os.sep, 1)[0]
+            return top[:-3] if top.endswith(".py") else top
+    return None
+
+
+def file_kind(filename: str, module: str | None = None) -> int:
+    """INTERNAL, LIBRARY or USER for a frame in this file (`module`: the frame's __name__, when known)."""
+    if filename.startswith("<"):
+        return INTERNAL  # <frozen importlib...>, <string>: never a line a user can open
+    path = os.path.abspath(filename)
+    if path.startswith(_own_prefixes()):
+        return USER if path.startswith(_EXAMPLES_DIR) else INTERNAL  # the bundled examples play the user's part
+    package = installed_package(path)
+    top = (module or "").split(".", 1)[0] or package
+    if top and top in _user_packages:
+        return USER
+    if package is not None or (top and top in _library_packages):
+        return LIBRARY
+    # A virtualenv's site-packages can sit under the stdlib folder: handled above, as an installed package.
+    return INTERNAL if path.startswith(_STDLIB_PREFIXES) else USER
 
 
 def is_internal_file(filename: str) -> bool:
-    """Whether a frame in this file belongs to ddpwatch, torch or the standard library (never the user's line)."""
-    if filename.startswith("<"):
-        return True  # <frozen importlib...>, <string>: never a line a user can open
-    path = os.path.abspath(filename)
-    if path.startswith(_own_prefixes()):
-        return not path.startswith(_EXAMPLES_DIR)  # the bundled example scripts play the user's part
-    # A virtualenv's site-packages can sit under the stdlib folder: third-party code there is the user's.
-    return path.startswith(_STDLIB_PREFIXES) and not any(marker in path for marker in _SITE_PACKAGES)
+    """Whether a frame in this file is not the user's own code (ddpwatch, torch, stdlib or an installed library)."""
+    return file_kind(filename) != USER
 
 
-def _is_internal_code(code) -> bool:
-    internal = _internal_code.get(code)
-    if internal is None:
-        internal = _internal_code[code] = is_internal_file(code.co_filename)
-    return internal
+def _code_kind(frame) -> int:
+    code = frame.f_code
+    kind = _kind_of_code.get(code)
+    if kind is None:
+        kind = _kind_of_code[code] = file_kind(code.co_filename, frame.f_globals.get("__name__"))
+    return kind
 
 
 def user_frame(frame):
-    """The innermost frame outside torch, ddpwatch and the standard library, or None."""
-    cache = _internal_code
+    """The innermost frame of the user's own code (not torch, ddpwatch, the standard library or a library), or None."""
+    cache = _kind_of_code
     while frame is not None:
-        code = frame.f_code
-        internal = cache.get(code)
-        if internal is None:
-            internal = cache[code] = is_internal_file(code.co_filename)
-        if not internal:
+        kind = cache.get(frame.f_code)
+        if kind is None:
+            kind = _code_kind(frame)
+        if kind == USER:
             return frame
         frame = frame.f_back
     return None
+
+
+def user_frame_and_via(frame):
+    """(the user's innermost frame, the outermost library frame below it: the framework call it went through)."""
+    cache = _kind_of_code
+    via = None
+    while frame is not None:
+        kind = cache.get(frame.f_code)
+        if kind is None:
+            kind = _code_kind(frame)
+        if kind == USER:
+            return frame, via
+        if kind == LIBRARY:
+            via = frame
+        frame = frame.f_back
+    return None, via
+
+
+def via_site(frame) -> tuple | None:
+    """A library frame as (file, line, qualified function, package): "via DDPStrategy.barrier in lightning"."""
+    if frame is None:
+        return None
+    code = frame.f_code
+    name = getattr(code, "co_qualname", code.co_name)
+    package = installed_package(os.path.abspath(code.co_filename)) or (frame.f_globals.get("__name__") or "?").split(".")[0]
+    return (code.co_filename, frame.f_lineno, name, package)
 
 
 def frame_site(frame) -> dict | None:
@@ -116,7 +180,7 @@ def _thread_name(ident: int) -> str:
 class Record:
     """One collective as this rank issued it. Slots, raw values: formatting waits until someone reads it."""
 
-    __slots__ = ("seq", "group", "op", "api", "peer", "tensors", "site", "region",
+    __slots__ = ("seq", "group", "op", "api", "peer", "tensors", "site", "via", "region",
                  "start_mono", "end_mono", "state", "error", "work", "thread")
 
     def to_dict(self, now_mono: float) -> dict:
@@ -132,6 +196,8 @@ class Record:
             "shapes": shapes,
             "dtypes": dtypes,
             "site": _site_dict(self.site),
+            "via": self.via and {"file": self.via[0], "line": self.via[1], "function": self.via[2],
+                                 "package": self.via[3]},
             "region": self.region and {"kind": self.region[0], "site": self.region[1], "api": self.region[2]},
             "start": round(self.start_mono + _WALL_OFFSET, 6),
             "age_s": round(now_mono - self.start_mono, 4),
@@ -173,6 +239,8 @@ class Recorder:
         self._counters: dict = {}
         self.last_seq: dict = {}
         self.groups: dict = {}
+        self.host_sync: dict = {}  # group name -> whether its ops are done when their call returns (gloo)
+        self._by_work: dict = {}  # id(Work) -> the record it completes (the record holds the Work: no id reuse)
         self.progress = 0
         self.progress_mono = time.monotonic()
         self.site_counts: dict = {}
@@ -229,7 +297,8 @@ class Recorder:
         record.thread = ident = threading.get_ident()
         if ident not in _thread_names:
             _thread_names[ident] = threading.current_thread().name  # once per thread: it may be gone when read
-        frame = user_frame(caller)  # found now: the stack is gone by the time anyone reads the record
+        frame, via = user_frame_and_via(caller)  # found now: the stack is gone by the time anyone reads the record
+        record.via = via and via_site(via)
         if frame is not None:
             code = frame.f_code
             record.site = site = (code.co_filename, frame.f_lineno, code.co_name)
@@ -249,7 +318,43 @@ class Recorder:
         """Bound the in-flight set: a backend whose Work never says "completed" must not grow it forever."""
         oldest = self.inflight.pop(next(iter(self.inflight)))
         oldest.state = snapshot.UNTRACKED
-        oldest.work = None
+        self._forget_work(oldest)
+
+    def _forget_work(self, record: Record) -> None:
+        work = record.work
+        if work is not None:
+            if self._by_work.get(id(work)) is record:
+                del self._by_work[id(work)]
+            record.work = None
+
+    def issued(self, record: Record, handle=None) -> None:
+        """The collective's call returned: decide whether the op is done now or when its Work says so.
+
+        `handle` is the Work an async call returned to the user. A synchronous call on a host backend (gloo) is done
+        when it returns; on a device backend (NCCL) it is done when the Work that c10d waited on inside the call
+        (captured by `waited`) completes, which the watchdog polls.
+        """
+        if handle is None or not hasattr(handle, "is_completed"):
+            work = record.work
+            if work is None or self.host_sync.get(record.group, False) or _completed(work):
+                self.finish(record)
+            return
+        record.work = handle
+        self._by_work[id(handle)] = record
+
+    def waited(self, work, issuing: Record | None, error: BaseException | None = None) -> None:
+        """Work.wait() returned (or raised). Inside a synchronous call it only names that call's Work."""
+        if issuing is not None and issuing.work is None:
+            if error is None and not self.host_sync.get(issuing.group, False):
+                issuing.work = work
+            return
+        record = self._by_work.get(id(work))
+        if record is None or record.work is not work:
+            return
+        if error is not None:
+            self.finish(record, error)
+        elif self.host_sync.get(record.group, False) or _completed(work):
+            self.finish(record)  # on a host backend a returned wait() is completion, whatever is_completed says
 
     def finish(self, record: Record, error: BaseException | None = None) -> None:
         if error is not None and self.abort_code:
@@ -260,7 +365,7 @@ class Recorder:
             record.error = f"{type(error).__name__}: {error}"[:500]
         else:
             record.state = snapshot.COMPLETED
-        record.work = None
+        self._forget_work(record)
         self.inflight.pop(id(record), None)
         self.progress += 1
         hook = self.failure_hook
@@ -329,6 +434,13 @@ class Recorder:
         }
 
 
+def _completed(work) -> bool:
+    try:
+        return bool(work.is_completed())
+    except Exception:
+        return False
+
+
 def _exit_now(code: int) -> None:
     try:
         sys.stderr.flush()
@@ -348,8 +460,14 @@ def python_stacks(skip_thread: int | None = None, limit: int = 60) -> list:
         frames = []
         while frame is not None and len(frames) < limit:
             code = frame.f_code
-            frames.append({"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name,
-                           "internal": _is_internal_code(code)})
+            kind = _kind_of_code.get(code)
+            if kind is None:
+                kind = _code_kind(frame)
+            entry = {"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name,
+                     "internal": kind != USER}
+            if kind == LIBRARY:
+                entry["library"] = True
+            frames.append(entry)
             frame = frame.f_back
         frames.reverse()
         stacks.append({"thread": names.get(ident, f"thread-{ident}"), "main": ident == main_ident, "frames": frames})

@@ -239,14 +239,9 @@ def _single_incident(paths: list) -> dict | None:
 
 
 def _reanalyze(incident: dict, grace: float | None, timeout: float | None) -> dict:
-    from . import analysis
+    from .incident import reanalyze
 
-    states = {state["rank"]: state for state in incident.get("ranks") or ()}
-    grace = incident.get("grace", 2.0) if grace is None else grace
-    timeout = incident.get("timeout", 300.0) if timeout is None else timeout
-    incident["findings"] = analysis.analyze(states, incident["world_size"], grace, timeout) \
-        or incident.get("findings", [])
-    return incident
+    return reanalyze(incident, grace, timeout)
 
 
 def build_incident(args) -> dict:

@@ -13,7 +13,7 @@ import threading
 from . import config as config_module
 from . import control as control_module
 from .patch import PATCH_MARKER, Patcher
-from .record import Recorder
+from .record import Recorder, configure_frames
 
 log = logging.getLogger("ddpwatch")
 
@@ -33,6 +33,7 @@ class Session:
         self._init_patch = []
 
     def start(self) -> None:
+        configure_frames(self.config.user_packages, self.config.library_packages)
         self.patcher.patch()
         self._wrap_lifecycle()
         self.arm()

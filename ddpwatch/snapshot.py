@@ -37,6 +37,7 @@ EXITED = "exited"
 # Region kinds: what the record happened inside of.
 DDP_FORWARD = "ddp_forward"
 OBJECT_COLLECTIVE = "object_collective"
+FSDP_FORWARD = "fsdp_forward"  # FSDP2 (fully_shard): the pre-forward hook that all-gathers a module's parameters
 
 # APIs through which DDP itself talks, and why (the fix text leans on these).
 DDP_BUFFER_BROADCAST = "_broadcast_coalesced"
@@ -44,6 +45,8 @@ DDP_BUCKET_REBUILD = "Reducer._rebuild_buckets"
 DDP_VERIFY_PARAMS = "_verify_params_across_processes"
 # Not a Python call: the gradient all-reduce DDP's C++ Reducer runs inside backward(), recorded at the backward call.
 DDP_GRAD_ALLREDUCE = "DDP.backward_all_reduce"
+# A collective that Python never saw (compiled graph, torch.ops, C++), taken from the Flight Recorder's active entries.
+FLIGHT_RECORDER_ONLY = "flight_recorder"
 TRAINING_STEP_APIS = (DDP_BUFFER_BROADCAST, DDP_BUCKET_REBUILD, DDP_GRAD_ALLREDUCE)
 
 

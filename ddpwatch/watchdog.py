@@ -10,9 +10,10 @@ import sys
 import threading
 import time
 
-from . import analysis, evidence, private, report, snapshot as S
+from . import analysis, evidence, frameworks, private, report, snapshot as S
 from .config import torchelastic_error_file
-from .record import is_internal_file, python_stacks
+from .incident import build as build_incident
+from .record import is_internal_file, python_stacks, user_frame
 from .store import StoreUnavailable
 
 log = logging.getLogger("ddpwatch")
@@ -76,6 +77,10 @@ class Watchdog(threading.Thread):
         self._store_ok = True
         self.sampler = evidence.ProcessSampler()
         self._frozen_stacks: dict = {}
+        self._explained: tuple = (None, (None, None))  # (the wait it was read for, (framework context, condition))
+        self._watched_states: dict = {}  # the peers' states of the last look that started an incident
+        self._unseen: tuple = (None, None, 0.0)  # (progress, Flight-Recorder-only record found, idle of next read)
+        self._peer_looks: dict = {}  # rank -> (pid, psutil facts, monotonic time) of the last look while silent
 
     # ----- lifecycle -----
     def stop(self, timeout: float = 5.0) -> None:
@@ -224,13 +229,140 @@ class Watchdog(threading.Thread):
                "pid": os.getpid(), "host": self.host, "beat": self.beat, "published_at": time.time(),
                "status": S.RUNNING}
         doc.update(self.recorder.snapshot(recent=32 if full else 8))
+        self._add_unseen_collective(doc)
         if full:
             doc["stacks"] = python_stacks(skip_thread=threading.get_ident())
             doc["process"] = self.sampler.facts()
             doc["progress_bars"] = evidence.progress_bars()
             doc["flight_recorder"] = evidence.flight_recorder_tail()
             evidence.align_flight_recorder(doc)
+        self._explain_wait(doc, full)
         return doc
+
+    def _explain_wait(self, doc: dict, full: bool) -> None:
+        """A rank waiting in a collective says what its own code was doing: the framework call behind it (Lightning's
+        deferred `self.log` reduction) and the rank condition its code stands under.
+
+        The leader decides culprits from these before it asks for stacks; read once per wait (files parse once).
+        """
+        record = analysis.waiting_record(doc)
+        if record is None or (record.get("age_s", 0.0) < self.config.grace and not full):
+            return
+        key = (record["group"], record["seq"], record.get("peer"), record.get("api"))
+        if self._explained[0] != key:
+            self._explained = (key, self._read_wait(doc.get("stacks")))
+        context, condition = self._explained[1]
+        if context is not None:
+            record["framework"] = dict(context, stack_site=record.get("site"))
+            if context.get("site"):
+                record["site"] = context["site"]
+        doc["rank_condition"] = condition
+
+    def _read_wait(self, stacks) -> tuple:
+        main = sys._current_frames().get(threading.main_thread().ident)
+        context = None
+        try:
+            context = frameworks.framework_context(main)
+        except Exception:
+            self._log_once("framework", "ddpwatch: could not read the framework's state", exc_info=True)
+        site = (context or {}).get("site")
+        condition = evidence.rank_condition_at_site(site) if site else None
+        if condition is None:
+            stacks = stacks or python_stacks(skip_thread=threading.get_ident())
+            condition = evidence.rank_condition_of({"stacks": stacks})
+        return context, condition
+
+    def _add_unseen_collective(self, doc: dict) -> None:
+        """No recorded collective in flight, no progress, and the training thread sits inside torch: ask the
+        Flight Recorder whether c10d has an op in flight that Python never saw (compiled graphs, torch.ops, C++).
+
+        A read costs up to ~30 ms at 2,000 entries (benchmarks.flight_recorder) and holds the GIL: one read per
+        doubling of the idle time (grace, 2 grace, 4 grace...), and a found op is kept, not read again.
+        """
+        idle = doc.get("idle_s", 0.0)
+        if doc["inflight"] or idle < self.config.grace:
+            return
+        progress, found, next_read = self._unseen
+        if progress != doc["progress"]:
+            found, next_read = None, self.config.grace
+        if found is None and idle >= next_read:
+            found = self._read_unseen_collective(doc)
+            next_read = min(2 * idle, idle + 30.0)
+        self._unseen = (doc["progress"], found, next_read)
+        if found is not None:
+            record = dict(found, age_s=round(max(0.0, time.time() - found["start"]), 4))
+            if record["age_s"] >= self.config.grace:
+                doc["inflight"] = [record]
+
+    def _read_unseen_collective(self, doc: dict) -> dict | None:
+        main = sys._current_frames().get(threading.main_thread().ident)
+        if main is None or not is_internal_file(main.f_code.co_filename):
+            return None  # running the user's own Python: busy, not blocked in a native wait
+        entries = evidence.flight_recorder_active()
+        if not entries:
+            return None
+        return evidence.record_from_flight_recorder(entries[0], doc, user_frame(main), time.time())
+
+    def _explain_wait(self, doc: dict, full: bool) -> None:
+        """A rank waiting in a collective says what its own code was doing: the framework call behind it (Lightning's
+        deferred `self.log` reduction) and the rank condition its code stands under.
+
+        The leader decides culprits from these before it asks for stacks; read once per wait (files parse once).
+        """
+        record = analysis.waiting_record(doc)
+        if record is None or (record.get("age_s", 0.0) < self.config.grace and not full):
+            return
+        key = (record["group"], record["seq"], record.get("peer"), record.get("api"))
+        if self._explained[0] != key:
+            self._explained = (key, self._read_wait(doc.get("stacks")))
+        context, condition = self._explained[1]
+        if context is not None:
+            record["framework"] = dict(context, stack_site=record.get("site"))
+            if context.get("site"):
+                record["site"] = context["site"]
+        doc["rank_condition"] = condition
+
+    def _read_wait(self, stacks) -> tuple:
+        main = sys._current_frames().get(threading.main_thread().ident)
+        context = None
+        try:
+            context = frameworks.framework_context(main)
+        except Exception:
+            self._log_once("framework", "ddpwatch: could not read the framework's state", exc_info=True)
+        site = (context or {}).get("site")
+        condition = evidence.rank_condition_at_site(site) if site else None
+        if condition is None:
+            stacks = stacks or python_stacks(skip_thread=threading.get_ident())
+            condition = evidence.rank_condition_of({"stacks": stacks})
+        return context, condition
+
+    def _add_unseen_collective(self, doc: dict) -> None:
+        """No recorded collective in flight, no progress, and the training thread sits inside torch: ask the
+        Flight Recorder whether c10d has an op in flight that Python never saw (compiled graphs, torch.ops, C++)."""
+        if doc["inflight"] or doc.get("idle_s", 0.0) < self.config.grace:
+            return
+        main = sys._current_frames().get(threading.main_thread().ident)
+        if main is None or not is_internal_file(main.f_code.co_filename):
+            return  # running the user's own Python: busy, not blocked in a native wait
+        entries = evidence.flight_recorder_active()
+        if not entries:
+            return
+        record = evidence.record_from_flight_recorder(entries[0], doc, user_frame(main), time.time())
+        if record is not None and record["age_s"] >= self.config.grace:
+            doc["inflight"] = [record]
+    def _add_rank_condition(self, doc: dict) -> None:
+        """A rank waiting in a collective says whether its own code got there under a rank condition.
+
+        The leader decides culprits from it before it asks for stacks; read once per wait (parsed files are cached).
+        """
+        record = analysis.waiting_record(doc)
+        if record is None or record.get("age_s", 0.0) < self.config.grace:
+            return
+        key = (record["group"], record["seq"], record.get("peer"))
+        if self._condition_for[0] != key:
+            stacks = python_stacks(skip_thread=threading.get_ident())
+            self._condition_for = (key, evidence.rank_condition_of({"stacks": stacks}))
+        doc["rank_condition"] = self._condition_for[1]
 
     def _publish_exit(self) -> None:
         if not self._store_ok:
@@ -285,6 +417,7 @@ class Watchdog(threading.Thread):
         docs = self.store.get_many(keys)
         states = {doc["rank"]: doc for doc in docs.values() if isinstance(doc, dict) and "rank" in doc}
         silent = self._silent_peers(states)
+        self._watched_states = states  # a busy peer cannot contribute to an incident: its last state stands in
         assessment = analysis.assess(states, self.world_size, self.config.grace, self.config.timeout, silent)
         if assessment.verdict is None or assessment.fingerprint in self.reported:
             return
@@ -294,26 +427,54 @@ class Watchdog(threading.Thread):
         self.run_incident(assessment, silent)
 
     def _silent_peers(self, states: dict) -> dict:
-        """Peers whose heartbeat has not moved for dead_after seconds (or never came), with what psutil says."""
+        """Peers whose heartbeat has not moved for dead_after seconds (or never came), with what psutil says.
+
+        A silent peer on this host that psutil sees running or using CPU is busy, not frozen: one long GIL-holding
+        call silences its watchdog thread too. It is left out of the answer and its stale state in `states` is
+        replaced by a busy one (see _busy_state), so only the straggler timeout can report on it, like any busy rank.
+        """
         silent = {}
         for rank in range(self.world_size):
             if rank == self.rank:
                 continue
             quiet = self._silent_for(rank, states.get(rank))
             if quiet < self.config.dead_after:
+                self._peer_looks.pop(rank, None)  # CPU use is measured within one silence, from its first look
                 continue
             last = states.get(rank)
             view = {"silent_s": round(quiet, 1), "last_state": last}
             if last is None:
                 view["never_published"] = True
             elif last.get("host") == self.host:
-                view["process"] = evidence.peer_process_facts(int(last.get("pid", 0)))
+                view["process"] = self._look_at_peer(rank, int(last.get("pid", 0)))
+                condition = (view["process"] or {}).get("condition")
+                if condition in (evidence.BUSY, evidence.LOOK_AGAIN):
+                    states[rank] = self._busy_state(last)
+                    continue
                 if (view["process"] or {}).get("exists"):
                     self._read_frozen_stack(rank, view)
             else:
-                view["remote"] = True  # another host: psutil cannot look
+                view["remote"] = True  # another host: psutil cannot look, so busy and frozen look the same
             silent[rank] = view
         return silent
+
+    def _look_at_peer(self, rank: int, pid: int) -> dict | None:
+        """psutil's facts about a silent local peer, judged busy or frozen against the previous look at it."""
+        facts = evidence.peer_process_facts(pid)
+        now = time.monotonic()
+        previous = self._peer_looks.get(rank)
+        self._peer_looks[rank] = (pid, facts, now)
+        if facts is None:
+            return None
+        before, seconds = (previous[1], now - previous[2]) if previous and previous[0] == pid else (None, 0.0)
+        judged = evidence.peer_condition(facts, before, seconds)
+        return dict(facts, condition=judged["condition"], why=judged["why"], cpu_share=judged["cpu_share"])
+
+    @staticmethod
+    def _busy_state(last: dict) -> dict:
+        """A busy peer's last published state, without its in-flight records: those may be from before it went
+        busy (the barrier it just left), and a stale wait must never count as blocked or prove a deadlock."""
+        return dict(last, inflight=[])
 
     def _read_frozen_stack(self, rank: int, view: dict) -> None:
         """A frozen peer cannot answer: read its Python stack from outside with py-spy (once per peer)."""
@@ -352,6 +513,9 @@ class Watchdog(threading.Thread):
         for rank, view in (silent or {}).items():
             if rank not in final and view.get("last_state"):
                 final[rank] = dict(view["last_state"], stale=True)  # its last heartbeat: all there is
+        for rank, state in self._watched_states.items():
+            if rank not in final:
+                final[rank] = dict(state, stale=True)  # too busy (a GIL-holding call) to answer: its last state
         again = analysis.assess(final, self.world_size, self.config.grace, self.config.timeout, silent)
         if assessment.verdict == analysis.DEADLOCK and (again.verdict, again.fingerprint) != (
                 assessment.verdict, assessment.fingerprint):
@@ -359,24 +523,13 @@ class Watchdog(threading.Thread):
             return None
         findings = again.findings if again.verdict else ([] if assessment.verdict == analysis.DUMP
                                                           else assessment.findings)
-        try:
-            evidence.add_rank_conditions(findings, final)
-        except Exception:
-            self._log_once("rank-conditions", "ddpwatch: could not read rank conditions", exc_info=True)
-        incident = {
-            "format_version": S.FORMAT_VERSION,
-            "run_id": self._incident_id(),
-            "world_size": self.world_size,
-            "created_at": time.time(),
-            "trigger": assessment.verdict,
-            "written_by": self.rank,
-            "grace": self.config.grace,
-            "timeout": self.config.timeout,
-            "ranks": [final[r] for r in sorted(final)],
-            "missing_ranks": [r for r in range(self.world_size) if r not in contributions],
-            "findings": findings,
-        }
+        incident = build_incident(final, self.world_size, self.config.grace, self.config.timeout, silent=silent,
+                                  trigger=assessment.verdict, findings=findings, run_id=self._incident_id(),
+                                  written_by=self.rank, created_at=time.time(),
+                                  missing_ranks=[r for r in range(self.world_size) if r not in contributions])
         folder, note = report.write_incident(self.config.dir, incident["run_id"], incident)
+        if action == "abort":
+            self.recorder.abort_code = self.config.exit_code  # the verdict is out: from here on this rank only ends
         text = report.render.render_text(incident)
         sys.stderr.write("\n" + text + (f"ddpwatch: {note}\n" if note else ""))  # after any progress bar
         sys.stderr.flush()

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCHMARKS = ["overhead_ops", "overhead_training", "time_to_verdict", "scale", "soak", "startup", "step_cost"]  # memory: runner
+BENCHMARKS = ["overhead_ops", "overhead_training", "time_to_verdict", "scale", "soak", "startup", "step_cost",
+              "flight_recorder"]  # memory: runner
 LIMIT_S = 150  # hard limit per quick run; each takes 5-25 s here
 TABLE_ROW = re.compile(r"^\|.*\|$", re.MULTILINE)
 TABLE_RULE = re.compile(r"^\|-[-|]*\|$", re.MULTILINE)

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -51,3 +52,64 @@ def test_report_on_a_missing_or_foreign_folder_is_a_clear_error(tmp_path):
     (tmp_path / "report.json").write_text('{"format_version": 99}')
     foreign = _run(["report", str(tmp_path)], tmp_path, timeout=60)
     assert foreign.returncode == 2 and "format_version 99" in foreign.stderr
+
+
+def test_version_prints_the_package_version():
+    import ddpwatch
+
+    done = subprocess.run([sys.executable, "-m", "ddpwatch", "--version"], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"ddpwatch {ddpwatch.__version__}\n", "")
+
+
+# ----- `ddpwatch demo` takes its report directory like every command: defaults < files < env < --dir -----
+
+@pytest.fixture
+def demo_dir_used(monkeypatch, tmp_path):
+    """Run `ddpwatch demo --fixed` in-process with the ranks replaced: returns the DDPWATCH_DIR they would get."""
+    from ddpwatch import cli, demo
+    from ddpwatch.launch import RankResult
+
+    for name in [k for k in os.environ if k.startswith("DDPWATCH")]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen = []
+
+    def fake_ranks(command, nprocs, env=None, **kwargs):
+        seen.append(env["DDPWATCH_DIR"])
+        return [RankResult(rank, 0, "", "") for rank in range(nprocs)]
+
+    monkeypatch.setattr(demo, "run_ranks", fake_ranks)
+
+    def run(*extra):
+        assert cli.main(["demo", "--fixed"] + list(extra)) == 0
+        return seen[-1]
+
+    return run
+
+
+def test_demo_without_any_setting_uses_a_folder_under_the_temp_dir(demo_dir_used):
+    assert demo_dir_used() == os.path.join(tempfile.gettempdir(), f"ddpwatch-{os.getuid()}", "demo")
+
+
+def test_demo_honours_ddpwatch_dir(demo_dir_used, monkeypatch, tmp_path):
+    monkeypatch.setenv("DDPWATCH_DIR", "from-env")
+    assert demo_dir_used() == str(tmp_path / "from-env")
+
+
+def test_demo_honours_the_dir_of_setup_cfg_below_the_environment_and_dir(demo_dir_used, monkeypatch, tmp_path):
+    (tmp_path / "setup.cfg").write_text("[ddpwatch]\ndir = from-file\n")
+    assert demo_dir_used() == str(tmp_path / "from-file")
+    monkeypatch.setenv("DDPWATCH_DIR", str(tmp_path / "from-env"))
+    assert demo_dir_used() == str(tmp_path / "from-env")
+    assert demo_dir_used("--dir", "from-arg") == str(tmp_path / "from-arg")
+
+
+def test_demo_with_a_bad_setting_stops_with_status_2(monkeypatch, tmp_path, capsys):
+    from ddpwatch import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DDPWATCH_DIR", "/dev/null")
+    assert cli.main(["demo", "--fixed"]) == 2
+    assert "bad value '/dev/null' for dir" in capsys.readouterr().err

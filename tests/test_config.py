@@ -181,13 +181,111 @@ def test_unreadable_files_raise_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
         load(environ={}, cwd=str(tmp_path))
     os.remove(tmp_path / "pyproject.toml")
-    write(tmp_path, "setup.cfg", "timeout = 5\n")  # no section header
+    write(tmp_path, "setup.cfg", "timeout = 5\n[ddpwatch]\ngrace = 3\n")  # no header above the first line
     with pytest.raises(ConfigError, match="cannot read"):
         load(environ={}, cwd=str(tmp_path))
 
 
 def test_unrelated_environment_is_ignored(tmp_path):
     assert load(environ={"DDPWATCHX": "1", "DDPWATCH_UNKNOWN": "x", "TIMEOUT": "1"}, cwd=str(tmp_path)) == Config()
+
+
+# ----- bounds between values, with the reason in the error (issue 13 point 7) -----
+
+@pytest.mark.parametrize("environ, option, least, reason", [
+    ({"DDPWATCH_INTERVAL": "1e-9"}, "interval", "the least is 0.05 s", "throughput"),
+    ({"DDPWATCH_INTERVAL": "0.049"}, "interval", "the least is 0.05 s", "throughput"),
+    ({"DDPWATCH_GRACE": "1e-300"}, "grace", "the least is interval = 0.5 s (interval from default)",
+     "once per round"),
+    ({"DDPWATCH_INTERVAL": "5"}, "grace", "the least is interval = 5 s (interval from environment variable "
+                                          "DDPWATCH_INTERVAL)", "once per round"),
+    ({"DDPWATCH_DEAD_AFTER": "0.001"}, "dead_after", "the least is 3 x interval = 1.5 s", "look dead"),
+    ({"DDPWATCH_INTERVAL": "1", "DDPWATCH_DEAD_AFTER": "2.9"}, "dead_after", "3 x interval = 3 s", "look dead"),
+    ({"DDPWATCH_TIMEOUT": "1"}, "timeout", "the least is grace = 2 s (grace from default)", "before its wait"),
+])
+def test_values_below_their_bound_are_errors_that_say_why(tmp_path, environ, option, least, reason):
+    with pytest.raises(ConfigError) as info:
+        load(environ=environ, cwd=str(tmp_path))
+    message = str(info.value)
+    assert message.startswith(f"ddpwatch: {option} = ") and "is too small" in message, message
+    assert least in message and reason in message, message
+
+
+def test_a_bound_in_a_file_names_the_file(tmp_path):
+    setup_cfg = write(tmp_path, "setup.cfg", "[ddpwatch]\ngrace = 3\ntimeout = 2.5\n")
+    with pytest.raises(ConfigError) as info:
+        load(environ={}, cwd=str(tmp_path))
+    assert f"timeout = 2.5 s (from {setup_cfg} [ddpwatch])" in str(info.value)
+    assert f"grace = 3 s (grace from {setup_cfg} [ddpwatch])" in str(info.value)
+
+
+def test_values_exactly_at_their_bounds_are_accepted(tmp_path):
+    cfg = load({"interval": 0.05, "grace": 0.05, "dead_after": 0.15, "timeout": 0.05}, environ={},
+               cwd=str(tmp_path))
+    assert (cfg.interval, cfg.grace, cfg.dead_after, cfg.timeout) == (0.05, 0.05, 0.15, 0.05)
+
+
+def test_an_argument_below_its_bound_says_it_came_from_an_argument(tmp_path):
+    with pytest.raises(ConfigError, match=r"interval = 0.01 s \(from a guard\(\)/install\(\) argument\)"):
+        load({"interval": 0.01}, environ={}, cwd=str(tmp_path))
+
+
+# ----- dir must be a folder, or a path where one can be made -----
+
+def test_dir_that_is_an_existing_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load(environ={"DDPWATCH_DIR": "/dev/null"}, cwd=str(tmp_path))
+    assert str(info.value).startswith("ddpwatch: bad value '/dev/null' for dir (from environment variable "
+                                      "DDPWATCH_DIR): it is /dev/null, which exists and is not a directory")
+
+
+def test_dir_under_a_file_is_an_error_and_a_relative_dir_is_read_from_cwd(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ConfigError, match=f"lies under {tmp_path / 'notes.txt'}, which exists and is not a dir"):
+        load(environ={"DDPWATCH_DIR": "notes.txt/reports"}, cwd=str(tmp_path))
+
+
+@pytest.mark.parametrize("value", ["new/deeper/reports", ".", "~/somewhere-new", "/tmp"])
+def test_dir_that_exists_or_can_be_made_is_accepted(tmp_path, value):
+    assert load(environ={"DDPWATCH_DIR": value}, cwd=str(tmp_path)).dir == value
+
+
+def test_empty_dir_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="bad value '' for dir"):
+        load(environ={"DDPWATCH_DIR": ""}, cwd=str(tmp_path))
+
+
+# ----- TOML values of the wrong type are errors, never str()ed -----
+
+@pytest.mark.parametrize("line, option, kind", [
+    ('dir = ["/a", "/b"]', "dir", "list"),
+    ('action = ["abort"]', "action", "list"),
+    ("timeout = [600]", "timeout", "list"),
+    ("dir = { path = '/a' }", "dir", "dict"),
+    ("dir = 5", "dir", "int"),
+    ("dir = true", "dir", "bool"),
+    ("ring_size = 2.0", "ring_size", "float"),
+    ("lint_ignore = [4, 2]", "lint_ignore", "list"),
+    ("signals = [true]", "signals", "list"),
+])
+def test_toml_values_of_a_type_the_option_does_not_take_are_errors(tmp_path, line, option, kind):
+    pyproject = write(tmp_path, "pyproject.toml", f"[tool.ddpwatch]\n{line}\n")
+    with pytest.raises(ConfigError) as info:
+        load(environ={}, cwd=str(tmp_path))
+    message = str(info.value)
+    assert f" for {option} (from {pyproject} [tool.ddpwatch]): a {kind} is not accepted here; accepted: " in message
+
+
+def test_toml_values_of_the_types_each_option_takes(tmp_path):
+    write(tmp_path, "pyproject.toml", "[tool.ddpwatch]\nenabled = 1\nsignals = false\ntimeout = 600\n"
+          "grace = 2.5\nring_size = 16\nlint_ignore = ['DDP004']\n")
+    cfg = load(environ={}, cwd=str(tmp_path))
+    assert (cfg.enabled, cfg.signals, cfg.timeout, cfg.grace, cfg.ring_size, cfg.lint_ignore) == (
+        True, False, 600.0, 2.5, 16, ("DDP004",))
+
+
+def test_a_path_object_is_a_dir(tmp_path):
+    assert load({"dir": tmp_path / "reports"}, environ={}, cwd=str(tmp_path)).dir == str(tmp_path / "reports")
 
 
 def test_config_error_is_a_value_error():

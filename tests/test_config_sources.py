@@ -1,7 +1,10 @@
 """Every configuration source, and how each one fails: fast, no processes, an explicit environ and a tmp_path cwd."""
 
+import logging
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -44,7 +47,7 @@ def test_default_section_alone_is_no_ddpwatch_section(tmp_path):
 @pytest.mark.parametrize("text", [
     "[ddpwatch]\ntimeout = 5\ntimeout = 6\n",            # duplicate option
     "[ddpwatch]\ntimeout = 5\n[ddpwatch]\ngrace = 1\n",  # duplicate section
-    "timeout = 5\n",                                      # no section header
+    "timeout = 5\n[ddpwatch]\ngrace = 3\n",              # no section header above the first line
     "[ddpwatch]\n  indented continuation\n",               # parsing error
 ])
 def test_any_setup_cfg_error_is_a_config_error(tmp_path, text):
@@ -89,13 +92,14 @@ def test_tomli_is_the_fallback_parser():
 
 def test_environment_variable_of_every_option(tmp_path):
     raw = {"enabled": "yes", "dir": "/r", "timeout": "9", "action": "abort", "grace": "1.5", "interval": "0.25",
-           "dead_after": "4", "ring_size": "16", "exit_code": "9", "lint_ignore": "ddp001", "signals": "off"}
+           "dead_after": "4", "ring_size": "16", "exit_code": "9", "lint_ignore": "ddp001", "signals": "off",
+           "user_packages": "mylab, other", "library_packages": "trainkit"}
     assert set(raw) == set(config.OPTIONS_BY_NAME), "a new option needs a row here"
     environ = {config.OPTIONS_BY_NAME[name].env_var: value for name, value in raw.items()}
     cfg = load(environ=environ, cwd=str(tmp_path))
     assert (cfg.enabled, cfg.dir, cfg.timeout, cfg.action, cfg.grace, cfg.interval, cfg.dead_after, cfg.ring_size,
-            cfg.exit_code, cfg.lint_ignore, cfg.signals) == (
-        True, "/r", 9.0, "abort", 1.5, 0.25, 4.0, 16, 9, ("DDP001",), False)
+            cfg.exit_code, cfg.lint_ignore, cfg.signals, cfg.user_packages, cfg.library_packages) == (
+        True, "/r", 9.0, "abort", 1.5, 0.25, 4.0, 16, 9, ("DDP001",), False, ("mylab", "other"), ("trainkit",))
     assert all(cfg.sources[name] == config.OPTIONS_BY_NAME[name].env_var for name in raw)
 
 
@@ -143,6 +147,157 @@ def test_a_file_error_comes_before_a_good_environment(tmp_path):
     write(tmp_path, "pyproject.toml", "[tool.ddpwatch]\naction = 'explode'\n")
     with pytest.raises(ConfigError, match="'explode' for action"):
         load(environ={"DDPWATCH_ACTION": "report"}, cwd=str(tmp_path))
+
+
+# ----- names ddpwatch does not know: one warning each, with the nearest real name (issue 13 point 7) -----
+
+@pytest.fixture
+def warnings_seen(monkeypatch, caplog):
+    """The ddpwatch warnings logged during the test, as text; the once-per-process memory starts empty."""
+    monkeypatch.setattr(config, "_warned", set())
+    caplog.set_level(logging.WARNING, logger="ddpwatch")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "ddpwatch"]
+
+
+@pytest.mark.parametrize("name, suggestion", [
+    ("DDPWATCH_TIMOUT", "DDPWATCH_TIMEOUT"),
+    ("DDPWATCH_DEADAFTER", "DDPWATCH_DEAD_AFTER"),
+    ("ddpwatch_grace", "DDPWATCH_GRACE"),  # variable names are case-sensitive
+    ("DDPWATCH_ENABLED", "DDPWATCH"),
+    ("DDPWATCH_REPORT_DIR", "DDPWATCH_DIR"),
+])
+def test_a_misspelt_variable_is_a_warning_with_did_you_mean(tmp_path, warnings_seen, name, suggestion):
+    cfg = load(environ={name: "5"}, cwd=str(tmp_path))
+    assert cfg == config.Config()  # ignored, as before, but no longer silently
+    assert warnings_seen() == [f"ddpwatch: ignoring the environment variable {name}: no such option; "
+                               f"did you mean {suggestion}?"]
+
+
+def test_an_unknown_variable_with_no_near_name_lists_the_known_ones(tmp_path, warnings_seen):
+    load(environ={"DDPWATCH_QQQQQQ": "1"}, cwd=str(tmp_path))
+    [message] = warnings_seen()
+    assert "DDPWATCH_QQQQQQ: no such option; known: DDPWATCH, DDPWATCH_ACTION," in message
+    assert "did you mean" not in message
+
+
+def test_each_unknown_variable_is_warned_about_once_per_process(tmp_path, warnings_seen):
+    environ = {"DDPWATCH_TIMOUT": "5", "DDPWATCH_GRCE": "1"}
+    for _ in range(3):
+        load(environ=environ, cwd=str(tmp_path))
+    assert sorted(warnings_seen()) == [
+        "ddpwatch: ignoring the environment variable DDPWATCH_GRCE: no such option; did you mean DDPWATCH_GRACE?",
+        "ddpwatch: ignoring the environment variable DDPWATCH_TIMOUT: no such option; "
+        "did you mean DDPWATCH_TIMEOUT?"]
+
+
+def test_known_and_unrelated_variables_give_no_warning(tmp_path, warnings_seen):
+    raw = {"enabled": "0", "dir": "/tmp", "timeout": "300", "action": "report", "grace": "2", "interval": "0.5",
+           "dead_after": "10", "ring_size": "64", "exit_code": "3", "lint_ignore": "", "signals": "1",
+           "user_packages": "mylab", "library_packages": ""}
+    assert set(raw) == set(config.OPTIONS_BY_NAME), "a new option needs a value here"
+    environ = {config.OPTIONS_BY_NAME[name].env_var: value for name, value in raw.items()}
+    environ.update({"DDPWATCHX": "1", "MY_DDPWATCH_TIMEOUT": "1", "PATH": "/bin"})
+    load(environ=environ, cwd=str(tmp_path))
+    assert warnings_seen() == []
+
+
+def test_the_warning_reaches_stderr_once_in_a_real_process(tmp_path):
+    code = "import ddpwatch.config as c; c.load(); c.load(); print('RAN')"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPWATCH")}
+    env.update(PYTHONPATH=ROOT, DDPWATCH_TIMOUT="5")
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tmp_path), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "RAN\n", done.stderr
+    assert done.stderr == ("ddpwatch: ignoring the environment variable DDPWATCH_TIMOUT: no such option; "
+                           "did you mean DDPWATCH_TIMEOUT?\n")
+
+
+@pytest.mark.parametrize("file, text, found, meant", [
+    ("setup.cfg", "[DDPWATCH]\ntimeout = 5\n", "DDPWATCH", "ddpwatch"),
+    ("setup.cfg", "[tool:ddpwatch]\ntimeout = 5\n", "tool:ddpwatch", "ddpwatch"),
+    ("pyproject.toml", "[tool.DDPWATCH]\ntimeout = 5\n", "tool.DDPWATCH", "tool.ddpwatch"),
+    ("pyproject.toml", "[DDPWatch]\ntimeout = 5\n", "DDPWatch", "tool.ddpwatch"),
+    ("pyproject.toml", "[ddpwatch]\ntimeout = 5\n", "ddpwatch", "tool.ddpwatch"),
+    ("pyproject.toml", "[Tool.ddpwatch]\ntimeout = 5\n", "Tool.ddpwatch", "tool.ddpwatch"),
+])
+def test_a_section_in_the_wrong_case_or_place_is_a_warning(tmp_path, warnings_seen, file, text, found, meant):
+    path = write(tmp_path, file, text)
+    assert load(environ={}, cwd=str(tmp_path)).timeout == 300.0
+    load(environ={}, cwd=str(tmp_path))
+    assert warnings_seen() == [f"ddpwatch: ignoring [{found}] in {path}: section names are case-sensitive; "
+                               f"did you mean [{meant}]?"]
+
+
+def test_a_right_section_next_to_a_wrong_one_is_read_and_the_wrong_one_warned_about(tmp_path, warnings_seen):
+    write(tmp_path, "setup.cfg", "[ddpwatch]\ntimeout = 7\n[DDPWATCH]\ntimeout = 5\n")
+    assert load(environ={}, cwd=str(tmp_path)).timeout == 7.0
+    assert len(warnings_seen()) == 1
+
+
+def test_a_misspelt_key_inside_the_section_stays_an_error_and_suggests_the_name(tmp_path):
+    write(tmp_path, "pyproject.toml", "[tool.ddpwatch]\ntimout = 5\n")
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) timout in .* \(did you mean timeout\?\)"):
+        load(environ={}, cwd=str(tmp_path))
+
+
+# ----- a file that cannot be parsed is ddpwatch's problem only if it holds ddpwatch settings -----
+
+@pytest.mark.parametrize("file, text", [
+    ("pyproject.toml", "[project\nname = 'x'\n"),
+    ("pyproject.toml", "[project]\nname = 'x'\nname = 'y'\n"),
+    ("pyproject.toml", "[project]\ndependencies = ['ddpwatch', 'torch'\n"),  # names ddpwatch, not a section of it
+    ("setup.cfg", "name = x\n[metadata]\n"),
+    ("setup.cfg", "[metadata]\nname = x\nname = y\n"),
+])
+def test_an_unrelated_file_that_cannot_be_parsed_is_ignored(tmp_path, warnings_seen, file, text):
+    write(tmp_path, file, text)
+    assert load(environ={"DDPWATCH_TIMEOUT": "9"}, cwd=str(tmp_path)).timeout == 9.0
+    assert warnings_seen() == []
+
+
+def test_an_unrelated_file_that_is_not_utf8_is_ignored(tmp_path):
+    (tmp_path / "pyproject.toml").write_bytes(b"[project]\nname = '\xff'\n")
+    (tmp_path / "setup.cfg").write_bytes(b"[metadata]\nname = \xff\n")
+    assert load(environ={}, cwd=str(tmp_path)) == config.Config()
+
+
+@pytest.mark.parametrize("file, text", [
+    ("pyproject.toml", "[tool.ddpwatch]\ntimeout = 5\n[project\n"),
+    ("pyproject.toml", "[project\n[tool.ddpwatch]\ntimeout = 5\n"),
+    ("pyproject.toml", "tool.ddpwatch.timeout = 5\n[[broken\n"),
+    ("pyproject.toml", "[tool]\nddpwatch = { timeout = 5 \n"),
+    ("pyproject.toml", "[tool.DDPWATCH]\ntimeout = 5\n[project\n"),
+    ("setup.cfg", "name = x\n[ddpwatch]\ntimeout = 5\n"),
+    ("setup.cfg", "[metadata]\nname = x\nname = y\n[ddpwatch]\ntimeout = 5\n"),
+])
+def test_a_file_with_ddpwatch_settings_that_cannot_be_parsed_is_an_error(tmp_path, file, text):
+    path = write(tmp_path, file, text)
+    with pytest.raises(ConfigError, match=f"cannot read {re.escape(path)}, which holds ddpwatch settings: "):
+        load(environ={}, cwd=str(tmp_path))
+
+
+def activation_env(**extra):
+    """The environment of `ddpwatch run`: DDPWATCH=1 and the bootstrap first, then this checkout."""
+    from ddpwatch.bootstrap import BOOTSTRAP_DIR
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPWATCH") and k != "PYTHONPATH"}
+    env.update(DDPWATCH="1", PYTHONPATH=os.pathsep.join([BOOTSTRAP_DIR, ROOT]), **extra)
+    return env
+
+
+def test_every_python_process_still_runs_under_ddpwatch_1_next_to_a_broken_unrelated_pyproject(tmp_path):
+    write(tmp_path, "pyproject.toml", "[project\nname = 'x'\n")
+    done = subprocess.run([sys.executable, "-c", "import ddpwatch.bootstrap as b; print('RAN', bool(b.activated_by))"],
+                          env=activation_env(), cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "RAN True\n", "")
+
+
+def test_a_broken_pyproject_with_ddpwatch_settings_still_stops_the_process_under_ddpwatch_1(tmp_path):
+    write(tmp_path, "pyproject.toml", "[tool.ddpwatch]\ntimeout = 5\n[project\n")
+    done = subprocess.run([sys.executable, "-c", "print('RAN')"], env=activation_env(), cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "RAN" not in done.stdout
+    assert "which holds ddpwatch settings" in done.stderr
 
 
 # ----- helpers used by activation -----

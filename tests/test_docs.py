@@ -90,7 +90,7 @@ def test_hang_catalogue_shows_the_current_reproductions():
     import gen_hangs
 
     text = open(os.path.join(ROOT, "docs", "hangs.md"), encoding="utf-8").read()
-    for kind, _, _, (path, function), _, _, _, _ in gen_hangs.SECTIONS:
+    for kind, _, _, (path, function), _, _, _, _ in gen_hangs.SECTIONS + gen_hangs.FRAMEWORK_SECTIONS:
         source = gen_hangs.function_source(path, function)
         assert source and f"```python\n{source}\n```" in text, f"docs/hangs.md shows an old {function}()"
         assert f"[{kind}] culprit:" in text

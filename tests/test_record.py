@@ -12,7 +12,7 @@ from ddpwatch import record as R, snapshot as S  # noqa: E402
 from ddpwatch.record import Recorder, is_internal_file, python_stacks, tensor_meta, user_frame  # noqa: E402
 
 HERE = os.path.abspath(__file__)
-RECORD_KEYS = {"seq", "group", "op", "api", "p2p", "peer", "shapes", "dtypes", "site", "region", "start", "age_s",
+RECORD_KEYS = {"seq", "group", "op", "api", "p2p", "peer", "shapes", "dtypes", "site", "via", "region", "start", "age_s",
                "duration_s", "state", "error", "thread"}
 SNAPSHOT_KEYS = {"progress", "idle_s", "inflight", "recent", "last_seq", "groups", "ops_recorded", "ddp_steps",
                  "site_counts"}
@@ -290,7 +290,31 @@ def test_is_internal_file():
     assert is_internal_file("/u/train.py") is False
     assert is_internal_file(os.path.join(R._PACKAGE_DIR, "examples", "seed.py")) is False  # plays the user
     stdlib = R._STDLIB_PREFIXES[0]
-    assert is_internal_file(os.path.join(stdlib, "site-packages", "lightning", "trainer.py")) is False
+    # an installed framework is library code: never the user's line
+    assert is_internal_file(os.path.join(stdlib, "site-packages", "lightning", "trainer.py")) is True
+    assert R.file_kind(os.path.join(stdlib, "site-packages", "lightning", "trainer.py")) == R.LIBRARY
+    assert R.file_kind("/venv/lib/python3.11/dist-packages/accelerate/state.py") == R.LIBRARY
+
+
+def test_configured_packages_move_frames_between_user_and_library():
+    try:
+        R.configure_frames(user_packages=("mylab",), library_packages=("trainkit",))
+        assert R.file_kind("/venv/lib/python3.11/site-packages/mylab/train.py") == R.USER
+        assert R.file_kind("/src/trainkit/loop.py", "trainkit.loop") == R.LIBRARY
+        assert R.file_kind("/src/other/loop.py", "other.loop") == R.USER
+    finally:
+        R.configure_frames()
+    assert R.file_kind("/venv/lib/python3.11/site-packages/mylab/train.py") == R.LIBRARY
+
+
+def test_user_frame_steps_over_library_frames_and_names_the_library_call():
+    namespace = {}
+    library_file = "/venv/lib/python3.11/site-packages/trainkit/strategy.py"
+    exec(compile("def barrier(probe):\n    return probe(__import__('sys')._getframe())\n", library_file, "exec"),
+         namespace)
+    frame, via = namespace["barrier"](R.user_frame_and_via)
+    assert frame.f_code.co_name == "test_user_frame_steps_over_library_frames_and_names_the_library_call"
+    assert R.via_site(via)[2:] == ("barrier", "trainkit")
 
 
 def test_user_frame_skips_internal_frames():

@@ -18,6 +18,7 @@ from ranks import SCENARIOS, reports, run_case  # noqa: E402
 HANGS = os.path.join(SCENARIOS, "hangs.py")
 CATALOGUE = os.path.join(SCENARIOS, "catalogue.py")
 FAULTS = os.path.join(SCENARIOS, "faults.py")
+FRAMEWORKS = os.path.join(SCENARIOS, "frameworks.py")
 
 # kind, title, symptom, reproduction (file, function), command args, ranks, extra env, stop when a report exists
 SECTIONS = [
@@ -58,6 +59,47 @@ SECTIONS = [
      [CATALOGUE, "unresponsive"], 2, {"DDPWATCH_DEAD_AFTER": 4, "DDPWATCH_ACTION": "report"}, True),
 ]
 
+# The same hangs as the code people run writes them: Lightning, Accelerate, FSDP2, DTensor, functional collectives.
+FRAMEWORK_SECTIONS = [
+    ("collective_on_subset", "Lightning: `self.log(..., sync_dist=True)` on global zero only",
+     "The metric is reduced later, at the end of the validation epoch, from inside the trainer: rank 0 waits in "
+     "Lightning's reduction, rank 1 in Lightning's own per-batch broadcast.",
+     (FRAMEWORKS, "lightning_log_sync_rank0"), [FRAMEWORKS, "lightning_log_sync_rank0"], 2, {}, False),
+    ("collective_on_subset", "Lightning: `trainer.strategy.barrier()` in a callback, on global zero only",
+     "A lone barrier on rank 0; rank 1 goes on training.",
+     (FRAMEWORKS, "lightning_barrier_rank0"), [FRAMEWORKS, "lightning_barrier_rank0"], 2, {}, False),
+    ("collective_on_subset", "Lightning: a collective inside a `@rank_zero_only` function",
+     "`strategy.broadcast` called from a function that only rank zero runs.",
+     (FRAMEWORKS, "lightning_rank_zero_only"), [FRAMEWORKS, "lightning_rank_zero_only"], 2, {}, False),
+    ("collective_on_subset", "Accelerate: `wait_for_everyone()` on the main process only",
+     "`if accelerator.is_main_process: accelerator.wait_for_everyone()`.",
+     (FRAMEWORKS, "accelerate_wait_rank0"), [FRAMEWORKS, "accelerate_wait_rank0"], 2, {}, False),
+    ("collective_on_subset", "Accelerate: `gather` on the main process only",
+     "Gathering predictions for a metric inside `if accelerator.is_main_process:`.",
+     (FRAMEWORKS, "accelerate_gather_rank0"), [FRAMEWORKS, "accelerate_gather_rank0"], 2, {}, False),
+    ("collective_on_subset", "FSDP2: evaluating the sharded model on rank 0 only",
+     "A `fully_shard` model's forward all-gathers its parameters; rank 0 evaluates alone.",
+     (FRAMEWORKS, "fsdp2_eval_rank0"), [FRAMEWORKS, "fsdp2_eval_rank0"], 2, {}, False),
+    ("collective_on_subset", "DTensor: redistributing on rank 0 only",
+     "`full_tensor()` of a sharded DTensor issues a functional all-gather.",
+     (FRAMEWORKS, "dtensor_rank0"), [FRAMEWORKS, "dtensor_rank0"], 2, {}, False),
+    ("collective_on_subset", "A collective Python never sees (compiled graphs, `torch.ops`)",
+     "`torch.ops._c10d_functional.all_reduce` on rank 0 only: taken from torch's Flight Recorder.",
+     (FRAMEWORKS, "ops_rank0"), [FRAMEWORKS, "ops_rank0"], 2, {}, False),
+    ("skipped_collective", "A barrier skipped after a matched checkpoint barrier",
+     "Every rank ran the same steps and met the checkpoint barrier; rank 1 then `continue`s past the epoch-end "
+     "barrier. Not uneven inputs: the ranks left the training loop together.",
+     (FRAMEWORKS, "skip_after_checkpoint"), [FRAMEWORKS, "skip_after_checkpoint"], 2, {}, False),
+]
+
+FRAMEWORKS_INTRO = """# Frameworks
+
+The same mistakes written with Lightning, Accelerate, FSDP2, DTensor and functional collectives
+(`tests/scenarios/frameworks.py`, run by `tests/test_real_frameworks.py`). Frames of installed frameworks are never
+taken for your line; the culprit comes from the rank conditions on each rank's own code, and the fix is given in
+the framework's terms.
+"""
+
 FIXES_INTRO = """# The hang catalogue
 
 Every common way distributed PyTorch training hangs, what ddpwatch says about it, and the fix. Each excerpt below
@@ -88,19 +130,26 @@ def excerpt(report_text):
     return "\n".join(out).rstrip().replace(ROOT + "/", "")
 
 
+def section(kind, title, symptom, path, function, args, nprocs, env, stop) -> str:
+    folder = tempfile.mkdtemp()
+    env = dict({"DDPWATCH_ACTION": "abort", "FRAMEWORKS_ROOT_DIR": folder}, **env)
+    run_case(args, nprocs, folder, timeout=90, stop_when=(lambda f=folder: bool(reports(f))) if stop else None,
+             **env)
+    found = reports(folder)
+    text = excerpt(open(os.path.join(os.path.dirname(found[0]), "report.txt")).read()) if found else "NO REPORT"
+    print(kind, function, "ok" if found else "NO REPORT", flush=True)
+    return (f"## `{kind}`: {title}\n\n**Symptom.** {symptom}\n\n**Reproduction** "
+            f"(`{os.path.relpath(path, ROOT)}`):\n\n```python\n{function_source(path, function)}\n```\n\n"
+            f"**What ddpwatch reports:**\n\n```\n{text}\n```\n")
+
+
 def main():
     parts = [FIXES_INTRO]
     for kind, title, symptom, (path, function), args, nprocs, env, stop in SECTIONS:
-        folder = tempfile.mkdtemp()
-        env = dict({"DDPWATCH_ACTION": "abort"}, **env)
-        run_case(args, nprocs, folder, timeout=90, stop_when=(lambda f=folder: bool(reports(f))) if stop else None,
-                 **env)
-        found = reports(folder)
-        text = excerpt(open(os.path.join(os.path.dirname(found[0]), "report.txt")).read()) if found else "NO REPORT"
-        print(kind, "ok" if found else "NO REPORT", flush=True)
-        parts.append(f"## `{kind}`: {title}\n\n**Symptom.** {symptom}\n\n**Reproduction** "
-                     f"(`{os.path.relpath(path, ROOT)}`):\n\n```python\n{function_source(path, function)}\n```\n\n"
-                     f"**What ddpwatch reports:**\n\n```\n{text}\n```\n")
+        parts.append(section(kind, title, symptom, path, function, args, nprocs, env, stop))
+    parts.append(FRAMEWORKS_INTRO)
+    for kind, title, symptom, (path, function), args, nprocs, env, stop in FRAMEWORK_SECTIONS:
+        parts.append(section(kind, title, symptom, path, function, args, nprocs, env, stop))
     with open(os.path.join(ROOT, "docs", "hangs.md"), "w") as handle:
         handle.write("\n".join(parts))
 

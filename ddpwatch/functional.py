@@ -1,0 +1,173 @@
+"""Records torch's functional collectives (DTensor, tensor parallel): issued by one call, done at wait_tensor()."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import weakref
+
+from .record import tensor_meta
+
+MODULE = "torch.distributed._functional_collectives"
+# Functional collective -> canonical op. Each returns its output(s) at once, wrapped in an AsyncCollectiveTensor;
+# the op is waited on by wait_tensor(), at the output's first use.
+FUNCTIONAL_COLLECTIVES = {
+    "broadcast": "broadcast",
+    "all_reduce": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "all_gather_tensor": "all_gather",
+    "all_gather_tensor_autograd": "all_gather",
+    "all_gather_single": "all_gather",
+    "all_gather_single_autograd": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "all_gather_single_coalesced": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_autograd": "reduce_scatter",
+    "reduce_scatter_single": "reduce_scatter",
+    "reduce_scatter_single_autograd": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "reduce_scatter_single_coalesced": "reduce_scatter",
+    "all_to_all_single": "all_to_all",
+    "all_to_all_single_autograd": "all_to_all",
+    "permute_tensor": "all_to_all",
+}
+WAIT = "wait_tensor"
+
+
+def patch_functional_collectives(patcher) -> None:
+    """Wrap every functional collective and wait_tensor in torch's module (the one DTensor calls through)."""
+    try:
+        import importlib
+
+        module = importlib.import_module(MODULE)
+    except Exception:
+        return  # a torch without functional collectives
+    pending = _Pending(patcher.recorder)
+    for name, op in FUNCTIONAL_COLLECTIVES.items():
+        original = getattr(module, name, None)
+        if callable(original) and not hasattr(original, "__ddpwatch_original__"):
+            patcher._replace(module, name, functools.wraps(original)(_issue_wrapper(patcher, pending, original,
+                                                                                     name, op)))
+    wait = getattr(module, WAIT, None)
+    if callable(wait) and not hasattr(wait, "__ddpwatch_original__"):
+        patcher._replace(module, WAIT, functools.wraps(wait)(_wait_wrapper(pending, wait)))
+
+
+class _Pending:
+    """Outputs of issued functional collectives not yet waited on: id(tensor) -> (weak ref, record, outputs left)."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self.outputs: dict = {}
+
+    def track(self, record, outputs: list) -> None:
+        state = {"left": 0}
+        for tensor in outputs:
+            try:
+                ref = weakref.ref(tensor, functools.partial(self._dropped, id(tensor)))
+            except TypeError:
+                continue
+            self.outputs[id(tensor)] = (ref, record, state)
+            state["left"] += 1
+        if not state["left"]:
+            self.recorder.finish(record)  # nothing to wait on (already waited, or traced): done when issued
+
+    def _dropped(self, key, _ref) -> None:
+        """An output freed without a wait_tensor: nobody can block on it any more."""
+        self._one_done(key, None)
+
+    def waited(self, tensor, error) -> None:
+        self._one_done(id(tensor), tensor, error)
+
+    def _one_done(self, key, tensor, error=None) -> None:
+        entry = self.outputs.get(key)
+        if entry is None or (tensor is not None and entry[0]() is not tensor):
+            return
+        del self.outputs[key]
+        _, record, state = entry
+        state["left"] -= 1
+        if error is not None:
+            self.recorder.finish(record, error)
+        elif state["left"] <= 0 and record.end_mono is None:
+            self.recorder.finish(record)
+
+
+def _issue_wrapper(patcher, pending: _Pending, original, api: str, op: str):
+    signature = inspect.signature(original)
+    names = list(signature.parameters)
+    group_i = names.index("group") if "group" in names else None
+    recorder = patcher.recorder
+    local = recorder._local
+
+    def wrapper(*args, **kwargs):
+        if getattr(local, "depth", 0):
+            return original(*args, **kwargs)
+        local.depth = 1
+        try:
+            record = _begin(patcher, api, op, args, kwargs, group_i)
+            if record is None:
+                return original(*args, **kwargs)
+            try:
+                result = original(*args, **kwargs)
+            except BaseException as exc:
+                recorder.finish(record, exc)
+                raise
+            try:
+                pending.track(record, _waitable_outputs(result))
+            except Exception:
+                recorder.finish(record)
+            return result
+        finally:
+            local.depth = 0
+
+    return wrapper
+
+
+def _begin(patcher, api: str, op: str, args, kwargs, group_i):
+    try:
+        group = args[group_i] if group_i is not None and group_i < len(args) else kwargs.get("group")
+        tensors = args[0] if args else next(iter(kwargs.values()), None)
+        pg = _process_group(group, kwargs.get("tag", ""))
+        if pg is None:
+            return None
+        return patcher._begin(op, f"funcol.{api}", pg, tensor_meta(tensors), sys._getframe(2))
+    except Exception:
+        return None
+
+
+def _process_group(group, tag: str):
+    """The ProcessGroup behind a functional collective's group argument (a group, mesh, (mesh, dim), name, ranks)."""
+    import torch.distributed.distributed_c10d as c10d
+    from torch.distributed import _functional_collectives as funcol
+
+    if isinstance(group, c10d.ProcessGroup):
+        return group
+    name = funcol._resolve_group_name(group, tag)
+    return c10d._resolve_process_group(name)
+
+
+def _waitable_outputs(result) -> list:
+    """The plain tensors that wait_tensor() will be called on: AsyncCollectiveTensor.elem, in a list or alone."""
+    items = result if isinstance(result, (list, tuple)) else [result]
+    outputs = []
+    for item in items:
+        elem = getattr(item, "elem", None)
+        if elem is not None and type(item).__name__ == "AsyncCollectiveTensor" and not getattr(item, "completed", False):
+            outputs.append(elem)
+    return outputs
+
+
+def _wait_wrapper(pending: _Pending, original):
+    def wait_tensor(tensor, *args, **kwargs):
+        if not pending.outputs:
+            return original(tensor, *args, **kwargs)
+        try:
+            result = original(tensor, *args, **kwargs)
+        except BaseException as exc:
+            pending.waited(tensor, exc)
+            raise
+        pending.waited(tensor, None)
+        return result
+
+    return wait_tensor

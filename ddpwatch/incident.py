@@ -1,0 +1,78 @@
+"""The one incident builder: the watchdog, merged rank files, Flight Recorder dumps and --reanalyze all call build()."""
+
+from __future__ import annotations
+
+import time
+
+from . import analysis, evidence, snapshot as S
+
+DEFAULT_GRACE = 2.0  # the values an incident written without them (older files) was analysed with
+DEFAULT_TIMEOUT = 300.0
+
+
+def build(states: dict, world_size: int, grace: float, timeout: float, *, silent: dict | None = None,
+          trigger: str | None = None, findings: list | None = None, run_id: str | None = None,
+          written_by: int | None = None, created_at: float | None = None, source: dict | None = None,
+          missing_ranks: list | None = None) -> dict:
+    """An incident document from rank states, analysed here unless `findings` are given (a dump has none).
+
+    `silent`: the watchdog's measurement of ranks whose heartbeat stopped ({rank: {"silent_s", "process", ...}}),
+    kept in the incident so that analysing it again gives the same dead/unresponsive findings. The trigger is the
+    analysis' own verdict (deadlock, timeout, silent_rank), or `trigger` where the caller knows better (a dump).
+    """
+    silent = {int(rank): dict(view) for rank, view in (silent or {}).items()}
+    if findings is None:
+        assessment = analysis.assess(states, world_size, grace, timeout, _with_last_states(silent, states))
+        findings, verdict = assessment.findings, assessment.verdict
+    else:
+        verdict = None
+    try:
+        evidence.add_rank_conditions(findings, states)
+    except Exception:  # a hint from source files that may be gone or changed: never a reason to lose the report
+        pass
+    created = created_at or max((s.get("published_at") or 0.0 for s in states.values()), default=0.0) or time.time()
+    kind = (source or {}).get("kind", "")
+    return {
+        "format_version": S.FORMAT_VERSION,
+        "run_id": run_id or time.strftime("%Y%m%d-%H%M%S", time.localtime(created)) + (f"-{kind.replace('_', '-')}"
+                                                                                      if kind else ""),
+        "world_size": world_size,
+        "created_at": created,
+        "trigger": trigger or verdict or (analysis.DUMP if not findings else analysis.DEADLOCK),
+        "written_by": written_by,
+        "grace": grace,
+        "timeout": timeout,
+        "ranks": [states[r] for r in sorted(states)],
+        "missing_ranks": sorted(missing_ranks) if missing_ranks is not None
+        else [r for r in range(world_size) if r not in states],
+        "silent": {str(rank): _without_last_state(view) for rank, view in sorted(silent.items())},
+        "findings": findings,
+        **({"source": source} if source else {}),
+    }
+
+
+def reanalyze(incident: dict, grace: float | None = None, timeout: float | None = None) -> dict:
+    """The same incident with its findings and trigger computed again from its saved states (and silent ranks)."""
+    states = {state["rank"]: state for state in incident.get("ranks") or ()}
+    grace = incident.get("grace", DEFAULT_GRACE) if grace is None else grace
+    timeout = incident.get("timeout", DEFAULT_TIMEOUT) if timeout is None else timeout
+    silent = {int(rank): view for rank, view in (incident.get("silent") or {}).items()}
+    dump = incident.get("trigger") == analysis.DUMP
+    again = build(states, incident["world_size"], grace, timeout, silent=silent,
+                  run_id=incident.get("run_id"), written_by=incident.get("written_by"),
+                  created_at=incident.get("created_at"), source=incident.get("source"),
+                  missing_ranks=incident.get("missing_ranks"))
+    if dump and not again["findings"]:
+        again["trigger"] = analysis.DUMP  # asked for by hand (SIGUSR1), and still nothing to find
+    for key, value in incident.items():
+        again.setdefault(key, value)  # what only the live writer knew (report_dir, notes) stays
+    return again
+
+
+def _with_last_states(silent: dict, states: dict) -> dict:
+    """The silent views as analysis reads them: each with the rank's last state, which the incident keeps in ranks."""
+    return {rank: dict(view, last_state=view.get("last_state") or states.get(rank)) for rank, view in silent.items()}
+
+
+def _without_last_state(view: dict) -> dict:
+    return {key: value for key, value in view.items() if key != "last_state"}

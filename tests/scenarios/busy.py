@@ -1,0 +1,61 @@
+"""Correct jobs with busy ranks (issue 13 point 3): `python busy.py CASE [SECONDS]`; none of them hangs.
+
+gil_hold: rank 0 spends SECONDS in one C call that holds the GIL (sum over a range) between two barriers, so its
+watchdog thread cannot run and its heartbeat stops although the process computes at full speed.
+cpu_hogs: every rank runs a pure-Python busy loop for SECONDS before a barrier.
+"""
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import ddpwatch
+
+CALIBRATION_N = 2_000_000
+
+
+def gil_holding_terms(seconds: float) -> int:
+    """How many terms sum(range(n)) needs to hold the GIL for about `seconds` here (measured, not guessed)."""
+    took = []
+    for _ in range(5):  # the fastest of a few: a start-up burst of the other ranks must not shorten the hold
+        start = time.perf_counter()
+        sum(range(CALIBRATION_N))
+        took.append(time.perf_counter() - start)
+    return int(CALIBRATION_N * seconds / max(min(took), 1e-4))
+
+
+def gil_hold(rank, seconds):
+    terms = gil_holding_terms(seconds)
+    dist.barrier()
+    if rank == 0:
+        start = time.monotonic()
+        sum(range(terms))  # one C call: the GIL is never released, so no other Python thread runs meanwhile
+        print(f"BUSY-HELD {time.monotonic() - start:.1f}", file=sys.stderr, flush=True)
+    dist.barrier()
+
+
+def cpu_hogs(rank, seconds):
+    dist.barrier()
+    deadline = time.monotonic() + seconds
+    spins = 0
+    while time.monotonic() < deadline:
+        spins += 1  # pure Python: the interpreter hands the GIL over every few milliseconds
+    print(f"BUSY-HELD {seconds:.1f}", file=sys.stderr, flush=True)
+    dist.barrier()
+
+
+def main():
+    case, seconds = sys.argv[1], float(sys.argv[2])
+    torch.set_num_threads(1)
+    with ddpwatch.guard():
+        dist.init_process_group("gloo")
+        {"gil_hold": gil_hold, "cpu_hogs": cpu_hogs}[case](dist.get_rank(), seconds)
+        dist.destroy_process_group()
+    print("rank finished cleanly", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Busy is not frozen, on real gloo ranks (issue 13 point 3): a long GIL-holding call or CPU hogs give no report."""
+
+import os
+import re
+
+import pytest
+
+from ranks import SCENARIOS, describe, load_only_report, reports, run_case
+
+BUSY = os.path.join(SCENARIOS, "busy.py")
+DEAD_AFTER = 3
+pytestmark = pytest.mark.timeout(240)
+
+
+def held_seconds(results):
+    return [float(s) for r in results for s in re.findall(r"BUSY-HELD ([0-9.]+)", r.stderr)]
+
+
+def test_a_rank_holding_the_gil_20_s_between_barriers_is_busy_not_unresponsive(tmp_path):
+    # Before the fix: unresponsive_rank after dead_after, and with action=abort both ranks exited 3.
+    results = run_case([BUSY, "gil_hold", "20"], 2, tmp_path, timeout=180, DDPWATCH_ACTION="abort",
+                       DDPWATCH_DEAD_AFTER=DEAD_AFTER, DDPWATCH_TIMEOUT=150)
+    assert [r.returncode for r in results] == [0, 0], describe(results)
+    assert reports(tmp_path) == [], describe(results)
+    [held] = held_seconds(results)
+    assert held >= 3 * DEAD_AFTER, f"the GIL was held only {held} s: the heartbeat may never have gone silent"
+
+
+def test_a_rank_holding_the_gil_past_the_timeout_is_a_straggler_never_earlier(tmp_path):
+    results = run_case([BUSY, "gil_hold", "16"], 2, tmp_path, timeout=150, DDPWATCH_ACTION="report",
+                       DDPWATCH_DEAD_AFTER=DEAD_AFTER, DDPWATCH_TIMEOUT=8)
+    assert [r.returncode for r in results] == [0, 0], describe(results)
+    incident = load_only_report(tmp_path)
+    assert incident["trigger"] == "timeout"
+    [finding] = incident["findings"]
+    assert finding["kind"] == "straggler" and finding["ranks"] == [0], finding
+    assert finding["evidence"]["waiting"] == [1] and finding["evidence"]["wait_s"] >= 8
+    # the busy rank is in the report: its own answer, or its last published state when it could not answer
+    assert sorted(state["rank"] for state in incident["ranks"]) == [0, 1]
+
+
+def test_three_ranks_of_pure_python_cpu_hogs_give_no_report(tmp_path):
+    results = run_case([BUSY, "cpu_hogs", "15"], 3, tmp_path, timeout=150, DDPWATCH_ACTION="abort",
+                       DDPWATCH_DEAD_AFTER=DEAD_AFTER, DDPWATCH_TIMEOUT=60)
+    assert [r.returncode for r in results] == [0, 0, 0], describe(results)
+    assert reports(tmp_path) == [], describe(results)
+    assert len(held_seconds(results)) == 3
