@@ -18,10 +18,16 @@ def _cmd_demo(args) -> int:
     return run_demo(fixed=args.fixed, report_dir=demo_report_dir(args.dir, settings))
 
 
-def _cmd_report(args) -> int:
-    from . import report
+def report_formats() -> tuple:
+    from .report import FORMATS
 
-    return report.run_command(args)
+    return FORMATS
+
+
+def _cmd_report(args) -> int:
+    from . import sources
+
+    return sources.run_command(args)
 
 
 def _cmd_run(rest) -> int:
@@ -82,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="re-render a saved incident, or merge rank dumps / Flight Recorder dumps")
     rep.add_argument("path", nargs="*", help="an incident folder or report.json; or rank-<r>.json files and folders "
                      "holding them (searched recursively) to merge")
-    rep.add_argument("--format", choices=("text", "json", "html", "trace"), default="text")
+    rep.add_argument("--format", choices=report_formats(), default="text")
     rep.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
     rep.add_argument("--reanalyze", action="store_true", help="run the analysis again on the saved rank states")
     rep.add_argument("--flight-recorder", metavar="DIR", action="append", help="read PyTorch Flight Recorder "

@@ -9,7 +9,7 @@ import pickle
 import re
 import struct
 
-from . import merge, schema, snapshot as S
+from . import catalogue, incident, schema, snapshot as S
 
 # A dump file is named <prefix><rank> (TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE convention).
 DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
@@ -28,20 +28,12 @@ _C10D_FILE = re.compile(r"torch[/\\]distributed[/\\]distributed_c10d\.py$")
 
 DDP_BUFFER_SYNC_FUNCTIONS = {"_sync_buffers", "_sync_module_buffers", "_default_broadcast_coalesced",
                              "_distributed_broadcast_coalesced"}
-OBJECT_COLLECTIVES = {"all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
-                      "send_object_list", "recv_object_list"}
+OBJECT_COLLECTIVES = set(catalogue.object_collectives())
 # The C++ Reducer's gradient all-reduce, issued from autograd hooks during backward() (named as ddpwatch's own
 # recording names it, so the analysis treats both alike).
 DDP_GRADIENT_ALLREDUCE = S.DDP_GRAD_ALLREDUCE
 DDP_SYNC_MODULE_STATES = "_sync_module_states"
 
-# profiling_name spellings across backends and versions -> ddpwatch's canonical op names.
-_OP_ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "allgather_base": "all_gather",
-               "all_gather_base": "all_gather", "all_gather_into_tensor": "all_gather",
-               "allgather_into_tensor_coalesced": "all_gather", "reduce_scatter_base": "reduce_scatter",
-               "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
-               "alltoall": "all_to_all", "alltoall_base": "all_to_all", "all_to_all_single": "all_to_all",
-               "allreduce_coalesced": "all_reduce", "all_reduce_coalesced": "all_reduce", "sendrecv": "send"}
 # c10d's scalar type names (as FR writes dtypes) -> torch dtype names (as ddpwatch writes them).
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
            "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool",
@@ -333,7 +325,7 @@ def canonical_op(profiling_name: str) -> tuple:
         peers = (int(match.group(1)), int(match.group(2)))
     op = name.split()[0] if name.split() else "?"
     op = op.lstrip("_")
-    return _OP_ALIASES.get(op, op), peers
+    return catalogue.canonical_op(op), peers
 
 
 def _dtype(name) -> str:
@@ -600,4 +592,4 @@ def load_incident(folders: list, grace: float = 2.0, timeout: float = 300.0) -> 
         raise FlightRecorderError(f"{chosen[bad[0]][1]}: rank {bad[0]} is outside the world size {world_size}")
     source = {"kind": "flight_recorder", "files": [os.path.abspath(chosen[r][1]) for r in sorted(chosen)]}
     created = max(state["published_at"] for state in states.values())
-    return merge.incident_from_states(states, world_size, grace, timeout, source, created_at=created)
+    return incident.build(states, world_size, grace, timeout, source=source, created_at=created)

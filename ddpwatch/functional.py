@@ -7,31 +7,11 @@ import inspect
 import sys
 import weakref
 
+from . import catalogue
 from .record import tensor_meta
 
 MODULE = "torch.distributed._functional_collectives"
-# Functional collective -> canonical op. Each returns its output(s) at once, wrapped in an AsyncCollectiveTensor;
-# the op is waited on by wait_tensor(), at the output's first use.
-FUNCTIONAL_COLLECTIVES = {
-    "broadcast": "broadcast",
-    "all_reduce": "all_reduce",
-    "all_reduce_coalesced": "all_reduce",
-    "all_gather_tensor": "all_gather",
-    "all_gather_tensor_autograd": "all_gather",
-    "all_gather_single": "all_gather",
-    "all_gather_single_autograd": "all_gather",
-    "all_gather_into_tensor_coalesced": "all_gather",
-    "all_gather_single_coalesced": "all_gather",
-    "reduce_scatter_tensor": "reduce_scatter",
-    "reduce_scatter_tensor_autograd": "reduce_scatter",
-    "reduce_scatter_single": "reduce_scatter",
-    "reduce_scatter_single_autograd": "reduce_scatter",
-    "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "reduce_scatter_single_coalesced": "reduce_scatter",
-    "all_to_all_single": "all_to_all",
-    "all_to_all_single_autograd": "all_to_all",
-    "permute_tensor": "all_to_all",
-}
+FUNCTIONAL_COLLECTIVES = catalogue.FUNCTIONAL_COLLECTIVES  # name -> canonical op; waited by wait_tensor()
 WAIT = "wait_tensor"
 
 

@@ -12,6 +12,7 @@ import sys
 import tokenize
 from typing import Iterable, Iterator, Sequence
 
+from . import catalogue
 from .rankcond import (
     collect_rank_names,
     dotted_name,
@@ -40,15 +41,11 @@ CHECKS: dict[str, tuple[str, str]] = {
 }
 
 # Collectives every rank of the group must call, with the positional index of their `group` argument.
-COLLECTIVES: dict[str, int | None] = {
-    "barrier": 0, "monitored_barrier": 0,
-    "all_reduce": 2, "all_reduce_coalesced": 2, "broadcast": 2, "reduce": 3,
-    "all_gather": 2, "all_gather_into_tensor": 2, "all_gather_coalesced": 2, "_all_gather_base": 2,
-    "gather": 3, "scatter": 3, "reduce_scatter": 3, "reduce_scatter_tensor": 3, "_reduce_scatter_base": 3,
-    "all_to_all": 2, "all_to_all_single": 4,
-    "broadcast_object_list": 2, "all_gather_object": 2, "gather_object": 3, "scatter_object_list": 3,
-    "new_group": None,  # every rank of the default group must call it (unless use_local_synchronization=True)
-}
+# Collectives every rank of their group must call -> the position of their group argument (None: no group
+# argument: new_group, which every rank of the default group must call). Point-to-point calls are left out: a
+# rank-guarded send_object_list is how they are meant to be used.
+COLLECTIVES: dict[str, int | None] = {name: entry.group_at for name, entry in catalogue.COLLECTIVES.items()
+                                      if entry.op not in ("send", "recv")}
 # Hugging Face Accelerate methods that are collectives under the hood.
 ACCELERATOR_COLLECTIVES = frozenset({"gather", "gather_for_metrics", "reduce", "pad_across_processes"})
 

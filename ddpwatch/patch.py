@@ -10,45 +10,13 @@ import sys
 import threading
 import weakref
 
-from . import snapshot
+from . import catalogue, snapshot
 from .record import Recorder, tensor_meta
 
-# Public collectives: name -> (canonical op, parameters holding the input tensors).
-COLLECTIVES = {
-    "broadcast": ("broadcast", ("tensor",)),
-    "all_reduce": ("all_reduce", ("tensor",)),
-    "all_reduce_coalesced": ("all_reduce", ("tensors",)),
-    "reduce": ("reduce", ("tensor",)),
-    "all_gather": ("all_gather", ("tensor",)),
-    "all_gather_single": ("all_gather", ("input_tensor",)),
-    "all_gather_into_tensor": ("all_gather", ("input_tensor",)),
-    "_all_gather_base": ("all_gather", ("input_tensor",)),
-    "all_gather_coalesced": ("all_gather", ("input_tensor_list",)),
-    "gather": ("gather", ("tensor",)),
-    "scatter": ("scatter", ("tensor",)),
-    "reduce_scatter": ("reduce_scatter", ("output",)),
-    "reduce_scatter_single": ("reduce_scatter", ("input",)),
-    "reduce_scatter_tensor": ("reduce_scatter", ("input",)),
-    "_reduce_scatter_base": ("reduce_scatter", ("input",)),
-    "all_to_all_single": ("all_to_all", ("input",)),
-    "all_to_all": ("all_to_all", ("input_tensor_list",)),
-    "barrier": ("barrier", ()),
-    "monitored_barrier": ("barrier", ()),
-}
-# Point-to-point: name -> (canonical op, parameter naming the peer).
-P2P = {
-    "send": ("send", "dst"),
-    "recv": ("recv", "src"),
-    "isend": ("send", "dst"),
-    "irecv": ("recv", "src"),
-}
-# Object collectives are regions: the tensor collectives they issue inside are what gets recorded.
-OBJECT_COLLECTIVES = (
-    "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
-    "send_object_list", "recv_object_list",
-)
-BATCH_P2P = "batch_isend_irecv"
-COALESCING_MANAGER = "_coalescing_manager"
+# What gets patched comes from the one catalogue (catalogue.py), shared with lint and the Flight Recorder reader.
+COLLECTIVES = {name: (entry.op, entry.tensors) for name, entry in catalogue.tensor_collectives().items()}
+OBJECT_COLLECTIVES = catalogue.object_collectives()
+P2P, BATCH_P2P, COALESCING_MANAGER = catalogue.P2P, catalogue.BATCH_P2P, catalogue.COALESCING_MANAGER
 PATCH_MARKER = "__ddpwatch_original__"
 # Backends whose collectives are done when the Python call (or Work.wait()) returns: the op runs on the host.
 # Every other backend (nccl, xccl, hccl, custom ones) may return before the device finished: there completion is
@@ -333,7 +301,7 @@ class Patcher:
             record = None
             if queued and not getattr(recorder._local, "depth", 0):
                 op_name = getattr(queued[0].op, "__name__", "collective")
-                canonical = COLLECTIVES.get(op_name, (op_name,))[0]
+                canonical = catalogue.canonical_op(op_name)
                 record = patcher._begin(canonical, f"{op_name} (coalesced x{len(queued)})", group,
                                         lambda: tensor_meta([getattr(q, "tensor", None) for q in queued]),
                                         sys._getframe(1))

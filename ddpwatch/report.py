@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
-import sys
-import tempfile
 import traceback
 
 from . import private, render, schema, snapshot as S
@@ -16,7 +13,37 @@ REPORT_TXT = "report.txt"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 TRACE_JSON = "trace.json"
-FORMATS = ("text", "json", "html", "trace")
+
+
+def _render_html(incident: dict) -> str:
+    from .html_report import render_html  # loaded only when a page is written: it is the largest renderer
+
+    return render_html(incident)
+
+
+def _render_trace(incident: dict) -> str:
+    from .trace import render_trace
+
+    return json.dumps(render_trace(incident), default=render.json_default) + "\n"
+
+
+def _html_note(note: str) -> str:
+    return f"<!DOCTYPE html><meta charset=utf-8><pre>{note.replace('<', '&lt;')}</pre>\n"
+
+
+def _trace_note(note: str) -> str:
+    return json.dumps({"traceEvents": [], "otherData": {"error": note}}) + "\n"
+
+
+# The one table of output formats: name -> (file in an incident folder, renderer, what a failed rendering writes).
+# `ddpwatch report --format` offers exactly these; adding a format is one row.
+RENDERERS = {
+    "text": (REPORT_TXT, render.render_text, str),
+    "json": (REPORT_JSON, render.render_json, None),  # the incident itself: never replaced by a note
+    "html": (REPORT_HTML, _render_html, _html_note),
+    "trace": (TRACE_JSON, _render_trace, _trace_note),
+}
+FORMATS = tuple(RENDERERS)
 
 
 def _safe(name: str) -> str:
@@ -28,20 +55,10 @@ def _write_file(folder_fd: int, name: str, text: str) -> None:
 
 
 def render_format(incident: dict, fmt: str) -> str:
-    """The incident as text, json, html or trace (Chrome trace JSON)."""
-    if fmt == "text":
-        return render.render_text(incident)
-    if fmt == "json":
-        return render.render_json(incident)
-    if fmt == "html":
-        from .html_report import render_html
-
-        return render_html(incident)
-    if fmt == "trace":
-        from .trace import render_trace
-
-        return json.dumps(render_trace(incident), default=render.json_default) + "\n"
-    raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+    """The incident in one of FORMATS (text, json, html, trace: Chrome trace JSON)."""
+    if fmt not in RENDERERS:
+        raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+    return RENDERERS[fmt][1](incident)
 
 
 def _render_or_note(incident: dict, fmt: str) -> str:
@@ -49,13 +66,8 @@ def _render_or_note(incident: dict, fmt: str) -> str:
     try:
         return render_format(incident, fmt)
     except Exception:
-        note = f"ddpwatch could not render this file ({fmt}); report.json has the whole incident.\n"
-        detail = traceback.format_exc()
-        if fmt == "html":
-            return f"<!DOCTYPE html><meta charset=utf-8><pre>{note}\n{detail.replace('<', '&lt;')}</pre>\n"
-        if fmt == "trace":
-            return json.dumps({"traceEvents": [], "otherData": {"error": note + detail}}) + "\n"
-        return note + detail
+        note = f"ddpwatch could not render this file ({fmt}); report.json has the whole incident.\n\n"
+        return RENDERERS[fmt][2](note + traceback.format_exc())
 
 
 def _fill(folder_fd: int, incident: dict) -> None:
@@ -63,9 +75,8 @@ def _fill(folder_fd: int, incident: dict) -> None:
     for state in incident.get("ranks") or ():
         _write_file(folder_fd, f"rank-{state['rank']}.json",
                     json.dumps(state, default=render.json_default, separators=(",", ":")) + "\n")
-    _write_file(folder_fd, REPORT_JSON, render.render_json(incident))
-    for name, fmt in ((REPORT_TXT, "text"), (REPORT_HTML, "html"), (TRACE_JSON, "trace")):
-        _write_file(folder_fd, name, _render_or_note(incident, fmt))
+    for fmt, (name, renderer, note) in RENDERERS.items():
+        _write_file(folder_fd, name, renderer(incident) if note is None else _render_or_note(incident, fmt))
 
 
 def _place(base_fd: int, base: str, run_id: str, incident: dict) -> str:
@@ -222,88 +233,6 @@ def load_incident(folder: str) -> dict:
 
 
 # ---------------------------------------------------------------- `ddpwatch report`
-
-class ReportError(Exception):
-    """A problem with the command's input, said in one line."""
-
-
-def _single_incident(paths: list) -> dict | None:
-    """The incident to re-render when the one path given is an incident folder or a report.json file."""
-    if len(paths) != 1:
-        return None
-    path = paths[0]
-    if os.path.isdir(path):
-        return load_incident(path) if os.path.isfile(os.path.join(path, REPORT_JSON)) else None
-    doc = load_document(path)
-    return doc if is_incident(doc) else None
-
-
-def _reanalyze(incident: dict, grace: float | None, timeout: float | None) -> dict:
-    from .incident import reanalyze
-
-    return reanalyze(incident, grace, timeout)
-
-
-def build_incident(args) -> dict:
-    """The incident the command renders: a saved one, merged rank files, or Flight Recorder dumps."""
-    paths = list(args.path or [])
-    fr_dirs = list(getattr(args, "flight_recorder", None) or [])
-    grace, timeout = getattr(args, "grace", None), getattr(args, "timeout", None)
-    for option, value in (("--grace", grace), ("--timeout", timeout)):
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise ReportError(f"{option} {value}: give a number of seconds, 0 or more")
-    if fr_dirs and paths:
-        raise ReportError("give either incident/rank-file paths or --flight-recorder folders, not both")
-    if fr_dirs:
-        from . import flight_recorder
-
-        return flight_recorder.load_incident(fr_dirs, 2.0 if grace is None else grace,
-                                             300.0 if timeout is None else timeout)
-    if not paths:
-        raise ReportError("give an incident folder, rank-<r>.json files or folders, or --flight-recorder DIR")
-    for path in paths:
-        if not os.path.exists(path):
-            raise ReportError(f"{path}: no such file or folder")
-    incident = _single_incident(paths)
-    if incident is not None:
-        return _reanalyze(incident, grace, timeout) if args.reanalyze else incident
-    from . import merge
-
-    return merge.merged_incident(paths, 2.0 if grace is None else grace, 300.0 if timeout is None else timeout)
-
-
-def _write_output(path: str, text: str) -> None:
-    """Write -o FILE whole or not at all: a temp file beside it, renamed over it."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(prefix=".ddpwatch-", dir=folder)
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it private; a report is an ordinary file
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
-
-
-def run_command(args, stdout=None, stderr=None) -> int:
-    """`ddpwatch report`: 0 with the rendering on stdout (or in -o FILE), 2 with one error line on stderr."""
-    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
-    try:
-        incident = build_incident(args)
-        text = render_format(incident, args.format)
-        if getattr(args, "output", None):
-            _write_output(args.output, text)
-            print(f"ddpwatch report: wrote {args.output}", file=stderr)
-        else:
-            stdout.write(text)
-    except (OSError, S.FormatError, ReportError) as exc:  # merge and Flight Recorder errors are FormatErrors
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"ddpwatch report: {message}", file=stderr)
-        return 2
-    return 0
-
 
 def refresh_incident(folder: str, incident: dict) -> None:
     """Rewrite an incident folder's files in place with later evidence (native stacks); each file replaced atomically.

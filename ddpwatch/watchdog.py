@@ -303,67 +303,6 @@ class Watchdog(threading.Thread):
             return None
         return evidence.record_from_flight_recorder(entries[0], doc, user_frame(main), time.time())
 
-    def _explain_wait(self, doc: dict, full: bool) -> None:
-        """A rank waiting in a collective says what its own code was doing: the framework call behind it (Lightning's
-        deferred `self.log` reduction) and the rank condition its code stands under.
-
-        The leader decides culprits from these before it asks for stacks; read once per wait (files parse once).
-        """
-        record = analysis.waiting_record(doc)
-        if record is None or (record.get("age_s", 0.0) < self.config.grace and not full):
-            return
-        key = (record["group"], record["seq"], record.get("peer"), record.get("api"))
-        if self._explained[0] != key:
-            self._explained = (key, self._read_wait(doc.get("stacks")))
-        context, condition = self._explained[1]
-        if context is not None:
-            record["framework"] = dict(context, stack_site=record.get("site"))
-            if context.get("site"):
-                record["site"] = context["site"]
-        doc["rank_condition"] = condition
-
-    def _read_wait(self, stacks) -> tuple:
-        main = sys._current_frames().get(threading.main_thread().ident)
-        context = None
-        try:
-            context = frameworks.framework_context(main)
-        except Exception:
-            self._log_once("framework", "ddpwatch: could not read the framework's state", exc_info=True)
-        site = (context or {}).get("site")
-        condition = evidence.rank_condition_at_site(site) if site else None
-        if condition is None:
-            stacks = stacks or python_stacks(skip_thread=threading.get_ident())
-            condition = evidence.rank_condition_of({"stacks": stacks})
-        return context, condition
-
-    def _add_unseen_collective(self, doc: dict) -> None:
-        """No recorded collective in flight, no progress, and the training thread sits inside torch: ask the
-        Flight Recorder whether c10d has an op in flight that Python never saw (compiled graphs, torch.ops, C++)."""
-        if doc["inflight"] or doc.get("idle_s", 0.0) < self.config.grace:
-            return
-        main = sys._current_frames().get(threading.main_thread().ident)
-        if main is None or not is_internal_file(main.f_code.co_filename):
-            return  # running the user's own Python: busy, not blocked in a native wait
-        entries = evidence.flight_recorder_active()
-        if not entries:
-            return
-        record = evidence.record_from_flight_recorder(entries[0], doc, user_frame(main), time.time())
-        if record is not None and record["age_s"] >= self.config.grace:
-            doc["inflight"] = [record]
-    def _add_rank_condition(self, doc: dict) -> None:
-        """A rank waiting in a collective says whether its own code got there under a rank condition.
-
-        The leader decides culprits from it before it asks for stacks; read once per wait (parsed files are cached).
-        """
-        record = analysis.waiting_record(doc)
-        if record is None or record.get("age_s", 0.0) < self.config.grace:
-            return
-        key = (record["group"], record["seq"], record.get("peer"))
-        if self._condition_for[0] != key:
-            stacks = python_stacks(skip_thread=threading.get_ident())
-            self._condition_for = (key, evidence.rank_condition_of({"stacks": stacks}))
-        doc["rank_condition"] = self._condition_for[1]
-
     def _publish_exit(self) -> None:
         if not self._store_ok:
             return

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from factory import done, incident, seed_states  # noqa: E402
 from test_flight_recorder import NOW_NS, seed_dumps, write_dumps  # noqa: E402
 
-from ddpwatch import analysis, flight_recorder as fr, merge, report, schema, snapshot as S  # noqa: E402
+from ddpwatch import analysis, flight_recorder as fr, merge, report, schema, snapshot as S, sources  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEMORY_LIMIT = 3 * 2**30
@@ -344,7 +344,7 @@ FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")), deadli
 def test_fuzz_report_json(tmp_path_factory, data):
     path = write_json(tmp_path_factory.mktemp("inc") / "report.json", None,
                       json.dumps(mutate(data, seed_incident()), allow_nan=True))
-    loads_or_format_error(lambda: report.build_incident(_Args([str(path)], reanalyze=data.draw(st.booleans()))))
+    loads_or_format_error(lambda: sources.build_incident(_Args([str(path)], reanalyze=data.draw(st.booleans()))))
 
 
 @FUZZ
@@ -395,5 +395,5 @@ class _Args:
 def test_the_fuzz_documents_start_valid(tmp_path):
     """Without mutation every loader succeeds: the fuzz tests above start from real documents."""
     path = write_json(tmp_path / "inc" / "report.json", seed_incident())
-    render_everything(report.build_incident(_Args([str(path)])))
+    render_everything(sources.build_incident(_Args([str(path)])))
     render_everything(fr.load_incident([str(write_dumps(tmp_path / "fr", seed_dumps()))]))

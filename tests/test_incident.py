@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import rank_state, rec, seed_states, states  # noqa: E402
 
-from ddpwatch import analysis, incident, merge, report  # noqa: E402
+from ddpwatch import analysis, incident, merge, sources  # noqa: E402
 
 GRACE, TIMEOUT_S = 2.0, 300.0
 
@@ -92,4 +92,4 @@ def test_report_reanalyze_goes_through_the_builder():
     st = seed_with_condition()
     doc = json.loads(json.dumps(live(st, 2)))
     doc["findings"] = []
-    assert report._reanalyze(doc, None, None)["findings"][0]["kind"] == "ddp_forward_on_subset"
+    assert sources.incident_module.reanalyze(doc, None, None)["findings"][0]["kind"] == "ddp_forward_on_subset"

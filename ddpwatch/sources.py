@@ -1,0 +1,82 @@
+"""`ddpwatch report`: the incident to render, from a saved report, merged rank files or Flight Recorder dumps."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import tempfile
+
+from . import flight_recorder, incident as incident_module, merge, report, snapshot as S
+
+
+class ReportError(Exception):
+    """A problem with the command's input, said in one line."""
+
+
+def _single_incident(paths: list) -> dict | None:
+    """The incident to re-render when the one path given is an incident folder or a report.json file."""
+    if len(paths) != 1:
+        return None
+    path = paths[0]
+    if os.path.isdir(path):
+        return report.load_incident(path) if os.path.isfile(os.path.join(path, report.REPORT_JSON)) else None
+    doc = report.load_document(path)
+    return doc if report.is_incident(doc) else None
+
+
+def build_incident(args) -> dict:
+    """The incident the command renders: a saved one, merged rank files, or Flight Recorder dumps."""
+    paths = list(args.path or [])
+    fr_dirs = list(getattr(args, "flight_recorder", None) or [])
+    grace, timeout = getattr(args, "grace", None), getattr(args, "timeout", None)
+    for option, value in (("--grace", grace), ("--timeout", timeout)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ReportError(f"{option} {value}: give a number of seconds, 0 or more")
+    if fr_dirs and paths:
+        raise ReportError("give either incident/rank-file paths or --flight-recorder folders, not both")
+    if fr_dirs:
+        return flight_recorder.load_incident(fr_dirs, 2.0 if grace is None else grace,
+                                             300.0 if timeout is None else timeout)
+    if not paths:
+        raise ReportError("give an incident folder, rank-<r>.json files or folders, or --flight-recorder DIR")
+    for path in paths:
+        if not os.path.exists(path):
+            raise ReportError(f"{path}: no such file or folder")
+    incident = _single_incident(paths)
+    if incident is not None:
+        return incident_module.reanalyze(incident, grace, timeout) if args.reanalyze else incident
+    return merge.merged_incident(paths, 2.0 if grace is None else grace, 300.0 if timeout is None else timeout)
+
+
+def _write_output(path: str, text: str) -> None:
+    """Write -o FILE whole or not at all: a temp file beside it, renamed over it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, temp = tempfile.mkstemp(prefix=".ddpwatch-", dir=folder)
+    try:
+        os.fchmod(fd, 0o666 & ~report._umask())  # mkstemp makes it private; a report is an ordinary file
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+
+
+def run_command(args, stdout=None, stderr=None) -> int:
+    """`ddpwatch report`: 0 with the rendering on stdout (or in -o FILE), 2 with one error line on stderr."""
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    try:
+        incident = build_incident(args)
+        text = report.render_format(incident, args.format)
+        if getattr(args, "output", None):
+            _write_output(args.output, text)
+            print(f"ddpwatch report: wrote {args.output}", file=stderr)
+        else:
+            stdout.write(text)
+    except (OSError, S.FormatError, ReportError) as exc:  # merge and Flight Recorder errors are FormatErrors
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"ddpwatch report: {message}", file=stderr)
+        return 2
+    return 0

@@ -1,0 +1,90 @@
+"""The package's shape: imports point one way (no cycle, function-level imports included), one catalogue, one table
+of output formats."""
+
+import ast
+import os
+
+from ddpwatch import catalogue, lint, patch, report
+
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ddpwatch")
+
+
+def _modules() -> dict:
+    found = {}
+    for folder, _, files in os.walk(ROOT):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                module = "ddpwatch." + os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                found[module[:-len(".__init__")] if module.endswith(".__init__") else module] = path
+    return found
+
+
+def _imports(module: str, path: str, modules: dict) -> set:
+    """Every ddpwatch module `module` imports, at its top or inside a function."""
+    package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".")[:len(package.split(".")) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ddpwatch"):
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name in modules and name != module and name != "ddpwatch"}
+
+
+def _cycle(graph: dict):
+    state: dict = {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt, path + [nxt])
+                if found:
+                    return found
+        state[node] = "done"
+        return None
+
+    for start in sorted(graph):
+        if start not in state:
+            found = visit(start, [start])
+            if found:
+                return found
+    return None
+
+
+def test_the_import_graph_of_ddpwatch_has_no_cycle():
+    modules = _modules()
+    graph = {module: _imports(module, path, modules) for module, path in modules.items()}
+    assert "ddpwatch.merge" in graph["ddpwatch.sources"]  # the reader sees function-level and package imports
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_a_cycle_is_found_when_there_is_one():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_patching_lint_and_the_flight_recorder_read_one_catalogue():
+    tensor = catalogue.tensor_collectives()
+    assert set(patch.COLLECTIVES) == set(tensor)
+    assert set(tensor) <= set(lint.COLLECTIVES)  # every patched collective is also linted
+    assert {"all_gather_single", "reduce_scatter_single", "new_group"} <= set(lint.COLLECTIVES)
+    assert "send_object_list" not in lint.COLLECTIVES  # point-to-point under a rank condition is normal
+    assert catalogue.canonical_op("allreduce") == "all_reduce" == catalogue.canonical_op("all_reduce_coalesced")
+
+
+def test_every_output_format_is_one_row_and_the_command_offers_exactly_those():
+    from ddpwatch import cli
+
+    assert report.FORMATS == tuple(report.RENDERERS) == cli.report_formats()
+    names = [row[0] for row in report.RENDERERS.values()]
+    assert len(set(names)) == len(names)
