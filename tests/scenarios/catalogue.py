@@ -94,6 +94,9 @@ def dead(rank):
 
 def simulate_transport_fault():
     """Every all_reduce blocks forever in the "transport", on every rank: the program is right, the wire is not."""
+    if BACKEND == "fakenccl":
+        nccl_like.simulate_stall("allreduce")  # NCCL's call returns; the op never finishes and sync() waits forever
+        return
     forever = threading.Event()
 
     def all_reduce(*args, **kwargs):
@@ -107,6 +110,22 @@ def simulate_transport_fault():
 CASES = {"rebuild": rebuild, "skipped": skipped, "uneven": uneven, "shape": shape, "group_order": group_order, "stuck": stuck,
          "unresponsive": unresponsive, "dead": dead}
 
+# CATALOGUE_BACKEND=fakenccl runs the cases on tests/nccl_like.py (NCCL's host-side semantics on CPU): collectives
+# return at once there and block the host only where NCCL does (a barrier, DDP's host reads, sync()). Not a DDPWATCH_*
+# name: it configures the test, not ddpwatch. (Down here so that the cases keep the line numbers docs/hangs.md shows.)
+BACKEND = os.environ.get("CATALOGUE_BACKEND", "gloo")
+if BACKEND == "fakenccl":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import nccl_like
+
+    nccl_like.register()
+
+
+def sync():
+    """The end of a program on NCCL reads results on the host (loss.item()): it blocks until its collectives finish."""
+    if BACKEND == "fakenccl":
+        nccl_like.synchronize()
+
 
 def main():
     case = sys.argv[1]
@@ -114,9 +133,10 @@ def main():
     if case == "stuck":
         simulate_transport_fault()
     with ddpwatch.guard():
-        dist.init_process_group("gloo")
+        dist.init_process_group(BACKEND)
         print(f"DDPWATCH-MARK hang-forms {time.time():.3f}", file=sys.stderr, flush=True)
         CASES[case](dist.get_rank())
+        sync()
         dist.destroy_process_group()
     print("rank finished cleanly", file=sys.stderr, flush=True)
 
