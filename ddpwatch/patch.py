@@ -262,11 +262,20 @@ class Patcher:
         return wrapper
 
     def _patch_work_wait(self, c10d) -> None:
-        """Work.wait() returning is when a host-synchronous op is done; on a device it only hands over the Work."""
+        """Work.wait() returning is when a host-synchronous op is done; on a device it only hands over the Work.
+
+        Backends written in Python (their Work a Python subclass with its own wait) are hooked too: a synchronous
+        call's Work is only ever seen there, when c10d waits on it inside the call.
+        """
         work_class = getattr(c10d, "Work", None)
-        original = getattr(work_class, "wait", None)
-        if original is None or hasattr(original, PATCH_MARKER):
+        if work_class is None:
             return
+        for cls in [work_class] + _subclasses(work_class):
+            original = cls.__dict__.get("wait")
+            if original is not None and callable(original) and not hasattr(original, PATCH_MARKER):
+                self._replace(cls, "wait", functools.wraps(original)(self._wait_wrapper(original)))
+
+    def _wait_wrapper(self, original):
         recorder = self.recorder
         local = recorder._local
 
@@ -279,7 +288,7 @@ class Patcher:
             recorder.waited(work, getattr(local, "issuing", None))
             return result
 
-        self._replace(work_class, "wait", functools.wraps(original)(wait))
+        return wait
 
     def _coalescing_wrapper(self, original):
         """_coalescing_manager queues the collectives inside it and issues them as one op at its exit: record that."""
@@ -444,6 +453,16 @@ class Patcher:
             return result
 
         return backward
+
+
+def _subclasses(cls) -> list:
+    found, pending = [], list(cls.__subclasses__())
+    while pending:
+        sub = pending.pop()
+        if sub not in found:
+            found.append(sub)
+            pending.extend(sub.__subclasses__())
+    return found
 
 
 def _runs_on_host(c10d, pg) -> bool:
