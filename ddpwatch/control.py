@@ -228,19 +228,9 @@ def _default_disposition(signum: int) -> None:
 
 
 def report_in_progress(watchdog) -> bool:
-    """Whether the watchdog is collecting or writing a report (its `writing` event if it has one, else its stack)."""
-    if watchdog is None:
-        return False
+    """Whether the watchdog is collecting or writing a report (its `writing` event is set for exactly that time)."""
     flag = getattr(watchdog, "writing", None)
-    if flag is not None:
-        return flag.is_set() if hasattr(flag, "is_set") else bool(flag)
-    frame = sys._current_frames().get(getattr(watchdog, "ident", None))
-    names = set()
-    while frame is not None:
-        if frame.f_globals.get("__name__") == "ddpwatch.watchdog":
-            names.add(frame.f_code.co_name)
-        frame = frame.f_back
-    return "run_incident" in names and "_abort" not in names
+    return bool(flag is not None and flag.is_set())
 
 
 class LiveControl:

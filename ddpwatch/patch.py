@@ -53,6 +53,7 @@ class Patcher:
         # id(process group) -> (weak reference, name): a destroyed group is not kept alive by the cache.
         self._group_cache: dict = {}
         self._lock = threading.Lock()
+        self._wait_hooked = False
 
     @property
     def active(self) -> bool:
@@ -75,7 +76,6 @@ class Patcher:
                                      self._p2p_wrapper(orig, n, o, p))
             self._patch_function(dist, c10d, BATCH_P2P, self._batch_wrapper)
             self._patch_function(dist, c10d, COALESCING_MANAGER, self._coalescing_wrapper)
-            self._patch_work_wait(c10d)
             for name in OBJECT_COLLECTIVES:
                 self._patch_function(dist, c10d, name, lambda orig, n=name: self._region_wrapper(
                     orig, snapshot.OBJECT_COLLECTIVE, n, skip_self=False))
@@ -90,6 +90,7 @@ class Patcher:
                 owner, attribute, original = self._originals.pop()
                 setattr(owner, attribute, original)
             self._group_cache.clear()
+            self._wait_hooked = False
 
     def _replace(self, owner, attribute: str, wrapper) -> None:
         original = getattr(owner, attribute)
@@ -152,7 +153,7 @@ class Patcher:
             return entry[1] or None
         name = self._describe_group(pg)
         try:
-            self._group_cache[id(pg)] = (weakref.ref(pg), name)
+            self._group_cache[id(pg)] = (weakref.ref(pg), name, bool(name) and self.recorder.host_sync.get(name, False))
         except TypeError:  # an object that takes no weak reference: describe it every time rather than pin it
             pass
         return name or None
@@ -224,6 +225,8 @@ class Patcher:
         local = recorder._local
         coalescing = self._c10d._world.pg_coalesce_state
         world = self._c10d._world
+        cache = self._group_cache
+        hook_wait = self.hook_work_wait
 
         def wrapper(*args, **kwargs):
             if getattr(local, "depth", 0):
@@ -232,41 +235,65 @@ class Patcher:
             try:
                 try:
                     group = args[group_i] if group_i is not None and group_i < len(args) else kwargs.get("group")
-                    if coalescing and (world.default_pg if group is None else group) in coalescing:
-                        record = None  # queued inside _coalescing_manager: recorded once, when it is issued
+                    pg = world.default_pg if group is None else group
+                    entry = cache.get(id(pg))
+                    if entry is None or entry[0]() is not pg:
+                        name = self.group_name(pg)  # first call on this group: describe it and cache that
+                        entry = cache.get(id(pg)) or (None, name, False)
+                    if not entry[1] or (coalescing and pg in coalescing):
+                        record = None  # not a member; or queued inside _coalescing_manager: recorded once, issued
                     else:
                         metas = ()
                         for index, name in tensor_i:
                             metas += tensor_meta(args[index] if index is not None and index < len(args)
                                                  else kwargs.get(name))
-                        record = self._begin(op, api, group, metas, sys._getframe(1))
+                        record = recorder.begin(op, api, entry[1], metas, sys._getframe(1))
                 except Exception:
-                    record = None  # never the user's problem; _begin logs its own failures
+                    _log_once("begin", "ddpwatch: could not record a collective; it runs unrecorded")
+                    record = None  # never the user's problem
                 if record is None:
                     return original(*args, **kwargs)
-                local.issuing = record  # a Work.wait() inside this call (c10d's own, for a sync call) is this op's
+                host = entry[2]
+                user_async = async_i is not None and (args[async_i] if async_i < len(args)
+                                                      else kwargs.get("async_op", False))
+                if user_async or not host:
+                    hook_wait()  # once: from now on Work.wait() tells when such ops are done
+                if not host:
+                    local.issuing = record  # a Work.wait() inside this call (c10d's own, for a sync call) is its
                 try:
                     result = original(*args, **kwargs)
                 except BaseException as exc:
                     recorder.finish(record, exc)
                     raise
                 finally:
-                    local.issuing = None
-                user_async = async_i is not None and (args[async_i] if async_i < len(args)
-                                                      else kwargs.get("async_op", False))
-                recorder.issued(record, result if user_async else None)
+                    if not host:
+                        local.issuing = None
+                if host and not user_async:
+                    recorder.finish(record)  # a host backend's synchronous call is done when it returns
+                else:
+                    recorder.issued(record, result if user_async else None)
                 return result
             finally:
                 local.depth = 0
 
         return wrapper
 
-    def _patch_work_wait(self, c10d) -> None:
+    def hook_work_wait(self) -> None:
         """Work.wait() returning is when a host-synchronous op is done; on a device it only hands over the Work.
 
-        Backends written in Python (their Work a Python subclass with its own wait) are hooked too: a synchronous
-        call's Work is only ever seen there, when c10d waits on it inside the call.
+        Hooked on first need (an async call, a group on a device backend), not at patch time: the synchronous calls
+        of a host backend, most of a DDP loop, then pay nothing for it. Backends written in Python (their Work a
+        Python subclass with its own wait) are hooked too: a synchronous call's Work is only seen there, when c10d
+        waits on it inside the call.
         """
+        if self._wait_hooked:
+            return
+        with self._lock:
+            if not self._wait_hooked and self._originals:
+                self._patch_work_wait(self._c10d)
+                self._wait_hooked = True
+
+    def _patch_work_wait(self, c10d) -> None:
         work_class = getattr(c10d, "Work", None)
         if work_class is None:
             return
@@ -279,13 +306,17 @@ class Patcher:
         recorder = self.recorder
         local = recorder._local
 
+        by_work = recorder._by_work
+
         def wait(work, *args, **kwargs):
             try:
                 result = original(work, *args, **kwargs)
             except BaseException as exc:
                 recorder.waited(work, getattr(local, "issuing", None), exc)
                 raise
-            recorder.waited(work, getattr(local, "issuing", None))
+            issuing = getattr(local, "issuing", None)
+            if issuing is not None or by_work:  # else: no recorded op can be waiting on this Work (a host sync call)
+                recorder.waited(work, issuing)
             return result
 
         return wait
@@ -323,6 +354,8 @@ class Patcher:
                 recorder.finish(record, exc)
                 raise
             works = [w for w in manager.works if hasattr(w, "is_completed")]
+            if works:
+                patcher.hook_work_wait()
             recorder.issued(record, _AllOf(works) if async_ops and works else None)
 
         return coalescing
@@ -347,6 +380,8 @@ class Patcher:
         return self._outermost(original, body)
 
     def _complete_later_or_now(self, record, handle) -> None:
+        if handle is not None:
+            self.hook_work_wait()
         self.recorder.issued(record, handle)  # isend/irecv/batch: completes when the peer matches it
 
     def _batch_wrapper(self, original):
@@ -468,9 +503,12 @@ def _subclasses(cls) -> list:
 def _runs_on_host(c10d, pg) -> bool:
     """Whether every backend of this group finishes its ops on the host (gloo), so a returned call is a done op."""
     try:
-        name = pg._get_backend_name() if hasattr(pg, "_get_backend_name") else c10d.get_backend(pg)
+        name = c10d.get_backend(pg)  # "gloo", "nccl", a registered backend's own name ("custom" from the pg itself)
     except Exception:
-        return False
+        try:
+            name = pg._get_backend_name()
+        except Exception:
+            return False
     # "gloo", or "cpu:gloo,cuda:nccl" for a group with a backend per device type
     backends = {part.split(":")[-1].strip().lower() for part in str(name).split(",") if part.strip()}
     return bool(backends) and backends <= HOST_SYNC_BACKENDS

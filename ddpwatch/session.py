@@ -30,7 +30,6 @@ class Session:
         self.users = 0
         self.held = False  # zero-code activation holds one install() until the process exits
         self.pid = os.getpid()
-        self._init_patch = []
 
     def start(self) -> None:
         configure_frames(self.config.user_packages, self.config.library_packages)
@@ -39,9 +38,11 @@ class Session:
         self.arm()
 
     def close(self) -> None:
-        self.disarm()
-        self._unwrap_lifecycle()
-        self.patcher.unpatch()
+        """Undo everything start() did, also after a start() that failed half-way."""
+        try:
+            self.disarm()
+        finally:
+            self.patcher.unpatch()
 
     # ----- arming: a watchdog exists only while a default process group does -----
     def arm(self) -> None:
@@ -108,12 +109,13 @@ class Session:
             self.pid = os.getpid()  # the parent was not a rank: this child may become one (fork start method)
 
     def _wrap_lifecycle(self) -> None:
-        """Arm right after init_process_group; disarm right before destroy_process_group (the store goes with it)."""
+        """Arm right after init_process_group; disarm right before destroy_process_group (the store goes with it).
+
+        Installed through the Patcher like every other patch: one marker, one undo list, restored by unpatch().
+        """
         import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
 
-        if self._init_patch:
-            return
         session = self
         original_init, original_destroy = c10d.init_process_group, c10d.destroy_process_group
 
@@ -132,13 +134,7 @@ class Session:
                                             ("destroy_process_group", destroy_process_group, original_destroy)):
                 if getattr(owner, name, None) is original:
                     wrapper.__wrapped__ = original
-                    setattr(owner, name, wrapper)
-                    self._init_patch.append((owner, name, original))
-
-    def _unwrap_lifecycle(self) -> None:
-        while self._init_patch:
-            owner, name, original = self._init_patch.pop()
-            setattr(owner, name, original)
+                    self.patcher._replace(owner, name, wrapper)
 
 
 _lock = threading.RLock()
@@ -156,9 +152,13 @@ def install(**options) -> Session:
     global _session
     with _lock:
         if _session is None:
-            settings = config_module.load(options)
-            _session = Session(settings)
-            _session.start()
+            session = Session(config_module.load(options))
+            try:
+                session.start()
+            except BaseException:
+                session.close()  # transactional: a failed start leaves nothing patched and no session behind
+                raise
+            _session = session
             atexit.register(_shutdown_at_exit)
         _session.users += 1
         return _session

@@ -387,24 +387,13 @@ def test_sigterm_without_a_report_dies_at_once_and_a_programs_handler_decides(li
         signal.signal(signal.SIGTERM, previous)
 
 
-def test_report_in_progress_is_read_from_the_watchdog_stack():
-    inside, release = threading.Event(), threading.Event()
-    namespace = {"__name__": "ddpwatch.watchdog", "inside": inside, "release": release}
-    exec("def run_incident():\n    inside.set()\n    release.wait(5)\n", namespace)
-    thread = threading.Thread(target=namespace["run_incident"])
-
+def test_report_in_progress_is_the_watchdogs_writing_event():
     class Watchdog:
-        ident = None
+        writing = threading.Event()
 
-    try:
-        thread.start()
-        inside.wait(5)
-        Watchdog.ident = thread.ident
-        assert control.report_in_progress(Watchdog)
-    finally:
-        release.set()
-        thread.join()
     assert not control.report_in_progress(Watchdog) and not control.report_in_progress(None)
+    Watchdog.writing.set()
+    assert control.report_in_progress(Watchdog)
 
 
 def test_registry_lists_live_ranks_and_removes_stale_ones(isolated_registry):

@@ -169,3 +169,27 @@ def test_py_spy_missing_or_refused_is_one_line_and_python_stacks_remain(monkeypa
     refused = evidence.native_stacks(os.getpid())
     assert "Permission Denied" in refused["unavailable"] and "SYS_PTRACE" in refused["unavailable"]
     assert "\n" not in refused["unavailable"]
+
+
+def test_a_failed_start_leaves_nothing_patched_and_no_session(monkeypatch):
+    import torch.distributed as dist
+    from ddpwatch import patch as patch_module
+
+    before = (dist.all_reduce, dist.init_process_group, dist.destroy_process_group)
+
+    def broken(self, dist_module):
+        raise RuntimeError("a torch whose DDP internals moved")
+
+    monkeypatch.setattr(patch_module.Patcher, "_patch_ddp_internals", broken)
+    with pytest.raises(RuntimeError, match="internals moved"):
+        ddpwatch.install()
+    assert session_module.current() is None
+    assert (dist.all_reduce, dist.init_process_group, dist.destroy_process_group) == before
+    monkeypatch.undo()
+    session = ddpwatch.install()  # the next install is a whole one, not the half-started session
+    try:
+        assert session.patcher.active and dist.all_reduce is not before[0]
+        assert hasattr(dist.init_process_group, "__ddpwatch_original__")  # lifecycle wrappers carry the marker
+    finally:
+        ddpwatch.uninstall()
+    assert (dist.all_reduce, dist.init_process_group, dist.destroy_process_group) == before
