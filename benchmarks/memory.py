@@ -117,7 +117,7 @@ def main(argv=None) -> None:
         ["begin + finish, thread CPU time (us per op, no tracemalloc)", f"{per_op_us:.2f}"],
         ["heartbeat JSON per rank (bytes, 8 recent records)", sizes[8]],
         ["incident answer JSON without stacks (bytes, 64 recent)", sizes[64]],
-        ["code objects in record.py's internal-frame cache", len(record._internal_code)],
+        ["code objects in record.py's frame-kind cache", len(record._kind_of_code)],
     ])
 
 

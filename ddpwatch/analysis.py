@@ -482,6 +482,12 @@ FRAMEWORK_FIXES = {
 
 def framework_fix(record: dict, location: dict | None, condition: dict | None) -> str | None:
     """The fix for a collective a framework issued for the user, in that framework's terms; None if not known."""
+    if str(record.get("api") or "").startswith("funcol."):
+        return (f"A DTensor operation (`full_tensor()`, `redistribute()`, an op on sharded tensors) or a functional "
+                f"collective issues a collective on every rank of its mesh or group: run the call at "
+                f"{S.short_site(location)} on every rank (move it out of "
+                + (f"`{condition['condition']['text']}`" if condition else "the rank-only branch")
+                + "), and use its result on the rank that needs it.")
     if (record.get("region") or {}).get("kind") == S.FSDP_FORWARD:
         return (f"A fully_shard (FSDP2) model's forward all-gathers its parameters from every rank, so run the forward "
                 f"at {S.short_site(location)} on every rank (evaluate on every rank and reduce the metric), or build "

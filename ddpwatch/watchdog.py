@@ -468,7 +468,10 @@ class Watchdog(threading.Thread):
                                   missing_ranks=[r for r in range(self.world_size) if r not in contributions])
         folder, note = report.write_incident(self.config.dir, incident["run_id"], incident)
         if action == "abort":
-            self.recorder.abort_code = self.config.exit_code  # the verdict is out: from here on this rank only ends
+            # torchrun's summary names the first rank to exit: its error file must hold the verdict before any
+            # rank can exit, and only then may a collective failing here end this rank
+            self._write_error_file(incident)
+            self.recorder.abort_code = self.config.exit_code
         text = report.render.render_text(incident)
         sys.stderr.write("\n" + text + (f"ddpwatch: {note}\n" if note else ""))  # after any progress bar
         sys.stderr.flush()
@@ -482,8 +485,6 @@ class Watchdog(threading.Thread):
             raise
         except Exception:  # the report is out; a failure adding native stacks must not stop what follows
             self._log_once("native", "ddpwatch: could not add native stacks", exc_info=True)
-        if action == "abort":
-            self._write_error_file(incident)
         return folder, number, action
 
     def _add_native_stacks(self, number: int, folder: str, incident: dict) -> None:
