@@ -293,7 +293,7 @@ def one_interval(workers: Workers, leader, counting, leader_ticks: bool = True) 
     if leader_ticks:
         leader.tick()
     else:
-        leader.store.put(leader.store.key("state", 0), leader.state())  # tick() would start an incident
+        leader.job.publish(0, leader.state())  # tick() would start an incident
     leader_counts = counting.reset()
     start = time.perf_counter()
     replies = workers.ask(["tick"] * WORKERS)

@@ -109,3 +109,96 @@ class StateStore:
 
     def get(self, key: str):
         return self.get_many([key]).get(key)
+
+
+def _by_rank(docs) -> dict:
+    """{rank: doc} from documents that name their rank; anything else is ignored (torn or foreign)."""
+    return {doc["rank"]: doc for doc in docs if isinstance(doc, dict) and "rank" in doc}
+
+
+class JobProtocol:
+    """Every key the ranks of one job share, and every round trip on them: the watchdog speaks only through this.
+
+    Heartbeats: state/<r> (each rank's state), the waiting counter (ranks blocked past grace), leader_beat (rank 0's
+    8-byte heartbeat). Incidents: claim/<fingerprint> (first writer wins), the incident counter, then under
+    incident/<n>/: info, rank/<r> and count (the answers), native/<r> (py-spy's stacks), verdict, acks.
+    """
+
+    POLL_S = 0.05  # between two reads of a counter someone else is filling
+
+    def __init__(self, store: StateStore, world_size: int):
+        self.store = store
+        self.world_size = world_size
+
+    @property
+    def stamp(self) -> str:
+        return self.store.stamp
+
+    # ----- heartbeats -----
+    def publish(self, rank: int, state: dict) -> None:
+        self.store.put(self.store.key("state", rank), state)
+
+    def states(self, ranks=None) -> dict:
+        """{rank: state} of the ranks (default: all) that have published; a missing one is skipped, never waited for."""
+        ranks = range(self.world_size) if ranks is None else ranks
+        return _by_rank(self.store.get_many([self.store.key("state", r) for r in ranks]).values())
+
+    def change_waiting(self, delta: int) -> None:
+        self.store.add(self.store.key("waiting"), delta)
+
+    def waiting(self) -> int:
+        return self.store.counter(self.store.key("waiting"))
+
+    def beat_leader(self) -> None:
+        self.store.add(self.store.key("leader_beat"), 1)
+
+    def leader_beat(self) -> int:
+        return self.store.counter(self.store.key("leader_beat"))
+
+    # ----- incidents -----
+    def claim(self, fingerprint: str) -> bool:
+        """True for the one rank that claims this fingerprint first: it writes the report, the others do not."""
+        return self.store.add(self.store.key("claim", fingerprint), 1) == 1
+
+    def open_incident(self, info: dict) -> int:
+        number = self.store.add(self.store.key("incident"), 1)
+        self.store.put(self.store.key("incident", number, "info"), info)
+        return number
+
+    def latest_incident(self) -> int:
+        return self.store.counter(self.store.key("incident"))
+
+    def incident_info(self, number: int) -> dict:
+        return self.store.get(self.store.key("incident", number, "info")) or {}
+
+    def contribute(self, number: int, rank: int, doc: dict) -> None:
+        self.store.put(self.store.key("incident", number, "rank", rank), doc)
+        self.store.add(self.store.key("incident", number, "count"), 1)
+
+    def contribute_native(self, number: int, rank: int, doc: dict) -> None:
+        self.store.put(self.store.key("incident", number, "native", rank), doc)
+
+    def collect(self, number: int, deadline: float) -> dict:
+        """{rank: answer} for incident `number`, once every rank has answered or at `deadline` (monotonic)."""
+        count = self.store.key("incident", number, "count")
+        while time.monotonic() < deadline and self.store.counter(count) < self.world_size:
+            time.sleep(self.POLL_S)
+        keys = [self.store.key("incident", number, "rank", r) for r in range(self.world_size)]
+        return _by_rank(self.store.get_many(keys).values())
+
+    def natives(self, number: int, ranks) -> dict:
+        """{rank: native stacks} of those of `ranks` whose py-spy answer for incident `number` is in."""
+        keys = {self.store.key("incident", number, "native", r): r for r in ranks}
+        return {keys[key]: doc for key, doc in self.store.get_many(list(keys)).items()}
+
+    def post_verdict(self, number: int, verdict: dict) -> None:
+        self.store.put(self.store.key("incident", number, "verdict"), verdict)
+
+    def verdict(self, number: int) -> dict | None:
+        return self.store.get(self.store.key("incident", number, "verdict"))
+
+    def ack(self, number: int) -> None:
+        self.store.add(self.store.key("incident", number, "acks"), 1)
+
+    def acks(self, number: int) -> int:
+        return self.store.counter(self.store.key("incident", number, "acks"))
