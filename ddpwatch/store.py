@@ -16,6 +16,26 @@ class StoreUnavailable(RuntimeError):
     """The store stopped answering; the watchdog stops publishing rather than raise into training."""
 
 
+def _decode_all(keys: list, values: list) -> dict:
+    """{key: doc}: the values decoded as one JSON array (one parser call instead of thousands), or one by one when
+    one of them is torn or foreign, which is then left out rather than trusted."""
+    raw = [bytes(value) for value in values]
+    if len(raw) > 1:
+        try:
+            docs = json.loads(b"[" + b",".join(raw) + b"]")
+            if len(docs) == len(keys) and all(isinstance(doc, dict) for doc in docs):  # else a value was foreign
+                return dict(zip(keys, docs))
+        except (ValueError, UnicodeDecodeError):
+            pass
+    docs = {}
+    for key, value in zip(keys, raw):
+        try:
+            docs[key] = json.loads(value.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            continue
+    return docs
+
+
 class StateStore:
     """The watchdog's view of the store: its own client (a clone), short timeouts, non-blocking reads only."""
 
@@ -71,6 +91,15 @@ class StateStore:
     def put(self, key: str, doc: dict) -> None:
         self._call(self._store.set, key, snapshot.dumps(doc))
 
+    def put_many(self, docs: dict) -> None:
+        """{key: doc} in one round trip where the store can (multi_set), else one set per key."""
+        keys, values = list(docs), [snapshot.dumps(doc) for doc in docs.values()]
+        if hasattr(self._store, "multi_set"):
+            self._call(self._store.multi_set, keys, values)
+        else:
+            for key, value in zip(keys, values):
+                self._call(self._store.set, key, value)
+
     def add(self, key: str, amount: int) -> int:
         return int(self._call(self._store.add, key, amount))
 
@@ -99,13 +128,7 @@ class StateStore:
                 values.extend(self._call(self._store.multi_get, found))
             else:
                 values.extend(self._call(self._store.get, key) for key in found)
-        docs = {}
-        for key, raw in zip(present, values):
-            try:
-                docs[key] = json.loads(bytes(raw).decode("utf-8"))
-            except (ValueError, UnicodeDecodeError):
-                continue  # a torn or foreign value: ignore it rather than trust it
-        return docs
+        return _decode_all(present, values)
 
     def get(self, key: str):
         return self.get_many([key]).get(key)
@@ -116,10 +139,21 @@ def _by_rank(docs) -> dict:
     return {doc["rank"]: doc for doc in docs if isinstance(doc, dict) and "rank" in doc}
 
 
+# What the leader reads of every rank each interval: a rank's state without its history (recent records, site counts).
+# Which ranks wait where, for how long, under which condition, is all a verdict needs; the history only names the
+# finding, and the leader reads it from each rank's full answer once an incident starts. 2.9 KiB -> about 0.5 KiB.
+POSITION_LEAVES_OUT = frozenset({"recent", "site_counts", "last_seq", "ops_recorded", "format_version",
+                                 "world_size", "published_at"})
+
+
+def position(state: dict) -> dict:
+    return {key: value for key, value in state.items() if key not in POSITION_LEAVES_OUT}
+
+
 class JobProtocol:
     """Every key the ranks of one job share, and every round trip on them: the watchdog speaks only through this.
 
-    Heartbeats: state/<r> (each rank's state), the waiting counter (ranks blocked past grace), leader_beat (rank 0's
+    Heartbeats: state/<r> (each rank's state) beside pos/<r> (its position, see `position`), the waiting counter (ranks blocked past grace), leader_beat (rank 0's
     8-byte heartbeat). Incidents: claim/<fingerprint> (first writer wins), the incident counter, then under
     incident/<n>/: info, rank/<r> and count (the answers), native/<r> (py-spy's stacks), verdict, acks.
     """
@@ -136,12 +170,20 @@ class JobProtocol:
 
     # ----- heartbeats -----
     def publish(self, rank: int, state: dict) -> None:
-        self.store.put(self.store.key("state", rank), state)
+        """This rank's state and its position, in one round trip."""
+        self.store.put_many({self.store.key("state", rank): state, self.store.key("pos", rank): position(state)})
 
     def states(self, ranks=None) -> dict:
         """{rank: state} of the ranks (default: all) that have published; a missing one is skipped, never waited for."""
+        return self._read_by_rank("state", ranks)
+
+    def positions(self, ranks=None) -> dict:
+        """{rank: position}: what the leader reads every interval (a fifth of the bytes of the states)."""
+        return self._read_by_rank("pos", ranks)
+
+    def _read_by_rank(self, kind: str, ranks) -> dict:
         ranks = range(self.world_size) if ranks is None else ranks
-        return _by_rank(self.store.get_many([self.store.key("state", r) for r in ranks]).values())
+        return _by_rank(self.store.get_many([self.store.key(kind, r) for r in ranks]).values())
 
     def change_waiting(self, delta: int) -> None:
         self.store.add(self.store.key("waiting"), delta)

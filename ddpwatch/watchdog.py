@@ -346,7 +346,7 @@ class Watchdog(threading.Thread):
         leader_beat = {"beat": self.job.leader_beat()}
         if self._silent_for("leader", leader_beat) < self.config.dead_after:
             return False
-        lower = self.job.states(range(1, self.rank))
+        lower = self.job.positions(range(1, self.rank))
         return all(self._silent_for(r, lower.get(r)) >= self.config.dead_after
                    for r in range(1, self.rank))
 
@@ -363,7 +363,7 @@ class Watchdog(threading.Thread):
         return now - last[1]
 
     def watch(self) -> None:
-        states = self.job.states()
+        states = self.job.positions()  # enough for a verdict; the full states come with the incident's answers
         silent = self._silent_peers(states)
         self._watched_states = states  # a busy peer cannot contribute to an incident: its last state stands in
         assessment = analysis.assess(states, self.world_size, self.config.grace, self.config.timeout, silent)
@@ -456,12 +456,14 @@ class Watchdog(threading.Thread):
         self._contribute(number)
         contributions = self._collect(number)
         final = dict(contributions)
-        for rank, view in (silent or {}).items():
-            if rank not in final and view.get("last_state"):
-                final[rank] = dict(view["last_state"], stale=True)  # its last heartbeat: all there is
-        for rank, state in self._watched_states.items():
-            if rank not in final:
-                final[rank] = dict(state, stale=True)  # too busy (a GIL-holding call) to answer: its last state
+        stand_ins = {rank: view["last_state"] for rank, view in (silent or {}).items()
+                     if rank not in final and view.get("last_state")}  # its last heartbeat: all there is
+        stand_ins.update({rank: position for rank, position in self._watched_states.items()
+                          if rank not in final and rank not in stand_ins})  # too busy (a GIL-holding call) to answer
+        heartbeats = self.job.states(sorted(stand_ins)) if stand_ins else {}
+        for rank, seen in stand_ins.items():
+            # What the leader saw wins (a busy rank's cleared wait, py-spy's stack); its last heartbeat adds the history.
+            final[rank] = {**(heartbeats.get(rank) or {}), **seen, "stale": True}
         again = analysis.assess(final, self.world_size, self.config.grace, self.config.timeout, silent)
         if assessment.verdict == analysis.DEADLOCK and (again.verdict, again.fingerprint) != (
                 assessment.verdict, assessment.fingerprint):

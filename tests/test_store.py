@@ -136,3 +136,34 @@ def test_the_abort_hook_outlives_stop(monkeypatch):
     with pytest.raises(Ended):
         recorder.failure_hook(RuntimeError("peer gone"))
     assert codes == [7]
+
+
+def test_publish_writes_the_state_and_its_position_in_one_round_trip(job):
+    calls = []
+    store = job.store._store
+
+    class Counting:
+        def __getattr__(self, name):
+            method = getattr(store, name)
+            return lambda *args: calls.append(name) or method(*args)
+
+    job.store._store = Counting()
+    state = {"rank": 1, "beat": 3, "status": "running", "inflight": [{"seq": 4}], "recent": [{"seq": 3}],
+             "site_counts": {"a.py:1": 2}, "last_seq": {"0": 3}, "ops_recorded": 4, "rank_condition": None}
+    job.publish(1, state)
+    assert calls == ["multi_set"]
+    job.store._store = store
+    assert job.states() == {1: state}
+    assert job.positions() == {1: {"rank": 1, "beat": 3, "status": "running", "inflight": [{"seq": 4}],
+                                   "rank_condition": None}}
+
+
+def test_a_torn_or_foreign_value_is_left_out_and_the_others_still_read(job):
+    for rank in range(WORLD):
+        job.publish(rank, {"rank": rank})
+    raw = job.store._store
+    raw.set(job.store.key("pos", 1), "{not json")
+    raw.set(job.store.key("pos", 2), '"a string, not a state"')
+    assert sorted(job.positions()) == [0, 3]
+    raw.set(job.store.key("pos", 1), '{"rank": 1}, {"rank": 9}')  # one value that would read as two
+    assert sorted(job.positions()) == [0, 3]
