@@ -27,6 +27,8 @@ class Assessment:
 def waiting_record(state: dict) -> dict | None:
     """The op this rank waits on: its oldest collective still in flight (point-to-point only when nothing else)."""
     inflight = state.get("inflight") or []
+    if len(inflight) == 1:
+        return inflight[0]  # the usual case, read several times per rank per verdict: no list to build
     collectives = [r for r in inflight if not r.get("p2p")]
     pool = collectives or inflight
     return max(pool, key=lambda r: r.get("age_s", 0.0)) if pool else None

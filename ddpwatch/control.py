@@ -408,8 +408,7 @@ class LiveControl:
         """An action=abort verdict is out, so this rank ends with ddpwatch's exit code anyway. A launcher's SIGTERM
         (torchrun, once the first rank has exited) then ends it quietly, after the report: no framework handler
         starting its own teardown, no traceback from collectives failing on the way down."""
-        recorder = getattr(self.session, "recorder", None)
-        code = getattr(recorder, "abort_code", 0)
+        code = getattr(getattr(self.session, "watchdog", None), "abort_code", 0)  # the watchdog holds the abort policy
         if not code or os.getpid() != self.pid:
             return False
         self.finish_report()

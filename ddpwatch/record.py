@@ -246,8 +246,6 @@ class Recorder:
         self.site_counts: dict = {}
         self.ddp_steps = 0  # grad-enabled DDP forwards: ranks that ran different numbers of steps differ here
         self._local = threading.local()
-        # Set by the watchdog once an action=abort verdict is out: a collective failing after that ends the process.
-        self.abort_code = 0
         # The process group of a grad-enabled DDP forward whose gradient all-reduce the next backward() will run.
         self.pending_grad_sync = None
         self.failure_hook = None  # set by the watchdog while it runs
@@ -357,8 +355,6 @@ class Recorder:
             self.finish(record)  # on a host backend a returned wait() is completion, whatever is_completed says
 
     def finish(self, record: Record, error: BaseException | None = None) -> None:
-        if error is not None and self.abort_code:
-            _exit_now(self.abort_code)  # the verdict is out and peers are exiting: end here, not in their error
         record.end_mono = self.progress_mono = time.monotonic()
         if error is not None:
             record.state = snapshot.FAILED
@@ -439,14 +435,6 @@ def _completed(work) -> bool:
         return bool(work.is_completed())
     except Exception:
         return False
-
-
-def _exit_now(code: int) -> None:
-    try:
-        sys.stderr.flush()
-        sys.stdout.flush()
-    finally:
-        os._exit(code)
 
 
 def python_stacks(skip_thread: int | None = None, limit: int = 60) -> list:

@@ -14,7 +14,7 @@ from . import analysis, evidence, frameworks, private, report, snapshot as S
 from .config import torchelastic_error_file
 from .incident import build as build_incident
 from .record import is_internal_file, python_stacks, user_frame
-from .store import StoreUnavailable
+from .store import JobProtocol, StoreUnavailable
 
 log = logging.getLogger("ddpwatch")
 
@@ -49,6 +49,14 @@ def _write_rank_dump(folder: str, doc: dict) -> str:
     return "(nowhere: no writable directory)"
 
 
+def _end_process(code: int) -> None:
+    try:
+        sys.stderr.flush()
+        sys.stdout.flush()
+    finally:
+        os._exit(code)
+
+
 class Watchdog(threading.Thread):
     """Never raises into, slows, or hangs training: every failure is logged once and the watchdog steps aside."""
 
@@ -58,7 +66,7 @@ class Watchdog(threading.Thread):
         self.config = config
         self.rank = rank
         self.world_size = world_size
-        self.store = store
+        self.job = JobProtocol(store, world_size)  # every key and round trip on the store lives there
         self.run_tag = run_tag
         self.host = socket.gethostname()
         self.beat = 0
@@ -66,6 +74,7 @@ class Watchdog(threading.Thread):
         self.answered = 0
         self.reported: set = set()
         self.pending_abort = None
+        self.abort_code = 0  # set once an action=abort verdict is out: from then on a failing collective ends the rank
         self.peer_beats: dict = {}
         self._stop_event = threading.Event()
         self._dump_requested = threading.Event()
@@ -84,7 +93,8 @@ class Watchdog(threading.Thread):
 
     # ----- lifecycle -----
     def stop(self, timeout: float = 5.0) -> None:
-        self.recorder.failure_hook = None
+        if not self.abort_code:  # after an abort verdict the hook stays: a failing collective still ends the rank
+            self.recorder.failure_hook = None
         self._failure_handled.set()  # a training thread waiting on a failure report must not wait on a stopped watchdog
         self._stop_event.set()
         if self.is_alive() and threading.current_thread() is not self:
@@ -94,7 +104,7 @@ class Watchdog(threading.Thread):
     def start(self) -> None:
         """Publish a first state before training goes on, so a rank that dies at once is still known (pid, host)."""
         try:
-            self.store.put(self.store.key("state", self.rank), self.state())
+            self.job.publish(self.rank, self.state())
         except Exception:
             pass  # the thread will find out, and log, on its first round
         self.recorder.failure_hook = self.on_collective_failure
@@ -119,10 +129,13 @@ class Watchdog(threading.Thread):
 
     # ----- a peer's failure seen by the training thread (gloo: "Connection closed by peer") -----
     def on_collective_failure(self, error: BaseException) -> None:
-        """Called from the training thread when a collective fails: give the watchdog a moment to report it.
+        """Called by the recorder when a collective fails: end the rank if an abort verdict is out, else give the
+        watchdog a moment to report a vanished peer.
 
         The training thread waits (bounded) and then re-raises the user's exception unchanged.
         """
+        if self.abort_code:
+            _end_process(self.abort_code)  # the verdict is out and peers are exiting: end here, not in their error
         if threading.current_thread() is self or not self.is_alive():
             return
         if not any(marker in str(error) for marker in PEER_FAILURE_MARKERS):
@@ -139,10 +152,8 @@ class Watchdog(threading.Thread):
         """Find the rank that vanished (psutil on this host; a heartbeat that stops elsewhere) and report it."""
         deadline = time.monotonic() + FAILURE_REPORT_S - 1.0
         silent: dict = {}
-        keys = [self.store.key("state", r) for r in range(self.world_size)]
         while time.monotonic() < deadline:
-            docs = self.store.get_many(keys)
-            states = {doc["rank"]: doc for doc in docs.values() if isinstance(doc, dict) and "rank" in doc}
+            states = self.job.states()
             silent = self._vanished_peers(states)
             if silent:
                 break
@@ -151,7 +162,7 @@ class Watchdog(threading.Thread):
             return
         findings = analysis.silent_ranks(silent, {}, self.config.grace)
         fingerprint = "peer-failure-" + "-".join(str(r) for r in sorted(silent))
-        if fingerprint in self.reported or self.store.add(self.store.key("claim", fingerprint), 1) != 1:
+        if fingerprint in self.reported or not self.job.claim(fingerprint):
             return
         self.reported.add(fingerprint)
         self.run_incident(analysis.Assessment(analysis.SILENT, findings, fingerprint), silent,
@@ -185,7 +196,7 @@ class Watchdog(threading.Thread):
         self._local_dumps.add(episode)
         full = self.state(full=True)
         full["store_lost"] = True
-        folder = os.path.join(self.config.dir, f"local-{self.store.stamp or 'run'}-{self.run_tag or 'job'}")
+        folder = os.path.join(self.config.dir, f"local-{self.job.stamp or 'run'}-{self.run_tag or 'job'}")
         path = _write_rank_dump(folder, full)
         sys.stderr.write(f"ddpwatch: rank {self.rank} is stuck in {analysis.describe_op(record)} and the store is "
                          f"gone; wrote {path}. Merge the ranks' dumps with: ddpwatch report {folder}\n")
@@ -207,7 +218,7 @@ class Watchdog(threading.Thread):
     def tick(self) -> None:
         self.recorder.poll_pending()
         state = self.state()
-        self.store.put(self.store.key("state", self.rank), state)
+        self.job.publish(self.rank, state)
         self._update_waiting(state)
         self._answer_incidents()
         if self.pending_abort is not None:
@@ -309,9 +320,9 @@ class Watchdog(threading.Thread):
         try:
             doc = self.state()
             doc["status"] = S.EXITED
-            self.store.put(self.store.key("state", self.rank), doc)
+            self.job.publish(self.rank, doc)
             if self.registered_waiting:
-                self.store.add(self.store.key("waiting"), -1)
+                self.job.change_waiting(-1)
                 self.registered_waiting = False
         except Exception:
             pass  # the store may already be gone at shutdown; nothing to save
@@ -319,7 +330,7 @@ class Watchdog(threading.Thread):
     def _update_waiting(self, state: dict) -> None:
         blocked = analysis.is_blocked(state, self.config.grace)
         if blocked != self.registered_waiting:
-            self.store.add(self.store.key("waiting"), 1 if blocked else -1)
+            self.job.change_waiting(1 if blocked else -1)
             self.registered_waiting = blocked
 
     # ----- who watches: rank 0, or the lowest rank whose peers below it have gone silent -----
@@ -327,16 +338,16 @@ class Watchdog(threading.Thread):
         if self.world_size < 2:
             return False
         if self.rank == 0:
-            self.store.add(self.store.key("leader_beat"), 1)  # 8 bytes the waiting ranks can read cheaply
-            return self.store.counter(self.store.key("waiting")) > 0
+            self.job.beat_leader()  # 8 bytes the waiting ranks can read cheaply
+            return self.job.waiting() > 0
         if not self.registered_waiting:
             return False
         # Normally rank 0 watches: read its heartbeat counter only, the others' states only once it has gone silent.
-        leader_beat = {"beat": self.store.counter(self.store.key("leader_beat"))}
+        leader_beat = {"beat": self.job.leader_beat()}
         if self._silent_for("leader", leader_beat) < self.config.dead_after:
             return False
-        lower = self.store.get_many([self.store.key("state", r) for r in range(1, self.rank)])
-        return all(self._silent_for(r, lower.get(self.store.key("state", r))) >= self.config.dead_after
+        lower = self.job.positions(range(1, self.rank))
+        return all(self._silent_for(r, lower.get(r)) >= self.config.dead_after
                    for r in range(1, self.rank))
 
     def _silent_for(self, rank, doc: dict | None) -> float:
@@ -352,16 +363,14 @@ class Watchdog(threading.Thread):
         return now - last[1]
 
     def watch(self) -> None:
-        keys = [self.store.key("state", r) for r in range(self.world_size)]
-        docs = self.store.get_many(keys)
-        states = {doc["rank"]: doc for doc in docs.values() if isinstance(doc, dict) and "rank" in doc}
+        states = self.job.positions()  # enough for a verdict; the full states come with the incident's answers
         silent = self._silent_peers(states)
         self._watched_states = states  # a busy peer cannot contribute to an incident: its last state stands in
         assessment = analysis.assess(states, self.world_size, self.config.grace, self.config.timeout, silent)
         if assessment.verdict is None or assessment.fingerprint in self.reported:
             return
         self.reported.add(assessment.fingerprint)
-        if self.store.add(self.store.key("claim", assessment.fingerprint), 1) != 1:
+        if not self.job.claim(assessment.fingerprint):
             return  # another rank is already writing this one
         self.run_incident(assessment, silent)
 
@@ -441,20 +450,20 @@ class Watchdog(threading.Thread):
 
     def _write_incident(self, assessment, silent, action):
         """Collect, analyse and write one incident: (folder, number, action), or None when it was called off."""
-        number = self.store.add(self.store.key("incident"), 1)
         action = action or ("report" if assessment.verdict == analysis.DUMP else self.config.action)
-        info = {"trigger": assessment.verdict, "leader": self.rank, "action": action,
-                "fingerprint": assessment.fingerprint}
-        self.store.put(self.store.key("incident", number, "info"), info)
+        number = self.job.open_incident({"trigger": assessment.verdict, "leader": self.rank, "action": action,
+                                         "fingerprint": assessment.fingerprint})
         self._contribute(number)
         contributions = self._collect(number)
         final = dict(contributions)
-        for rank, view in (silent or {}).items():
-            if rank not in final and view.get("last_state"):
-                final[rank] = dict(view["last_state"], stale=True)  # its last heartbeat: all there is
-        for rank, state in self._watched_states.items():
-            if rank not in final:
-                final[rank] = dict(state, stale=True)  # too busy (a GIL-holding call) to answer: its last state
+        stand_ins = {rank: view["last_state"] for rank, view in (silent or {}).items()
+                     if rank not in final and view.get("last_state")}  # its last heartbeat: all there is
+        stand_ins.update({rank: position for rank, position in self._watched_states.items()
+                          if rank not in final and rank not in stand_ins})  # too busy (a GIL-holding call) to answer
+        heartbeats = self.job.states(sorted(stand_ins)) if stand_ins else {}
+        for rank, seen in stand_ins.items():
+            # What the leader saw wins (a busy rank's cleared wait, py-spy's stack); its last heartbeat adds the history.
+            final[rank] = {**(heartbeats.get(rank) or {}), **seen, "stale": True}
         again = analysis.assess(final, self.world_size, self.config.grace, self.config.timeout, silent)
         if assessment.verdict == analysis.DEADLOCK and (again.verdict, again.fingerprint) != (
                 assessment.verdict, assessment.fingerprint):
@@ -471,14 +480,14 @@ class Watchdog(threading.Thread):
             # torchrun's summary names the first rank to exit: its error file must hold the verdict before any
             # rank can exit, and only then may a collective failing here end this rank
             self._write_error_file(incident)
-            self.recorder.abort_code = self.config.exit_code
+            self.abort_code = self.config.exit_code
         text = report.render.render_text(incident)
         sys.stderr.write("\n" + text + (f"ddpwatch: {note}\n" if note else ""))  # after any progress bar
         sys.stderr.flush()
         first = incident["findings"][0] if incident["findings"] else {}
-        self.store.put(self.store.key("incident", number, "verdict"),
-                       {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]], "action": action,
-                        "culprits": first.get("ranks"), "summary": first.get("summary")})
+        self.job.post_verdict(number, {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]],
+                                       "action": action, "culprits": first.get("ranks"),
+                                       "summary": first.get("summary")})
         try:
             self._add_native_stacks(number, folder, incident)
         except StoreUnavailable:
@@ -492,11 +501,9 @@ class Watchdog(threading.Thread):
         self._contribute_native(number)
         deadline = time.monotonic() + evidence.PY_SPY_TIMEOUT_S + 1.0
         wanted = {state["rank"] for state in incident["ranks"] if not state.get("stale")}
-        keys = {self.store.key("incident", number, "native", r): r for r in wanted}
         natives: dict = {}
         while time.monotonic() < deadline and len(natives) < len(wanted):
-            missing = [key for key, rank in keys.items() if rank not in natives]
-            natives.update({keys[key]: doc for key, doc in self.store.get_many(missing).items()})
+            natives.update(self.job.natives(number, wanted - set(natives)))
             if len(natives) < len(wanted):
                 time.sleep(0.1)
         if not natives:
@@ -515,23 +522,18 @@ class Watchdog(threading.Thread):
 
     def _collect(self, number: int) -> dict:
         deadline = time.monotonic() + COLLECT_S + self.world_size / 2000  # thousands of answers take longer
-        count_key = self.store.key("incident", number, "count")
-        while time.monotonic() < deadline and self.store.counter(count_key) < self.world_size:
-            time.sleep(0.05)
-        keys = [self.store.key("incident", number, "rank", r) for r in range(self.world_size)]
-        docs = self.store.get_many(keys)
-        return {doc["rank"]: doc for doc in docs.values() if isinstance(doc, dict) and "rank" in doc}
+        return self.job.collect(number, deadline)
 
     def _answer_incidents(self) -> None:
-        latest = self.store.counter(self.store.key("incident"))
+        latest = self.job.latest_incident()
         while self.answered < latest:
             number = self.answered + 1
             self._contribute(number)
-            info = self.store.get(self.store.key("incident", number, "info")) or {}
+            info = self.job.incident_info(number)
             if info.get("action") == "abort" and info.get("leader") != self.rank:
                 self.pending_abort = number
                 # From now on a peer may exit at any moment: a collective that fails here ends this rank too.
-                self.recorder.abort_code = self.config.exit_code
+                self.abort_code = self.config.exit_code
             if info.get("leader") != self.rank:
                 self._contribute_native(number)
 
@@ -540,16 +542,14 @@ class Watchdog(threading.Thread):
         if number <= self.answered:
             return
         self.answered = number
-        self.store.put(self.store.key("incident", number, "rank", self.rank), self.state(full=True))
-        self.store.add(self.store.key("incident", number, "count"), 1)
+        self.job.contribute(number, self.rank, self.state(full=True))
 
     def _contribute_native(self, number: int) -> None:
         """py-spy's native stacks of this process, bounded in time; a refusal is recorded as one line of why."""
-        native = evidence.native_stacks(os.getpid())
-        self.store.put(self.store.key("incident", number, "native", self.rank), native)
+        self.job.contribute_native(number, self.rank, evidence.native_stacks(os.getpid()))
 
     def _check_abort(self) -> None:
-        verdict = self.store.get(self.store.key("incident", self.pending_abort, "verdict"))
+        verdict = self.job.verdict(self.pending_abort)
         if verdict is not None:
             kinds = verdict.get("kinds") or ["hang"]
             findings = [{"kind": kinds[0], "ranks": verdict.get("culprits") or [], "summary": verdict.get("summary")}]
@@ -577,15 +577,14 @@ class Watchdog(threading.Thread):
 
     def _abort(self, folder, number: int, leader: bool) -> None:
         """End this rank. Peers acknowledge first, so the writer (who may host the store) leaves last."""
-        self.recorder.abort_code = self.config.exit_code
-        acks = self.store.key("incident", number, "acks")
+        self.abort_code = self.config.exit_code
         try:
             if leader:
                 deadline = time.monotonic() + 4 * self.config.interval + 1.0
-                while time.monotonic() < deadline and self.store.counter(acks) < self.world_size - 1:
+                while time.monotonic() < deadline and self.job.acks(number) < self.world_size - 1:
                     time.sleep(0.05)
             else:
-                self.store.add(acks, 1)
+                self.job.ack(number)
         except StoreUnavailable:
             pass
         sys.stderr.write(f"ddpwatch: rank {self.rank} ending with exit code {self.config.exit_code} "

@@ -4,7 +4,6 @@ import os
 import sys
 import threading
 
-import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -104,28 +103,6 @@ def test_failure_text_is_bounded():
     r = begin(rec)
     rec.finish(r, RuntimeError("x" * 5000))
     assert len(r.error) == 500
-
-
-def test_finish_after_an_abort_verdict_ends_the_process(monkeypatch):
-    codes = []
-
-    class Ended(Exception):
-        pass
-
-    def fake_exit(code):
-        codes.append(code)
-        raise Ended
-
-    monkeypatch.setattr(R, "_exit_now", fake_exit)
-    rec = Recorder()
-    rec.abort_code = 3
-    ok = begin(rec)
-    rec.finish(ok)  # success: no exit
-    assert codes == []
-    failing = begin(rec)
-    with pytest.raises(Ended):
-        rec.finish(failing, RuntimeError("peer gone"))
-    assert codes == [3]
 
 
 def test_record_site_is_the_callers_line():

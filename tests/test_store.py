@@ -1,0 +1,169 @@
+"""The job protocol over a real in-process c10d store, and the watchdog's abort policy on a failing collective."""
+
+import ast
+import sys
+import time
+
+import pytest
+
+import ddpwatch.watchdog as watchdog_module
+from ddpwatch.config import Config
+from ddpwatch.record import Recorder
+from ddpwatch.store import JobProtocol, StateStore
+
+WORLD = 4
+
+
+@pytest.fixture
+def job():
+    import torch.distributed as dist
+
+    return JobProtocol(StateStore(dist.HashStore(), "test"), WORLD)
+
+
+def test_states_are_by_rank_and_skip_ranks_that_never_published(job):
+    job.publish(0, {"rank": 0, "beat": 1})
+    job.publish(2, {"rank": 2, "beat": 7})
+    assert job.states() == {0: {"rank": 0, "beat": 1}, 2: {"rank": 2, "beat": 7}}
+    assert job.states(range(1, 3)) == {2: {"rank": 2, "beat": 7}}
+    job.publish(2, {"rank": 2, "beat": 8})  # a heartbeat replaces the last one
+    assert job.states([2])[2]["beat"] == 8
+
+
+def test_counters_waiting_and_leader_beat(job):
+    assert job.waiting() == 0 and job.leader_beat() == 0
+    job.change_waiting(1)
+    job.change_waiting(1)
+    job.change_waiting(-1)
+    job.beat_leader()
+    assert job.waiting() == 1 and job.leader_beat() == 1
+
+
+def test_one_claim_per_fingerprint(job):
+    assert job.claim("abc") is True
+    assert job.claim("abc") is False
+    assert job.claim("def") is True
+
+
+def test_an_incident_from_opening_to_acks(job):
+    assert job.latest_incident() == 0
+    number = job.open_incident({"trigger": "deadlock", "leader": 0, "action": "abort"})
+    assert number == 1 and job.latest_incident() == 1
+    assert job.incident_info(1)["action"] == "abort"
+    assert job.incident_info(2) == {}  # not opened: empty, never waited for
+    for rank in range(WORLD):
+        job.contribute(1, rank, {"rank": rank, "stacks": []})
+    start = time.monotonic()
+    answers = job.collect(1, deadline=start + 30.0)
+    assert sorted(answers) == list(range(WORLD)) and answers[3] == {"rank": 3, "stacks": []}
+    assert time.monotonic() - start < 30.0  # every rank answered: no wait for the deadline
+    job.contribute_native(1, 2, {"threads": []})
+    assert job.natives(1, {1, 2}) == {2: {"threads": []}}
+    assert job.verdict(1) is None
+    job.post_verdict(1, {"folder": "/x", "kinds": ["deadlock"]})
+    assert job.verdict(1)["folder"] == "/x"
+    job.ack(1)
+    job.ack(1)
+    assert job.acks(1) == 2
+
+
+def test_collect_returns_what_came_by_the_deadline(job):
+    number = job.open_incident({"trigger": "deadlock"})
+    job.contribute(number, 1, {"rank": 1})
+    assert job.collect(number, deadline=time.monotonic() + 0.2) == {1: {"rank": 1}}
+
+
+def test_incidents_of_two_jobs_do_not_mix():
+    import torch.distributed as dist
+
+    shared = dist.HashStore()
+    one, two = JobProtocol(StateStore(shared, "one"), 2), JobProtocol(StateStore(shared, "two"), 2)
+    one.publish(0, {"rank": 0})
+    assert one.open_incident({}) == 1 and two.latest_incident() == 0
+    assert two.states() == {}
+
+
+def test_the_watchdog_builds_no_store_keys():
+    tree = ast.parse(open(watchdog_module.__file__, encoding="utf-8").read())
+    calls = [node.func.attr for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)]
+    assert "key" not in calls and "get_many" not in calls and "put" not in calls
+
+
+class Ended(BaseException):  # not an Exception: the recorder swallows those from its hook, and os._exit never returns
+    pass
+
+
+def abort_watchdog(monkeypatch):
+    codes = []
+
+    def fake_end(code):
+        codes.append(code)
+        raise Ended
+
+    monkeypatch.setattr(watchdog_module, "_end_process", fake_end)
+    recorder = Recorder()
+    dog = watchdog_module.Watchdog(recorder, Config(exit_code=7), 1, 2, None, "")
+    recorder.failure_hook = dog.on_collective_failure  # what start() installs (the thread is never started here)
+    return dog, recorder, codes
+
+
+def test_a_failing_collective_after_an_abort_verdict_ends_the_rank(monkeypatch):
+    dog, recorder, codes = abort_watchdog(monkeypatch)
+    failing = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
+    recorder.finish(failing, RuntimeError("Connection closed by peer"))  # no verdict yet: the error goes on
+    assert codes == []
+    dog.abort_code = 7
+    ok = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
+    recorder.finish(ok)  # success: no exit
+    assert codes == []
+    failing = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
+    with pytest.raises(Ended):
+        recorder.finish(failing, RuntimeError("peer gone"))
+    assert codes == [7]
+    assert failing.error == "RuntimeError: peer gone"  # the recorder recorded it first; the watchdog decided
+
+
+def test_the_abort_hook_outlives_stop(monkeypatch):
+    dog, recorder, codes = abort_watchdog(monkeypatch)
+    dog._store_ok = False  # nothing to publish on the way out
+    dog.stop()
+    assert recorder.failure_hook is None  # no verdict: stop() takes the hook away
+    dog, recorder, codes = abort_watchdog(monkeypatch)
+    dog._store_ok = False
+    dog.abort_code = 7
+    dog.stop()
+    with pytest.raises(Ended):
+        recorder.failure_hook(RuntimeError("peer gone"))
+    assert codes == [7]
+
+
+def test_publish_writes_the_state_and_its_position_in_one_round_trip(job):
+    calls = []
+    store = job.store._store
+
+    class Counting:
+        def __getattr__(self, name):
+            method = getattr(store, name)
+            return lambda *args: calls.append(name) or method(*args)
+
+    job.store._store = Counting()
+    state = {"rank": 1, "beat": 3, "status": "running", "inflight": [{"seq": 4}], "recent": [{"seq": 3}],
+             "site_counts": {"a.py:1": 2}, "last_seq": {"0": 3}, "ops_recorded": 4, "rank_condition": None}
+    job.publish(1, state)
+    assert calls == ["multi_set"]
+    job.store._store = store
+    assert job.states() == {1: state}
+    assert job.positions() == {1: {"rank": 1, "beat": 3, "status": "running", "inflight": [{"seq": 4}],
+                                   "rank_condition": None}}
+
+
+def test_a_torn_or_foreign_value_is_left_out_and_the_others_still_read(job):
+    for rank in range(WORLD):
+        job.publish(rank, {"rank": rank})
+    raw = job.store._store
+    raw.set(job.store.key("pos", 1), "{not json")
+    raw.set(job.store.key("pos", 2), '"a string, not a state"')
+    assert sorted(job.positions()) == [0, 3]
+    raw.set(job.store.key("pos", 1), '{"rank": 1}, {"rank": 9}')  # one value that would read as two
+    assert sorted(job.positions()) == [0, 3]
