@@ -11,6 +11,21 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+@pytest.fixture
+def one_rank_group():
+    """Call it to initialise a 1-rank gloo process group (inside a guard or not); destroyed after the test."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from ddpwatch.launch import free_port
+
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=datetime.timedelta(seconds=30))
+    yield lambda: dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
     yield

@@ -1,24 +1,13 @@
 """When a recorded collective is done, per backend (issue 13: synchronous calls stay synchronous), on 1 gloo rank."""
 
-import datetime
 import gc
 import weakref
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 import ddpwatch
-from ddpwatch.launch import free_port
-
-
-@pytest.fixture
-def one_rank_group():
-    store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=datetime.timedelta(seconds=30))
-    yield lambda: dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def records(session):

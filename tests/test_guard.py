@@ -15,14 +15,6 @@ from ddpwatch import session as session_module
 from ddpwatch.launch import free_port
 
 
-@pytest.fixture
-def one_rank_group():
-    store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=datetime.timedelta(seconds=30))
-    yield lambda: dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def _line_of(marker):
     with open(__file__) as handle:
         return next(number for number, line in enumerate(handle, 1) if marker in line and "_line_of" not in line)
