@@ -112,19 +112,6 @@ def _code_kind(frame) -> int:
     return kind
 
 
-def user_frame(frame):
-    """The innermost frame of the user's own code (not torch, ddpwatch, the standard library or a library), or None."""
-    cache = _kind_of_code
-    while frame is not None:
-        kind = cache.get(frame.f_code)
-        if kind is None:
-            kind = _code_kind(frame)
-        if kind == USER:
-            return frame
-        frame = frame.f_back
-    return None
-
-
 def user_frame_and_via(frame):
     """(the user's innermost frame, the outermost library frame below it: the framework call it went through)."""
     cache = _kind_of_code
@@ -139,6 +126,11 @@ def user_frame_and_via(frame):
             via = frame
         frame = frame.f_back
     return None, via
+
+
+def user_frame(frame):
+    """The innermost frame of the user's own code (not torch, ddpwatch, the standard library or a library), or None."""
+    return user_frame_and_via(frame)[0]
 
 
 def via_site(frame) -> tuple | None:
