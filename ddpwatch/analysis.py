@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from typing import NamedTuple
 
 from . import snapshot as S
 
@@ -11,6 +12,13 @@ DEADLOCK = "deadlock"
 TIMEOUT = "timeout"
 DUMP = "dump"
 SILENT = "silent_rank"
+
+
+class Partition(NamedTuple):
+    """Ranks waiting in the same call (same position, op, line, region and tensors), and that call's record."""
+
+    ranks: list
+    record: dict
 
 
 @dataclasses.dataclass
@@ -196,13 +204,13 @@ def _familiar_to(site: dict | None, states: dict, ranks) -> bool:
 # ---------------------------------------------------------------- splitting the waiting ranks
 
 def _partitions(waiting: dict) -> list:
-    """Ranks waiting on one group split by what they wait in: [(ranks, record)], one per distinct call."""
+    """Ranks waiting on one group split by what they wait in: one Partition per distinct call."""
     parts: dict = {}
     for rank, record in sorted(waiting.items()):
         region = record.get("region") or {}
         key = (record["seq"], record.get("api"), record["op"], _site_key(record.get("site")),
                region.get("kind"), _site_key(region.get("site")), _shape_key(record))
-        parts.setdefault(key, ([], record))[0].append(rank)
+        parts.setdefault(key, Partition([], record)).ranks.append(rank)
     return list(parts.values())
 
 
@@ -245,8 +253,8 @@ def _none_of(ranks, states: dict, kinds) -> bool:
 
 def _rank_only_culprits(parts: list, states: dict):
     """The one partition outside any rank-only region while every other stands inside one: the others are culprits."""
-    outside = [p for p in parts if _none_of(p[0], states, _RANK_ONLY_REGIONS)]
-    inside = [p for p in parts if _all_of(p[0], states, _RANK_ONLY_REGIONS)]
+    outside = [p for p in parts if _none_of(p.ranks, states, _RANK_ONLY_REGIONS)]
+    inside = [p for p in parts if _all_of(p.ranks, states, _RANK_ONLY_REGIONS)]
     if len(outside) == 1 and inside and len(inside) + 1 == len(parts):
         return outside[0]
     return None
@@ -254,8 +262,8 @@ def _rank_only_culprits(parts: list, states: dict):
 
 def _past_an_early_exit(parts: list, states: dict):
     """The one partition standing after a rank-guarded early exit that the others' code does not stand after."""
-    after = [p for p in parts if _all_of(p[0], states, (EARLY_EXIT,))]
-    if len(after) == 1 and all(_none_of(p[0], states, (EARLY_EXIT,)) for p in parts if p is not after[0]):
+    after = [p for p in parts if _all_of(p.ranks, states, (EARLY_EXIT,))]
+    if len(after) == 1 and all(_none_of(p.ranks, states, (EARLY_EXIT,)) for p in parts if p is not after[0]):
         return after[0]
     return None
 
@@ -276,12 +284,12 @@ def _innocent_partition(parts: list, states: dict):
         return innocent, EARLY_EXIT
     sizes = sorted((len(ranks) for ranks, _ in parts), reverse=True)
     if sizes[0] > sizes[1]:
-        return max(parts, key=lambda p: len(p[0])), "majority"
-    barriers = [p for p in parts if p[1]["op"] == "barrier"]
+        return max(parts, key=lambda p: len(p.ranks)), "majority"
+    barriers = [p for p in parts if p.record["op"] == "barrier"]
     if len(barriers) == 1:
         return barriers[0], "barrier"
     everyone = _ranks_of(parts)
-    familiar = [p for p in parts if _familiar_to(user_location(p[1]), states, everyone)]
+    familiar = [p for p in parts if _familiar_to(user_location(p.record), states, everyone)]
     if len(familiar) == 1:
         return familiar[0], "history"
     return None, ""
@@ -311,12 +319,12 @@ def _waits_text(parts) -> str:
 
 def ddp_forward_on_subset(parts: list, states: dict) -> dict | None:
     """The seed: some ranks call the DDP model (rank-local evaluation) and block in DDP.forward's own collective."""
-    inside = [p for p in parts if _in_ddp_forward(p[1])]
+    inside = [p for p in parts if _in_ddp_forward(p.record)]
     outside = [p for p in parts if p not in inside]
     if not inside or not outside:
         return None
     culprits, others = _ranks_of(inside), _ranks_of(outside)
-    record = inside[0][1]
+    record = inside[0].record
     call_site = user_location(record)
     if len(culprits) > len(others) or _familiar_to(call_site, states, others):
         return None  # the DDP call is the normal training step: someone else left the common path
@@ -341,25 +349,25 @@ def ddp_forward_on_subset(parts: list, states: dict) -> dict | None:
 
 def training_step_left_behind(culprit_parts: list, innocent, states: dict, rule: str, parts: list) -> dict | None:
     """Culprits inside a normal training step while the others wait elsewhere: a skipped collective or uneven data."""
-    if not all(_is_training_step(rec) for _, rec in culprit_parts) or _is_training_step(innocent[1]):
+    if not all(_is_training_step(rec) for _, rec in culprit_parts) or _is_training_step(innocent.record):
         return None
     culprits = _ranks_of(culprit_parts)
-    record = culprit_parts[0][1]
+    record = culprit_parts[0].record
     step_site = user_location(record)
-    if not _familiar_to(step_site, states, innocent[0]):
+    if not _familiar_to(step_site, states, innocent.ranks):
         return None  # not a step the others have run: not the common training path
-    skipped_site = innocent[1].get("site")
+    skipped_site = innocent.record.get("site")
     if _familiar_to(skipped_site, states, culprits):
         return skipped_collective(culprits, innocent, record, rule, parts)
-    if _left_the_loop_together(culprits + innocent[0], states, innocent[1]["group"],
+    if _left_the_loop_together(culprits + innocent.ranks, states, innocent.record["group"],
                                min(rec["seq"] for _, rec in parts)):
         # Uneven inputs means leaving the training loop at different steps; these ranks matched a collective
         # outside training after their last step, so they left it together and one skipped what came next.
         return skipped_collective(culprits, innocent, record, "left_loop_together", parts)
-    steps = {r: states[r].get("ddp_steps") for r in culprits + innocent[0]}
+    steps = {r: states[r].get("ddp_steps") for r in culprits + innocent.ranks}
     summary = (f"{_sentence(rank_list(culprits))} {_verb(culprits, 'is', 'are')} still training "
-               f"({describe_op(record)}) while {rank_list(innocent[0])} finished the loop and "
-               f"{_verb(innocent[0], 'waits', 'wait')} in {describe_op(innocent[1])}: the ranks ran different "
+               f"({describe_op(record)}) while {rank_list(innocent.ranks)} finished the loop and "
+               f"{_verb(innocent.ranks, 'waits', 'wait')} in {describe_op(innocent.record)}: the ranks ran different "
                "numbers of training steps, so the extra step's collectives have no partner.")
     fix = ("Give every rank the same number of batches: use `DistributedSampler(dataset, drop_last=True)` (or pad "
            "the dataset to a multiple of the world size), or wrap the loop in DDP's `with model.join():` context "
@@ -388,11 +396,11 @@ def _left_the_loop_together(ranks, states: dict, group: str, below: int) -> bool
 
 def skipped_collective(culprits: list, innocent, culprit_record: dict, rule: str, parts: list) -> dict:
     """Culprits went past a collective the others wait in (an early continue/return on some ranks)."""
-    skipped = innocent[1]
+    skipped = innocent.record
     location = user_location(skipped)
     now = describe_op(culprit_record) if culprit_record else "exited"
     summary = (f"{_sentence(rank_list(culprits))} never reached {describe_op(skipped)}, where "
-               f"{rank_list(innocent[0])} {_verb(innocent[0], 'waits', 'wait')}: "
+               f"{rank_list(innocent.ranks)} {_verb(innocent.ranks, 'waits', 'wait')}: "
                f"{_verb(culprits, 'it', 'they')} went past it and {_verb(culprits, 'is', 'are')} now "
                f"{'in ' + now if culprit_record else 'gone (the rank exited)'}.")
     fix = (f"Every rank must reach the collective at {S.short_site(location)}: look for an early `return`, "
@@ -408,7 +416,7 @@ def collective_on_subset_or_mismatch(parts: list, states: dict) -> dict:
     side = _side_by_side(parts)
     if innocent is None:
         ranks = _ranks_of(parts)
-        record = parts[0][1]
+        record = parts[0].record
         calls = "; ".join(f"{rank_list(r)}: {describe_op(rec)} (seq {rec['seq']})" for r, rec in parts)
         summary = (f"The ranks issued different collectives at the same point of group {record['group']}: {calls}. "
                    "They can never match.")
@@ -420,8 +428,8 @@ def collective_on_subset_or_mismatch(parts: list, states: dict) -> dict:
     if reason == "rank_condition":
         return collective_on_subset(culprit_parts, innocent, states, reason, side)
     if reason == EARLY_EXIT:
-        found = skipped_collective(_ranks_of(culprit_parts), innocent, culprit_parts[0][1], reason, parts)
-        exit_ = rank_condition(states.get(innocent[0][0]))
+        found = skipped_collective(_ranks_of(culprit_parts), innocent, culprit_parts[0].record, reason, parts)
+        exit_ = rank_condition(states.get(innocent.ranks[0]))
         found["fix"] += (f" Here it is the exit at line {exit_['condition'].get('exit_line')} under "
                          f"`{exit_['condition']['text']}` ({S.short_site(exit_['frame'])}).")
         return found
@@ -429,9 +437,9 @@ def collective_on_subset_or_mismatch(parts: list, states: dict) -> dict:
     if found:
         return found
     culprits = _ranks_of(culprit_parts)
-    record = culprit_parts[0][1]
-    if (_familiar_to(user_location(record), states, innocent[0])
-            and _familiar_to(innocent[1].get("site"), states, culprits) and reason != "history"):
+    record = culprit_parts[0].record
+    if (_familiar_to(user_location(record), states, innocent.ranks)
+            and _familiar_to(innocent.record.get("site"), states, culprits) and reason != "history"):
         return skipped_collective(culprits, innocent, record, reason, parts)
     return collective_on_subset(culprit_parts, innocent, states, reason, side)
 
@@ -439,14 +447,14 @@ def collective_on_subset_or_mismatch(parts: list, states: dict) -> dict:
 def collective_on_subset(culprit_parts: list, innocent, states: dict, reason: str, side: list) -> dict:
     """Culprits called a collective the others do not call at this point (often inside a rank-only branch)."""
     culprits = _ranks_of(culprit_parts)
-    record = culprit_parts[0][1]
+    record = culprit_parts[0].record
     location = user_location(record)
     if innocent is None:
         elsewhere = "never reach: they exited"
     else:
-        elsewhere = (f"{_verb(innocent[0], 'does', 'do')} not call at this point: "
-                     f"{_verb(innocent[0], 'it waits', 'they wait')} in {describe_op(innocent[1])}")
-    others = rank_list(innocent[0]) if innocent is not None else "the other ranks"
+        elsewhere = (f"{_verb(innocent.ranks, 'does', 'do')} not call at this point: "
+                     f"{_verb(innocent.ranks, 'it waits', 'they wait')} in {describe_op(innocent.record)}")
+    others = rank_list(innocent.ranks) if innocent is not None else "the other ranks"
     summary = (f"{_sentence(rank_list(culprits))} called {describe_op(record)} ({S.format_site(location)}), "
                f"which {others} {elsewhere}. Neither side can ever finish.")
     condition = rank_condition(states.get(culprits[0]))
@@ -512,13 +520,13 @@ def shape_mismatch(parts: list, states: dict) -> dict | None:
         return None
     sizes = sorted((len(ranks) for ranks, _ in parts), reverse=True)
     if sizes[0] > sizes[1]:
-        common = max(parts, key=lambda p: len(p[0]))
+        common = max(parts, key=lambda p: len(p.ranks))
         culprit_parts = [p for p in parts if p is not common]
     else:
-        empty = [p for p in parts if any(0 in shape for shape in p[1].get("shapes") or ())]
+        empty = [p for p in parts if any(0 in shape for shape in p.record.get("shapes") or ())]
         culprit_parts = empty if 0 < len(empty) < len(parts) else parts
     culprits = _ranks_of(culprit_parts)
-    record = culprit_parts[0][1]
+    record = culprit_parts[0].record
     shapes = "; ".join(f"{rank_list(r)}: {_shape_text(rec)}" for r, rec in parts)
     summary = (f"{_sentence(rank_list(culprits))} passed different tensors to {record['op']} at "
                f"{S.short_site(record.get('site'))} (group {record['group']}, seq {record['seq']}): {shapes}. "
@@ -558,7 +566,7 @@ def sequence_divergence(group: str, parts: list, states: dict) -> dict:
             return found
         if len({(rec.get("api"), rec["op"]) for _, rec in regrouped}) > 1:
             return ddp_forward_on_subset(regrouped, states) or collective_on_subset_or_mismatch(regrouped, states)
-    ahead = _ranks_of([p for p in parts if p[1]["seq"] > low])
+    ahead = _ranks_of([p for p in parts if p.record["seq"] > low])
     summary = (f"On group {group} the ranks wait at different positions: "
                + "; ".join(f"{rank_list(r)} at seq {rec['seq']} ({describe_op(rec)})" for r, rec in parts)
                + f". {_sentence(rank_list(ahead))} got past seq {low} without the others.")
@@ -614,7 +622,7 @@ def skipped_by_exited(live: dict, exited: set, grace: float, world_size: int) ->
             # the waiting ranks got there inside a rank-only region: they called what the others never will
             findings.append(collective_on_subset(parts, None, live, "rank_condition", _side_by_side(parts)))
             continue
-        findings.append(skipped_collective(gone, (ranks, record), None, "exited", parts))
+        findings.append(skipped_collective(gone, Partition(ranks, record), None, "exited", parts))
     return findings
 
 

@@ -24,7 +24,7 @@ from .rankcond import (
     scope_nodes,
 )
 
-__all__ = ["CHECKS", "Finding", "lint_source", "lint_file", "lint_paths", "iter_python_files", "main"]
+__all__ = ["CHECKS", "LintFinding", "lint_source", "lint_file", "lint_paths", "iter_python_files", "main"]
 
 PARSE_ERROR = "DDP000"
 
@@ -66,8 +66,11 @@ _SKIPPED_DIRS = frozenset({"__pycache__", "venv", "env", "site-packages", "node_
 
 
 @dataclasses.dataclass(frozen=True, order=True)
-class Finding:
-    """One problem at one place; `hint` says the fix."""
+class LintFinding:
+    """One problem `ddpwatch lint` found at one place of the source; `hint` says the fix.
+
+    Named apart from the runtime findings (snapshot.finding(): a hang seen in a running job), which are plain data.
+    """
 
     path: str
     line: int
@@ -186,7 +189,7 @@ class _ModuleChecker:
         self.source = source
         self.lines = source.splitlines()
         self.path = path
-        self.findings: dict[tuple[int, int, str], Finding] = {}
+        self.findings: dict[tuple[int, int, str], LintFinding] = {}
         self.dist_modules = {"dist", "torch.distributed"}
         self.imported_collectives: dict[str, str] = {}
         self.ddp_names = {_DDP_CLASS, "DDP"}
@@ -485,7 +488,7 @@ class _ModuleChecker:
 
     # -- checks ------------------------------------------------------------------------------------------------
 
-    def check(self) -> list[Finding]:
+    def check(self) -> list[LintFinding]:
         for scope in self.scopes:
             paired = self._paired_collectives(scope)
             for site in scope.sites:
@@ -499,7 +502,7 @@ class _ModuleChecker:
     def _report(self, node: ast.AST, code: str, message: str, hint: str) -> None:
         key = (node.lineno, node.col_offset + 1, code)
         if key not in self.findings:  # the first (most direct) explanation wins
-            self.findings[key] = Finding(self.path, node.lineno, node.col_offset + 1, code, message, hint)
+            self.findings[key] = LintFinding(self.path, node.lineno, node.col_offset + 1, code, message, hint)
 
     # -- what the other ranks do instead -----------------------------------------------------------------------
 
@@ -877,7 +880,7 @@ def _skipped_by(exit_stmt: ast.stmt, frames: list) -> list[ast.stmt]:
 
 # --- files and paths ----------------------------------------------------------------------------------------
 
-def _suppressed(finding: Finding, lines: list[str]) -> bool:
+def _suppressed(finding: LintFinding, lines: list[str]) -> bool:
     """`# noqa` silences every finding on its line; `# noqa: DDP001,DDP002` only those codes."""
     if not 1 <= finding.line <= len(lines):
         return False
@@ -890,7 +893,7 @@ def _suppressed(finding: Finding, lines: list[str]) -> bool:
     return finding.code in {code.upper() for code in re.split(r"[\s,]+", codes) if code}
 
 
-def lint_source(source: str, path: str = "<string>") -> list[Finding]:
+def lint_source(source: str, path: str = "<string>") -> list[LintFinding]:
     """All findings in `source`, sorted, `# noqa` applied. Raises SyntaxError (or ValueError) if it won't parse."""
     tree = ast.parse(source, filename=path)
     if not any(marker in source for marker in _RELEVANT_MARKERS):
@@ -900,15 +903,15 @@ def lint_source(source: str, path: str = "<string>") -> list[Finding]:
     return [finding for finding in findings if not _suppressed(finding, lines)]
 
 
-def _parse_error(path: str, error: Exception) -> Finding:
+def _parse_error(path: str, error: Exception) -> LintFinding:
     line = getattr(error, "lineno", None) or 1
     col = getattr(error, "offset", None) or 1
     detail = getattr(error, "msg", None) or str(error) or type(error).__name__
-    return Finding(path, line, col, PARSE_ERROR, f"could not parse: {type(error).__name__}: {detail}",
+    return LintFinding(path, line, col, PARSE_ERROR, f"could not parse: {type(error).__name__}: {detail}",
                    "fix the syntax error; the file was not checked")
 
 
-def lint_file(path: str) -> list[Finding]:
+def lint_file(path: str) -> list[LintFinding]:
     """Findings in one file; a file that cannot be read or parsed gives one DDP000 finding."""
     try:
         with tokenize.open(path) as handle:  # honours PEP 263 encoding declarations
@@ -941,7 +944,7 @@ def iter_python_files(paths: Sequence[str]) -> tuple[list[str], list[str]]:
     return files, missing
 
 
-def lint_paths(paths: Sequence[str]) -> list[Finding]:
+def lint_paths(paths: Sequence[str]) -> list[LintFinding]:
     """Findings in every Python file under `paths` (DDP000 for files that do not parse)."""
     files, _ = iter_python_files(paths)
     return [finding for path in files for finding in lint_file(path)]
@@ -987,7 +990,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _print_findings(findings: list[Finding], output_format: str, hints: bool) -> None:
+def _print_findings(findings: list[LintFinding], output_format: str, hints: bool) -> None:
     if output_format == "json":
         print(json.dumps([finding.to_dict(hints) for finding in findings], indent=2))
         return
