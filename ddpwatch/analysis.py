@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import snapshot as S
+
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from .shapes import Finding, RankState, RecordDoc
 
 DEADLOCK = "deadlock"
 TIMEOUT = "timeout"
@@ -18,7 +21,7 @@ class Partition(NamedTuple):
     """Ranks waiting in the same call (same position, op, line, region and tensors), and that call's record."""
 
     ranks: list
-    record: dict
+    record: RecordDoc
 
 
 @dataclasses.dataclass
@@ -26,13 +29,13 @@ class Assessment:
     """What the watchdog should do now: report a proven deadlock, report after the timeout, or nothing."""
 
     verdict: str | None
-    findings: list
+    findings: list[Finding]
     fingerprint: str = ""
 
 
 # ---------------------------------------------------------------- reading one rank's state
 
-def waiting_record(state: dict) -> dict | None:
+def waiting_record(state: RankState) -> RecordDoc | None:
     """The op this rank waits on: its oldest collective still in flight (point-to-point only when nothing else)."""
     inflight = state.get("inflight") or []
     if len(inflight) == 1:
@@ -755,7 +758,8 @@ def fingerprint(states: dict) -> str:
     return hashlib.sha1(repr(items).encode()).hexdigest()[:16]
 
 
-def assess(states: dict, world_size: int, grace: float, timeout: float, silent: dict | None = None) -> Assessment:
+def assess(states: dict[int, RankState], world_size: int, grace: float, timeout: float,
+           silent: dict | None = None) -> Assessment:
     """Decide from every rank's snapshot whether a hang is proven now, or a wait has outlasted the timeout.
 
     `silent`: {rank: {"silent_s", "process", "last_state", ...}} for ranks whose heartbeat stopped for longer than
@@ -791,6 +795,7 @@ def assess(states: dict, world_size: int, grace: float, timeout: float, silent: 
     return Assessment(None, [])
 
 
-def analyze(states: dict, world_size: int, grace: float, timeout: float, silent: dict | None = None) -> list:
+def analyze(states: dict[int, RankState], world_size: int, grace: float, timeout: float,
+            silent: dict | None = None) -> list[Finding]:
     """The findings for a finished incident document (re-run by `ddpwatch report`)."""
     return assess(states, world_size, grace, timeout, silent).findings

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from . import analysis, evidence, snapshot as S
+
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from .shapes import Incident, RankState
 
 DEFAULT_GRACE = 2.0  # the values an incident written without them (older files) was analysed with
 DEFAULT_TIMEOUT = 300.0
 
 
-def build(states: dict, world_size: int, grace: float, timeout: float, *, silent: dict | None = None,
+def build(states: dict[int, RankState], world_size: int, grace: float, timeout: float, *, silent: dict | None = None,
           trigger: str | None = None, findings: list | None = None, run_id: str | None = None,
           written_by: int | None = None, created_at: float | None = None, source: dict | None = None,
-          missing_ranks: list | None = None) -> dict:
+          missing_ranks: list | None = None) -> Incident:
     """An incident document from rank states, analysed here unless `findings` are given (a dump has none).
 
     `silent`: the watchdog's measurement of ranks whose heartbeat stopped ({rank: {"silent_s", "process", ...}}),
@@ -51,7 +55,7 @@ def build(states: dict, world_size: int, grace: float, timeout: float, *, silent
     }
 
 
-def reanalyze(incident: dict, grace: float | None = None, timeout: float | None = None) -> dict:
+def reanalyze(incident: Incident, grace: float | None = None, timeout: float | None = None) -> Incident:
     """The same incident with its findings and trigger computed again from its saved states (and silent ranks)."""
     states = {state["rank"]: state for state in incident.get("ranks") or ()}
     grace = incident.get("grace", DEFAULT_GRACE) if grace is None else grace

@@ -9,8 +9,12 @@ import sys
 import sysconfig
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from . import snapshot
+
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from .shapes import RecordDoc
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -175,7 +179,7 @@ class Record:
     __slots__ = ("seq", "group", "op", "api", "peer", "tensors", "site", "via", "region",
                  "start_mono", "end_mono", "state", "error", "work", "thread")
 
-    def to_dict(self, now_mono: float) -> dict:
+    def to_dict(self, now_mono: float) -> RecordDoc:
         shapes, dtypes = _describe_tensors(self.tensors)
         in_flight = self.state == snapshot.IN_FLIGHT
         return {

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from .shapes import Finding, Site
 
 # What each format version changed (bump on any change a reader must know about):
 #   1: first version: rank snapshots (records, stacks), incidents with findings.
@@ -54,7 +57,7 @@ class FormatError(ValueError):
     """A file or document that is not a ddpwatch snapshot or incident this version can read."""
 
 
-def site(file: str, line: int, function: str) -> dict:
+def site(file: str, line: int, function: str) -> Site:
     return {"file": file, "line": line, "function": function}
 
 
@@ -72,7 +75,7 @@ def short_site(where: dict | None) -> str:
     return f"{name}:{where['line']}"
 
 
-def finding(kind: str, ranks, summary: str, fix: str, location: dict | None, evidence: dict) -> dict:
+def finding(kind: str, ranks, summary: str, fix: str, location: Site | None, evidence: dict) -> Finding:
     if kind not in FINDING_KINDS:
         raise ValueError(f"unknown finding kind {kind!r}")
     return {

@@ -93,3 +93,27 @@ def test_report_reanalyze_goes_through_the_builder():
     doc = json.loads(json.dumps(live(st, 2)))
     doc["findings"] = []
     assert sources.incident_module.reanalyze(doc, None, None)["findings"][0]["kind"] == "ddp_forward_on_subset"
+
+
+def _keys(shape) -> set:
+    import typing
+
+    return set(typing.get_type_hints(shape))
+
+
+def test_the_named_shapes_say_what_the_stages_really_pass():
+    from ddpwatch import shapes
+    from ddpwatch.record import Recorder
+
+    doc = live(seed_with_condition(), 2)
+    assert set(doc) <= _keys(shapes.Incident) and set(shapes.Incident.__required_keys__) <= set(doc)
+    for finding in doc["findings"]:
+        assert set(finding) == _keys(shapes.Finding)
+    for state in doc["ranks"]:
+        assert set(state) <= _keys(shapes.RankState), set(state) - _keys(shapes.RankState)
+        for record in state["inflight"] + state["recent"]:
+            assert set(record) <= _keys(shapes.RecordDoc), set(record) - _keys(shapes.RecordDoc)
+    recorder = Recorder()
+    record = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
+    assert set(record.to_dict(record.start_mono)) <= _keys(shapes.RecordDoc)
+    assert set(shapes.RecordDoc.__required_keys__) <= set(record.to_dict(record.start_mono))
