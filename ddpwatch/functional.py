@@ -54,8 +54,11 @@ class _Pending:
             self.recorder.finish(record)  # nothing to wait on (already waited, or traced): done when issued
 
     def _dropped(self, key, _ref) -> None:
-        """An output freed without a wait_tensor: nobody can block on it any more."""
-        self._one_done(key, None)
+        """An output freed without a wait_tensor: nobody can block on it any more (runs in the garbage collector)."""
+        try:
+            self._one_done(key, None)
+        except Exception:
+            pass
 
     def waited(self, tensor, error) -> None:
         self._one_done(id(tensor), tensor, error)
@@ -147,7 +150,10 @@ def _wait_wrapper(pending: _Pending, original):
         except BaseException as exc:
             pending.waited(tensor, exc)
             raise
-        pending.waited(tensor, None)
+        try:
+            pending.waited(tensor, None)
+        except Exception:  # the wait happened; a bookkeeping failure must not become the user's
+            pass
         return result
 
     return wait_tensor

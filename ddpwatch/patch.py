@@ -312,12 +312,17 @@ class Patcher:
             try:
                 result = original(work, *args, **kwargs)
             except BaseException as exc:
-                recorder.waited(work, getattr(local, "issuing", None), exc)
+                _note_wait(work, exc)
                 raise
-            issuing = getattr(local, "issuing", None)
-            if issuing is not None or by_work:  # else: no recorded op can be waiting on this Work (a host sync call)
-                recorder.waited(work, issuing)
+            if by_work or getattr(local, "issuing", None) is not None:  # else no recorded op waits on this Work
+                _note_wait(work, None)
             return result
+
+        def _note_wait(work, error) -> None:
+            try:
+                recorder.waited(work, getattr(local, "issuing", None), error)
+            except Exception:  # never the user's problem: the wait itself already happened
+                _log_once("wait", "ddpwatch: could not note a Work.wait(); a record may stay in flight")
 
         return wait
 
