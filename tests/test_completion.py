@@ -36,12 +36,12 @@ def test_a_synchronous_call_reaches_the_backend_synchronous_and_an_async_one_asy
 def test_gloo_reduce_scatter_is_done_when_wait_returns_though_its_work_never_says_so(one_rank_group):
     with ddpwatch.guard(interval=0.2) as session:
         one_rank_group()
-        work = dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(2), async_op=True)
+        work = dist.reduce_scatter_single(torch.zeros(2), torch.ones(2), async_op=True)
         work.wait()
         assert not work.is_completed()  # gloo's quirk (torch 2.13): the reason not to trust is_completed() here
-        dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(2))  # synchronous: done when it returns
+        dist.reduce_scatter_single(torch.zeros(2), torch.ones(2))  # synchronous: done when it returns
         for _ in range(50):  # FSDP2's pattern, many steps: nothing piles up in flight
-            dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(2), async_op=True).wait()
+            dist.reduce_scatter_single(torch.zeros(2), torch.ones(2), async_op=True).wait()
         session.recorder.poll_pending()
         snap = records(session)
     assert snap["inflight"] == []
