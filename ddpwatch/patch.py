@@ -288,10 +288,14 @@ class Patcher:
         """
         if self._wait_hooked:
             return
-        with self._lock:
-            if not self._wait_hooked and self._originals:
-                self._patch_work_wait(self._c10d)
-                self._wait_hooked = True
+        try:
+            with self._lock:
+                if not self._wait_hooked and self._originals:
+                    self._patch_work_wait(self._c10d)
+                    self._wait_hooked = True
+        except Exception:  # never the user's problem: such ops then complete through is_completed() polls only
+            self._wait_hooked = True
+            _log_once("wait-hook", "ddpwatch: could not hook Work.wait; async ops complete by polling only")
 
     def _patch_work_wait(self, c10d) -> None:
         work_class = getattr(c10d, "Work", None)
