@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 import weakref
 
 from . import catalogue
@@ -77,44 +76,36 @@ class _Pending:
 
 
 def _issue_wrapper(patcher, pending: _Pending, original, api: str, op: str):
-    signature = inspect.signature(original)
-    names = list(signature.parameters)
+    names = list(inspect.signature(original).parameters)
     group_i = names.index("group") if "group" in names else None
     recorder = patcher.recorder
-    local = recorder._local
 
-    def wrapper(*args, **kwargs):
-        if getattr(local, "depth", 0):
+    def body(args, kwargs, caller):
+        record = _begin(patcher, api, op, args, kwargs, group_i, caller)
+        if record is None:
             return original(*args, **kwargs)
-        local.depth = 1
         try:
-            record = _begin(patcher, api, op, args, kwargs, group_i)
-            if record is None:
-                return original(*args, **kwargs)
-            try:
-                result = original(*args, **kwargs)
-            except BaseException as exc:
-                recorder.finish(record, exc)
-                raise
-            try:
-                pending.track(record, _waitable_outputs(result))
-            except Exception:
-                recorder.finish(record)
-            return result
-        finally:
-            local.depth = 0
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            recorder.finish(record, exc)
+            raise
+        try:
+            pending.track(record, _waitable_outputs(result))
+        except Exception:
+            recorder.finish(record)
+        return result
 
-    return wrapper
+    return patcher._outermost(original, body)  # nested calls (permute_tensor -> all_to_all_single) record once
 
 
-def _begin(patcher, api: str, op: str, args, kwargs, group_i):
+def _begin(patcher, api: str, op: str, args, kwargs, group_i, caller):
     try:
         group = args[group_i] if group_i is not None and group_i < len(args) else kwargs.get("group")
         tensors = args[0] if args else next(iter(kwargs.values()), None)
         pg = _process_group(group, kwargs.get("tag", ""))
         if pg is None:
             return None
-        return patcher._begin(op, f"funcol.{api}", pg, tensor_meta(tensors), sys._getframe(2))
+        return patcher._begin(op, f"funcol.{api}", pg, tensor_meta(tensors), caller)
     except Exception:
         return None
 

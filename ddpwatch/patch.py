@@ -50,7 +50,7 @@ class Patcher:
     def __init__(self, recorder: Recorder):
         self.recorder = recorder
         self._originals: list = []  # (owner, attribute, original)
-        # id(process group) -> (weak reference, name): a destroyed group is not kept alive by the cache.
+        # id(process group) -> (weak reference, name, runs on the host): a destroyed group is not kept alive.
         self._group_cache: dict = {}
         self._lock = threading.Lock()
         self._wait_hooked = False
