@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from . import snapshot as S
+from . import catalogue, snapshot as S
 
 PY_SPY_TIMEOUT_S = 3.0
 
@@ -280,7 +280,7 @@ def record_from_flight_recorder(entry: dict, state: dict, frame, now: float) -> 
     from .record import frame_site
 
     return {"seq": (state.get("last_seq") or {}).get(group, -1) + 1, "group": group,
-            "op": str(entry.get("profiling_name", "")).split(":")[-1] or "collective",
+            "op": catalogue.canonical_op(str(entry.get("profiling_name", "")).split(":")[-1]) or "collective",
             "api": S.FLIGHT_RECORDER_ONLY, "p2p": False, "peer": None,
             "shapes": [list(s) for s in entry.get("input_sizes") or () if isinstance(s, list)][:4],
             "dtypes": [str(d) for d in entry.get("input_dtypes") or ()][:4], "site": frame_site(frame),

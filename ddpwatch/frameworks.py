@@ -11,6 +11,7 @@ import ast
 import inspect
 import os
 
+from .rankcond import parsed_file
 from .record import installed_package
 
 
@@ -64,8 +65,9 @@ def _log_call_site(module_class, name: str, hook: str | None) -> dict | None:
     path = inspect.getsourcefile(module_class)
     if not path or not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        tree = ast.parse(handle.read())
+    tree, _ = parsed_file(path)  # rankcond's cache: the same file is parsed again for its rank conditions
+    if tree is None:
+        return None
     found = []
     for function in ast.walk(tree):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):

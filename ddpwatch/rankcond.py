@@ -24,6 +24,7 @@ __all__ = [
     "rank_condition_at",
     "rank_condition_at_path",
     "clear_cache",
+    "parsed_file",
 ]
 
 # Names that hold a rank or a "this is the main rank" flag: they match a bare name (`rank`) and an attribute
@@ -446,7 +447,7 @@ _cache_lock = threading.Lock()
 _CACHE_LIMIT = 256
 
 
-def _parsed_file(path: str) -> tuple[ast.Module | None, list[str]]:
+def parsed_file(path: str) -> tuple[ast.Module | None, list[str]]:
     """The parsed tree and lines of ``path``, from the cache while the file's mtime and size are unchanged."""
     stat = os.stat(path)
     stamp = (stat.st_mtime_ns, stat.st_size)
@@ -473,7 +474,7 @@ def rank_condition_at_path(path: str, line: int) -> dict | None:
     try:
         if not isinstance(line, int) or isinstance(line, bool) or line < 1:
             return None
-        tree, lines = _parsed_file(os.fspath(path))
+        tree, lines = parsed_file(os.fspath(path))
         if tree is None:
             return None
         return _condition_in_tree(tree, lines, line)
