@@ -135,7 +135,13 @@ class Watchdog(threading.Thread):
         The training thread waits (bounded) and then re-raises the user's exception unchanged.
         """
         if self.abort_code:
-            _end_process(self.abort_code)  # the verdict is out and peers are exiting: end here, not in their error
+            # The verdict is out and peers are exiting: end here, not in their error; but first let the report being
+            # finished (the native-stacks pass rewrites its folder) end, or a staging folder is left behind.
+            if threading.current_thread() is not self:
+                deadline = time.monotonic() + evidence.PY_SPY_TIMEOUT_S + 2.0
+                while self.writing.is_set() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            _end_process(self.abort_code)
         if threading.current_thread() is self or not self.is_alive():
             return
         if not any(marker in str(error) for marker in PEER_FAILURE_MARKERS):
@@ -484,16 +490,18 @@ class Watchdog(threading.Thread):
         text = report.render.render_text(incident)
         sys.stderr.write("\n" + text + (f"ddpwatch: {note}\n" if note else ""))  # after any progress bar
         sys.stderr.flush()
-        first = incident["findings"][0] if incident["findings"] else {}
-        self.job.post_verdict(number, {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]],
-                                       "action": action, "culprits": first.get("ranks"),
-                                       "summary": first.get("summary")})
         try:
             self._add_native_stacks(number, folder, incident)
         except StoreUnavailable:
             raise
         except Exception:  # the report is out; a failure adding native stacks must not stop what follows
             self._log_once("native", "ddpwatch: could not add native stacks", exc_info=True)
+        # The verdict is posted once the folder is final: with action=abort the peers exit on it, and a peer gone
+        # while the folder is rewritten with native stacks would end this rank mid-rewrite.
+        first = incident["findings"][0] if incident["findings"] else {}
+        self.job.post_verdict(number, {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]],
+                                       "action": action, "culprits": first.get("ranks"),
+                                       "summary": first.get("summary")})
         return folder, number, action
 
     def _add_native_stacks(self, number: int, folder: str, incident: dict) -> None:
