@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import linecache
 import logging
 import sys
 import threading
@@ -25,12 +26,95 @@ PATCH_MARKER = "__ddpwatch_original__"
 HOST_SYNC_BACKENDS = frozenset({"gloo", "mpi", "fake"})
 log = logging.getLogger("ddpwatch")
 _logged: set = set()
+_get_ident = threading.get_ident
 
 
 def _log_once(key: str, message: str) -> None:
     if key not in _logged:
         _logged.add(key)
         log.warning(message, exc_info=True)
+
+
+# The per-collective wrapper. A template, compiled once per collective with that collective's own parameter list:
+# packing every call into *args/**kwargs and digging the group, tensor and async_op back out cost about a tenth
+# of the guard's time per op. {params}/{call} are the original's parameters and the call passing them on; every
+# other name is prefixed _w_ so that no parameter of a collective (all_reduce has `op`) can shadow it.
+_HOT_PATH = """
+def {name}({params}):
+    _w_ident = _get_ident()
+    if _w_ident in _w_busy:
+        return _w_original({call})  # called by another patched collective: the outer one records
+    _w_busy.add(_w_ident)
+    try:
+        try:
+            _w_pg = {group}
+            if _w_pg is None:
+                _w_pg = _w_world._default_pg if _w_direct_default else _w_world.default_pg
+            _w_entry = _w_cache.get(id(_w_pg))
+            if _w_entry is None or _w_entry[0]() is not _w_pg:
+                _w_name = _w_group_name(_w_pg)  # first call on this group: describe it and cache that
+                _w_entry = _w_cache.get(id(_w_pg)) or (None, _w_name, False)
+            if not _w_entry[1] or (_w_coalescing and _w_pg in _w_coalescing):
+                _w_record = None  # not a member; or queued inside _coalescing_manager: recorded once, issued
+            else:
+                _w_record = _w_begin(_w_op, _w_api, _w_entry[1], {metas}, sys._getframe(1), None, _w_ident)
+        except Exception:
+            _log_once("begin", "ddpwatch: could not record a collective; it runs unrecorded")
+            _w_record = None  # never the user's problem
+        if _w_record is None:
+            return _w_original({call})
+        _w_host = _w_entry[2]
+        _w_async = {async_op}
+        if _w_async or not _w_host:
+            _w_hook_wait()  # once: from now on Work.wait() tells when such ops are done
+        if not _w_host:
+            _w_issuing[_w_ident] = _w_record  # a Work.wait() inside this call (c10d's own, for a sync call) is its
+        try:
+            _w_result = _w_original({call})
+        except BaseException as exc:
+            _w_recorder.finish(_w_record, exc)
+            raise
+        finally:
+            if not _w_host:
+                _w_issuing.pop(_w_ident, None)
+        if _w_host and not _w_async:  # a host backend's synchronous call is done when it returns
+            _w_finish_returned(_w_record)
+        else:
+            _w_recorder.issued(_w_record, _w_result if _w_async else None)
+        return _w_result
+    finally:
+        _w_busy.discard(_w_ident)
+"""
+
+
+def _signature_source(signature: inspect.Signature) -> tuple:
+    """(parameter list, call passing them on, {default name: value}) for a generated function with this signature.
+
+    Defaults are passed by name, never by repr: the generated function gets the very same default objects.
+    """
+    P = inspect.Parameter
+    params, call, defaults = [], [], {}
+    for name, param in signature.parameters.items():
+        default = ""
+        if param.default is not P.empty:
+            defaults[f"_w_default_{name}"] = param.default
+            default = f"=_w_default_{name}"
+        if params and param.kind is not P.POSITIONAL_ONLY and _last_kind(signature, params) is P.POSITIONAL_ONLY:
+            params.append("/")
+        if param.kind is P.KEYWORD_ONLY and not any(p.startswith("*") for p in params):
+            params.append("*")  # the first keyword-only parameter, with no *args before it
+        prefix = {P.VAR_POSITIONAL: "*", P.VAR_KEYWORD: "**"}.get(param.kind, "")
+        params.append(f"{prefix}{name}{default}")
+        call.append(f"{name}={name}" if param.kind is P.KEYWORD_ONLY else f"{prefix}{name}")
+    if params and _last_kind(signature, params) is P.POSITIONAL_ONLY:
+        params.append("/")
+    return ", ".join(params), ", ".join(call), defaults
+
+
+def _last_kind(signature: inspect.Signature, params: list):
+    """The kind of the parameter last written to `params` (None after a "*" or "/" marker)."""
+    last = params[-1].lstrip("*").split("=")[0] if params else ""
+    return signature.parameters[last].kind if last in signature.parameters else None
 
 
 def _param_index(signature: inspect.Signature, name: str):
@@ -194,16 +278,17 @@ class Patcher:
         """Run `body` for the outermost patched call on this thread; nested patched calls go straight through."""
         recorder = self.recorder
 
+        busy = recorder.busy
+
         def wrapper(*args, **kwargs):
-            if not recorder.enter_call():
-                try:
-                    return original(*args, **kwargs)
-                finally:
-                    recorder.exit_call()
+            ident = _get_ident()
+            if ident in busy:
+                return original(*args, **kwargs)
+            busy.add(ident)
             try:
                 return body(args, kwargs, sys._getframe(1))
             finally:
-                recorder.exit_call()
+                busy.discard(ident)
 
         return wrapper
 
@@ -216,67 +301,37 @@ class Patcher:
             raise
 
     def _collective_wrapper(self, original, api: str, op: str, tensor_params):
-        """The hot path (every all_reduce, barrier...): one flat function, no helper layers, nothing formatted."""
+        """The hot path (every all_reduce, barrier...): one flat function with the original's own signature.
+
+        Generated from _HOT_PATH with the collective's parameters (see there why); the arguments arrive as named
+        locals instead of being packed into *args/**kwargs and looked up again.
+        """
         signature = inspect.signature(original)
-        group_i = _param_index(signature, "group")
-        async_i = _param_index(signature, "async_op")
-        tensor_i = [(_param_index(signature, p), p) for p in tensor_params]
-        recorder = self.recorder
-        local = recorder._local
-        coalescing = self._c10d._world.pg_coalesce_state
-        world = self._c10d._world
-        cache = self._group_cache
-        hook_wait = self.hook_work_wait
-
-        def wrapper(*args, **kwargs):
-            if getattr(local, "depth", 0):
-                return original(*args, **kwargs)  # called by another patched collective: the outer one records
-            local.depth = 1
-            try:
-                try:
-                    group = args[group_i] if group_i is not None and group_i < len(args) else kwargs.get("group")
-                    pg = world.default_pg if group is None else group
-                    entry = cache.get(id(pg))
-                    if entry is None or entry[0]() is not pg:
-                        name = self.group_name(pg)  # first call on this group: describe it and cache that
-                        entry = cache.get(id(pg)) or (None, name, False)
-                    if not entry[1] or (coalescing and pg in coalescing):
-                        record = None  # not a member; or queued inside _coalescing_manager: recorded once, issued
-                    else:
-                        metas = ()
-                        for index, name in tensor_i:
-                            metas += tensor_meta(args[index] if index is not None and index < len(args)
-                                                 else kwargs.get(name))
-                        record = recorder.begin(op, api, entry[1], metas, sys._getframe(1))
-                except Exception:
-                    _log_once("begin", "ddpwatch: could not record a collective; it runs unrecorded")
-                    record = None  # never the user's problem
-                if record is None:
-                    return original(*args, **kwargs)
-                host = entry[2]
-                user_async = async_i is not None and (args[async_i] if async_i < len(args)
-                                                      else kwargs.get("async_op", False))
-                if user_async or not host:
-                    hook_wait()  # once: from now on Work.wait() tells when such ops are done
-                if not host:
-                    local.issuing = record  # a Work.wait() inside this call (c10d's own, for a sync call) is its
-                try:
-                    result = original(*args, **kwargs)
-                except BaseException as exc:
-                    recorder.finish(record, exc)
-                    raise
-                finally:
-                    if not host:
-                        local.issuing = None
-                if host and not user_async:
-                    recorder.finish(record)  # a host backend's synchronous call is done when it returns
-                else:
-                    recorder.issued(record, result if user_async else None)
-                return result
-            finally:
-                local.depth = 0
-
-        return wrapper
+        names = set(signature.parameters)
+        params, call, defaults = _signature_source(signature)
+        metas = " + ".join(f"_w_meta({p})" if p in names else "()" for p in tensor_params) or "()"
+        if len(tensor_params) == 1 and tensor_params[0] in names:  # most collectives: one tensor, usually plain
+            t = tensor_params[0]
+            metas = f"(({t}.shape, {t}.dtype),) if type({t}) is _w_tensor_type else _w_meta({t})"
+        source = _HOT_PATH.format(name=original.__name__, params=params, call=call, metas=metas,
+                                  group="group" if "group" in names else "None",
+                                  async_op="async_op" if "async_op" in names else "False")
+        recorder, world = self.recorder, self._c10d._world
+        namespace = {
+            **defaults, "sys": sys, "_get_ident": _get_ident, "_log_once": _log_once, "_w_original": original,
+            "_w_op": op, "_w_api": api, "_w_recorder": recorder, "_w_busy": recorder.busy,
+            "_w_issuing": recorder.issuing, "_w_begin": recorder.begin, "_w_finish_returned": recorder.finish_returned,
+            "_w_world": world, "_w_coalescing": world.pg_coalesce_state, "_w_cache": self._group_cache,
+            "_w_group_name": self.group_name, "_w_hook_wait": self.hook_work_wait, "_w_meta": tensor_meta,
+            "_w_tensor_type": getattr(sys.modules.get("torch"), "Tensor", None),  # patching imported torch
+            # _World.default_pg is a Python property returning _default_pg: read the attribute, a call less per op.
+            "_w_direct_default": hasattr(world, "_default_pg"),
+        }
+        filename = f"<ddpwatch hot path: {original.__name__}>"  # "<...>": record.file_kind calls it internal
+        exec(compile(source, filename, "exec"), namespace)
+        # Tracebacks through the wrapper show its source, as for any other file (mtime None: never reloaded).
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        return namespace[original.__name__]
 
     def hook_work_wait(self) -> None:
         """Work.wait() returning is when a host-synchronous op is done; on a device it only hands over the Work.
@@ -308,9 +363,7 @@ class Patcher:
 
     def _wait_wrapper(self, original):
         recorder = self.recorder
-        local = recorder._local
-
-        by_work = recorder._by_work
+        by_work, issuing = recorder._by_work, recorder.issuing
 
         def wait(work, *args, **kwargs):
             try:
@@ -318,13 +371,13 @@ class Patcher:
             except BaseException as exc:
                 _note_wait(work, exc)
                 raise
-            if by_work or getattr(local, "issuing", None) is not None:  # else no recorded op waits on this Work
+            if by_work or issuing:  # else no recorded op waits on this Work
                 _note_wait(work, None)
             return result
 
         def _note_wait(work, error) -> None:
             try:
-                recorder.waited(work, getattr(local, "issuing", None), error)
+                recorder.waited(work, issuing.get(_get_ident()), error)
             except Exception:  # never the user's problem: the wait itself already happened
                 _log_once("wait", "ddpwatch: could not note a Work.wait(); a record may stay in flight")
 
@@ -348,7 +401,7 @@ class Patcher:
             queued = list(patcher._c10d._world.pg_coalesce_state.get(
                 patcher._c10d._world.default_pg if group is None else group) or ())
             record = None
-            if queued and not getattr(recorder._local, "depth", 0):
+            if queued and _get_ident() not in recorder.busy:
                 op_name = getattr(queued[0].op, "__name__", "collective")
                 canonical = catalogue.canonical_op(op_name)
                 record = patcher._begin(canonical, f"{op_name} (coalesced x{len(queued)})", group,
@@ -452,14 +505,10 @@ class Patcher:
         from .record import frame_site, user_frame
 
         def wrapper(*args, **kwargs):
-            stack = recorder.region_stack()
             site = frame_site(user_frame(sys._getframe(1)))
             group = getattr(args[0], "process_group", None) if skip_self and args else None
-            stack.append((kind, site, api, group))
-            try:
+            with recorder.region((kind, site, api, group)):
                 return original(*args, **kwargs)
-            finally:
-                stack.pop()
 
         return wrapper
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import collections
-import itertools
+import contextlib
 import os
 import sys
 import sysconfig
@@ -59,7 +59,9 @@ _SITE_PACKAGES = ("site-packages" + os.sep, "dist-packages" + os.sep)
 # What a frame is, for finding "the user's line": never the user's (ddpwatch, torch, the standard library), an
 # installed framework's (lightning, accelerate...: the user called it, it is not the line to change), or the user's.
 INTERNAL, LIBRARY, USER = 0, 1, 2
-# Code objects seen so far -> INTERNAL/LIBRARY/USER. Keyed by code object so the hot path does one dict lookup.
+# id(code object) -> (that code object, INTERNAL/LIBRARY/USER). Keyed by id: hashing a code object hashes its
+# constants and names on every call (0.1-0.5 us for a training loop's function); the entry keeps the code alive, so
+# its id cannot be reused for another.
 _kind_of_code: dict = {}
 # Top-level package names that count as the user's although installed, and ones that count as library although
 # not installed (config options user_packages / library_packages, set by the session through configure_frames).
@@ -110,9 +112,11 @@ def is_internal_file(filename: str) -> bool:
 
 def _code_kind(frame) -> int:
     code = frame.f_code
-    kind = _kind_of_code.get(code)
-    if kind is None:
-        kind = _kind_of_code[code] = file_kind(code.co_filename, frame.f_globals.get("__name__"))
+    entry = _kind_of_code.get(id(code))
+    if entry is not None and entry[0] is code:
+        return entry[1]
+    kind = file_kind(code.co_filename, frame.f_globals.get("__name__"))
+    _kind_of_code[id(code)] = (code, kind)
     return kind
 
 
@@ -121,9 +125,9 @@ def user_frame_and_via(frame):
     cache = _kind_of_code
     via = None
     while frame is not None:
-        kind = cache.get(frame.f_code)
-        if kind is None:
-            kind = _code_kind(frame)
+        code = frame.f_code
+        entry = cache.get(id(code))
+        kind = entry[1] if entry is not None and entry[0] is code else _code_kind(frame)
         if kind == USER:
             return frame, via
         if kind == LIBRARY:
@@ -135,6 +139,20 @@ def user_frame_and_via(frame):
 def user_frame(frame):
     """The innermost frame of the user's own code (not torch, ddpwatch, the standard library or a library), or None."""
     return user_frame_and_via(frame)[0]
+
+
+_via_cache: dict = {}  # raw site -> via_site(): a framework's frame is the same few lines, step after step
+
+
+def cached_via_site(frame) -> tuple | None:
+    """via_site(frame), computed once per (code, instruction): the package lookup touches the file system."""
+    if frame is None:
+        return None
+    raw = code_site(frame)
+    via = _via_cache.get(raw)
+    if via is None:
+        via = _via_cache[raw] = via_site(frame)
+    return via
 
 
 def via_site(frame) -> tuple | None:
@@ -153,10 +171,55 @@ def frame_site(frame) -> dict | None:
     return snapshot.site(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
+# A call site on the hot path is (id(code), f_lasti): frame.f_lineno scans the code's line table on every read
+# (600+ instructions in a small function, more in a long training loop), f_lasti is a field. The code objects are
+# kept here, never dropped, so an id is never reused while a record or a site count still names it.
+_code_by_id: dict = {}
+_line_cache: dict = {}  # (id(code), lasti) -> line number
+
+
+def code_site(frame) -> tuple:
+    """The raw site of a frame, cheap: (id(code), offset of its current instruction)."""
+    code = frame.f_code
+    key = id(code)
+    if key not in _code_by_id:
+        _code_by_id[key] = code
+    return (key, frame.f_lasti)
+
+
+def _line_at(code, lasti: int) -> int:
+    """The line of the instruction at byte offset `lasti`: what frame.f_lineno would have said."""
+    import dis  # only when a record is formatted; findlinestarts reads the line table of every Python version
+
+    line = code.co_firstlineno
+    for start, start_line in dis.findlinestarts(code):
+        if start > lasti:
+            break
+        if start_line is not None:
+            line = start_line
+    return line
+
+
+def resolve_site(raw) -> tuple | None:
+    """(file, line, function) of a raw site: the formatting the hot path left for whoever reads the record."""
+    if raw is None:
+        return None
+    code = _code_by_id.get(raw[0])
+    if code is None:
+        return None
+    line = _line_cache.get(raw)
+    if line is None:
+        line = _line_cache[raw] = _line_at(code, raw[1])
+    return (code.co_filename, line, code.co_name)
+
+
 def _site_dict(raw) -> dict | None:
-    return raw and snapshot.site(*raw)
+    site = resolve_site(raw)
+    return site and snapshot.site(*site)
 
 
+_monotonic, _get_ident = time.monotonic, threading.get_ident  # bound once: called twice per collective
+_IN_FLIGHT, _COMPLETED = snapshot.IN_FLIGHT, snapshot.COMPLETED
 # Wall clock = monotonic + offset: one clock read per record on the hot path, the other at formatting time.
 _WALL_OFFSET = time.time() - time.monotonic()
 # Thread ident -> name, refreshed whenever records are formatted (names are looked up then, not per op).
@@ -213,16 +276,18 @@ def _describe_tensors(tensors) -> tuple:
 
 
 def tensor_meta(value, limit: int = 4) -> tuple:
-    """(shape, dtype) pairs for a tensor or a list of tensors, at most `limit`; holds no reference to the data."""
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return ((tuple(value.shape), value.dtype),)
+    """(shape, dtype) pairs for a tensor or a list of tensors, at most `limit`; holds no reference to the data.
+
+    The shape is kept as the torch.Size it is (immutable, no data): copying it into a tuple costs 0.1 us per call.
+    """
+    if value is None:
+        return ()
     if isinstance(value, (list, tuple)):
-        metas = []
-        for item in value[:limit]:
-            if hasattr(item, "shape") and hasattr(item, "dtype"):
-                metas.append((tuple(item.shape), item.dtype))
-        return tuple(metas)
-    return ()
+        return tuple((item.shape, item.dtype) for item in value[:limit]
+                     if hasattr(item, "shape") and hasattr(item, "dtype"))
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    return () if shape is None or dtype is None else ((shape, dtype),)
 
 
 class Recorder:
@@ -232,72 +297,94 @@ class Recorder:
         self.ring = collections.deque(maxlen=ring_size)
         self.inflight_limit = ring_size
         self.inflight: dict = {}
-        self._counters: dict = {}
-        self.last_seq: dict = {}
+        self._next_seq: dict = {}  # group, or (group, peer) for p2p -> the sequence number its next op gets
         self.groups: dict = {}
         self.host_sync: dict = {}  # group name -> whether its ops are done when their call returns (gloo)
         self._by_work: dict = {}  # id(Work) -> the record it completes (the record holds the Work: no id reuse)
         self.progress = 0
         self.progress_mono = time.monotonic()
-        self.site_counts: dict = {}
+        self.site_counts: dict = {}  # raw site -> how many collectives that line issued
         self.ddp_steps = 0  # grad-enabled DDP forwards: ranks that ran different numbers of steps differ here
-        self._local = threading.local()
+        # Per-thread state, keyed by thread ident in plain containers: a threading.local attribute costs ~4x a dict
+        # lookup, and the hot path needs the ident anyway (for the record).
+        self.busy: set = set()  # threads inside a patched call: a patched call nested in it records nothing
+        self._regions: dict = {}  # thread -> its region stack ("inside DDP.forward called from val.py:42")
+        self.issuing: dict = {}  # thread -> the record of the synchronous device-backend call it is issuing
         # The process group of a grad-enabled DDP forward whose gradient all-reduce the next backward() will run.
         self.pending_grad_sync = None
         self.failure_hook = None  # set by the watchdog while it runs
 
+    @property
+    def last_seq(self) -> dict:
+        """Group -> the sequence number of its last collective (p2p pairs have their own counters)."""
+        return {key: n - 1 for key, n in list(self._next_seq.items()) if n and not isinstance(key, tuple)}
+
     # --- regions: "this happened inside DDP.forward called from val.py:42" ---
-    def region_stack(self) -> list:
-        stack = getattr(self._local, "regions", None)
+    @contextlib.contextmanager
+    def region(self, entry: tuple):
+        """Records begun inside carry `entry` as their region; the stack is this thread's and is dropped when empty."""
+        ident = _get_ident()
+        stack = self._regions.get(ident)
         if stack is None:
-            stack = self._local.regions = []
-        return stack
+            stack = self._regions[ident] = []
+        stack.append(entry)
+        try:
+            yield
+        finally:
+            stack.pop()
+            if not stack:
+                self._regions.pop(ident, None)
 
     def current_region(self):
-        stack = getattr(self._local, "regions", None)
+        stack = self._regions.get(_get_ident())
         return stack[-1] if stack else None
 
-    # --- nesting: a patched collective that calls another patched one records only the outer call ---
-    def enter_call(self) -> bool:
-        depth = getattr(self._local, "depth", 0)
-        self._local.depth = depth + 1
-        return depth == 0
+    def begin(self, op: str, api: str, group: str, tensors, caller, peer=None, ident=None) -> Record:
+        """Open a record: the hot path, so raw values only (tuples, ints); formatting waits for to_dict().
 
-    def exit_call(self) -> None:
-        self._local.depth -= 1
-
-    def begin(self, op: str, api: str, group: str, tensors, caller, peer=None) -> Record:
-        """Open a record: the hot path, so raw values only (tuples, ints); formatting waits for to_dict()."""
+        `caller` is the frame that called the collective; `ident` the calling thread's, when the caller has it.
+        """
         record = Record()
+        key = group if peer is None else (group, peer)
+        next_seq = self._next_seq
+        record.seq = seq = next_seq.get(key, 0)
+        next_seq[key] = seq + 1
         record.group = group
         record.peer = peer
-        key = group if peer is None else (group, peer)
-        counter = self._counters.get(key)
-        if counter is None:
-            counter = self._counters.setdefault(key, itertools.count())
-        record.seq = seq = next(counter)
-        if peer is None:
-            self.last_seq[group] = seq
         record.op = op
         record.api = api
         record.tensors = tensors
-        regions = getattr(self._local, "regions", None)
-        record.region = regions[-1] if regions else None
-        record.start_mono = self.progress_mono = time.monotonic()
-        record.end_mono = None
-        record.state = snapshot.IN_FLIGHT
-        record.error = None
-        record.work = None
-        record.thread = ident = threading.get_ident()
+        if ident is None:
+            ident = _get_ident()
+        record.thread = ident
         if ident not in _thread_names:
             _thread_names[ident] = threading.current_thread().name  # once per thread: it may be gone when read
-        frame, via = user_frame_and_via(caller)  # found now: the stack is gone by the time anyone reads the record
-        record.via = via and via_site(via)
+        regions = self._regions.get(ident)
+        record.region = regions[-1] if regions else None
+        record.start_mono = self.progress_mono = _monotonic()
+        record.end_mono = record.error = record.work = None
+        record.state = _IN_FLIGHT
+        # Found now: the stack is gone by the time anyone reads the record. Usually the caller is the user's line.
+        code = caller.f_code
+        code_id = id(code)
+        entry = _kind_of_code.get(code_id)
+        if entry is not None and entry[0] is code and entry[1] == USER:
+            frame, record.via = caller, None
+        else:
+            frame, via = user_frame_and_via(caller)
+            record.via = via and cached_via_site(via)
+            if frame is not None:
+                code = frame.f_code
+                code_id = id(code)
         if frame is not None:
-            code = frame.f_code
-            record.site = site = (code.co_filename, frame.f_lineno, code.co_name)
+            record.site = site = (code_id, frame.f_lasti)
             # How often each line issued a collective: "has this rank ever been here?" without keeping history.
-            self.site_counts[site] = self.site_counts.get(site, 0) + 1
+            site_counts = self.site_counts
+            count = site_counts.get(site)
+            if count is None:
+                _code_by_id.setdefault(code_id, code)  # the code stays alive: its id keeps naming it
+                count = 0
+            site_counts[site] = count + 1
         else:
             record.site = None
         self.ring.append(record)
@@ -307,6 +394,15 @@ class Recorder:
             self._untrack_oldest()
         self.progress += 1
         return record
+
+    def finish_returned(self, record: Record) -> None:
+        """finish() for the common case, a call that is done when it returned without error: the hot path."""
+        record.end_mono = self.progress_mono = _monotonic()
+        record.state = _COMPLETED
+        if record.work is not None:
+            self._forget_work(record)
+        self.inflight.pop(id(record), None)
+        self.progress += 1
 
     def _untrack_oldest(self) -> None:
         """Bound the in-flight set: a backend whose Work never says "completed" must not grow it forever."""
@@ -357,7 +453,8 @@ class Recorder:
             record.error = f"{type(error).__name__}: {error}"[:500]
         else:
             record.state = snapshot.COMPLETED
-        self._forget_work(record)
+        if record.work is not None:
+            self._forget_work(record)
         self.inflight.pop(id(record), None)
         self.progress += 1
         hook = self.failure_hook
@@ -379,12 +476,7 @@ class Recorder:
                 pass
         key = record.group if record.peer is None else (record.group, record.peer)
         # Give the sequence number back so positions stay aligned with peers that never called it.
-        self._counters[key] = itertools.count(record.seq)
-        if record.peer is None:
-            if record.seq:
-                self.last_seq[record.group] = record.seq - 1
-            else:
-                self.last_seq.pop(record.group, None)
+        self._next_seq[key] = record.seq
 
     def poll_pending(self) -> None:
         """Complete records whose Work handle says done (NCCL: the call returned long before the op finished)."""
@@ -402,9 +494,11 @@ class Recorder:
 
     def _site_counts_by_line(self) -> dict:
         counts: dict = {}
-        for (file, line, _), count in list(self.site_counts.items()):
-            key = f"{file}:{line}"
-            counts[key] = counts.get(key, 0) + count
+        for raw, count in list(self.site_counts.items()):
+            site = resolve_site(raw)
+            if site is not None:
+                key = f"{site[0]}:{site[1]}"
+                counts[key] = counts.get(key, 0) + count
         return counts
 
     def snapshot(self, recent: int = 16) -> dict:
@@ -444,9 +538,7 @@ def python_stacks(skip_thread: int | None = None, limit: int = 60) -> list:
         frames = []
         while frame is not None and len(frames) < limit:
             code = frame.f_code
-            kind = _kind_of_code.get(code)
-            if kind is None:
-                kind = _code_kind(frame)
+            kind = _code_kind(frame)
             entry = {"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name,
                      "internal": kind != USER}
             if kind == LIBRARY:

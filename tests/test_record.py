@@ -4,6 +4,7 @@ import os
 import sys
 import threading
 
+import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -181,30 +182,42 @@ def test_void_point_to_point():
 def test_regions_are_per_thread_and_land_in_records():
     rec = Recorder()
     where = S.site("/u/val.py", 42, "validate")
-    stack = rec.region_stack()
-    stack.append((S.DDP_FORWARD, where, "DistributedDataParallel.forward", None))
-    inside = begin(rec, op="broadcast", api=S.DDP_BUFFER_BROADCAST)
     seen_in_thread = []
-    worker = threading.Thread(target=lambda: seen_in_thread.append(rec.current_region()))
-    worker.start()
-    worker.join()
-    stack.pop()
+    with rec.region((S.DDP_FORWARD, where, "DistributedDataParallel.forward", None)):
+        inside = begin(rec, op="broadcast", api=S.DDP_BUFFER_BROADCAST)
+        worker = threading.Thread(target=lambda: seen_in_thread.append(rec.current_region()))
+        worker.start()
+        worker.join()
     outside = begin(rec)
     assert seen_in_thread == [None]
     assert inside.to_dict(0.0)["region"] == {"kind": S.DDP_FORWARD, "site": where,
                                              "api": "DistributedDataParallel.forward"}
     assert outside.to_dict(0.0)["region"] is None
     assert rec.current_region() is None
+    assert rec._regions == {}  # an emptied stack is dropped: threads that come and go leave nothing behind
 
 
-def test_enter_call_records_only_the_outer_call():
+def test_region_is_left_when_the_call_raises():
     rec = Recorder()
-    assert rec.enter_call() is True
-    assert rec.enter_call() is False
-    rec.exit_call()
-    rec.exit_call()
-    assert rec.enter_call() is True
-    rec.exit_call()
+    with pytest.raises(ValueError):
+        with rec.region(("ddp_forward", None, "DistributedDataParallel.forward", None)):
+            raise ValueError("user's error")
+    assert rec.current_region() is None and rec._regions == {}
+
+
+def test_outermost_records_only_the_outer_call():
+    from ddpwatch.patch import Patcher
+
+    rec = Recorder()
+    patcher = Patcher(rec)
+    calls = []
+    inner = patcher._outermost(lambda: calls.append("inner passed through"),
+                               lambda args, kwargs, caller: calls.append("inner recorded"))
+    outer = patcher._outermost(lambda: None, lambda args, kwargs, caller: (calls.append("outer recorded"), inner()))
+    outer()
+    inner()
+    assert calls == ["outer recorded", "inner passed through", "inner recorded"]
+    assert rec.busy == set()
 
 
 def test_poll_pending_completes_finished_work():
