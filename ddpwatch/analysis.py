@@ -1,10 +1,10 @@
-"""Turns rank snapshots into findings: small pure passes over plain data (no torch), one function per finding kind."""
+"""Turns rank snapshots into findings: small pure passes over plain data (no torch), run in the order of one table."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from . import snapshot as S
 
@@ -553,8 +553,11 @@ def _record_at(state: dict, group: str, seq: int) -> dict | None:
     return None
 
 
-def sequence_divergence(group: str, parts: list, states: dict) -> dict:
+def sequence_divergence(parts: list, states: dict) -> dict | None:
     """Ranks at different positions of one group: compare what each did at the earliest position anyone waits at."""
+    if len({rec["seq"] for _, rec in parts}) < 2:
+        return None  # one position: the passes after this one compare the calls themselves
+    group = parts[0].record["group"]  # one group's partitions (proven_mismatches)
     low = min(rec["seq"] for _, rec in parts)
     at_low = {}
     for ranks, rec in parts:
@@ -679,8 +682,10 @@ def silent_ranks(silent: dict, live: dict, grace: float) -> list:
     return findings
 
 
-def collective_stuck(live: dict, timeout: float) -> dict | None:
+def collective_stuck(live: dict, blocked: set, timeout: float) -> dict | None:
     """Every rank in the same collective at the same position, and it never completes: below the program."""
+    if blocked != set(live):
+        return None  # a rank still busy may yet join: a straggler at most
     waiting = _waiting_map(live)
     if len(waiting) != len(live) or len({(rec["group"], rec["seq"], rec.get("api")) for rec in waiting.values()}) != 1:
         return None
@@ -717,6 +722,85 @@ def straggler(states: dict, blocked: set, timeout: float) -> dict | None:
                      {"waiting": sorted(blocked), "wait_s": round(longest, 1), "busy_at": {str(r): here[r] for r in busy}})
 
 
+# ---------------------------------------------------------------- the table: every pass, its stage, its kinds
+
+class Stage(NamedTuple):
+    """A situation assess() looks for; every pass of one stage takes the same arguments (`takes`)."""
+
+    name: str
+    takes: str  # the arguments each pass of the stage is called with, in this order
+    verdict: str  # the incident's trigger when a pass of this stage finds something
+    fingerprint_suffix: str = ""  # the same waits seen by another stage are another cause: reported again
+
+
+# The stages in the order assess() tries them (the conditions between them are assess()'s own).
+STAGE_SILENT = Stage("silent", "silent, live, grace", SILENT, "-silent")  # heartbeats stopped while others wait
+STAGE_CROSSING = Stage("crossing", "waiting, live, world_size", DEADLOCK)  # every live rank blocked, any group
+STAGE_MISMATCH = Stage("mismatch", "parts, states", DEADLOCK)  # one group's calls can never match (classify)
+STAGE_EXITED = Stage("exited", "live, exited, grace, world_size", DEADLOCK, "-exited")  # ranks gone, others wait
+STAGE_TIMEOUT = Stage("timeout", "live, blocked, timeout", TIMEOUT)  # a wait outlasted the timeout
+STAGES = (STAGE_SILENT, STAGE_CROSSING, STAGE_MISMATCH, STAGE_EXITED, STAGE_TIMEOUT)
+
+
+class FindingPass(NamedTuple):
+    """One row of FINDING_PASSES: a pass, the stage it runs in, and every finding kind it may emit."""
+
+    run: Callable  # (the stage's arguments) -> a Finding, a list of them, or None
+    stage: Stage
+    kinds: tuple
+
+
+# The one list of finding kinds (FINDING_KINDS is read from it; a pass emitting a kind its row does not name is an
+# error). Within a stage the first row, in this order, that finds something wins.
+# A pass that builds on others (sequence_divergence, skipped_by_exited) lists every kind it may hand on.
+FINDING_PASSES = (
+    FindingPass(silent_ranks, STAGE_SILENT, ("dead_rank", "unresponsive_rank")),
+    FindingPass(group_order, STAGE_CROSSING, ("group_order",)),
+    # first: ranks at different positions are compared where they diverged, with the passes below
+    FindingPass(sequence_divergence, STAGE_MISMATCH, ("shape_mismatch", "ddp_forward_on_subset", "collective_on_subset",
+                                                      "skipped_collective", "uneven_inputs", "collective_mismatch")),
+    FindingPass(shape_mismatch, STAGE_MISMATCH, ("shape_mismatch",)),
+    FindingPass(ddp_forward_on_subset, STAGE_MISMATCH, ("ddp_forward_on_subset",)),
+    # last: it always finds something (collective_mismatch when no rule names a culprit)
+    FindingPass(collective_on_subset_or_mismatch, STAGE_MISMATCH,
+                ("collective_on_subset", "skipped_collective", "uneven_inputs", "collective_mismatch")),
+    FindingPass(skipped_by_exited, STAGE_EXITED, ("collective_on_subset", "skipped_collective")),
+    FindingPass(collective_stuck, STAGE_TIMEOUT, ("collective_stuck",)),
+    FindingPass(straggler, STAGE_TIMEOUT, ("straggler",)),
+)
+
+
+def kinds_of(passes) -> tuple:
+    """Every kind the table's rows may emit, each once, in table order."""
+    return tuple(dict.fromkeys(kind for row in passes for kind in row.kinds))
+
+
+FINDING_KINDS = kinds_of(FINDING_PASSES)
+
+
+def _declared(row: FindingPass, found: Finding) -> Finding:
+    """A pass may emit only the kinds its row declares: a kind cannot exist outside the table."""
+    if found["kind"] not in row.kinds:
+        raise ValueError(f"{row.run.__name__} emitted finding kind {found['kind']!r}, "
+                         f"not one of its row's kinds {row.kinds}")
+    return found
+
+
+def stage_findings(stage: Stage, *arguments, passes: tuple | None = None) -> list[Finding]:
+    """The findings of the first pass of `stage` (in table order) that finds anything; [] when none does.
+
+    `passes`: the table to run, FINDING_PASSES unless given (read at call time, so a test may patch it).
+    """
+    for row in FINDING_PASSES if passes is None else passes:
+        if row.stage != stage:
+            continue
+        found = row.run(*arguments)
+        found = [found] if isinstance(found, dict) else list(found or ())
+        if found:
+            return [_declared(row, finding) for finding in found]
+    return []
+
+
 # ---------------------------------------------------------------- putting the passes together
 
 def _waiting_map(states: dict) -> dict:
@@ -745,12 +829,9 @@ def proven_mismatches(states: dict, world_size: int) -> list:
     return found
 
 
-def classify(group: str, parts: list, states: dict) -> dict:
-    """The finding for one group whose waiting ranks can never match."""
-    if len({rec["seq"] for _, rec in parts}) > 1:
-        return sequence_divergence(group, parts, states)
-    return (shape_mismatch(parts, states) or ddp_forward_on_subset(parts, states)
-            or collective_on_subset_or_mismatch(parts, states))
+def classify(parts: list, states: dict, passes: tuple | None = None) -> list[Finding]:
+    """The findings for one group whose waiting ranks can never match (its partitions, from proven_mismatches)."""
+    return stage_findings(STAGE_MISMATCH, parts, states, passes=passes)
 
 
 def fingerprint(states: dict) -> str:
@@ -758,40 +839,45 @@ def fingerprint(states: dict) -> str:
     return hashlib.sha1(repr(items).encode()).hexdigest()[:16]
 
 
+def _verdict(stage: Stage, findings: list, live: dict) -> Assessment:
+    return Assessment(stage.verdict, findings, fingerprint(live) + stage.fingerprint_suffix)
+
+
 def assess(states: dict[int, RankState], world_size: int, grace: float, timeout: float,
-           silent: dict | None = None) -> Assessment:
+           silent: dict | None = None, passes: tuple | None = None) -> Assessment:
     """Decide from every rank's snapshot whether a hang is proven now, or a wait has outlasted the timeout.
 
     `silent`: {rank: {"silent_s", "process", "last_state", ...}} for ranks whose heartbeat stopped for longer than
-    the watchdog's dead_after (or that never published); the watchdog measures that on its own clock.
+    the watchdog's dead_after (or that never published); the watchdog measures that on its own clock. `passes`: the
+    table to run, FINDING_PASSES unless given.
     """
     silent = silent or {}
     live = {r: s for r, s in states.items() if s.get("status") != S.EXITED and r not in silent}
     exited = {r for r, s in states.items() if s.get("status") == S.EXITED}
     blocked = {r for r, s in live.items() if is_blocked(s, grace)}
-    if silent:
-        if blocked:
-            return Assessment(SILENT, silent_ranks(silent, live, grace), fingerprint(live) + "-silent")
-        return Assessment(None, [])
+    if silent:  # nothing else is judged while a rank is silent: its last state may be stale
+        found = stage_findings(STAGE_SILENT, silent, live, grace, passes=passes) if blocked else []
+        return _verdict(STAGE_SILENT, found, live) if found else Assessment(None, [])
     if len(states) < world_size:
         return Assessment(None, [])  # a rank we cannot see may be the one that will unblock the rest
     if live and blocked == set(live):
-        cross = group_order({r: waiting_record(live[r]) for r in blocked}, live, world_size)
-        if cross:
-            return Assessment(DEADLOCK, [cross], fingerprint(live))
-        mismatches = proven_mismatches(live, world_size)
-        if mismatches:
-            return Assessment(DEADLOCK, [classify(group, parts, live) for group, parts in mismatches], fingerprint(live))
+        waiting = {r: waiting_record(live[r]) for r in blocked}
+        found = stage_findings(STAGE_CROSSING, waiting, live, world_size, passes=passes)
+        if found:
+            return _verdict(STAGE_CROSSING, found, live)
+        found = [f for _, parts in proven_mismatches(live, world_size) for f in classify(parts, live, passes)]
+        if found:
+            return _verdict(STAGE_MISMATCH, found, live)
     if exited and blocked:
-        gone = skipped_by_exited(live, exited, grace, world_size)
-        if gone:
-            return Assessment(DEADLOCK, gone, fingerprint(live) + "-exited")
+        found = stage_findings(STAGE_EXITED, live, exited, grace, world_size, passes=passes)
+        if found:
+            return _verdict(STAGE_EXITED, found, live)
     if blocked:
         longest = max(waiting_record(live[r]).get("age_s", 0.0) for r in blocked)
         if longest >= timeout:
-            found = collective_stuck(live, timeout) if blocked == set(live) else straggler(live, blocked, timeout)
+            found = stage_findings(STAGE_TIMEOUT, live, blocked, timeout, passes=passes)
             if found:
-                return Assessment(TIMEOUT, [found], fingerprint(live))
+                return _verdict(STAGE_TIMEOUT, found, live)
     return Assessment(None, [])
 
 

@@ -166,7 +166,7 @@ class Watchdog(threading.Thread):
             time.sleep(self.config.interval)
         if not silent:
             return
-        findings = analysis.silent_ranks(silent, {}, self.config.grace)
+        findings = analysis.stage_findings(analysis.STAGE_SILENT, silent, {}, self.config.grace)
         fingerprint = "peer-failure-" + "-".join(str(r) for r in sorted(silent))
         if fingerprint in self.reported or not self.job.claim(fingerprint):
             return

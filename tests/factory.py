@@ -5,6 +5,8 @@ Sites are given as (file, line, function) tuples; a bare file name is placed und
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 DEFAULT_SITE = ("train.py", 72, "train")
 TORCH_FILE = "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 DDP_FILE = "/opt/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py"
@@ -149,6 +151,109 @@ def seed_states(world_size=2, api="_broadcast_coalesced", age=3.0, idle=3.0) -> 
     out = [rank_state(0, world_size, inflight=[ddp_broadcast(api=api, age=age)], idle=idle)]
     out += [rank_state(r, world_size, inflight=[barrier(age=age)], idle=idle) for r in range(1, world_size)]
     return states(*out)
+
+
+# ---------------------------------------------------------------- one hand-built trace per finding kind
+
+class Trace(NamedTuple):
+    """What assess() is given: the ranks' states, the world size and the ranks whose heartbeat stopped."""
+
+    states: dict
+    world_size: int
+    silent: dict | None = None
+
+
+def _two(inflight0, inflight1, **kw) -> Trace:
+    return Trace(states(rank_state(0, 2, inflight=inflight0, **kw), rank_state(1, 2, inflight=inflight1, **kw)), 2)
+
+
+def trace_lone_barrier() -> Trace:
+    """Rank 0 in an all_reduce, rank 1 in a barrier: the side not in the barrier called what the other does not."""
+    return _two([rec(4, "all_reduce", site=("x.py", 10, "f"))], [rec(4, "barrier", site=("x.py", 20, "f"))])
+
+
+def trace_different_collectives() -> Trace:
+    """One rank each in an all_reduce and a broadcast from lines nobody ran before: no rule names a culprit."""
+    return _two([rec(4, "all_reduce", site=("x.py", 10, "f"))], [rec(4, "broadcast", site=("x.py", 20, "f"))])
+
+
+def trace_different_positions() -> Trace:
+    """Rank 1 already at seq 5 of the group while rank 0 waits at seq 4, with no record of its own seq 4."""
+    return _two([rec(4, "all_reduce", site=("x.py", 10, "f"))], [rec(5, "all_reduce", site=("x.py", 10, "f"))])
+
+
+def trace_empty_tensor() -> Trace:
+    """The same all_reduce at the same line, rank 1 with an empty tensor."""
+    return _two([rec(4, "all_reduce", site=("x.py", 10, "f"), shapes=[[8]])],
+                [rec(4, "all_reduce", site=("x.py", 10, "f"), shapes=[[0]])])
+
+
+def trace_shape_mismatch_in_ddp_forward() -> Trace:
+    """Rank 0's broadcast runs inside DDP.forward with 8 elements, rank 1's outside it with 4: two rules apply."""
+    inside = rec(SEED_SEQ, "broadcast", site=DDP_INTERNAL_SITE, region=ddp_region(SEED_VAL), shapes=[[8]])
+    return _two([inside], [rec(SEED_SEQ, "broadcast", site=SEED_BARRIER, shapes=[[4]])])
+
+
+def trace_groups_in_opposite_orders() -> Trace:
+    """Ranks 0 and 1 share groups A and B; rank 0 waits on A, rank 1 on B."""
+    groups = {"A": [0, 1], "B": [0, 1]}
+    return _two([rec(3, "all_reduce", group="A", site=("x.py", 10, "f"))],
+                [rec(3, "all_reduce", group="B", site=("x.py", 12, "f"))], groups=groups)
+
+
+def training_history(last_seq, matched_after_loop) -> list:
+    """Six DDP steps (gradient all-reduces) before `last_seq`, then maybe a barrier every rank matched after them."""
+    recent = [done(s, "all_reduce", api="DDP.backward_all_reduce", site=("train.py", 20, "train"))
+              for s in range(last_seq - 6, last_seq)]
+    if matched_after_loop:
+        recent.append(done(last_seq, "barrier", site=("train.py", 30, "train")))
+    return recent
+
+
+def trace_extra_training_step() -> Trace:
+    """Rank 0 runs a seventh training step while rank 1 finished the loop and waits in the barrier after it."""
+    step = rec(10, "all_reduce", api="DDP.backward_all_reduce", site=("train.py", 20, "train"))
+    after = rec(10, "barrier", site=("train.py", 33, "train"))
+    return _two([step], [after], recent=training_history(10, False))
+
+
+def trace_skip_after_matched_barrier() -> Trace:
+    """Both ranks left the loop together (matched barrier at seq 10); rank 1 skipped the next barrier."""
+    step = rec(11, "all_reduce", api="DDP.backward_all_reduce", site=("train.py", 20, "train"))
+    after = rec(11, "barrier", site=("train.py", 33, "train"))
+    return _two([after], [step], recent=training_history(10, True))
+
+
+def trace_exited_peer() -> Trace:
+    """Rank 0 waits in a barrier; rank 1 has exited."""
+    return Trace(states(rank_state(0, 2, inflight=[rec(9, "barrier", site=("train.py", 41, "f"))]),
+                        rank_state(1, 2, status="exited")), 2)
+
+
+def trace_busy_peer(wait=400.0) -> Trace:
+    """Rank 0 works outside collectives at val.py:40 while rank 1 has waited `wait` seconds in a barrier."""
+    return Trace(states(rank_state(0, 2, idle=wait, user_line=("val.py", 40, "v")),
+                        rank_state(1, 2, inflight=[barrier(age=wait)], idle=wait)), 2)
+
+
+def trace_everyone_in_one_call(wait=400.0) -> Trace:
+    """Both ranks have waited `wait` seconds in the same all_reduce."""
+    return Trace(states(*[rank_state(r, 2, inflight=[rec(3, "all_reduce", age=wait)], idle=wait) for r in (0, 1)]), 2)
+
+
+def trace_silent_peer(process: dict) -> Trace:
+    """Rank 0 waits in a barrier; rank 1's heartbeat stopped 15 s ago; `process`: what psutil says of it."""
+    waiting = rank_state(0, 2, inflight=[rec(5, "barrier", age=20.0)], idle=20.0)
+    last = rank_state(1, 2, inflight=[rec(4, "barrier", state="completed")], idle=0.1, pid=4242)
+    return Trace(states(waiting), 2, {1: {"silent_s": 15.0, "last_state": last, "process": process}})
+
+
+def trace_vanished_peer() -> Trace:
+    return trace_silent_peer({"exists": False})
+
+
+def trace_stopped_peer() -> Trace:
+    return trace_silent_peer({"exists": True, "status": "stopped"})
 
 
 def incident(states_by_rank: dict, findings: list, trigger="deadlock", run_id="20250101-120000-job7",

@@ -390,7 +390,7 @@ def test_findings_are_well_formed(name):
     assert a.findings
     for f in a.findings:
         assert set(f) == FINDING_KEYS
-        assert f["kind"] in S.FINDING_KINDS
+        assert f["kind"] in analysis.FINDING_KINDS
         assert f["ranks"] == sorted(f["ranks"]) and f["ranks"]
         assert set(f["ranks"]) <= set(st)
         assert isinstance(f["summary"], str) and f["summary"]

@@ -5,7 +5,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from factory import done, rank_state, rec, states  # noqa: E402
+from factory import rank_state, rec, states, training_history  # noqa: E402
 
 from ddpwatch import rankcond  # noqa: E402
 from ddpwatch.analysis import DEADLOCK, assess, describe_op  # noqa: E402
@@ -89,22 +89,13 @@ def test_waiting_without_condition_while_a_rank_exited_still_blames_the_exited_r
     assert (f["kind"], f["ranks"]) == ("skipped_collective", [1])
 
 
-def _training_history(last_seq, last_op_after_loop):
-    """Six DDP steps (grad all-reduces), then one collective after the loop at `last_seq`."""
-    recent = [done(s, "all_reduce", api="DDP.backward_all_reduce", site=("train.py", 20, "train"))
-              for s in range(last_seq - 6, last_seq)]
-    if last_op_after_loop:
-        recent.append(done(last_seq, "barrier", site=("train.py", 30, "train")))
-    return recent
-
-
 def test_a_skip_after_a_matched_checkpoint_barrier_is_skipped_collective_not_uneven_inputs():
     # every rank ran 6 steps and matched the checkpoint barrier (seq 10); rank 1 then skipped the next barrier
     # and is in the next epoch's first step
     next_barrier = rec(11, "barrier", site=("train.py", 33, "train"))
     step = rec(11, "all_reduce", api="DDP.backward_all_reduce", site=("train.py", 20, "train"))
-    r0 = rank_state(0, 2, inflight=[next_barrier], recent=_training_history(10, True))
-    r1 = rank_state(1, 2, inflight=[step], recent=_training_history(10, True))
+    r0 = rank_state(0, 2, inflight=[next_barrier], recent=training_history(10, True))
+    r1 = rank_state(1, 2, inflight=[step], recent=training_history(10, True))
     f = only(run(states(r0, r1)))
     assert (f["kind"], f["ranks"], f["location"]["line"]) == ("skipped_collective", [1], 33)
     assert f["evidence"]["culprit_rule"] == "left_loop_together"
@@ -113,8 +104,8 @@ def test_a_skip_after_a_matched_checkpoint_barrier_is_skipped_collective_not_une
 def test_one_extra_training_step_straight_after_the_last_common_step_is_uneven_inputs():
     barrier = rec(10, "barrier", site=("train.py", 33, "train"))
     step = rec(10, "all_reduce", api="DDP.backward_all_reduce", site=("train.py", 20, "train"))
-    r0 = rank_state(0, 2, inflight=[step], recent=_training_history(10, False))
-    r1 = rank_state(1, 2, inflight=[barrier], recent=_training_history(10, False))
+    r0 = rank_state(0, 2, inflight=[step], recent=training_history(10, False))
+    r1 = rank_state(1, 2, inflight=[barrier], recent=training_history(10, False))
     f = only(run(states(r0, r1)))
     assert (f["kind"], f["ranks"]) == ("uneven_inputs", [0])
 

@@ -96,6 +96,14 @@ def test_hang_catalogue_shows_the_current_reproductions():
         assert f"[{kind}] culprit:" in text
 
 
+def test_the_interface_lists_exactly_the_finding_kinds_of_the_table():
+    from ddpwatch import analysis
+
+    text = open(os.path.join(ROOT, "docs", "interface.md"), encoding="utf-8").read()
+    listed = re.search(r"Finding kinds, exactly these strings: (.*?)\. ", text, re.S).group(1)
+    assert sorted(re.findall(r"`(\w+)`", listed)) == sorted(analysis.FINDING_KINDS)
+
+
 @pytest.mark.timeout(200)
 def test_readme_zero_code_command_catches_an_unmodified_script_and_report_rerenders_it(tmp_path):
     shutil.copy(os.path.join(SCENARIOS, "plain_seed.py"), tmp_path / "train.py")
