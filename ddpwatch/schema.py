@@ -4,13 +4,22 @@ Reports are files people send each other: a crafted one must end in one FormatEr
 a MemoryError or minutes of work. So every field the analysis and the renderers read is checked for its type and
 range, lists and strings have a size limit, fields ddpwatch does not interpret may not nest deeply, and fields
 this version does not know are kept as they are (readers ignore them; see docs/report-format.md).
+
+The checks of ddpwatch's own objects are derived from ddpwatch/shapes.py, the one definition of their fields and
+types: a field added there is checked here. This module adds only what a type cannot say: bounds (LIMITS), the
+keys a reader insists on (REQUIRED), the field checked FIRST, and checks across fields (ACROSS). The combinators
+below also check torch's Flight Recorder dumps (flight_recorder.py), whose format is not ddpwatch's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
+import types
+import typing
+from typing import Any, Callable
 
 from . import snapshot as S
 
@@ -55,10 +64,6 @@ def number(value, where: str, low: float = -MAX_NUMBER, high: float = MAX_NUMBER
         _fail(where, f"expected a number, got {_type_name(value)}")
     if not math.isfinite(value) or not low <= value <= high:
         _fail(where, f"{value!r} is outside {low:g}..{high:g}")
-
-
-def timestamp(value, where: str) -> None:
-    number(value, where, 0.0, MAX_TIME)
 
 
 def text(value, where: str) -> None:
@@ -130,14 +135,18 @@ def nullable(check):
     return checked
 
 
-def fields(spec: dict, required: tuple = ()):
-    """An object whose known fields pass their checks (those in `required` must be there); other fields: free."""
+def fields(spec: dict, required: tuple = (), first: tuple = ()):
+    """An object whose known fields pass their checks (those in `required` must be there, those in `first` are
+    checked before the others); other fields: free."""
     def checked(value, where: str) -> None:
         if not isinstance(value, dict):
             _fail(where, f"expected an object, got {_type_name(value)}")
         for key in required:
             if key not in value:
                 _fail(where, f"no {key!r}")
+        for key in first:
+            if key in value:
+                spec[key](value[key], _child(where, key))
         for key, item in value.items():
             check = spec.get(key)
             if check is not None:
@@ -151,44 +160,181 @@ def ranged(low: int, high: int):
     return lambda value, where: integer(value, where, low, high)
 
 
-# ---------------------------------------------------------------- ddpwatch's objects
+# ---------------------------------------------------------------- ddpwatch's objects, derived from shapes.py
 
-site = fields({"file": text, "line": nullable(integer), "function": text}, required=("file", "line", "function"))
-region = fields({"kind": text, "site": nullable(site), "api": nullable(text)}, required=("kind",))
-shapes = list_of(list_of(integer, 64), 1024)
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    """The bounds of one field, beyond its type: a number's range, a list's or an object's size, and the same for
+    its items (`each`). A bound may depend on the document's world size: a function of it."""
 
-record = fields({
-    "seq": integer, "group": text, "op": text, "api": nullable(text), "p2p": boolean,
-    "peer": nullable(integer), "shapes": shapes, "dtypes": list_of(text, 1024), "site": nullable(site),
-    "region": nullable(region), "start": nullable(timestamp), "age_s": number,
-    "duration_s": nullable(number), "state": text, "error": nullable(text), "thread": nullable(text),
-}, required=("seq", "group", "op", "state"))
+    low: float | Callable[[int], float] | None = None
+    high: float | Callable[[int], float] | None = None
+    items: int | Callable[[int], int] | None = None
+    each: Limit | None = None
 
-frame = fields({"file": text, "line": nullable(integer), "function": text, "internal": boolean},
-               required=("file", "line", "function"))
-stack = fields({"thread": nullable(text), "main": boolean, "frames": list_of(frame, MAX_FRAMES)},
-               required=("frames",))
-process = fields({"status": nullable(text), "cpu_percent": nullable(number), "rss_mb": nullable(number),
-                  "threads": nullable(integer), "exists": nullable(boolean), "error": nullable(text)})
-progress_bar = fields({"desc": nullable(text), "n": nullable(integer), "total": nullable(integer),
-                       "since_update_s": nullable(number)})
-source = fields({"kind": text, "files": list_of(text, MAX_WORLD_SIZE)})
+
+def _last_rank(world_size: int) -> int:
+    return world_size - 1
+
+
+def _world(world_size: int) -> int:
+    return world_size
+
+
+TIME = Limit(0.0, MAX_TIME)
+RANK = Limit(0, _last_rank)
+RANKS = Limit(items=MAX_WORLD_SIZE, each=RANK)
+WORLD_SIZE = Limit(1, MAX_WORLD_SIZE)
+SHAPES = Limit(items=1024, each=Limit(items=64))
+DTYPES = Limit(items=1024)
+
+# (shape, field) -> its bounds; a field not here has its type's defaults (MAX_INT, MAX_NUMBER, MAX_LIST).
+LIMITS = {
+    ("RecordDoc", "shapes"): SHAPES, ("RecordDoc", "dtypes"): DTYPES, ("RecordDoc", "start"): TIME,
+    ("Stack", "frames"): Limit(items=MAX_FRAMES),
+    ("RankState", "rank"): RANK, ("RankState", "world_size"): WORLD_SIZE, ("RankState", "published_at"): TIME,
+    ("RankState", "inflight"): Limit(items=MAX_RECORDS), ("RankState", "recent"): Limit(items=MAX_RECORDS),
+    ("RankState", "groups"): Limit(each=RANKS), ("RankState", "stacks"): Limit(items=MAX_THREADS),
+    ("RankState", "progress_bars"): Limit(items=1024),
+    ("MismatchRow", "ranks"): RANKS, ("MismatchRow", "shapes"): SHAPES, ("MismatchRow", "dtypes"): DTYPES,
+    ("Finding", "ranks"): RANKS,
+    ("IncidentSource", "files"): Limit(items=MAX_WORLD_SIZE),
+    ("Incident", "world_size"): WORLD_SIZE, ("Incident", "created_at"): TIME, ("Incident", "written_by"): RANK,
+    ("Incident", "grace"): Limit(low=0.0), ("Incident", "timeout"): Limit(low=0.0),
+    ("Incident", "ranks"): Limit(items=_world), ("Incident", "missing_ranks"): RANKS,
+    ("Incident", "findings"): Limit(items=MAX_FINDINGS),
+}
+
+# shape -> the keys a reader cannot do without, in the order they are asked for. Fewer than a shape's always-written
+# keys: files of older version-1 writers lack some, and a field added to a shape must not make them unreadable.
+REQUIRED = {
+    "Site": ("file", "line", "function"), "Frame": ("file", "line", "function"), "Region": ("kind",),
+    "RecordDoc": ("seq", "group", "op", "state"), "Stack": ("frames",), "RankState": ("rank", "world_size"),
+    "MismatchRow": ("ranks", "group", "seq", "op"), "Finding": ("kind", "ranks", "summary", "fix"),
+    "Incident": ("world_size", "ranks", "findings"),
+}
+
+# shape -> fields checked before the others: the world size, that the ranks in the document are checked against.
+FIRST = {"RankState": ("world_size",), "Incident": ("world_size",)}
+
+
+def _records_within_limit(state, where: str) -> None:
+    if len(state.get("inflight") or ()) + len(state.get("recent") or ()) > MAX_RECORDS:
+        _fail(where, f"more than {MAX_RECORDS} records")
+
+
+def _each_rank_once(doc, where: str) -> None:
+    seen = [state["rank"] for state in doc["ranks"]]
+    if len(set(seen)) != len(seen):
+        _fail(_child(where, "ranks"), "a rank appears twice")
+
+
+# shape -> a check across its fields, after each field passed its own.
+ACROSS = {"RankState": _records_within_limit, "Incident": _each_rank_once}
+
+
+def _resolved(bound, world_size: int):
+    return bound(world_size) if callable(bound) else bound
+
+
+def _uninterpreted(hint) -> bool:
+    """Any anywhere in the type: a field ddpwatch keeps as it is (free)."""
+    return hint is Any or any(_uninterpreted(arg) for arg in typing.get_args(hint))
+
+
+def _refuse_bounds(limit: Limit | None, what: str, *unused: str) -> None:
+    """A bound the type cannot have is a mistake in LIMITS, not something to ignore."""
+    for attribute in unused:
+        if limit is not None and getattr(limit, attribute) is not None:
+            raise TypeError(f"schema.LIMITS: {what} cannot have `{attribute}`")
+
+
+def _scalar_check(hint, limit: Limit | None, world_size: int, what: str):
+    if hint is str or hint is bool:
+        _refuse_bounds(limit, what, "low", "high", "items", "each")
+        return text if hint is str else boolean
+    if hint not in (int, float):
+        raise TypeError(f"schema.py has no check for {what}: {hint!r}")
+    _refuse_bounds(limit, what, "items", "each")
+    low = _resolved(limit.low, world_size) if limit and limit.low is not None else None
+    high = _resolved(limit.high, world_size) if limit and limit.high is not None else None
+    check = integer if hint is int else number
+    if low is None and high is None:
+        return check  # the type's own range: no wrapper on the most common path
+    default = MAX_INT if hint is int else MAX_NUMBER
+    return _within(check, -default if low is None else low, default if high is None else high)
+
+
+def _within(check, low, high):
+    return lambda value, where: check(value, where, low, high)
+
+
+def _check_for(hint, limit: Limit | None, world_size: int, what: str, built: dict):
+    """The check of a value of type `hint` (an annotation in shapes.py) within `limit`; a type this module has no
+    check for is a TypeError when the checks are derived, never a field left unchecked."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if _uninterpreted(hint):
+        _refuse_bounds(limit, what, "low", "high", "items", "each")
+        return free
+    if origin in (typing.Union, types.UnionType):
+        present = [arg for arg in args if arg is not type(None)]
+        if len(present) != 1:
+            raise TypeError(f"schema.py has no check for {what}: {hint!r}")
+        inner = _check_for(present[0], limit, world_size, what, built)
+        return nullable(inner) if len(present) < len(args) else inner
+    if origin in (list, dict):
+        if origin is dict and args[0] is not str:
+            raise TypeError(f"schema.py has no check for {what}: JSON keys are strings, not {args[0]!r}")
+        _refuse_bounds(limit, what, "low", "high")
+        items = _resolved(limit.items, world_size) if limit and limit.items is not None else MAX_LIST
+        inner = _check_for(args[-1], limit.each if limit else None, world_size, f"{what} items", built)
+        return (list_of if origin is list else dict_of)(inner, items)
+    if typing.is_typeddict(hint):
+        _refuse_bounds(limit, what, "low", "high", "items", "each")
+        return _object(hint, world_size, built)
+    return _scalar_check(hint, limit, world_size, what)
+
+
+def _field_checks(shape, world_size: int, built: dict) -> dict:
+    name = shape.__name__
+    return {key: _check_for(hint, LIMITS.get((name, key)), world_size, f"{name}.{key}", built)
+            for key, hint in typing.get_type_hints(shape).items()}
+
+
+def _object(shape, world_size: int, built: dict):
+    """The check of one shape: each field by its type and LIMITS, REQUIRED keys, then ACROSS; other keys: free.
+    `built` holds the shapes done so far (Site is in many)."""
+    if shape not in built:
+        name = shape.__name__
+        check = fields(_field_checks(shape, world_size, built), REQUIRED.get(name, ()), FIRST.get(name, ()))
+        across = ACROSS.get(name)
+        built[shape] = check if across is None else _then(check, across)
+    return built[shape]
+
+
+def _then(first, second):
+    def checked(value, where: str) -> None:
+        first(value, where)
+        second(value, where)
+    return checked
+
+
+def field_checks(shape, world_size: int = 2) -> dict:
+    """{field: check} of one shape of shapes.py, as the validator applies them (for tests)."""
+    return _field_checks(shape, world_size, {})
 
 
 @functools.lru_cache(maxsize=8)
-def _rank_fields(world_size: int):
-    rank = ranged(0, world_size - 1)
-    return fields({
-        "format_version": integer, "rank": rank, "world_size": ranged(1, MAX_WORLD_SIZE),
-        "pid": nullable(integer), "host": nullable(text), "beat": nullable(number),
-        "published_at": nullable(timestamp), "status": text, "progress": nullable(number),
-        "ops_recorded": nullable(number), "idle_s": number,
-        "inflight": list_of(record, MAX_RECORDS), "recent": list_of(record, MAX_RECORDS),
-        "last_seq": dict_of(nullable(integer)), "groups": dict_of(nullable(list_of(rank, MAX_WORLD_SIZE))),
-        "stacks": list_of(stack, MAX_THREADS), "ddp_steps": nullable(integer), "site_counts": dict_of(integer),
-        "process": nullable(process), "progress_bars": list_of(progress_bar, 1024), "stale": nullable(boolean),
-        "store_lost": nullable(boolean),
-    }, required=("rank", "world_size"))
+def _document_check(shape_name: str, world_size: int):
+    # Imported here: every rank imports this module (through report.py) and most never read a file.
+    from . import shapes
+
+    return _object(getattr(shapes, shape_name), world_size, {})
+
+
+def clear_cache() -> None:
+    """Forget the checks derived so far (tests that change a shape)."""
+    _document_check.cache_clear()
 
 
 def _world_size(doc, where: str, required: tuple) -> int:
@@ -198,7 +344,7 @@ def _world_size(doc, where: str, required: tuple) -> int:
     for key in required:
         if key not in doc:
             _fail(where, f"no {key!r}")
-    integer(doc["world_size"], _child(where, "world_size"), 1, MAX_WORLD_SIZE)
+    integer(doc["world_size"], _child(where, "world_size"), WORLD_SIZE.low, WORLD_SIZE.high)
     return doc["world_size"]
 
 
@@ -213,40 +359,13 @@ def checked(check, doc, path: str) -> None:
 def rank_snapshot(doc: dict, where: str, world_size: int | None = None) -> None:
     """A rank snapshot (a rank-<r>.json, or one of an incident's `ranks`): ranks below the incident's world size,
     or below the snapshot's own."""
-    _world_size(doc, where, ("rank", "world_size"))
-    _rank_fields(world_size or doc["world_size"])(doc, where)
-    if len(doc.get("inflight") or ()) + len(doc.get("recent") or ()) > MAX_RECORDS:
-        _fail(where, f"more than {MAX_RECORDS} records")
-
-
-def _finding(world_size: int):
-    rank = ranged(0, world_size - 1)
-    row = fields({"ranks": list_of(rank, MAX_WORLD_SIZE), "group": text, "seq": nullable(integer),
-                  "op": nullable(text), "api": nullable(text), "shapes": shapes, "dtypes": list_of(text, 1024),
-                  "site": nullable(site), "region": nullable(region), "wait_s": nullable(number),
-                  "description": nullable(text)}, required=("ranks", "group", "seq", "op"))
-    evidence = fields({"mismatched": list_of(row)})
-    return fields({"kind": text, "ranks": list_of(rank, MAX_WORLD_SIZE), "summary": text, "fix": text,
-                   "location": nullable(site), "evidence": nullable(evidence)},
-                  required=("kind", "ranks", "summary", "fix"))
+    _world_size(doc, where, REQUIRED["RankState"])
+    _document_check("RankState", world_size or doc["world_size"])(doc, where)
 
 
 def incident(doc: dict, where: str) -> None:
     """A whole incident (report.json)."""
-    world_size = _world_size(doc, where, ("world_size", "ranks", "findings"))
-    state = functools.partial(rank_snapshot, world_size=world_size)
-    fields({
-        "format_version": integer, "run_id": nullable(text), "created_at": nullable(timestamp),
-        "trigger": nullable(text), "written_by": nullable(ranged(0, world_size - 1)),
-        "grace": lambda v, w: number(v, w, 0.0), "timeout": lambda v, w: number(v, w, 0.0),
-        "report_dir": nullable(text), "missing_ranks": list_of(ranged(0, world_size - 1), MAX_WORLD_SIZE),
-        "ranks": list_of(state, world_size),
-        "findings": list_of(_finding(world_size), MAX_FINDINGS), "source": nullable(source),
-        "world_size": integer,
-    })(doc, where)
-    seen = [state["rank"] for state in doc["ranks"]]
-    if len(set(seen)) != len(seen):
-        _fail(_child(where, "ranks"), "a rank appears twice")
+    _document_check("Incident", _world_size(doc, where, REQUIRED["Incident"]))(doc, where)
 
 
 def read_limited(path: str, limit: int) -> bytes:

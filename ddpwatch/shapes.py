@@ -1,7 +1,12 @@
 """The named shapes of the plain data passed between stages: what a record, a rank state, a finding and an incident hold.
 
 JSON-native TypedDicts (no torch, no runtime cost): the stages pass these dicts, files hold them, and schema.py
-checks them when they come from outside. Optional keys live in the total=False half of each pair.
+derives its checks of files from them, so each field is defined here only. A type says what a stage may be handed:
+what ddpwatch writes, or what `ddpwatch report` accepts from a file (version-1 files of older writers and Flight
+Recorder input leave some fields null; counts marked float may be any JSON number). Keys always written live in
+the first half of each pair, optional ones in its total=False half. A field typed with Any is kept but not
+interpreted (schema.py limits only its size and depth). Bounds, list sizes and the keys a reader insists on are
+schema.py's.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ class Site(TypedDict):
     """A line of code: where the user's call was, or a framework's frame it went through."""
 
     file: str
-    line: int
+    line: Optional[int]  # null: a Flight Recorder frame without one
     function: str
 
 
@@ -26,26 +31,26 @@ class Region(TypedDict):
 
     kind: str  # snapshot.DDP_FORWARD, FSDP_FORWARD, OBJECT_COLLECTIVE
     site: Optional[Site]
-    api: str
+    api: Optional[str]
 
 
 class _RecordBase(TypedDict):
     seq: int
     group: str
     op: str
-    api: str
+    api: Optional[str]
     p2p: bool
     peer: Optional[int]
     shapes: List[List[int]]
     dtypes: List[str]
     site: Optional[Site]
     region: Optional[Region]
-    start: float
+    start: Optional[float]  # epoch seconds
     age_s: float
     duration_s: Optional[float]
     state: str  # snapshot.IN_FLIGHT, COMPLETED, FAILED, UNTRACKED
     error: Optional[str]
-    thread: str
+    thread: Optional[str]
 
 
 class RecordDoc(_RecordBase, total=False):
@@ -54,6 +59,49 @@ class RecordDoc(_RecordBase, total=False):
     via: Optional[Via]
     framework: Dict[str, Any]  # frameworks.framework_context(): Lightning's deferred log reduction
     flight_recorder: Dict[str, Any]  # the Flight Recorder entry paired with it, or the one it came from
+    fr: Dict[str, Any]  # records read from a Flight Recorder dump: torch's own fields (record_id, state ...)
+
+
+class _FrameBase(Site):
+    internal: bool  # torch, ddpwatch or the standard library: not the user's code
+
+
+class Frame(_FrameBase, total=False):
+    """One frame of a stack."""
+
+    library: bool  # an installed package's frame (record.file_kind)
+
+
+class _StackBase(TypedDict):
+    thread: Optional[str]
+    main: bool
+    frames: List[Frame]  # outermost first
+
+
+class Stack(_StackBase, total=False):
+    """One thread's stack."""
+
+    source: str  # where frames came from when not from the live process ("flight_recorder frames of ...")
+
+
+class ProcessFacts(TypedDict, total=False):
+    """psutil's view of a rank's process (evidence.ProcessSampler), or why there is none."""
+
+    status: Optional[str]
+    cpu_percent: Optional[float]
+    rss_mb: Optional[float]
+    threads: Optional[int]
+    exists: Optional[bool]  # written by earlier versions
+    error: Optional[str]
+
+
+class ProgressBar(TypedDict):
+    """A live tqdm bar of a rank (evidence.progress_bars())."""
+
+    desc: Optional[str]
+    n: Optional[int]
+    total: Optional[int]
+    since_update_s: Optional[float]
 
 
 class RankCondition(TypedDict):
@@ -65,12 +113,12 @@ class _RankStateBase(TypedDict):
     format_version: int
     rank: int
     world_size: int
-    pid: int
-    host: str
-    beat: int
-    published_at: float
+    pid: Optional[int]  # null: Flight Recorder input
+    host: Optional[str]
+    beat: Optional[float]  # a count
+    published_at: Optional[float]  # epoch seconds
     status: str  # snapshot.RUNNING, EXITED
-    progress: int
+    progress: Optional[float]  # a count
     idle_s: float
     inflight: List[RecordDoc]
     recent: List[RecordDoc]
@@ -79,18 +127,43 @@ class _RankStateBase(TypedDict):
 class RankState(_RankStateBase, total=False):
     """What one rank publishes every interval; the full form (an incident's answer) adds stacks and evidence."""
 
-    last_seq: Dict[str, int]
+    last_seq: Dict[str, Optional[int]]
     groups: Dict[str, Optional[List[int]]]
-    ops_recorded: int
-    ddp_steps: int
+    ops_recorded: Optional[float]  # a count
+    ddp_steps: Optional[int]
     site_counts: Dict[str, int]
     rank_condition: Optional[RankCondition]
-    stacks: List[Dict[str, Any]]
-    process: Optional[Dict[str, Any]]
-    progress_bars: List[Dict[str, Any]]
+    stacks: List[Stack]  # main thread first
+    process: Optional[ProcessFacts]
+    progress_bars: List[ProgressBar]
     flight_recorder: Dict[str, Any]
-    native: Dict[str, Any]
-    stale: bool
+    native: Dict[str, Any]  # py-spy's dump
+    stale: Optional[bool]
+    store_lost: Optional[bool]
+    source: Dict[str, Any]  # Flight Recorder input: the dump it came from
+
+
+class MismatchRow(TypedDict):
+    """One distinct call in a mismatch, side by side with the others (analysis._side_by_side)."""
+
+    ranks: List[int]
+    group: str
+    seq: Optional[int]
+    op: Optional[str]
+    api: Optional[str]
+    shapes: List[List[int]]
+    dtypes: List[str]
+    site: Optional[Site]
+    region: Optional[Region]
+    wait_s: Optional[float]
+    state: Optional[str]
+    description: Optional[str]
+
+
+class Evidence(TypedDict, total=False):
+    """What a finding rests on; besides these, kind-specific keys (culprit_rule, ddp_op ...), kept as they are."""
+
+    mismatched: List[MismatchRow]
 
 
 class Finding(TypedDict):
@@ -101,15 +174,22 @@ class Finding(TypedDict):
     summary: str
     fix: str
     location: Optional[Site]
-    evidence: Dict[str, Any]
+    evidence: Optional[Evidence]
+
+
+class IncidentSource(TypedDict):
+    """What an incident rebuilt offline was made from."""
+
+    kind: str  # "rank_files", "flight_recorder"
+    files: List[str]
 
 
 class _IncidentBase(TypedDict):
     format_version: int
-    run_id: str
+    run_id: Optional[str]
     world_size: int
-    created_at: float
-    trigger: str  # analysis.DEADLOCK, TIMEOUT, SILENT, DUMP
+    created_at: Optional[float]  # epoch seconds
+    trigger: Optional[str]  # analysis.DEADLOCK, TIMEOUT, SILENT, DUMP
     written_by: Optional[int]
     grace: float
     timeout: float
@@ -122,5 +202,5 @@ class Incident(_IncidentBase, total=False):
     """One report (incident.build()): every rank's state, the findings, and where it came from."""
 
     silent: Dict[str, Dict[str, Any]]
-    source: Dict[str, Any]
-    report_dir: str
+    source: Optional[IncidentSource]
+    report_dir: Optional[str]

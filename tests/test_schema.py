@@ -1,0 +1,161 @@
+"""schema.py's checks of ddpwatch's own objects come from shapes.py: every field of every shape is checked, every
+rule of schema.py names a field of a shape, and a field added to a shape is checked without touching schema.py.
+No torch."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import typing
+from typing import Optional, Tuple, TypedDict
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from factory import seed_states  # noqa: E402
+from test_crafted_input import seed_incident  # noqa: E402
+from test_flight_recorder import seed_dumps, write_dumps  # noqa: E402
+from test_incident import dead_rank, live, seed_with_condition, straggler_states, stuck_states  # noqa: E402
+from test_render import golden_seed_incident  # noqa: E402
+
+from ddpwatch import flight_recorder as fr, schema, shapes, snapshot as S  # noqa: E402
+
+
+def all_shapes() -> dict:
+    return {name: value for name, value in vars(shapes).items()
+            if typing.is_typeddict(value) and value.__module__ == shapes.__name__}
+
+
+def public_shapes() -> dict:
+    return {name: shape for name, shape in all_shapes().items() if not name.startswith("_")}
+
+
+def _has_any(hint) -> bool:
+    return hint is typing.Any or any(_has_any(arg) for arg in typing.get_args(hint))
+
+
+def refusal(check, doc, *args):
+    try:
+        check(doc, "", *args)
+    except S.FormatError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture
+def derived_again():
+    """Checks derived from the shapes as a test changed them, and from the real ones afterwards."""
+    schema.clear_cache()
+    yield
+    schema.clear_cache()
+
+
+# ---------------------------------------------------------------- one definition
+
+def test_every_field_of_every_shape_is_checked():
+    """A value of no JSON type is refused by the check of every typed field; only fields typed with Any (kept,
+    not interpreted) take it, and those are still limited in depth and string size."""
+    for name, shape in public_shapes().items():
+        hints = typing.get_type_hints(shape)
+        checks = schema.field_checks(shape)
+        assert set(checks) == set(hints), name
+        for key, check in checks.items():
+            untyped = _has_any(hints[key])
+            assert (refusal(check, object()) is None) == untyped, f"{name}.{key}: {hints[key]}"
+            if untyped:
+                assert refusal(check, [[[]]] * 2 + ["x" * (schema.MAX_STRING + 1)]) is not None
+
+
+def test_every_rule_of_schema_names_a_field_of_a_shape():
+    shapes_by_name = public_shapes()
+    fields_of = {name: set(typing.get_type_hints(shape)) for name, shape in shapes_by_name.items()}
+    for shape, key in schema.LIMITS:
+        assert key in fields_of.get(shape, ()), (shape, key)
+    for table in (schema.REQUIRED, schema.FIRST):
+        for shape, keys in table.items():
+            assert set(keys) <= fields_of.get(shape, set()), (shape, keys)
+            # a reader never insists on a key some writer leaves out
+            assert set(keys) <= shapes_by_name[shape].__required_keys__, (shape, keys)
+    assert set(schema.ACROSS) <= set(shapes_by_name)
+
+
+def test_a_field_added_to_a_shape_is_checked_without_touching_schema(monkeypatch, derived_again):
+    class Site(shapes.Site, total=False):
+        column: int
+
+    class RankState(shapes.RankState, total=False):
+        gpu_util: Optional[float]
+
+    monkeypatch.setattr(shapes, "Site", Site)
+    monkeypatch.setattr(shapes, "RankState", RankState)
+    schema.clear_cache()
+    doc = seed_incident()
+    assert refusal(schema.incident, doc) is None  # an optional field: files written before it still load
+    doc["ranks"][1]["inflight"][0]["site"]["column"] = 7
+    doc["ranks"][0]["gpu_util"] = 93.5
+    assert refusal(schema.incident, doc) is None
+    doc["ranks"][1]["inflight"][0]["site"]["column"] = "7"
+    assert refusal(schema.incident, doc) == "ranks[1].inflight[0].site.column: expected an integer, got str"
+    state = copy.deepcopy(seed_states(2)[0])
+    state["gpu_util"] = [93.5]
+    assert refusal(schema.rank_snapshot, state) == "gpu_util: expected a number, got list"
+    state["gpu_util"] = None
+    assert refusal(schema.rank_snapshot, state) is None
+
+
+def test_without_the_added_field_the_same_document_passes(derived_again):
+    """The counterpart of the test above: the real shapes keep an unknown field as it is."""
+    doc = seed_incident()
+    doc["ranks"][1]["inflight"][0]["site"]["column"] = "7"
+    assert refusal(schema.incident, doc) is None
+
+
+def test_a_type_schema_has_no_check_for_is_an_error_not_an_unchecked_field():
+    class Odd(TypedDict):
+        pair: Tuple[int, int]
+
+    with pytest.raises(TypeError, match="Odd.pair"):
+        schema.field_checks(Odd)
+
+
+def test_a_bound_the_type_cannot_have_is_an_error(monkeypatch):
+    monkeypatch.setitem(schema.LIMITS, ("Site", "file"), schema.Limit(low=0))
+    with pytest.raises(TypeError, match="Site.file"):
+        schema.field_checks(shapes.Site)
+
+
+def test_the_world_size_bounds_every_rank_in_the_document():
+    doc = seed_incident()
+    doc["missing_ranks"] = [2]
+    assert refusal(schema.incident, doc) == "missing_ranks[0]: 2 is outside 0..1"
+    state = seed_states(4)[3]
+    assert refusal(schema.rank_snapshot, state, 2) == "rank: 3 is outside 0..1"
+    assert refusal(schema.rank_snapshot, state) is None
+
+
+# ---------------------------------------------------------------- what ddpwatch writes still passes
+
+def written_documents() -> dict:
+    docs = {"factory": seed_incident(), "golden": golden_seed_incident()}
+    docs["seed"] = live(seed_with_condition(), 2)
+    docs["straggler"] = live(straggler_states(), 2)
+    docs["stuck"] = live(stuck_states(), 2)
+    st, silent = dead_rank()
+    docs["dead"] = live(st, 2, silent=silent)
+    return docs
+
+
+@pytest.mark.parametrize("name", ["factory", "golden", "seed", "straggler", "stuck", "dead"])
+def test_incidents_ddpwatch_builds_pass(name):
+    doc = json.loads(json.dumps(written_documents()[name]))
+    assert refusal(schema.incident, doc) is None
+    for state in doc["ranks"]:
+        assert refusal(schema.rank_snapshot, state) is None
+
+
+def test_an_incident_read_from_flight_recorder_dumps_passes(tmp_path):
+    doc = json.loads(json.dumps(fr.load_incident([str(write_dumps(tmp_path / "fr", seed_dumps()))])))
+    assert refusal(schema.incident, doc) is None
