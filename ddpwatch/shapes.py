@@ -169,7 +169,7 @@ class Evidence(TypedDict, total=False):
 class Finding(TypedDict):
     """One verdict (snapshot.finding()): its kind, the culprit ranks, what happened, the fix, the user's line."""
 
-    kind: str  # one of snapshot.FINDING_KINDS
+    kind: str  # one of analysis.FINDING_KINDS
     ranks: List[int]
     summary: str
     fix: str
