@@ -37,7 +37,7 @@ def checkpoints(total: int, ring_size: int) -> list:
 
 def drive(recorder, total: int, marks: list, measure) -> list:
     """begin/finish `total` ops the way the patch layer does; call measure() at each checkpoint."""
-    from ddpwatch.record import tensor_meta
+    from ddpwatch.runtime.record import tensor_meta
 
     tensors = [(op, api, group, FakeTensor(shape)) for op, api, group, shape in MIX]
     found, done, frame = [], 0, sys._getframe()
@@ -52,7 +52,7 @@ def drive(recorder, total: int, marks: list, measure) -> list:
 
 def traced(ring_size: int, total: int) -> list:
     """tracemalloc's count of what the Recorder holds (every Python allocation made since it was created)."""
-    from ddpwatch.record import Recorder
+    from ddpwatch.runtime.record import Recorder
 
     gc.collect()
     tracemalloc.start()
@@ -73,7 +73,7 @@ def timed(ring_size: int, total: int) -> tuple:
     """Without tracemalloc: microseconds per begin+finish pair (thread CPU time), and the process RSS."""
     import psutil
 
-    from ddpwatch.record import Recorder
+    from ddpwatch.runtime.record import Recorder
 
     process = psutil.Process()
     recorder = Recorder(ring_size)
@@ -91,7 +91,7 @@ def snapshot_sizes(recorder) -> dict:
 
 def main(argv=None) -> None:
     opts = C.parser(__doc__).parse_args(argv)
-    from ddpwatch import record
+    from ddpwatch.runtime import record
     from ddpwatch.config import Config
 
     mode = "quick" if opts.quick else "full"

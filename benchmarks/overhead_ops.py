@@ -165,7 +165,7 @@ def hot_path_parts(iterations: int) -> dict:
     import torch
 
     import ddpwatch
-    from ddpwatch import record
+    from ddpwatch.runtime import record
 
     session = ddpwatch.install()
     recorder, patcher, tensor = session.recorder, session.patcher, torch.ones(1)

@@ -85,7 +85,7 @@ class _Meta:
 def healthy_recorder():
     """A recorder after LOOP training iterations (all_reduce, barrier, broadcast), as the patch layer fills it."""
     from ddpwatch.config import Config
-    from ddpwatch.record import Recorder, tensor_meta
+    from ddpwatch.runtime.record import Recorder, tensor_meta
 
     recorder = Recorder(Config().ring_size)
     grads, metric = tensor_meta(_Meta((1024,))), tensor_meta(_Meta((1,)))
@@ -98,14 +98,13 @@ def healthy_recorder():
 def block(recorder, leader: bool) -> None:
     """The hang: rank 0 inside DDP.forward's buffer broadcast, every other rank in the next barrier, 10 s ago."""
     from ddpwatch import snapshot as S
-    from ddpwatch.record import frame_site, tensor_meta, user_frame
+    from ddpwatch.runtime.record import frame_site, tensor_meta, user_frame
 
     if leader:
         site = frame_site(user_frame(sys._getframe()))
-        recorder.region_stack().append((S.DDP_FORWARD, site, "DistributedDataParallel.forward", None))
-        record = recorder.begin("broadcast", S.DDP_BUFFER_BROADCAST, "0", tensor_meta([_Meta((16,)), _Meta(())]),
-                                sys._getframe())
-        recorder.region_stack().pop()
+        with recorder.region((S.DDP_FORWARD, site, "DistributedDataParallel.forward", None)):
+            record = recorder.begin("broadcast", S.DDP_BUFFER_BROADCAST, "0", tensor_meta([_Meta((16,)), _Meta(())]),
+                                    sys._getframe())
     else:
         record = recorder.begin("barrier", "barrier", "0", (), sys._getframe())
     record.start_mono -= 10.0  # as if it had been waiting 10 s: past grace, no waiting for real
@@ -115,7 +114,7 @@ def block(recorder, leader: bool) -> None:
 def watchdogs(ranks, world_size: int, store, recorder) -> list:
     """One ddpwatch Watchdog per simulated rank (threads never started: this process ticks them in turn)."""
     from ddpwatch.config import Config
-    from ddpwatch.watchdog import Watchdog
+    from ddpwatch.runtime.watchdog import Watchdog
 
     config = Config(grace=GRACE, timeout=TIMEOUT, interval=INTERVAL)
     return [Watchdog(recorder, config, rank, world_size, store, "bench") for rank in ranks]
@@ -123,7 +122,7 @@ def watchdogs(ranks, world_size: int, store, recorder) -> list:
 
 def client(port: int, namespace: str):
     import torch.distributed as dist
-    from ddpwatch.store import StateStore
+    from ddpwatch.runtime.store import StateStore
 
     raw = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=60))
     counting = CountingStore(raw)

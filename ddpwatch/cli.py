@@ -19,15 +19,15 @@ def _cmd_demo(args) -> int:
 
 
 def report_formats() -> tuple:
-    from .report import FORMATS
+    from .render.report import FORMATS
 
     return FORMATS
 
 
 def _cmd_report(args) -> int:
-    from . import sources
+    from .sources import command
 
-    return sources.run_command(args)
+    return command.run_command(args)
 
 
 def _cmd_run(rest) -> int:
@@ -57,7 +57,7 @@ def _cmd_run(rest) -> int:
 
 
 def _cmd_dump(args) -> int:
-    from . import control
+    from .runtime import control
 
     if args.list:
         return control.list_ranks()

@@ -13,16 +13,8 @@ import tokenize
 from typing import Iterable, Iterator, Sequence
 
 from . import catalogue
-from .rankcond import (
-    collect_rank_names,
-    dotted_name,
-    function_rank_names,
-    is_rank_condition,
-    is_rank_expr,
-    module_rank_names,
-    rank_guarded_exit,
-    scope_nodes,
-)
+from .analysis.rankcond import (collect_rank_names, dotted_name, function_rank_names, is_rank_condition, is_rank_expr,
+                                 module_rank_names, rank_guarded_exit, scope_nodes)
 
 __all__ = ["CHECKS", "LintFinding", "lint_source", "lint_file", "lint_paths", "iter_python_files", "main"]
 

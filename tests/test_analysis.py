@@ -12,8 +12,7 @@ from factory import (SEED_SEQ, barrier, ddp_broadcast, ddp_region, done, object_
                      rec, seed_states, states)
 
 from ddpwatch import analysis, snapshot as S  # noqa: E402
-from ddpwatch.analysis import (DEADLOCK, TIMEOUT, analyze, assess, describe_op, fingerprint,  # noqa: E402
-                               positions, rank_list)
+from ddpwatch.analysis import DEADLOCK, TIMEOUT, analyze, assess, describe_op, fingerprint, positions, rank_list
 
 GRACE = 2.0
 TIMEOUT_S = 300.0

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = ["overhead_ops", "overhead_training", "time_to_verdict", "scale", "soak", "startup", "step_cost",
-              "flight_recorder"]  # memory: runner
+              "flight_recorder"]  # memory: runner; hot_path_instructions: its cases below (valgrind takes 45 s)
 LIMIT_S = 150  # hard limit per quick run; each takes 5-25 s here
 TABLE_ROW = re.compile(r"^\|.*\|$", re.MULTILINE)
 TABLE_RULE = re.compile(r"^\|-[-|]*\|$", re.MULTILINE)
@@ -52,3 +52,10 @@ def test_runner_runs_the_chosen_benchmark_in_quick_mode():
     assert "== memory" in out and "(quick mode)" in out and "[memory: ok" in out
     assert TABLE_RULE.search(out) and len(TABLE_ROW.findall(out)) >= 3, out
     assert "== scale" not in out
+
+
+@pytest.mark.timeout(LIMIT_S + 30)
+@pytest.mark.parametrize("case", ["bare", "wrapped", "record", "not_member"])
+def test_each_instruction_count_case_runs_without_valgrind(case):
+    code, out, err = run_quick(["benchmarks.hot_path_instructions", "--worker", case, "200"])
+    assert code == 0, f"exit {code}\n{err[-3000:]}"

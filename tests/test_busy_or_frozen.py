@@ -10,9 +10,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import barrier, rank_state, states  # noqa: E402
 
-from ddpwatch import analysis, evidence, watchdog as watchdog_module  # noqa: E402
+from ddpwatch import analysis
+from ddpwatch.runtime import evidence, watchdog as watchdog_module  # noqa: E402
 from ddpwatch.config import Config  # noqa: E402
-from ddpwatch.evidence import BUSY, FROZEN, GONE, LOOK_AGAIN, UNKNOWN, peer_condition  # noqa: E402
+from ddpwatch.runtime.evidence import BUSY, FROZEN, GONE, LOOK_AGAIN, UNKNOWN, peer_condition  # noqa: E402
 
 
 def facts(status, cpu_s=10.0, exists=True):

@@ -21,7 +21,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from factory import done, incident, seed_states  # noqa: E402
 from test_flight_recorder import NOW_NS, seed_dumps, write_dumps  # noqa: E402
 
-from ddpwatch import analysis, flight_recorder as fr, merge, report, schema, snapshot as S, sources  # noqa: E402
+from ddpwatch import analysis, snapshot as S
+from ddpwatch.sources import command, flight_recorder as fr, merge, schema
+from ddpwatch.render import report  # noqa: E402
+from ddpwatch.sources import documents  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEMORY_LIMIT = 3 * 2**30
@@ -181,9 +184,9 @@ def test_non_finite_or_negative_analysis_settings_are_refused(tmp_path, option, 
 def test_what_ddpwatch_writes_passes_the_schema(tmp_path):
     doc = seed_incident()
     folder, _ = report.write_incident(str(tmp_path), "r1", doc)
-    assert report.load_incident(folder)["findings"] == doc["findings"]
+    assert documents.load_incident(folder)["findings"] == doc["findings"]
     for rank in (0, 1):
-        report.load_document(os.path.join(folder, f"rank-{rank}.json"))
+        documents.load_document(os.path.join(folder, f"rank-{rank}.json"))
 
 
 # ---------------------------------------------------------------- Flight Recorder dumps
@@ -344,7 +347,7 @@ FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")), deadli
 def test_fuzz_report_json(tmp_path_factory, data):
     path = write_json(tmp_path_factory.mktemp("inc") / "report.json", None,
                       json.dumps(mutate(data, seed_incident()), allow_nan=True))
-    loads_or_format_error(lambda: sources.build_incident(_Args([str(path)], reanalyze=data.draw(st.booleans()))))
+    loads_or_format_error(lambda: command.build_incident(_Args([str(path)], reanalyze=data.draw(st.booleans()))))
 
 
 @FUZZ
@@ -383,7 +386,7 @@ def test_fuzz_raw_bytes(tmp_path_factory, raw, start):
     (folder / "fr_trace_0").write_bytes(start + raw)
     (folder / "report.json").write_bytes(start + raw)
     loads_or_format_error(lambda: fr.load_incident([str(folder)]))
-    loads_or_format_error(lambda: report.load_incident(str(folder)))
+    loads_or_format_error(lambda: documents.load_incident(str(folder)))
 
 
 class _Args:
@@ -395,5 +398,5 @@ class _Args:
 def test_the_fuzz_documents_start_valid(tmp_path):
     """Without mutation every loader succeeds: the fuzz tests above start from real documents."""
     path = write_json(tmp_path / "inc" / "report.json", seed_incident())
-    render_everything(sources.build_incident(_Args([str(path)])))
+    render_everything(command.build_incident(_Args([str(path)])))
     render_everything(fr.load_incident([str(write_dumps(tmp_path / "fr", seed_dumps()))]))

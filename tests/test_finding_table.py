@@ -14,7 +14,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import factory as F  # noqa: E402
 
-from ddpwatch import analysis, incident, report, snapshot as S  # noqa: E402
+from ddpwatch import analysis, snapshot as S
+from ddpwatch.analysis import incident
+from ddpwatch.render import report  # noqa: E402
 
 GRACE, TIMEOUT_S = 2.0, 300.0
 

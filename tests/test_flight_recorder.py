@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from ddpwatch import cli, flight_recorder as fr, snapshot as S
+from ddpwatch import cli, snapshot as S
+from ddpwatch.sources import flight_recorder as fr
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -249,7 +250,9 @@ def test_canonical_op(name, expected):
     ("/src/pytorch/torch/distributed/c10d_logger.py", True),
     ("/usr/lib/python3.11/threading.py", True),
     ("<frozen runpy>", True),
-    ("/opt/proj/ddpwatch/patch.py", True),
+    ("/opt/proj/ddpwatch/cli.py", True),
+    ("/opt/proj/ddpwatch/runtime/patch.py", True),
+    ("<ddpwatch hot path: all_reduce>", True),
     ("/opt/proj/ddpwatch/examples/seed_stall.py", False),
     ("/home/u/train.py", False),
     ("/home/u/torch/train.py", False),

@@ -9,8 +9,9 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 import ddpwatch
-from ddpwatch import catalogue, record
-from ddpwatch.patch import PATCH_MARKER, _signature_source
+from ddpwatch import catalogue
+from ddpwatch.runtime import record
+from ddpwatch.runtime.patch import PATCH_MARKER, _signature_source
 
 
 def _kinds_of_parameters():

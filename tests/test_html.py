@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from factory import barrier, done, incident, main_stack, rank_state, seed_states, states  # noqa: E402
 
 from ddpwatch import analysis  # noqa: E402
-from ddpwatch.html_report import render_html  # noqa: E402
+from ddpwatch.render.html import render_html  # noqa: E402
 
 
 def seed_incident(world_size=2):

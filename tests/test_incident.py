@@ -11,7 +11,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import rank_state, rec, seed_states, states  # noqa: E402
 
-from ddpwatch import analysis, incident, merge, sources  # noqa: E402
+from ddpwatch import analysis
+from ddpwatch.analysis import incident
+from ddpwatch.sources import command, merge  # noqa: E402
 
 GRACE, TIMEOUT_S = 2.0, 300.0
 
@@ -92,7 +94,7 @@ def test_report_reanalyze_goes_through_the_builder():
     st = seed_with_condition()
     doc = json.loads(json.dumps(live(st, 2)))
     doc["findings"] = []
-    assert sources.incident_module.reanalyze(doc, None, None)["findings"][0]["kind"] == "ddp_forward_on_subset"
+    assert command.incident_module.reanalyze(doc, None, None)["findings"][0]["kind"] == "ddp_forward_on_subset"
 
 
 def _keys(shape) -> set:
@@ -103,7 +105,7 @@ def _keys(shape) -> set:
 
 def test_the_named_shapes_say_what_the_stages_really_pass():
     from ddpwatch import shapes
-    from ddpwatch.record import Recorder
+    from ddpwatch.runtime.record import Recorder
 
     doc = live(seed_with_condition(), 2)
     assert set(doc) <= _keys(shapes.Incident) and set(shapes.Incident.__required_keys__) <= set(doc)

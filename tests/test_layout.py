@@ -4,7 +4,9 @@ of output formats."""
 import ast
 import os
 
-from ddpwatch import catalogue, lint, patch, report
+from ddpwatch import catalogue, lint
+from ddpwatch.runtime import patch
+from ddpwatch.render import report
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ddpwatch")
 
@@ -64,7 +66,7 @@ def _cycle(graph: dict):
 def test_the_import_graph_of_ddpwatch_has_no_cycle():
     modules = _modules()
     graph = {module: _imports(module, path, modules) for module, path in modules.items()}
-    assert "ddpwatch.merge" in graph["ddpwatch.sources"]  # the reader sees function-level and package imports
+    assert "ddpwatch.sources.merge" in graph["ddpwatch.sources.command"]  # the reader sees function-level and package imports
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
 
 
@@ -88,3 +90,46 @@ def test_every_output_format_is_one_row_and_the_command_offers_exactly_those():
     assert report.FORMATS == tuple(report.RENDERERS) == cli.report_formats()
     names = [row[0] for row in report.RENDERERS.values()]
     assert len(set(names)) == len(names)
+
+
+# The pipeline's stages as packages, and what each may import besides the shared top-level modules (snapshot,
+# shapes, catalogue, config, private): runtime -> analysis -> render, and sources -> analysis, render.
+MAY_IMPORT = {
+    "ddpwatch.runtime": {"ddpwatch.analysis", "ddpwatch.render"},
+    "ddpwatch.sources": {"ddpwatch.analysis", "ddpwatch.render"},
+    "ddpwatch.analysis": set(),
+    "ddpwatch.render": {"ddpwatch.analysis"},
+}
+OFFLINE = ("ddpwatch.analysis", "ddpwatch.render", "ddpwatch.sources", "ddpwatch.snapshot", "ddpwatch.shapes",
+           "ddpwatch.catalogue")
+
+
+def _stage(module: str):
+    return next((stage for stage in MAY_IMPORT if module == stage or module.startswith(stage + ".")), None)
+
+
+def test_each_stage_imports_only_the_stages_after_it():
+    modules = _modules()
+    wrong = []
+    for module, path in modules.items():
+        stage = _stage(module)
+        if stage is None:
+            continue
+        for imported in _imports(module, path, modules):
+            other = _stage(imported)
+            if other is not None and other != stage and other not in MAY_IMPORT[stage]:
+                wrong.append(f"{module} imports {imported}")
+    assert wrong == []
+
+
+def test_the_offline_stages_never_import_torch():
+    """A saved incident is analysed and rendered anywhere: these modules must not import torch, even lazily."""
+    torch_imports = []
+    for module, path in _modules().items():
+        if not module.startswith(OFFLINE):
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            torch_imports += [f"{module}: {n}" for n in names if n == "torch" or n.startswith("torch.")]
+    assert torch_imports == []

@@ -10,7 +10,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import incident, seed_states  # noqa: E402
 
-from ddpwatch import analysis, cli, merge, report, snapshot as S  # noqa: E402
+from ddpwatch import analysis, cli, snapshot as S
+from ddpwatch.sources import merge
+from ddpwatch.render import report  # noqa: E402
 
 
 def write_rank(folder, state, name=None):

@@ -8,8 +8,9 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from ddpwatch import record as R, snapshot as S  # noqa: E402
-from ddpwatch.record import Recorder, is_internal_file, python_stacks, tensor_meta, user_frame  # noqa: E402
+from ddpwatch.runtime import record as R
+from ddpwatch import snapshot as S  # noqa: E402
+from ddpwatch.runtime.record import Recorder, is_internal_file, python_stacks, tensor_meta, user_frame  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 RECORD_KEYS = {"seq", "group", "op", "api", "p2p", "peer", "shapes", "dtypes", "site", "via", "region", "start", "age_s",
@@ -206,7 +207,7 @@ def test_region_is_left_when_the_call_raises():
 
 
 def test_outermost_records_only_the_outer_call():
-    from ddpwatch.patch import Patcher
+    from ddpwatch.runtime.patch import Patcher
 
     rec = Recorder()
     patcher = Patcher(rec)

@@ -12,7 +12,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import incident, seed_states  # noqa: E402
 
-from ddpwatch import analysis, report, snapshot as S  # noqa: E402
+from ddpwatch import analysis, snapshot as S
+from ddpwatch.render import report  # noqa: E402
+from ddpwatch.sources import documents  # noqa: E402
 
 RUN_ID = "20250101-120000-job7"
 
@@ -59,7 +61,7 @@ def test_second_incident_with_the_same_run_id_gets_a_suffix(tmp_path, temp_dir):
     assert os.path.basename(first) == RUN_ID
     assert os.path.basename(second) == RUN_ID + "-2"
     assert os.path.basename(third) == RUN_ID + "-3"
-    assert report.load_incident(second)["report_dir"] == os.path.abspath(second)
+    assert documents.load_incident(second)["report_dir"] == os.path.abspath(second)
     assert sorted(os.listdir(base)) == [RUN_ID, RUN_ID + "-2", RUN_ID + "-3"]  # no .incoming- folder left behind
 
 
@@ -111,19 +113,19 @@ def test_load_incident_reads_it_back(tmp_path, temp_dir):
     doc = seed_incident(3)
     original = copy.deepcopy(doc)
     folder, _ = report.write_incident(str(tmp_path), RUN_ID, doc)
-    loaded = report.load_incident(folder)
+    loaded = documents.load_incident(folder)
     assert loaded["report_dir"] == os.path.abspath(folder)
     loaded.pop("report_dir")
     assert loaded == original
     # The report.json path works too.
-    assert report.load_incident(os.path.join(folder, "report.json")) == doc
+    assert documents.load_incident(os.path.join(folder, "report.json")) == doc
 
 
 def test_load_incident_rejects_other_versions(tmp_path):
     path = tmp_path / "report.json"
     path.write_text(json.dumps({"format_version": 99, "ranks": []}))
     with pytest.raises(S.FormatError, match="format_version 99"):
-        report.load_incident(str(tmp_path))
+        documents.load_incident(str(tmp_path))
 
 
 def test_load_json_text_rejects_a_wrong_format_version():
@@ -165,7 +167,7 @@ def test_html_and_trace_files_are_whole_renderings(tmp_path, temp_dir):
 
 
 def test_a_renderer_bug_costs_only_its_own_file(tmp_path, temp_dir, monkeypatch):
-    import ddpwatch.html_report as html_report
+    import ddpwatch.render.html as html_report
 
     def broken(incident):
         raise RuntimeError("renderer bug")
@@ -175,7 +177,7 @@ def test_a_renderer_bug_costs_only_its_own_file(tmp_path, temp_dir, monkeypatch)
     with open(os.path.join(folder, "report.html"), encoding="utf-8") as handle:
         page = handle.read()
     assert "could not render" in page and "renderer bug" in page
-    assert report.load_incident(folder)["findings"][0]["kind"] == "ddp_forward_on_subset"
+    assert documents.load_incident(folder)["findings"][0]["kind"] == "ddp_forward_on_subset"
     with open(os.path.join(folder, "report.txt"), encoding="utf-8") as handle:
         assert "[ddp_forward_on_subset] culprit: rank 0" in handle.read()
 
@@ -198,28 +200,28 @@ def test_no_tensor_contents_reach_any_file(tmp_path, temp_dir):
         with open(os.path.join(folder, name), encoding="utf-8") as handle:
             text = handle.read()
         assert "0.1234" not in text, name
-    assert report.load_incident(folder)["ranks"][0]["inflight"][0]["oops"] == "<FakeTensor shape=[2, 3] dtype=float32>"
+    assert documents.load_incident(folder)["ranks"][0]["inflight"][0]["oops"] == "<FakeTensor shape=[2, 3] dtype=float32>"
 
 
 def test_load_incident_refuses_a_rank_snapshot(tmp_path, temp_dir):
     folder, _ = report.write_incident(str(tmp_path), RUN_ID, seed_incident())
     with pytest.raises(S.FormatError, match="not a ddpwatch incident"):
-        report.load_incident(os.path.join(folder, "rank-0.json"))
+        documents.load_incident(os.path.join(folder, "rank-0.json"))
 
 
 def test_upgrade_hook_brings_old_versions_to_the_current_one(monkeypatch):
     """The loader reads every version written: each older version has an upgrade step to the next."""
     monkeypatch.setattr(S, "READABLE_VERSIONS", (0, 1))
-    monkeypatch.setitem(report._UPGRADES, 0, lambda doc: dict(doc, format_version=1, findings=doc["problems"]))
+    monkeypatch.setitem(documents._UPGRADES, 0, lambda doc: dict(doc, format_version=1, findings=doc["problems"]))
     old = {"format_version": 0, "ranks": [], "problems": []}
-    assert report.upgrade(S.check_version(old, "x")) == {"format_version": 1, "ranks": [], "problems": [],
+    assert documents.upgrade(S.check_version(old, "x")) == {"format_version": 1, "ranks": [], "problems": [],
                                                          "findings": []}
-    assert not report._UPGRADES.get(S.FORMAT_VERSION), "the current version needs no upgrade"
+    assert not documents._UPGRADES.get(S.FORMAT_VERSION), "the current version needs no upgrade"
 
 
 def test_every_readable_version_has_an_upgrade_path():
     for version in S.READABLE_VERSIONS:
-        assert version == S.FORMAT_VERSION or version in report._UPGRADES, version
+        assert version == S.FORMAT_VERSION or version in documents._UPGRADES, version
 
 
 def test_the_report_modules_import_no_torch():

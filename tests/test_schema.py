@@ -21,7 +21,8 @@ from test_flight_recorder import seed_dumps, write_dumps  # noqa: E402
 from test_incident import dead_rank, live, seed_with_condition, straggler_states, stuck_states  # noqa: E402
 from test_render import golden_seed_incident  # noqa: E402
 
-from ddpwatch import flight_recorder as fr, schema, shapes, snapshot as S  # noqa: E402
+from ddpwatch.sources import flight_recorder as fr, schema
+from ddpwatch import shapes, snapshot as S  # noqa: E402
 
 
 def all_shapes() -> dict:

@@ -19,8 +19,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import incident, seed_states  # noqa: E402
 
-from ddpwatch import analysis, control, demo, report  # noqa: E402
-from ddpwatch import watchdog as watchdog_module  # noqa: E402
+from ddpwatch import analysis, demo
+from ddpwatch.runtime import control
+from ddpwatch.render import report  # noqa: E402
+from ddpwatch.runtime import watchdog as watchdog_module  # noqa: E402
 
 OTHER_UID = 54321
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user (chown) needs root")

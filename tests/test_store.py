@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-import ddpwatch.watchdog as watchdog_module
+import ddpwatch.runtime.watchdog as watchdog_module
 from ddpwatch.config import Config
-from ddpwatch.record import Recorder
-from ddpwatch.store import JobProtocol, StateStore
+from ddpwatch.runtime.record import Recorder
+from ddpwatch.runtime.store import JobProtocol, StateStore
 
 WORLD = 4
 

@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from factory import barrier, done, incident, rank_state, seed_states, states  # noqa: E402
 
 from ddpwatch import analysis  # noqa: E402
-from ddpwatch.trace import render_trace  # noqa: E402
+from ddpwatch.render.trace import render_trace  # noqa: E402
 
 US = 1e6
 START = 1_700_000_000.0

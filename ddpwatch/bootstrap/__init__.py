@@ -91,7 +91,7 @@ def remove_import_hooks() -> None:
 
 def _on_imported(module) -> None:
     try:
-        from ..session import activate_on_init
+        from ..runtime.session import activate_on_init
 
         activate_on_init()
     except Exception as exc:

@@ -1,4 +1,4 @@
-"""Evidence gathered around a verdict: rank conditions in the source, process facts, progress bars, native stacks."""
+"""Evidence gathered around a verdict in the live process: process facts, progress bars, native stacks."""
 
 from __future__ import annotations
 
@@ -8,57 +8,9 @@ import subprocess
 import sys
 import time
 
-from . import catalogue, snapshot as S
+from .. import catalogue, snapshot as S
 
 PY_SPY_TIMEOUT_S = 3.0
-
-
-# ---------------------------------------------------------------- the source: is the line under a rank condition?
-
-def rank_condition_of(state: dict) -> dict | None:
-    """The innermost rank condition over the rank's main-thread user frames: {"frame", "condition"} or None.
-
-    The seed's own line (`self.encoder(input)` in validation()) has no condition; its caller in train() does,
-    so every user frame on the stack is tried, innermost first.
-    """
-    from .rankcond import rank_condition_at_path
-
-    for stack in state.get("stacks") or ():
-        if not stack.get("main"):
-            continue
-        for frame in reversed(stack.get("frames") or ()):
-            if frame.get("internal"):
-                continue
-            condition = rank_condition_at_path(frame["file"], frame["line"])
-            if condition:
-                return {"frame": S.site(frame["file"], frame["line"], frame["function"]), "condition": condition}
-    return None
-
-
-def rank_condition_at_site(site: dict) -> dict | None:
-    """The rank condition over one known line (a framework call's site): {"frame", "condition"} or None."""
-    from .rankcond import rank_condition_at_path
-
-    condition = rank_condition_at_path(site["file"], site["line"])
-    return {"frame": dict(site), "condition": condition} if condition else None
-
-
-def add_rank_conditions(findings: list, states: dict) -> None:
-    """Put the strongest hint to the fix into each finding: the culprit's line sits under a rank condition."""
-    for finding in findings:
-        conditions = {}
-        for rank in finding.get("ranks") or ():
-            state = states.get(rank)
-            found = (state.get("rank_condition") or rank_condition_of(state)) if state else None
-            if found:
-                conditions[str(rank)] = found
-        if not conditions:
-            continue
-        finding["evidence"]["rank_condition"] = conditions
-        first = next(iter(conditions.values()))
-        where = S.short_site({"file": first["frame"]["file"], "line": first["condition"]["line"]})
-        finding["summary"] += (f" That line runs only under the rank condition `{first['condition']['text']}`"
-                               f" ({where}).")
 
 
 # ---------------------------------------------------------------- this process, as psutil and tqdm see it

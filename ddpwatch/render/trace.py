@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from . import snapshot as S
-from .analysis import describe_op, rank_list
+from .. import snapshot as S
+from ..analysis import describe_op, rank_list
 
 US = 1_000_000.0  # the trace event format counts microseconds
 

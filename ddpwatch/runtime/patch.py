@@ -11,7 +11,7 @@ import sys
 import threading
 import weakref
 
-from . import catalogue, snapshot
+from .. import catalogue, snapshot
 from .record import Recorder, tensor_meta
 
 # What gets patched comes from the one catalogue (catalogue.py), shared with lint and the Flight Recorder reader.

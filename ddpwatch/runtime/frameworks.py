@@ -11,7 +11,7 @@ import ast
 import inspect
 import os
 
-from .rankcond import parsed_file
+from ..analysis.rankcond import parsed_file
 from .record import installed_package
 
 

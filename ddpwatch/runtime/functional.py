@@ -6,7 +6,7 @@ import functools
 import inspect
 import weakref
 
-from . import catalogue
+from .. import catalogue
 from .record import tensor_meta
 
 MODULE = "torch.distributed._functional_collectives"

@@ -9,7 +9,9 @@ import pickle
 import re
 import struct
 
-from . import catalogue, incident, schema, snapshot as S
+from .. import catalogue, snapshot as S
+from ..analysis import incident
+from . import schema
 
 # A dump file is named <prefix><rank> (TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE convention).
 DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
@@ -22,7 +24,9 @@ _TORCH_FILE = re.compile(r"(^|[/\\])(site|dist)-packages[/\\]torch[/\\]|(^|[/\\]
                          r"utils|optim|_dynamo|_C|cuda|fx|_functorch|multiprocessing)[/\\]|(^|[/\\])torch[/\\]"
                          r"(_tensor|functional|_ops|_compile|_utils|overrides|serialization|library|__init__)\.py$")
 _STDLIB_FILE = re.compile(r"[/\\]lib[/\\]python3(\.\d+)?[/\\](?!.*(site|dist)-packages)")
-_DDPWATCH_FILE = re.compile(r"(^|[/\\])ddpwatch[/\\](?!examples[/\\])[^/\\]+\.py$")
+# ddpwatch's own files at any depth (ddpwatch/runtime/patch.py), but not its examples, which play the user's part;
+# and its generated per-collective wrappers, named "<ddpwatch hot path: all_reduce>".
+_DDPWATCH_FILE = re.compile(r"(^|[/\\])ddpwatch[/\\](?!examples[/\\])([^/\\]+[/\\])*[^/\\]+\.py$|^<ddpwatch ")
 _DDP_FILE = re.compile(r"torch[/\\]nn[/\\]parallel[/\\]distributed\.py$")
 _C10D_FILE = re.compile(r"torch[/\\]distributed[/\\]distributed_c10d\.py$")
 
@@ -512,7 +516,7 @@ def _groups_field(records: list, members: dict, world_size: int) -> dict:
 
 def _stacks(records: list) -> list:
     """FR has no thread stacks; the frames of the op this rank waits in are the closest thing (outermost first)."""
-    from .analysis import waiting_record
+    from ..analysis import waiting_record
 
     waiting = waiting_record({"inflight": [r for r in records if r["state"] == S.IN_FLIGHT]})
     if waiting is None or not waiting["fr"]["frames"]:

@@ -11,12 +11,13 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from . import snapshot
+from .. import snapshot
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from .shapes import RecordDoc
+    from ..shapes import RecordDoc
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# ddpwatch's own folder (this file is in ddpwatch/runtime/): none of its frames is ever the user's line.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _find_own_prefixes() -> tuple:

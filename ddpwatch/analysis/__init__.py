@@ -6,10 +6,10 @@ import dataclasses
 import hashlib
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from . import snapshot as S
+from .. import snapshot as S
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from .shapes import Finding, RankState, RecordDoc
+    from ..shapes import Finding, RankState, RecordDoc
 
 DEADLOCK = "deadlock"
 TIMEOUT = "timeout"

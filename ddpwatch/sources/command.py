@@ -7,7 +7,10 @@ import os
 import sys
 import tempfile
 
-from . import flight_recorder, incident as incident_module, merge, report, snapshot as S
+from .. import snapshot as S
+from ..analysis import incident as incident_module
+from ..render import report
+from . import documents, flight_recorder, merge
 
 
 class ReportError(Exception):
@@ -20,9 +23,9 @@ def _single_incident(paths: list) -> dict | None:
         return None
     path = paths[0]
     if os.path.isdir(path):
-        return report.load_incident(path) if os.path.isfile(os.path.join(path, report.REPORT_JSON)) else None
-    doc = report.load_document(path)
-    return doc if report.is_incident(doc) else None
+        return documents.load_incident(path) if os.path.isfile(os.path.join(path, report.REPORT_JSON)) else None
+    doc = documents.load_document(path)
+    return doc if documents.is_incident(doc) else None
 
 
 def build_incident(args) -> dict:

@@ -6,7 +6,10 @@ import os
 import re
 import sys
 
-from . import incident, report, snapshot as S
+from .. import snapshot as S
+from ..analysis import incident
+from ..render import report
+from . import documents
 
 RANK_FILE = re.compile(r"^rank-(\d+)\.json$")
 PROGRESS_FROM = 64  # files; below this a progress bar is noise
@@ -65,8 +68,8 @@ def load_rank_files(files: list) -> dict:
     """rank -> (snapshot, path), one per rank (the later of duplicates)."""
     chosen: dict = {}
     for path in _progress(files):
-        doc = report.load_document(path)
-        if not report.is_rank_snapshot(doc):
+        doc = documents.load_document(path)
+        if not documents.is_rank_snapshot(doc):
             raise MergeError(f"{path}: not a ddpwatch rank snapshot (expected a rank-<r>.json file)")
         rank = doc["rank"]
         if rank not in chosen or _newer(doc, chosen[rank][0]):

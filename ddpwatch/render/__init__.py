@@ -6,8 +6,8 @@ import json
 import re
 import textwrap
 
-from . import snapshot as S
-from .analysis import positions, rank_list
+from .. import snapshot as S
+from ..analysis import positions, rank_list
 
 WIDTH = 80
 # Up to this many ranks, the process facts get one line per rank; above it they are grouped.

@@ -7,8 +7,8 @@ import json
 import re
 import time
 
-from . import render, snapshot as S
-from .analysis import describe_op, positions, rank_list
+from .. import render, snapshot as S
+from ..analysis import describe_op, positions, rank_list
 
 # Above this many ranks, ranks whose timelines look the same share one lane.
 MAX_RANK_LANES = 64

@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from . import analysis, evidence, snapshot as S
+from .. import analysis, snapshot as S
+from . import rankcond
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from .shapes import Incident, RankState
+    from ..shapes import Incident, RankState
 
 DEFAULT_GRACE = 2.0  # the values an incident written without them (older files) was analysed with
 DEFAULT_TIMEOUT = 300.0
@@ -31,7 +32,7 @@ def build(states: dict[int, RankState], world_size: int, grace: float, timeout: 
     else:
         verdict = None
     try:
-        evidence.add_rank_conditions(findings, states)
+        rankcond.add_rank_conditions(findings, states)
     except Exception:  # a hint from source files that may be gone or changed: never a reason to lose the report
         pass
     created = created_at or max((s.get("published_at") or 0.0 for s in states.values()), default=0.0) or time.time()

@@ -6,7 +6,7 @@ import datetime
 import json
 import time
 
-from . import snapshot
+from .. import snapshot
 
 PREFIX = "ddpwatch/v1"
 MULTI_GET_SLICE = 512

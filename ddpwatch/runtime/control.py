@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from . import private
+from .. import private
 
 log = logging.getLogger("ddpwatch")
 

@@ -10,9 +10,12 @@ import sys
 import threading
 import time
 
-from . import analysis, evidence, frameworks, private, report, snapshot as S
-from .config import torchelastic_error_file
-from .incident import build as build_incident
+from .. import analysis, private, snapshot as S
+from ..analysis import rankcond
+from ..analysis.incident import build as build_incident
+from ..config import torchelastic_error_file
+from ..render import report
+from . import evidence, frameworks
 from .record import is_internal_file, python_stacks, user_frame
 from .store import JobProtocol, StoreUnavailable
 
@@ -283,10 +286,10 @@ class Watchdog(threading.Thread):
         except Exception:
             self._log_once("framework", "ddpwatch: could not read the framework's state", exc_info=True)
         site = (context or {}).get("site")
-        condition = evidence.rank_condition_at_site(site) if site else None
+        condition = rankcond.rank_condition_at_site(site) if site else None
         if condition is None:
             stacks = stacks or python_stacks(skip_thread=threading.get_ident())
-            condition = evidence.rank_condition_of({"stacks": stacks})
+            condition = rankcond.rank_condition_of({"stacks": stacks})
         return context, condition
 
     def _add_unseen_collective(self, doc: dict) -> None:

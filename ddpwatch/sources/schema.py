@@ -21,7 +21,7 @@ import types
 import typing
 from typing import Any, Callable
 
-from . import snapshot as S
+from .. import snapshot as S
 
 # Limits, far above what ddpwatch writes (1024 ranks with full stacks: about 30 MB), far below what hurts.
 MAX_DOCUMENT_BYTES = 256 * 2**20   # one report.json or rank file
@@ -327,7 +327,7 @@ def field_checks(shape, world_size: int = 2) -> dict:
 @functools.lru_cache(maxsize=8)
 def _document_check(shape_name: str, world_size: int):
     # Imported here: every rank imports this module (through report.py) and most never read a file.
-    from . import shapes
+    from .. import shapes
 
     return _object(getattr(shapes, shape_name), world_size, {})
 

@@ -10,7 +10,7 @@ import os
 import sys
 import threading
 
-from . import config as config_module
+from .. import config as config_module
 from . import control as control_module
 from .patch import PATCH_MARKER, Patcher
 from .record import Recorder, configure_frames

@@ -1,0 +1,1 @@
+"""What runs inside the training process: patch and record -> store -> watchdog."""
