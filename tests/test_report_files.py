@@ -228,7 +228,8 @@ def test_the_report_modules_import_no_torch():
     """A saved incident is re-rendered anywhere, torch installed or not."""
     import subprocess
 
-    modules = ["render", "report", "html_report", "trace", "merge", "flight_recorder", "cli"]
+    modules = ["render", "render.report", "render.html", "render.trace", "sources.command", "sources.merge",
+               "sources.flight_recorder", "sources.documents", "analysis.incident", "cli"]
     code = ("import sys; " + "; ".join(f"import ddpwatch.{m}" for m in modules)
             + "; sys.exit('torch' in sys.modules)")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -212,7 +212,7 @@ def test_the_registry_entry_keeps_no_arguments(temp_dir):
 
 def test_a_real_entry_is_found_and_signalled(temp_dir):
     """The checks let the genuine case through: a process that registered itself is listed and signalled."""
-    code = ("import os, signal, sys, time; from ddpwatch import control\n"
+    code = ("import os, signal, sys, time; from ddpwatch.runtime import control\n"
             "got = []\nsignal.signal(signal.SIGUSR1, lambda *a: got.append(1))\n"
             "path = control.register({'pid': os.getpid(), 'rank': 0, 'world_size': 1, 'job': 'j', 'dir': sys.argv[1],"
             " 'program': 'x'})\nprint(path, flush=True)\n"
@@ -346,7 +346,7 @@ FULL_DISK = r"""
 import os, resource, signal, sys, tempfile
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, as on a full disk
 tempfile.tempdir = sys.argv[2]
-from ddpwatch import watchdog
+from ddpwatch.runtime import watchdog
 doc = {"format_version": 1, "rank": 0, "world_size": 2, "padding": "x" * 100000}
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 print(watchdog._write_rank_dump(sys.argv[1], doc))
