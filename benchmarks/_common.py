@@ -129,7 +129,11 @@ def abba(rounds: int) -> list:
 
 
 def paired(times_off: list, times_on: list, per_round: int = 2) -> dict:
-    """Per-round means of each condition -> median added cost, its spread across rounds, and the median ratio."""
+    """Per-round means of each condition -> median added cost, its spread across rounds, and the median ratio.
+
+    `best_added` is the fastest block with minus the fastest block without: on a shared machine every disturbance
+    only adds time, so the minimum is the estimate of a CPU-bound cost least moved by others (timeit's advice).
+    """
     rounds = len(times_off) // per_round
     offs = [statistics.fmean(times_off[i * per_round:(i + 1) * per_round]) for i in range(rounds)]
     ons = [statistics.fmean(times_on[i * per_round:(i + 1) * per_round]) for i in range(rounds)]
@@ -137,4 +141,4 @@ def paired(times_off: list, times_on: list, per_round: int = 2) -> dict:
     ratios = [on / off for on, off in zip(ons, offs) if off > 0]
     return {"off": statistics.median(offs), "on": statistics.median(ons), "added": statistics.median(diffs),
             "added_min": min(diffs), "added_max": max(diffs), "ratio": statistics.median(ratios),
-            "rounds": rounds}
+            "best_added": min(times_on) - min(times_off), "rounds": rounds}

@@ -10,9 +10,9 @@ import time
 
 from . import _common as C
 
-FAKE = {"full": (20000, 5), "quick": (1000, 2)}  # (iterations per block, A/B/B/A rounds)
+FAKE = {"full": (20000, 10), "quick": (1000, 2)}  # (iterations per block, A/B/B/A rounds)
 GLOO = {"full": (200, 10), "quick": (30, 1)}
-TARGET_US = 5.0
+TARGET_US = 2.0  # issue 14: at most 2 us added per collective on the fake process group
 TARGET_RATIO = 1.01
 COLD_SLEEP_S = 0.0003  # the pause before each call in the "cold" fake-pg row, about one small gloo op
 CONTROL_US = 8.0  # about what the guard's hot path costs per op (the fake-pg table): the control burns as much
@@ -217,6 +217,10 @@ def summarize(per_rank: list, clock: str) -> dict:
     return stats
 
 
+def _verdict(added_us: float) -> str:
+    return "yes" if added_us <= TARGET_US else "NO"
+
+
 def spread(s: dict) -> str:
     return f"{s['added_min']:.1f} .. {s['added_max']:.1f}"
 
@@ -230,14 +234,16 @@ def run_fake(mode: str) -> None:
         raise SystemExit(f"fake-pg worker failed (exit {rc}):\n{err[-3000:]}")
     facts = results[0]
     stats = summarize([facts], "thread")
+    single_ops = set(stats) - {name for name in stats if name.startswith("loop")}  # the target is per collective
     cold = summarize([facts["cold"]], "thread")["all_reduce 1 elem"]
     stats[f"all_reduce 1 elem, after a {COLD_SLEEP_S * 1e3:g} ms sleep (cold caches)"] = cold
     C.print_table(f"Hot path alone: torch's fake process group (world_size 4, one process), CPU time of the calling "
                   f"thread, {iterations} calls per block, {rounds} A/B/B/A rounds, medians of per-round means",
                   ["op", "without guard (us)", "with guard (us)", "added (us)", "added, min .. max over rounds",
-                   "ratio", f"< {TARGET_US:g} us"],
-                  [[name, s["off"], s["on"], s["added"], spread(s), f"{s['ratio']:.3f}",
-                    "yes" if s["added"] < TARGET_US else "NO"] for name, s in stats.items()])
+                   "added, fastest blocks (us)", "ratio", f"<= {TARGET_US:g} us (median / fastest)"],
+                  [[name, s["off"], s["on"], s["added"], spread(s), s["best_added"], f"{s['ratio']:.3f}",
+                    f"{_verdict(s['added'])} / {_verdict(s['best_added'])}" if name in single_ops else "-"]
+                   for name, s in stats.items()])
     C.print_table("Where the hot path's time goes (guard on, fake pg; thread CPU time, best of 3 blocks)",
                   ["step", "us per call"], [[name, us] for name, us in facts["parts"].items()])
     never = summarize([facts["never_completes"]], "thread")["all_reduce 1 elem"]

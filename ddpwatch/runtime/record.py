@@ -64,6 +64,7 @@ INTERNAL, LIBRARY, USER = 0, 1, 2
 # constants and names on every call (0.1-0.5 us for a training loop's function); the entry keeps the code alive, so
 # its id cannot be reused for another.
 _kind_of_code: dict = {}
+_last_user_code: list = [None]  # the last code object found to be the user's: the hot path's one-entry cache
 # Top-level package names that count as the user's although installed, and ones that count as library although
 # not installed (config options user_packages / library_packages, set by the session through configure_frames).
 _user_packages: frozenset = frozenset()
@@ -76,6 +77,7 @@ def configure_frames(user_packages=(), library_packages=()) -> None:
     _user_packages = frozenset(p for p in user_packages if p)
     _library_packages = frozenset(p for p in library_packages if p)
     _kind_of_code.clear()
+    _last_user_code[0] = None
 
 
 def installed_package(path: str) -> str | None:
@@ -118,6 +120,7 @@ def _code_kind(frame) -> int:
         return entry[1]
     kind = file_kind(code.co_filename, frame.f_globals.get("__name__"))
     _kind_of_code[id(code)] = (code, kind)
+    _code_by_id[id(code)] = code  # every code a site can name passed here first: its id keeps naming it
     return kind
 
 
@@ -367,25 +370,21 @@ class Recorder:
         record.state = _IN_FLIGHT
         # Found now: the stack is gone by the time anyone reads the record. Usually the caller is the user's line.
         code = caller.f_code
-        code_id = id(code)
-        entry = _kind_of_code.get(code_id)
-        if entry is not None and entry[0] is code and entry[1] == USER:
+        if code is _last_user_code[0]:  # a loop calls its collectives from the same function, op after op
             frame, record.via = caller, None
         else:
-            frame, via = user_frame_and_via(caller)
-            record.via = via and cached_via_site(via)
-            if frame is not None:
-                code = frame.f_code
-                code_id = id(code)
+            entry = _kind_of_code.get(id(code))
+            if entry is not None and entry[0] is code and entry[1] == USER:
+                frame, record.via = caller, None
+                _last_user_code[0] = code
+            else:
+                frame, via = user_frame_and_via(caller)
+                record.via = via and cached_via_site(via)
         if frame is not None:
-            record.site = site = (code_id, frame.f_lasti)
+            record.site = site = (id(frame.f_code), frame.f_lasti)
             # How often each line issued a collective: "has this rank ever been here?" without keeping history.
             site_counts = self.site_counts
-            count = site_counts.get(site)
-            if count is None:
-                _code_by_id.setdefault(code_id, code)  # the code stays alive: its id keeps naming it
-                count = 0
-            site_counts[site] = count + 1
+            site_counts[site] = site_counts.get(site, 0) + 1
         else:
             record.site = None
         self.ring.append(record)
