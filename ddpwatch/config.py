@@ -123,23 +123,24 @@ OPTIONS = (
            "finish (at most 3 s) before the process ends as it would have.", (bool, int)),
 )
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
+DEFAULTS = {option.name: option.default for option in OPTIONS}  # each default is written once, in OPTIONS
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    enabled: bool = False
-    dir: str = "./ddpwatch-reports"
-    timeout: float = 300.0
-    action: str = "report"
-    grace: float = 2.0
-    interval: float = 0.5
-    dead_after: float = 10.0
-    ring_size: int = 2048
-    exit_code: int = 3
-    lint_ignore: tuple = ()
-    user_packages: tuple = ()
-    library_packages: tuple = ()
-    signals: bool = True
+    enabled: bool = DEFAULTS["enabled"]
+    dir: str = DEFAULTS["dir"]
+    timeout: float = DEFAULTS["timeout"]
+    action: str = DEFAULTS["action"]
+    grace: float = DEFAULTS["grace"]
+    interval: float = DEFAULTS["interval"]
+    dead_after: float = DEFAULTS["dead_after"]
+    ring_size: int = DEFAULTS["ring_size"]
+    exit_code: int = DEFAULTS["exit_code"]
+    lint_ignore: tuple = DEFAULTS["lint_ignore"]
+    user_packages: tuple = DEFAULTS["user_packages"]
+    library_packages: tuple = DEFAULTS["library_packages"]
+    signals: bool = DEFAULTS["signals"]
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 

@@ -2,6 +2,7 @@
 of output formats."""
 
 import ast
+import dataclasses
 import os
 
 from ddpwatch import catalogue, lint
@@ -133,3 +134,23 @@ def test_the_offline_stages_never_import_torch():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
             torch_imports += [f"{module}: {n}" for n in names if n == "torch" or n.startswith("torch.")]
     assert torch_imports == []
+
+
+def test_option_defaults_are_written_once_in_the_options_table():
+    """grace/timeout were retyped in five places: a parameter named as an option, with that option's default as a
+    literal, is a copy of the default (launch's own `timeout=120.0` is another thing, and allowed)."""
+    from ddpwatch import config
+
+    literal_defaults = []
+    for module, path in _modules().items():
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args.args + node.args.kwonlyargs
+                defaults = [None] * (len(node.args.args) - len(node.args.defaults)) + node.args.defaults \
+                    + node.args.kw_defaults
+                literal_defaults += [f"{module}.{node.name}({arg.arg}=...)" for arg, default in zip(args, defaults)
+                                     if arg.arg in config.DEFAULTS and isinstance(default, ast.Constant)
+                                     and default.value == config.DEFAULTS[arg.arg]]
+    assert literal_defaults == []
+    assert {f.name: f.default for f in dataclasses.fields(config.Config) if f.name in config.DEFAULTS} == \
+        config.DEFAULTS

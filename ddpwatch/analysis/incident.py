@@ -6,13 +6,14 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import analysis, snapshot as S
+from ..config import DEFAULTS
 from . import rankcond
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..shapes import Incident, RankState
 
-DEFAULT_GRACE = 2.0  # the values an incident written without them (older files) was analysed with
-DEFAULT_TIMEOUT = 300.0
+# The values an incident written without them (older files) was analysed with: the configuration's defaults.
+DEFAULT_GRACE, DEFAULT_TIMEOUT = DEFAULTS["grace"], DEFAULTS["timeout"]
 
 
 def build(states: dict[int, RankState], world_size: int, grace: float, timeout: float, *, silent: dict | None = None,

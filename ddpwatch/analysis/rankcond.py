@@ -490,7 +490,7 @@ def clear_cache() -> None:
         _cache.clear()
 
 
-# ---------------------------------------------------------------- over rank states: is a rank's line under a rank condition?
+# ---------------------------------------------------------------- over rank states: is the line under a rank condition?
 
 def rank_condition_of(state: dict) -> dict | None:
     """The innermost rank condition over the rank's main-thread user frames: {"frame", "condition"} or None.

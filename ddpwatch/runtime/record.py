@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import snapshot
+from ..config import DEFAULTS
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..shapes import RecordDoc
@@ -297,7 +298,7 @@ def tensor_meta(value, limit: int = 4) -> tuple:
 class Recorder:
     """The live recording of one process: sequence counters per group, a ring of records, the in-flight set."""
 
-    def __init__(self, ring_size: int = 2048):
+    def __init__(self, ring_size: int = DEFAULTS["ring_size"]):
         self.ring = collections.deque(maxlen=ring_size)
         self.inflight_limit = ring_size
         self.inflight: dict = {}

@@ -28,6 +28,12 @@ def _single_incident(paths: list) -> dict | None:
     return doc if documents.is_incident(doc) else None
 
 
+def _or_defaults(grace, timeout) -> tuple:
+    """--grace / --timeout as given, else the configuration's defaults."""
+    return (incident_module.DEFAULT_GRACE if grace is None else grace,
+            incident_module.DEFAULT_TIMEOUT if timeout is None else timeout)
+
+
 def build_incident(args) -> dict:
     """The incident the command renders: a saved one, merged rank files, or Flight Recorder dumps."""
     paths = list(args.path or [])
@@ -39,8 +45,7 @@ def build_incident(args) -> dict:
     if fr_dirs and paths:
         raise ReportError("give either incident/rank-file paths or --flight-recorder folders, not both")
     if fr_dirs:
-        return flight_recorder.load_incident(fr_dirs, 2.0 if grace is None else grace,
-                                             300.0 if timeout is None else timeout)
+        return flight_recorder.load_incident(fr_dirs, *_or_defaults(grace, timeout))
     if not paths:
         raise ReportError("give an incident folder, rank-<r>.json files or folders, or --flight-recorder DIR")
     for path in paths:
@@ -49,7 +54,7 @@ def build_incident(args) -> dict:
     incident = _single_incident(paths)
     if incident is not None:
         return incident_module.reanalyze(incident, grace, timeout) if args.reanalyze else incident
-    return merge.merged_incident(paths, 2.0 if grace is None else grace, 300.0 if timeout is None else timeout)
+    return merge.merged_incident(paths, *_or_defaults(grace, timeout))
 
 
 def _write_output(path: str, text: str) -> None:

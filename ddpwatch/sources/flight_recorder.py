@@ -587,7 +587,8 @@ def states_from_dumps(chosen: dict) -> tuple:
     return states, world_size
 
 
-def load_incident(folders: list, grace: float = 2.0, timeout: float = 300.0) -> dict:
+def load_incident(folders: list, grace: float = incident.DEFAULT_GRACE,
+                  timeout: float = incident.DEFAULT_TIMEOUT) -> dict:
     """`ddpwatch report --flight-recorder DIR`: every dump under the folders, converted and analysed by ddpwatch."""
     chosen = find_dumps(folders)
     states, world_size = states_from_dumps(chosen)

@@ -100,7 +100,8 @@ def incident_from_states(states: dict, world_size: int, grace: float, timeout: f
     return incident.build(states, world_size, grace, timeout, source=source, created_at=created_at)
 
 
-def merged_incident(paths: list, grace: float = 2.0, timeout: float = 300.0) -> dict:
+def merged_incident(paths: list, grace: float = incident.DEFAULT_GRACE,
+                    timeout: float = incident.DEFAULT_TIMEOUT) -> dict:
     """`ddpwatch report A B ...`: every rank file under the paths, merged, analysed again."""
     chosen = load_rank_files(find_rank_files(paths))
     world_size = common_world_size(chosen)
