@@ -137,3 +137,45 @@ def test_the_line_read_back_from_the_instruction_offset_is_what_f_lineno_says():
 
     body()
     assert len(seen) == 14 and all(ours == python for ours, python in seen)
+
+
+def _patcher_around(original):
+    """A real Patcher's wrapper for `original`, with a stand-in c10d world holding one group of this rank."""
+    import types
+    import weakref
+
+    from ddpwatch.runtime.patch import Patcher
+
+    class Group:
+        pass
+
+    group, recorder = Group(), record.Recorder()
+    patcher = Patcher(recorder)
+    patcher._c10d = types.SimpleNamespace(_world=types.SimpleNamespace(_default_pg=group, pg_coalesce_state={}))
+    patcher._group_cache[id(group)] = (weakref.ref(group), "0", True)
+    recorder.host_sync["0"] = True
+    return patcher._collective_wrapper(original, "all_reduce", "all_reduce", ("tensor",)), recorder
+
+
+def test_parameters_named_like_the_wrappers_own_names_do_not_shadow_them():
+    def all_reduce(tensor, op=None, id=None, sys=None, exc=None, group=None, async_op=False):
+        if exc:
+            raise ValueError(exc)
+        return (tensor, op, id, sys)
+
+    wrapper, recorder = _patcher_around(all_reduce)
+    tensor = torch.ones(2)
+    result = wrapper(tensor, "max", id=7, sys="s")
+    assert result[0] is tensor and result[1:] == ("max", 7, "s")
+    with pytest.raises(ValueError, match="boom"):
+        wrapper(torch.ones(1), exc="boom")
+    states = [r.state for r in recorder.ring]
+    assert states == ["completed", "failed"] and recorder.busy == set()
+
+
+def test_a_collective_with_a_parameter_in_the_wrappers_namespace_is_refused():
+    def all_reduce(tensor, _w_pg=None):
+        return tensor
+
+    with pytest.raises(ValueError, match="_w_"):
+        _patcher_around(all_reduce)

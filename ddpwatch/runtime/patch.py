@@ -38,10 +38,11 @@ def _log_once(key: str, message: str) -> None:
 # The per-collective wrapper. A template, compiled once per collective with that collective's own parameter list:
 # packing every call into *args/**kwargs and digging the group, tensor and async_op back out cost about a tenth
 # of the guard's time per op. {params}/{call} are the original's parameters and the call passing them on; every
-# other name is prefixed _w_ so that no parameter of a collective (all_reduce has `op`) can shadow it.
+# other name, builtins included, is prefixed _w_ so that no parameter of a collective (all_reduce has `op`) can
+# shadow it (_collective_wrapper refuses a collective with a parameter named _w_...).
 _HOT_PATH = """
 def {name}({params}):
-    _w_ident = _get_ident()
+    _w_ident = _w_get_ident()
     if _w_ident in _w_busy:
         return _w_original({call})  # called by another patched collective: the outer one records
     _w_busy.add(_w_ident)
@@ -50,16 +51,16 @@ def {name}({params}):
             _w_pg = {group}
             if _w_pg is None:
                 _w_pg = _w_world._default_pg if _w_direct_default else _w_world.default_pg
-            _w_entry = _w_cache.get(id(_w_pg))
+            _w_entry = _w_cache.get(_w_id(_w_pg))
             if _w_entry is None or _w_entry[0]() is not _w_pg:
                 _w_name = _w_group_name(_w_pg)  # first call on this group: describe it and cache that
-                _w_entry = _w_cache.get(id(_w_pg)) or (None, _w_name, False)
+                _w_entry = _w_cache.get(_w_id(_w_pg)) or (None, _w_name, False)
             if not _w_entry[1] or (_w_coalescing and _w_pg in _w_coalescing):
                 _w_record = None  # not a member; or queued inside _coalescing_manager: recorded once, issued
             else:
-                _w_record = _w_begin(_w_op, _w_api, _w_entry[1], {metas}, sys._getframe(1), None, _w_ident)
+                _w_record = _w_begin(_w_op, _w_api, _w_entry[1], {metas}, _w_getframe(1), None, _w_ident)
         except Exception:
-            _log_once("begin", "ddpwatch: could not record a collective; it runs unrecorded")
+            _w_log_once("begin", "ddpwatch: could not record a collective; it runs unrecorded")
             _w_record = None  # never the user's problem
         if _w_record is None:
             return _w_original({call})
@@ -71,8 +72,8 @@ def {name}({params}):
             _w_issuing[_w_ident] = _w_record  # a Work.wait() inside this call (c10d's own, for a sync call) is its
         try:
             _w_result = _w_original({call})
-        except BaseException as exc:
-            _w_recorder.finish(_w_record, exc)
+        except BaseException as _w_exc:
+            _w_recorder.finish(_w_record, _w_exc)
             raise
         finally:
             if not _w_host:
@@ -308,6 +309,8 @@ class Patcher:
         """
         signature = inspect.signature(original)
         names = set(signature.parameters)
+        if any(name.startswith("_w_") for name in names):
+            raise ValueError(f"{original.__name__} has a parameter named _w_...: the generated wrapper's own names")
         params, call, defaults = _signature_source(signature)
         metas = " + ".join(f"_w_meta({p})" if p in names else "()" for p in tensor_params) or "()"
         if len(tensor_params) == 1 and tensor_params[0] in names:  # most collectives: one tensor, usually plain
@@ -318,7 +321,8 @@ class Patcher:
                                   async_op="async_op" if "async_op" in names else "False")
         recorder, world = self.recorder, self._c10d._world
         namespace = {
-            **defaults, "sys": sys, "_get_ident": _get_ident, "_log_once": _log_once, "_w_original": original,
+            **defaults, "_w_getframe": sys._getframe, "_w_id": id, "_w_get_ident": _get_ident,
+            "_w_log_once": _log_once, "_w_original": original,
             "_w_op": op, "_w_api": api, "_w_recorder": recorder, "_w_busy": recorder.busy,
             "_w_issuing": recorder.issuing, "_w_begin": recorder.begin, "_w_finish_returned": recorder.finish_returned,
             "_w_world": world, "_w_coalescing": world.pg_coalesce_state, "_w_cache": self._group_cache,
