@@ -24,13 +24,9 @@ def patch_functional_collectives(patcher) -> None:
         return  # a torch without functional collectives
     pending = _Pending(patcher.recorder)
     for name, op in FUNCTIONAL_COLLECTIVES.items():
-        original = getattr(module, name, None)
-        if callable(original) and not hasattr(original, "__ddpwatch_original__"):
-            patcher._replace(module, name, functools.wraps(original)(_issue_wrapper(patcher, pending, original,
-                                                                                     name, op)))
-    wait = getattr(module, WAIT, None)
-    if callable(wait) and not hasattr(wait, "__ddpwatch_original__"):
-        patcher._replace(module, WAIT, functools.wraps(wait)(_wait_wrapper(pending, wait)))
+        patcher.wrap(module, name, lambda original, name=name, op=op: _issue_wrapper(patcher, pending, original,
+                                                                                   name, op))
+    patcher.wrap(module, WAIT, lambda original: _wait_wrapper(pending, original))
 
 
 class _Pending:

@@ -183,15 +183,20 @@ class Patcher:
         setattr(owner, attribute, wrapper)
         self._originals.append((owner, attribute, original))
 
+    def wrap(self, owner, attribute: str, make_wrapper):
+        """Replace owner.attribute with make_wrapper(original) (its name and docstring kept, marked, undone by
+        unpatch); the original, or None when there is none or it is already ddpwatch's (nothing is done)."""
+        original = getattr(owner, attribute, None)
+        if original is None or not callable(original) or hasattr(original, PATCH_MARKER):
+            return None  # not in this torch version, or someone else's ddpwatch already patched it
+        self._replace(owner, attribute, functools.wraps(original)(make_wrapper(original)))
+        return original
+
     def _patch_function(self, dist, c10d, name: str, make_wrapper) -> None:
         """Install one wrapper under both torch.distributed.X and distributed_c10d.X (internal calls use the latter)."""
-        original = getattr(c10d, name, None)
-        if original is None or hasattr(original, PATCH_MARKER):
-            return  # not in this torch version, or someone else's ddpwatch already patched it
-        wrapper = functools.wraps(original)(make_wrapper(original))
-        self._replace(c10d, name, wrapper)
-        if getattr(dist, name, None) is original:
-            self._replace(dist, name, wrapper)
+        original = self.wrap(c10d, name, make_wrapper)
+        if original is not None and getattr(dist, name, None) is original:
+            self._replace(dist, name, getattr(c10d, name))
 
     def _patch_ddp_internals(self, dist) -> None:
         from torch.nn.parallel import DistributedDataParallel
@@ -204,15 +209,11 @@ class Patcher:
         rebuild = getattr(reducer, "_rebuild_buckets", None)
         if rebuild is not None and not hasattr(rebuild, PATCH_MARKER):
             self._replace(reducer, "_rebuild_buckets", self._rebuild_wrapper(rebuild))
-        forward = DistributedDataParallel.forward
-        if not hasattr(forward, PATCH_MARKER):
-            self._replace(DistributedDataParallel, "forward", functools.wraps(forward)(self._ddp_forward_wrapper(forward)))
+        self.wrap(DistributedDataParallel, "forward", self._ddp_forward_wrapper)
         self._patch_fsdp2_forward()
         import torch.autograd
 
-        backward = torch.autograd.backward
-        if not hasattr(backward, PATCH_MARKER):
-            self._replace(torch.autograd, "backward", functools.wraps(backward)(self._backward_wrapper(backward)))
+        self.wrap(torch.autograd, "backward", self._backward_wrapper)
 
     def _patch_fsdp2_forward(self) -> None:
         """FSDP2's pre-forward hook all-gathers the module's parameters: a region, like DDP.forward.
@@ -223,10 +224,8 @@ class Patcher:
             from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
         except ImportError:
             return  # a torch without FSDP2
-        pre_forward = getattr(FSDPState, "_pre_forward", None)
-        if pre_forward is not None and not hasattr(pre_forward, PATCH_MARKER):
-            self._replace(FSDPState, "_pre_forward", functools.wraps(pre_forward)(
-                self._region_wrapper(pre_forward, snapshot.FSDP_FORWARD, "fully_shard forward", skip_self=False)))
+        self.wrap(FSDPState, "_pre_forward", lambda pre_forward: self._region_wrapper(
+            pre_forward, snapshot.FSDP_FORWARD, "fully_shard forward", skip_self=False))
 
     # ----- process groups -----
     def group_name(self, group):
@@ -277,9 +276,7 @@ class Patcher:
 
     def _outermost(self, original, body):
         """Run `body` for the outermost patched call on this thread; nested patched calls go straight through."""
-        recorder = self.recorder
-
-        busy = recorder.busy
+        busy = self.recorder.busy
 
         def wrapper(*args, **kwargs):
             ident = _get_ident()

@@ -448,18 +448,18 @@ class Recorder:
             self.finish(record)  # on a host backend a returned wait() is completion, whatever is_completed says
 
     def finish(self, record: Record, error: BaseException | None = None) -> None:
-        record.end_mono = self.progress_mono = time.monotonic()
-        if error is not None:
-            record.state = snapshot.FAILED
-            record.error = f"{type(error).__name__}: {error}"[:500]
-        else:
-            record.state = snapshot.COMPLETED
+        if error is None:
+            self.finish_returned(record)
+            return
+        record.end_mono = self.progress_mono = _monotonic()
+        record.state = snapshot.FAILED
+        record.error = f"{type(error).__name__}: {error}"[:500]
         if record.work is not None:
             self._forget_work(record)
         self.inflight.pop(id(record), None)
         self.progress += 1
         hook = self.failure_hook
-        if error is not None and hook is not None:
+        if hook is not None:
             try:
                 hook(error)  # the watchdog reports a vanished peer before the user's error goes on
             except Exception:
