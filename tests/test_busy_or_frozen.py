@@ -1,4 +1,4 @@
-"""Busy vs frozen (issue 13 point 3): a silent peer's psutil facts decide; hand-built facts, no processes, no torch."""
+"""Busy vs frozen (issue 13 point 3, issue 18 point 3): a silent peer's psutil facts decide; hand-built facts, no processes, no torch."""
 
 import os
 import sys
@@ -13,7 +13,7 @@ from factory import barrier, rank_state, states  # noqa: E402
 from ddpwatch import analysis
 from ddpwatch.runtime import evidence, watchdog as watchdog_module  # noqa: E402
 from ddpwatch.config import Config  # noqa: E402
-from ddpwatch.runtime.evidence import BUSY, FROZEN, GONE, LOOK_AGAIN, UNKNOWN, peer_condition  # noqa: E402
+from ddpwatch.runtime.evidence import BUSY, FROZEN, GONE, UNKNOWN, WAITING, peer_condition  # noqa: E402
 
 
 def facts(status, cpu_s=10.0, exists=True):
@@ -34,13 +34,13 @@ def facts(status, cpu_s=10.0, exists=True):
     (facts("running", cpu_s=10.0), facts("running", cpu_s=10.0), 1.0, BUSY),  # runnable but starved of CPU
     (facts("sleeping", cpu_s=10.9), facts("sleeping", cpu_s=10.0), 1.0, BUSY),  # another thread holds the GIL
     (facts("disk-sleep", cpu_s=10.5), facts("running", cpu_s=10.0), 2.0, BUSY),  # short I/O waits while working
-    # Frozen: not running and (next to) no CPU over the looks: a thread holds the GIL while it waits, long D state.
-    (facts("sleeping", cpu_s=10.01), facts("sleeping", cpu_s=10.0), 1.0, FROZEN),  # the store thread's ticks
-    (facts("disk-sleep", cpu_s=10.0), facts("disk-sleep", cpu_s=10.0), 0.5, FROZEN),
-    (facts("idle", cpu_s=10.0), facts("sleeping", cpu_s=10.0), 0.5, FROZEN),
-    # One look and the status alone does not say: look again next round.
-    (facts("sleeping"), None, 0.0, LOOK_AGAIN),
-    (facts("disk-sleep"), None, 0.0, LOOK_AGAIN),
+    # Waiting, never frozen: asleep in the kernel with (next to) no CPU, e.g. a C call that holds the GIL while it
+    # sleeps (ctypes.PyDLL), slow storage (D state). It may return any moment: only the timeout may report it.
+    (facts("sleeping", cpu_s=10.01), facts("sleeping", cpu_s=10.0), 1.0, WAITING),  # the store thread's ticks
+    (facts("disk-sleep", cpu_s=10.0), facts("disk-sleep", cpu_s=10.0), 0.5, WAITING),
+    (facts("idle", cpu_s=10.0), facts("sleeping", cpu_s=10.0), 0.5, WAITING),
+    (facts("sleeping"), None, 0.0, WAITING),
+    (facts("disk-sleep"), None, 0.0, WAITING),
     # psutil cannot look: today's behaviour (the watchdog keeps the rank silent).
     (None, None, 0.0, UNKNOWN),
     ({"error": "AccessDenied: psutil.AccessDenied"}, None, 0.0, UNKNOWN),
@@ -56,7 +56,7 @@ def test_cpu_share_is_cpu_seconds_over_wall_seconds_and_never_negative():
     assert evidence.cpu_share(facts("running"), facts("running"), 0.0) is None
 
 
-def test_frozen_why_says_status_and_cpu_use():
+def test_waiting_why_says_status_and_cpu_use():
     judged = peer_condition(facts("sleeping", cpu_s=10.0), facts("sleeping", cpu_s=10.0), 0.5)
     assert judged["why"] == "sleeping, 0% of a CPU over the last 0.5 s" and judged["cpu_share"] == 0.0
 
@@ -106,17 +106,25 @@ def test_a_running_silent_peer_is_busy_and_its_stale_wait_no_longer_counts(monke
     assert straggler.findings[0]["ranks"] == [0]
 
 
-def test_a_sleeping_silent_peer_is_looked_at_twice_then_frozen_when_its_cpu_time_stands_still(monkeypatch):
+def test_a_sleeping_silent_peer_using_no_cpu_is_waiting_never_unresponsive_only_a_straggler(monkeypatch):
+    # Issue 18 point 3: a C call that sleeps holding the GIL (ctypes.PyDLL(None).sleep(25)) silences the heartbeat
+    # of a healthy rank; it was reported unresponsive after dead_after and, with action=abort, the job was ended.
     dog = quiet_watchdog(monkeypatch, [facts("sleeping", cpu_s=10.0), facts("sleeping", cpu_s=10.0)])
     first = gil_holder_states(dog.host)
-    assert dog._silent_peers(first) == {} and first[0]["inflight"] == []  # one look: not judged yet
+    assert dog._silent_peers(first) == {} and first[0]["inflight"] == []
     dog._peer_looks[0] = (1000, dog._peer_looks[0][1], time.monotonic() - 1.0)  # the next round, 1 s later
     second = gil_holder_states(dog.host)
-    silent = dog._silent_peers(second)
-    assert set(silent) == {0} and silent[0]["process"]["condition"] == FROZEN
-    [finding] = analysis.assess(second, 2, 2.0, 300.0, silent).findings
-    assert finding["kind"] == "unresponsive_rank"
-    assert "process status: sleeping, 0% of a CPU over the last 1.0 s" in finding["summary"]
+    assert dog._silent_peers(second) == {} and second[0]["inflight"] == []
+    assert analysis.assess(second, 2, 2.0, 300.0, {}).verdict is None
+    straggler = analysis.assess(second, 2, 2.0, 8.0, {})
+    assert straggler.verdict == analysis.TIMEOUT and straggler.findings[0]["kind"] == "straggler"
+    assert straggler.findings[0]["ranks"] == [0]
+
+
+def test_a_waiting_silent_peer_stays_busy_even_long_past_the_timeout(monkeypatch):
+    dog = quiet_watchdog(monkeypatch, [facts("sleeping", cpu_s=10.0)], silent_for=1000.0)
+    seen = gil_holder_states(dog.host)
+    assert dog._silent_peers(seen) == {} and seen[0]["inflight"] == []  # the timeout stage words it: a straggler
 
 
 def test_a_sleeping_silent_peer_whose_cpu_time_advances_is_busy(monkeypatch):
@@ -144,8 +152,20 @@ def test_a_peer_that_speaks_again_starts_a_new_measurement(monkeypatch):
     assert 0 not in dog._peer_looks
 
 
-def test_a_silent_peer_on_another_host_keeps_todays_verdict_and_says_busy_cannot_be_told(monkeypatch):
-    dog = quiet_watchdog(monkeypatch, [])
+def test_a_silent_peer_on_another_host_is_busy_until_the_timeout(monkeypatch):
+    dog = quiet_watchdog(monkeypatch, [])  # silent 20 s, far past dead_after, far under the 300 s timeout
+    seen = gil_holder_states("some-other-host")
+    assert dog._silent_peers(seen) == {} and seen[0]["inflight"] == []
+
+
+def test_a_local_peer_psutil_cannot_look_at_is_busy_until_the_timeout(monkeypatch):
+    dog = quiet_watchdog(monkeypatch, [{"error": "AccessDenied: psutil.AccessDenied"}])
+    seen = gil_holder_states(dog.host)
+    assert dog._silent_peers(seen) == {}
+
+
+def test_a_silent_peer_on_another_host_past_the_timeout_says_busy_cannot_be_told(monkeypatch):
+    dog = quiet_watchdog(monkeypatch, [], silent_for=400.0)
     seen = gil_holder_states("some-other-host")
     silent = dog._silent_peers(seen)
     assert silent[0]["remote"] is True and "process" not in silent[0]

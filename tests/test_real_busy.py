@@ -2,6 +2,9 @@
 
 import os
 import re
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -45,3 +48,48 @@ def test_three_ranks_of_pure_python_cpu_hogs_give_no_report(tmp_path):
     assert [r.returncode for r in results] == [0, 0, 0], describe(results)
     assert reports(tmp_path) == [], describe(results)
     assert len(held_seconds(results)) == 3
+
+
+def start_cpu_hogs(count, seconds):
+    """`count` processes burning a core each, each ending by itself after `seconds` (bounded even if we die)."""
+    code = f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass\n"
+    return [subprocess.Popen([sys.executable, "-c", code], start_new_session=True) for _ in range(count)]
+
+
+def stop(processes):
+    for process in processes:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        process.wait(10)
+
+
+def test_gil_held_sleep_and_long_torch_work_beside_three_cpu_hogs_give_no_report_nor_abort(tmp_path):
+    # Issue 18 point 3: before, rank 1 asleep in C holding the GIL was judged frozen after dead_after
+    # (unresponsive_rank) and action=abort ended the correct job with codes [3, 1].
+    hogs = start_cpu_hogs(3, 120)
+    try:
+        results = run_case([BUSY, "benign_mix", "12"], 2, tmp_path, timeout=200, DDPWATCH_ACTION="abort",
+                           DDPWATCH_DEAD_AFTER=DEAD_AFTER, DDPWATCH_TIMEOUT=150)
+    finally:
+        stop(hogs)
+    assert [r.returncode for r in results] == [0, 0], describe(results)
+    assert reports(tmp_path) == [], describe(results)
+    held = held_seconds(results)
+    assert len(held) == 2 and min(held) >= 3 * DEAD_AFTER, held
+
+
+def test_a_rank_asleep_in_c_past_the_timeout_is_a_straggler_shown_with_its_native_stack(tmp_path):
+    results = run_case([BUSY, "gil_sleep", "16"], 2, tmp_path, timeout=150, DDPWATCH_ACTION="report",
+                       DDPWATCH_DEAD_AFTER=DEAD_AFTER, DDPWATCH_TIMEOUT=7)
+    assert [r.returncode for r in results] == [0, 0], describe(results)
+    incident = load_only_report(tmp_path)
+    [finding] = incident["findings"]
+    assert finding["kind"] == "straggler" and finding["ranks"] == [1], finding
+    [sleeper] = [state for state in incident["ranks"] if state["rank"] == 1]
+    native = sleeper.get("native") or {}
+    if "unavailable" in native:
+        pytest.skip(f"py-spy cannot read another process here: {native['unavailable']}")
+    functions = {frame["function"] for thread in native["threads"] for frame in thread["frames"]}
+    assert {"sleep", "nanosleep", "clock_nanosleep"} & functions, functions  # where it sits: libc's sleep

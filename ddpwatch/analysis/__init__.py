@@ -673,8 +673,9 @@ def silent_ranks(silent: dict, live: dict, grace: float) -> list:
             summary = (f"Rank {rank} (pid {last.get('pid', '?')}) exists but has not answered for {silent_s:.0f} s "
                        f"(process status: {status}); neither its training thread nor ddpwatch's watchdog moves. "
                        f"It was last {where}.")
-            fix = ("A stopped (SIGSTOP, a debugger), swapping, or GIL-holding process: check its state with "
-                   "`py-spy dump --native --pid` and `cat /proc/<pid>/status`; resume or restart it.")
+            fix = ("A stopped (SIGSTOP, Ctrl-Z), traced (a debugger) or dead process runs no code until it is "
+                   "resumed: check its state with `cat /proc/<pid>/status` and `py-spy dump --native --pid`; resume "
+                   "(kill -CONT) or restart it.")
         location = user_location(record) if record else (user_line_now(last) if last else None)
         findings.append(S.finding(kind, [rank], summary, fix, location,
                                   {"silent_s": round(silent_s, 1), "process": process or None,

@@ -62,9 +62,11 @@ def peer_process_facts(pid: int) -> dict | None:
 
 
 # What a silent peer on this host is doing, from psutil (its watchdog thread cannot tell us: one thread holding the
-# GIL in a long C call, such as sum(range(N)) or pickling a big object, silences every other thread of the process).
-GONE, FROZEN, BUSY, LOOK_AGAIN, UNKNOWN = "gone", "frozen", "busy", "look_again", "unknown"
-# psutil's status names: a process in one of these runs no code at all, whatever its CPU counters say.
+# GIL in a long C call, such as sum(range(N)), pickling a big object, or a C library sleeping in the kernel without
+# releasing the GIL (ctypes.PyDLL, h5py on slow storage, some database drivers), silences every other thread).
+GONE, FROZEN, BUSY, WAITING, UNKNOWN = "gone", "frozen", "busy", "waiting", "unknown"
+# psutil's status names: a process in one of these runs no code at all, whatever its CPU counters say. Only these
+# (and a process that is gone) count as frozen: a process sleeping in the kernel may wake up any moment (issue 18).
 HALTED_STATUSES = ("stopped", "tracing-stop", "dead", "zombie")
 # A frozen process still ticks a little (the TCPStore server thread on rank 0, gloo's threads): a tenth of a core
 # tells computing apart from that background noise, also on a machine so loaded that a busy rank gets little CPU.
@@ -79,12 +81,13 @@ def cpu_share(now: dict | None, before: dict | None, seconds_between: float) -> 
 
 
 def peer_condition(now: dict | None, before: dict | None, seconds_between: float) -> dict:
-    """Busy or frozen, from two psutil looks at a peer whose heartbeat stopped: {"condition", "why", "cpu_share"}.
+    """Gone, frozen, busy or waiting, from psutil's looks at a peer whose heartbeat stopped:
+    {"condition", "why", "cpu_share"}.
 
-    gone: no such process (or a zombie). frozen: stopped, traced, dead, or not running and using no CPU (a long
-    uninterruptible disk sleep, or a thread that holds the GIL while it waits). busy: running, or its CPU time
-    advances between the looks. look_again: only one look so far and the status alone does not say.
-    unknown: psutil cannot look (not installed, no permission).
+    gone: no such process (or a zombie). frozen: stopped, traced or dead: it runs no code until someone resumes it.
+    busy: running, or its CPU time advances between the looks. waiting: asleep in the kernel using no CPU (a C call
+    that holds the GIL while it waits, uninterruptible disk I/O): not frozen, since it may return any moment; only
+    the straggler timeout may report it. unknown: psutil cannot look (not installed, no permission).
     """
     if not now or "error" in now or ("status" not in now and now.get("exists") is not False):
         return {"condition": UNKNOWN, "why": (now or {}).get("error") or "psutil cannot look at it",
@@ -98,9 +101,7 @@ def peer_condition(now: dict | None, before: dict | None, seconds_between: float
         return {"condition": FROZEN, "why": f"{status}{used}", "cpu_share": share}
     if status == "running" or (share is not None and share >= BUSY_CPU_SHARE):
         return {"condition": BUSY, "why": f"{status}{used}", "cpu_share": share}
-    if share is None and before is None:
-        return {"condition": LOOK_AGAIN, "why": f"{status}; CPU use not measured yet", "cpu_share": None}
-    return {"condition": FROZEN, "why": f"{status}{used}", "cpu_share": share}
+    return {"condition": WAITING, "why": f"{status}{used}", "cpu_share": share}
 
 
 def progress_bars() -> list:

@@ -3,7 +3,13 @@
 gil_hold: rank 0 spends SECONDS in one C call that holds the GIL (sum over a range) between two barriers, so its
 watchdog thread cannot run and its heartbeat stops although the process computes at full speed.
 cpu_hogs: every rank runs a pure-Python busy loop for SECONDS before a barrier.
+gil_sleep: rank 1 sleeps SECONDS in a C function that keeps the GIL (ctypes.PyDLL: h5py on slow storage, a database
+driver, a custom extension) between two barriers: its process sleeps in the kernel, using no CPU, and is healthy.
+benign_mix: gil_sleep, then rank 0 spends SECONDS in torch matrix products (torch releases the GIL), each between
+barriers: the issue-18 list of what a correct job may do.
 """
+
+import ctypes
 
 import os
 import sys
@@ -47,12 +53,40 @@ def cpu_hogs(rank, seconds):
     dist.barrier()
 
 
+def gil_sleep(rank, seconds):
+    dist.barrier()
+    if rank == 1:
+        start = time.monotonic()
+        ctypes.PyDLL(None).sleep(int(seconds))  # libc's sleep(3), called without releasing the GIL
+        print(f"BUSY-HELD {time.monotonic() - start:.1f}", file=sys.stderr, flush=True)
+    dist.barrier()
+
+
+def torch_work(rank, seconds):
+    dist.barrier()
+    if rank == 0:
+        start = time.monotonic()
+        a = torch.randn(768, 768)
+        while time.monotonic() - start < seconds:
+            a = torch.tanh(a @ a)  # inside torch's C++ (the GIL released), never in a collective
+        print(f"BUSY-HELD {time.monotonic() - start:.1f}", file=sys.stderr, flush=True)
+    dist.barrier()
+
+
+def benign_mix(rank, seconds):
+    gil_sleep(rank, seconds)
+    torch_work(rank, seconds)
+
+
+CASES = {"gil_hold": gil_hold, "cpu_hogs": cpu_hogs, "gil_sleep": gil_sleep, "benign_mix": benign_mix}
+
+
 def main():
     case, seconds = sys.argv[1], float(sys.argv[2])
     torch.set_num_threads(1)
     with ddpwatch.guard():
         dist.init_process_group("gloo")
-        {"gil_hold": gil_hold, "cpu_hogs": cpu_hogs}[case](dist.get_rank(), seconds)
+        CASES[case](dist.get_rank(), seconds)
         dist.destroy_process_group()
     print("rank finished cleanly", file=sys.stderr, flush=True)
 
