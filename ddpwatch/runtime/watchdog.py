@@ -15,13 +15,14 @@ from ..analysis import rankcond
 from ..analysis.incident import build as build_incident
 from ..config import torchelastic_error_file
 from ..render import report
-from . import evidence, frameworks
+from . import evidence, frameworks, verdict
 from .record import is_internal_file, python_stacks, user_frame
 from .store import JobProtocol, StoreUnavailable
 
 log = logging.getLogger("ddpwatch")
 
 COLLECT_S = 2.0  # how long the writer waits for every rank's stacks before it writes what it has
+MAX_OUTSIDE_READS = 4  # busy local ranks whose native stacks the writer reads itself (py-spy, up to 3 s each)
 FAILURE_REPORT_S = 5.0  # how long a failed collective waits for the report before the user's error goes on
 # What a collective's error says when the rank at the other end is gone (gloo, NCCL).
 PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "remote worker", "Broken pipe",
@@ -52,6 +53,31 @@ def _write_rank_dump(folder: str, doc: dict) -> str:
     return "(nowhere: no writable directory)"
 
 
+def _say(text: str) -> None:
+    """Write to stderr whatever it is and whatever stderr is: the verdict must get out even when nothing else can."""
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        return
+    except Exception:
+        pass
+    try:  # a closed, replaced or strictly encoding sys.stderr: the bytes, straight to file descriptor 2
+        os.write(2, text.encode("utf-8", "backslashreplace"))
+    except Exception:
+        pass
+
+
+def _render_or_summary(incident: dict) -> str:
+    """report.txt's text, or, when rendering fails on something unforeseen, one line per finding."""
+    try:
+        return report.render.render_text(incident)
+    except Exception:
+        log.warning("ddpwatch: could not render the report; its findings follow", exc_info=True)
+        lines = [f"ddpwatch: [{f.get('kind')}] {analysis.rank_list(f.get('ranks') or [])}: {f.get('summary')}"
+                 for f in incident.get("findings") or ()]
+        return "\n".join(lines or ["ddpwatch: a hang was found, but its report could not be rendered"]) + "\n"
+
+
 def _end_process(code: int) -> None:
     try:
         sys.stderr.flush()
@@ -76,7 +102,7 @@ class Watchdog(threading.Thread):
         self.registered_waiting = False
         self.answered = 0
         self.reported: set = set()
-        self.pending_abort = None
+        self.pending_abort = None  # an action=abort incident this rank (itself configured abort) waits on
         self.abort_code = 0  # set once an action=abort verdict is out: from then on a failing collective ends the rank
         self.peer_beats: dict = {}
         self._stop_event = threading.Event()
@@ -137,17 +163,16 @@ class Watchdog(threading.Thread):
 
         The training thread waits (bounded) and then re-raises the user's exception unchanged.
         """
-        if self.abort_code:
+        peer_gone = any(marker in str(error) for marker in PEER_FAILURE_MARKERS)
+        if self.abort_code or (self.pending_abort is not None and peer_gone):
             # The verdict is out and peers are exiting: end here, not in their error; but first let the report being
             # finished (the native-stacks pass rewrites its folder) end, or a staging folder is left behind.
             if threading.current_thread() is not self:
                 deadline = time.monotonic() + evidence.PY_SPY_TIMEOUT_S + 2.0
                 while self.writing.is_set() and time.monotonic() < deadline:
                     time.sleep(0.05)
-            _end_process(self.abort_code)
-        if threading.current_thread() is self or not self.is_alive():
-            return
-        if not any(marker in str(error) for marker in PEER_FAILURE_MARKERS):
+            _end_process(self.abort_code or self.config.exit_code)
+        if threading.current_thread() is self or not self.is_alive() or not peer_gone:
             return
         self._failure_handled.clear()
         self._peer_failure.set()
@@ -384,11 +409,13 @@ class Watchdog(threading.Thread):
         self.run_incident(assessment, silent)
 
     def _silent_peers(self, states: dict) -> dict:
-        """Peers whose heartbeat has not moved for dead_after seconds (or never came), with what psutil says.
+        """Peers whose heartbeat has not moved for dead_after seconds (or never came) and that may be judged now.
 
-        A silent peer on this host that psutil sees running or using CPU is busy, not frozen: one long GIL-holding
-        call silences its watchdog thread too. It is left out of the answer and its stale state in `states` is
-        replaced by a busy one (see _busy_state), so only the straggler timeout can report on it, like any busy rank.
+        A silent heartbeat alone proves nothing: one long C call that holds the GIL (computing, or asleep in the
+        kernel) silences the watchdog thread of a healthy rank. So before `timeout` only a peer that psutil sees
+        gone, stopped, traced or dead is reported; any other silent peer, and one on another host or that psutil
+        cannot look at, counts as busy: it is left out of the answer and its stale state in `states` is replaced by
+        a busy one (see _busy_state), so only the straggler timeout can report on it, like any busy rank.
         """
         silent = {}
         for rank in range(self.world_size):
@@ -405,13 +432,17 @@ class Watchdog(threading.Thread):
             elif last.get("host") == self.host:
                 view["process"] = self._look_at_peer(rank, int(last.get("pid", 0)))
                 condition = (view["process"] or {}).get("condition")
-                if condition in (evidence.BUSY, evidence.LOOK_AGAIN):
-                    states[rank] = self._busy_state(last)
+                if condition in (evidence.BUSY, evidence.WAITING) or (
+                        condition not in (evidence.GONE, evidence.FROZEN) and quiet < self.config.timeout):
+                    states[rank] = self._busy_state(last)  # at most a straggler, reported by the timeout stage
                     continue
                 if (view["process"] or {}).get("exists"):
                     self._read_frozen_stack(rank, view)
+            elif quiet < self.config.timeout:
+                states[rank] = self._busy_state(last)  # another host: psutil cannot tell busy from frozen there
+                continue
             else:
-                view["remote"] = True  # another host: psutil cannot look, so busy and frozen look the same
+                view["remote"] = True  # silent past the timeout: reported, saying busy and dead look the same
             silent[rank] = view
         return silent
 
@@ -458,7 +489,12 @@ class Watchdog(threading.Thread):
                 self._abort(folder, number, leader=True)
 
     def _write_incident(self, assessment, silent, action):
-        """Collect, analyse and write one incident: (folder, number, action), or None when it was called off."""
+        """Collect, analyse, announce and write one incident: (folder or None, number, action), or None when it was
+        called off.
+
+        The verdict reaches stderr (and torchrun's error file) before any report file is written, and a report that
+        cannot be written anywhere (a full disk, a file size limit, no usable folder) loses nothing else: the verdict
+        is posted and an abort still ends the job."""
         action = action or ("report" if assessment.verdict == analysis.DUMP else self.config.action)
         number = self.job.open_incident({"trigger": assessment.verdict, "leader": self.rank, "action": action,
                                          "fingerprint": assessment.fingerprint})
@@ -470,6 +506,8 @@ class Watchdog(threading.Thread):
         stand_ins.update({rank: position for rank, position in self._watched_states.items()
                           if rank not in final and rank not in stand_ins})  # too busy (a GIL-holding call) to answer
         heartbeats = self.job.states(sorted(stand_ins)) if stand_ins else {}
+        busy = sorted(rank for rank, seen in stand_ins.items()
+                      if rank not in (silent or {}) and seen.get("host") == self.host)
         for rank, seen in stand_ins.items():
             # What the leader saw wins (a busy rank's cleared wait, py-spy's stack); its last heartbeat adds the history.
             final[rank] = {**(heartbeats.get(rank) or {}), **seen, "stale": True}
@@ -484,35 +522,53 @@ class Watchdog(threading.Thread):
                                   trigger=assessment.verdict, findings=findings, run_id=self._incident_id(),
                                   written_by=self.rank, created_at=time.time(),
                                   missing_ranks=[r for r in range(self.world_size) if r not in contributions])
-        folder, note = report.write_incident(self.config.dir, incident["run_id"], incident)
+        _say("\n" + _render_or_summary(incident))  # after any progress bar; before any file
         if action == "abort":
             # torchrun's summary names the first rank to exit: its error file must hold the verdict before any
             # rank can exit, and only then may a collective failing here end this rank
             self._write_error_file(incident)
             self.abort_code = self.config.exit_code
-        text = report.render.render_text(incident)
-        sys.stderr.write("\n" + text + (f"ddpwatch: {note}\n" if note else ""))  # after any progress bar
-        sys.stderr.flush()
-        try:
-            self._add_native_stacks(number, folder, incident)
-        except StoreUnavailable:
-            raise
-        except Exception:  # the report is out; a failure adding native stacks must not stop what follows
-            self._log_once("native", "ddpwatch: could not add native stacks", exc_info=True)
+        folder = self._write_report_folder(incident)
+        if folder is not None:
+            if action == "abort":
+                self._write_error_file(incident)  # now with the report's folder
+            try:
+                self._add_native_stacks(number, folder, incident, busy)
+            except StoreUnavailable:
+                raise
+            except Exception:  # the report is out; a failure adding native stacks must not stop what follows
+                self._log_once("native", "ddpwatch: could not add native stacks", exc_info=True)
         # The verdict is posted once the folder is final: with action=abort the peers exit on it, and a peer gone
         # while the folder is rewritten with native stacks would end this rank mid-rewrite.
         first = incident["findings"][0] if incident["findings"] else {}
         self.job.post_verdict(number, {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]],
                                        "action": action, "culprits": first.get("ranks"),
-                                       "summary": first.get("summary")})
+                                       "summary": first.get("summary"),
+                                       "positions": verdict.positions(final, self.world_size, self.config.grace)})
         return folder, number, action
 
-    def _add_native_stacks(self, number: int, folder: str, incident: dict) -> None:
-        """Second pass, after the report is out: py-spy's native stacks from every rank, files rewritten in place."""
+    def _write_report_folder(self, incident: dict) -> str | None:
+        """The incident folder (under `dir`, else the private fallback); None, said in one line, when neither works."""
+        try:
+            folder, note = report.write_incident(self.config.dir, incident["run_id"], incident)
+        except Exception as exc:  # OSError (EFBIG, ENOSPC, EACCES), UnsafeFolder, or a value that cannot be encoded
+            incident.pop("report_dir", None)
+            _say(f"ddpwatch: could not write the report anywhere ({type(exc).__name__}: {exc}); "
+                 "the verdict above is all there is\n")
+            return None
+        _say(f"ddpwatch: report written to {folder}\n" + (f"ddpwatch: {note}\n" if note else ""))
+        return folder
+
+    def _add_native_stacks(self, number: int, folder: str, incident: dict, busy: list) -> None:
+        """Second pass, after the report is out: py-spy's native stacks from every rank, files rewritten in place.
+
+        A rank that answers reads its own; for `busy` local ranks, too busy to answer (a C call holding the GIL),
+        this rank reads them from outside: where such a rank sits is exactly what the report must show."""
         self._contribute_native(number)
+        natives: dict = {state["rank"]: evidence.native_stacks(int(state["pid"])) for state in incident["ranks"]
+                         if state["rank"] in busy[:MAX_OUTSIDE_READS] and state.get("pid")}
         deadline = time.monotonic() + evidence.PY_SPY_TIMEOUT_S + 1.0
-        wanted = {state["rank"] for state in incident["ranks"] if not state.get("stale")}
-        natives: dict = {}
+        wanted = {state["rank"] for state in incident["ranks"] if not state.get("stale")} | set(natives)
         while time.monotonic() < deadline and len(natives) < len(wanted):
             natives.update(self.job.natives(number, wanted - set(natives)))
             if len(natives) < len(wanted):
@@ -536,17 +592,18 @@ class Watchdog(threading.Thread):
         return self.job.collect(number, deadline)
 
     def _answer_incidents(self) -> None:
+        """Answer the newest incident only: anyone who reaches the store can raise the counter, and a rank must not
+        spend its time answering a thousand of them (an older one still open is closed by its writer's deadline)."""
         latest = self.job.latest_incident()
-        while self.answered < latest:
-            number = self.answered + 1
-            self._contribute(number)
-            info = self.job.incident_info(number)
-            if info.get("action") == "abort" and info.get("leader") != self.rank:
-                self.pending_abort = number
-                # From now on a peer may exit at any moment: a collective that fails here ends this rank too.
-                self.abort_code = self.config.exit_code
-            if info.get("leader") != self.rank:
-                self._contribute_native(number)
+        if latest <= self.answered:
+            return
+        self._contribute(latest)
+        info = self.job.incident_info(latest)
+        if info.get("leader") == self.rank:
+            return
+        if info.get("action") == "abort" and self.config.action == "abort":
+            self.pending_abort = latest  # this rank's own configuration decides; a peer's info cannot upgrade it
+        self._contribute_native(latest)
 
     def _contribute(self, number: int) -> None:
         """This rank's full state and Python stacks for incident `number` (fast: no subprocess)."""
@@ -560,12 +617,26 @@ class Watchdog(threading.Thread):
         self.job.contribute_native(number, self.rank, evidence.native_stacks(os.getpid()))
 
     def _check_abort(self) -> None:
-        verdict = self.job.verdict(self.pending_abort)
-        if verdict is not None:
-            kinds = verdict.get("kinds") or ["hang"]
-            findings = [{"kind": kinds[0], "ranks": verdict.get("culprits") or [], "summary": verdict.get("summary")}]
-            self._write_error_file({"findings": findings, "report_dir": verdict.get("folder")})
-            self._abort(verdict.get("folder"), self.pending_abort, leader=False)
+        """Act on the pending incident's verdict once it is posted, and only if it agrees with this rank's own view."""
+        posted = self.job.verdict(self.pending_abort)
+        if posted is None:
+            return
+        number, self.pending_abort = self.pending_abort, None
+        if not isinstance(posted, dict):
+            return
+        why = verdict.why_not_act(posted, self.config.action, self.state(), self.rank, self.config.grace,
+                                  self.config.timeout)
+        if why is not None:
+            self._log_once(f"verdict-{number}", "ddpwatch: rank %d does not act on incident %d's abort verdict: %s",
+                           self.rank, number, why)
+            return
+        kinds = posted.get("kinds") if isinstance(posted.get("kinds"), list) else None
+        culprits = posted.get("culprits") if isinstance(posted.get("culprits"), list) else None
+        findings = [{"kind": str((kinds or ["hang"])[0]), "ranks": [r for r in culprits or () if type(r) is int],
+                     "summary": posted.get("summary") if isinstance(posted.get("summary"), str) else None}]
+        folder = posted.get("folder") if isinstance(posted.get("folder"), str) else None
+        self._write_error_file({"findings": findings, "report_dir": folder})
+        self._abort(folder, number, leader=False)
 
     def _write_error_file(self, incident: dict) -> None:
         """torchrun's agent prints a worker's error file in its failure summary: put the verdict there."""
@@ -577,13 +648,13 @@ class Watchdog(threading.Thread):
         message = (f"ddpwatch: {first.get('kind', 'hang')}"
                    + (f" (culprit {analysis.rank_list(first['ranks'])})" if first.get("ranks") else "")
                    + (f": {first['summary']}" if first.get("summary") else "")
-                   + f" Report: {incident.get('report_dir')}")
+                   + f" Report: {incident.get('report_dir') or '(being written, or none could be written)'}")
         doc = {"message": {"message": message,
                            "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}}
         try:
             with open(path, "w", encoding="utf-8") as handle:
-                json.dump(doc, handle)
-        except OSError as exc:
+                json.dump(doc, handle)  # ASCII-escaped: no string, however odd, can fail the write
+        except Exception as exc:
             self._log_once("error-file", "ddpwatch: could not write the error file %s: %s", path, exc)
 
     def _abort(self, folder, number: int, leader: bool) -> None:
@@ -598,7 +669,6 @@ class Watchdog(threading.Thread):
                 self.job.ack(number)
         except StoreUnavailable:
             pass
-        sys.stderr.write(f"ddpwatch: rank {self.rank} ending with exit code {self.config.exit_code} "
-                         f"(action=abort); report: {folder}\n")
-        sys.stderr.flush()
+        _say(f"ddpwatch: rank {self.rank} ending with exit code {self.config.exit_code} (action=abort); "
+             f"report: {folder or '(none could be written)'}\n")
         os._exit(self.config.exit_code)
