@@ -387,6 +387,102 @@ def test_sigterm_without_a_report_dies_at_once_and_a_programs_handler_decides(li
         signal.signal(signal.SIGTERM, previous)
 
 
+def started(live_control):
+    """(a started LiveControl on a fake session, the deaths its stub records)."""
+    make, deaths = live_control
+    live = make()
+    live.start()
+    return live, deaths
+
+
+def from_reader(live, signum):
+    """Hand `signum` to LiveControl as its wakeup-pipe reader does: from a thread other than the main one."""
+    thread = threading.Thread(target=live._from_thread, args=(signum,), name="test-reader")
+    thread.start()
+    return thread
+
+
+def test_a_sigterm_handler_installed_after_ours_is_the_programs_alone(live_control):
+    """Issue 18: the reader thread still gets the byte, and used to end the process under the program's handler."""
+    live, deaths = started(live_control)
+    theirs = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: theirs.append(signum))
+    os.kill(os.getpid(), signal.SIGTERM)  # the C trampoline writes it to the wakeup pipe: the reader sees it
+    assert _wait_for(lambda: theirs)
+    from_reader(live, signal.SIGTERM).join()
+    time.sleep(0.2)
+    assert theirs == [signal.SIGTERM] and deaths == []
+
+
+@pytest.mark.parametrize("later", [signal.SIG_IGN, signal.SIG_DFL], ids=["SIG_IGN", "SIG_DFL"])
+def test_a_disposition_set_after_ours_is_the_programs_alone(live_control, later):
+    """A byte read after the program set SIG_IGN / SIG_DFL (sent while ours was installed) ends nothing."""
+    live, deaths = started(live_control)
+    signal.signal(signal.SIGTERM, later)
+    from_reader(live, signal.SIGTERM).join()
+    assert deaths == []
+
+
+def test_our_sigterm_handler_installed_over_the_default_still_ends_the_process_from_the_reader(live_control):
+    live, deaths = started(live_control)
+    assert live.previous[signal.SIGTERM] is signal.SIG_DFL
+    from_reader(live, signal.SIGTERM).join()
+    assert [signum for signum, _ in deaths] == [signal.SIGTERM]
+
+
+def test_a_handler_installed_while_a_report_finishes_decides_instead(live_control):
+    """The reader chose to end the process, then waits for a report; the program installs its handler meanwhile:
+    the signal still pending in the main thread is the program's, so the reader backs out."""
+    live, deaths = started(live_control)
+    live.session.watchdog.writing.set()
+    reader = from_reader(live, signal.SIGTERM)
+    assert _wait_for(live._dying.locked)  # decided, and waiting for the report
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    live.session.watchdog.writing.clear()
+    reader.join(5.0)
+    assert deaths == [] and not live._dying.locked()
+
+
+def test_a_sigterm_our_handler_consumed_ends_the_process_whatever_is_installed_later(live_control):
+    live, deaths = started(live_control)
+    live.session.watchdog.writing.set()
+    reader = from_reader(live, signal.SIGTERM)
+    assert _wait_for(live._dying.locked)
+    live._on_term(signal.SIGTERM, None)  # the main thread ran ours for the same signal: it returns at once
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    live.session.watchdog.writing.clear()
+    reader.join(5.0)
+    assert [signum for signum, _ in deaths] == [signal.SIGTERM]
+
+
+def test_sigint_stays_keyboardinterrupt_and_is_never_acted_on(live_control):
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as an interactive start has it
+    try:
+        live, deaths = started(live_control)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5.0)
+        from_reader(live, signal.SIGINT).join()
+        assert deaths == [] and live.session.watchdog.dumps == 0
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_sigusr1_under_a_handler_installed_after_ours_asks_no_report(live_control):
+    live, _ = started(live_control)
+    theirs = []
+    signal.signal(signal.SIGUSR1, lambda signum, frame: theirs.append(signum))
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert _wait_for(lambda: theirs)
+    time.sleep(0.2)
+    assert live.session.watchdog.dumps == 0
+    signal.signal(signal.SIGUSR1, lambda signum, frame: live._on_usr1(signum, frame))  # one that calls ours
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert _wait_for(lambda: live.session.watchdog.dumps)
+    time.sleep(0.2)
+    assert live.session.watchdog.dumps == 1 and theirs == [signal.SIGUSR1]
+
+
 def test_report_in_progress_is_the_watchdogs_writing_event():
     class Watchdog:
         writing = threading.Event()

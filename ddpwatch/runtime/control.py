@@ -251,6 +251,7 @@ class LiveControl:
         self._old_wakeup_fd = -1
         self._thread = None
         self._dying = threading.Lock()
+        self._term_taken = False  # set when the main thread ran ddpwatch's SIGTERM handler itself
         self.registry_path = None
 
     # ----- install / remove -----
@@ -366,13 +367,26 @@ class LiveControl:
                     log.warning("ddpwatch: signal handling failed", exc_info=True)
 
     def _from_thread(self, signum: int) -> None:
-        if signum == signal.SIGUSR1 and signal.SIGUSR1 in self.previous:
+        """Act for the main thread (it may sit in a collective) only while ddpwatch's handler is the installed one.
+
+        The C-level trampoline writes every signal that has any Python handler to the wakeup pipe, so the byte
+        comes just the same after the program installed its own handler (a checkpoint on SIGTERM, Lightning's,
+        SIGINT's KeyboardInterrupt): that handler is the program's decision, and runs in the main thread as it
+        would without ddpwatch."""
+        if signum == signal.SIGTERM and self._ending_by_verdict():
+            return  # not reached: the verdict ended this rank with ddpwatch's exit code, whatever handler is set
+        if not self._handles(signum):
+            return
+        if signum == signal.SIGUSR1:
             self.session.request_dump()
-        elif signum == signal.SIGTERM and self._ending_by_verdict():
-            pass
         elif signum == signal.SIGTERM and self.previous.get(signal.SIGTERM) is signal.SIG_DFL:
             # A Python handler set before ours runs in the main thread, as it would have without ddpwatch.
             self._terminate(signum)
+
+    def _handles(self, signum: int) -> bool:
+        """Whether ddpwatch's own handler for `signum` is installed now (signal.getsignal works from any thread)."""
+        ours = {signal.SIGUSR1: self._on_usr1, signal.SIGTERM: self._on_term}.get(signum)
+        return ours is not None and signum in self.previous and signal.getsignal(signum) == ours
 
     def _wakeup_is_ours(self) -> bool:
         """Whether the wakeup pipe still reaches our reader (asyncio, for one, may have set its own since)."""
@@ -387,8 +401,10 @@ class LiveControl:
 
     # ----- the handlers -----
     def _on_usr1(self, signum, frame) -> None:
-        if os.getpid() == self.pid and not self._wakeup_is_ours():
-            self.session.request_dump()  # else the reader thread has already asked: one signal, one report
+        if os.getpid() == self.pid and not (self._wakeup_is_ours() and self._handles(signum)):
+            # else the reader thread has asked already: one signal, one report. (The reader asks only while ours
+            # is installed; here a handler the program installed later is calling ours.)
+            self.session.request_dump()
         previous = self.previous.get(signum)
         if callable(previous):
             previous(signum, frame)
@@ -433,9 +449,16 @@ class LiveControl:
 
     def _terminate(self, signum: int) -> None:
         """End the process by `signum` with its default action, as if ddpwatch had never been there."""
+        if _is_main_thread():
+            self._term_taken = True  # ddpwatch's handler consumed this SIGTERM: no other handler will see it
         if not self._dying.acquire(blocking=False):
             return  # the other path (main thread or reader) is already on it
         self.finish_report()
+        if not self._term_taken and not self._handles(signum):
+            # The program installed its own handler while the report was finishing; the signal, still pending
+            # in the main thread, runs that handler, which decides now.
+            self._dying.release()
+            return
         unregister(self.registry_path)
         self._die_impl(signum)
 

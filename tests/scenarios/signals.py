@@ -1,0 +1,110 @@
+"""A program's own SIGTERM / SIGINT handling on 2 gloo ranks: `python signals.py CASE`; no ddpwatch import anywhere.
+
+Run once under DDPWATCH=1 and once without, the same case must end the same way (exit code, files, log lines).
+Each rank writes READY_DIR/<rank>.ready (its pid) once it is stepping; the test then signals both ranks.
+Cases:
+- term_after: after init_process_group (so after ddpwatch armed) a SIGTERM handler that saves a checkpoint
+  (CKPT_DIR/rank<r>.pt, slowly, as a real one does) and calls sys.exit(0); then all_reduce steps.
+- term_before: the same handler, installed before init_process_group (ddpwatch chains to it).
+- interrupt: no handler; SIGINT's KeyboardInterrupt is caught around the loop: checkpoint, exit 130.
+- blocked: no handler; rank 0 waits in a barrier rank 1 never reaches (SIGTERM must end both by the signal).
+"""
+
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+LIMIT_S = 60.0  # a rank never signalled gives up: exit 3, never a hang
+SAVING_S = 0.3  # a checkpoint takes a while to write: the window in which a second SIGTERM action would cut it
+
+
+def rank():
+    return int(os.environ["RANK"])
+
+
+def say(text):
+    print(f"SIGNALS rank {rank()} {text}", file=sys.stderr, flush=True)
+
+
+def save_checkpoint(how):
+    say(f"{how}: saving")
+    path = os.path.join(os.environ["CKPT_DIR"], f"rank{rank()}.pt")
+    torch.save({"rank": rank(), "how": how}, path + ".tmp")
+    time.sleep(SAVING_S)
+    os.replace(path + ".tmp", path)
+    say(f"{how}: saved")
+
+
+def on_sigterm(signum, frame):
+    save_checkpoint("sigterm")
+    sys.exit(0)
+
+
+def ready():
+    path = os.path.join(os.environ["READY_DIR"], f"{rank()}.ready")
+    with open(path + ".tmp", "w") as handle:
+        handle.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    say("ready")
+
+
+def steps():
+    """all_reduce steps until a signal ends the rank; a peer that left first (its own signal) is waited out."""
+    deadline = time.monotonic() + LIMIT_S
+    step = 0
+    while time.monotonic() < deadline:
+        try:
+            dist.all_reduce(torch.ones(4))
+        except RuntimeError:
+            # The peer ended by its own signal while this rank waited in the collective; this rank's signal
+            # was sent at the same moment, and its handler runs as soon as Python does.
+            time.sleep(10.0)
+            say("peer gone, no signal here")
+            sys.exit(4)
+        step += 1
+        if step == 20:
+            ready()
+        time.sleep(0.02)
+    say("never signalled")
+    sys.exit(3)
+
+
+def blocked():
+    dist.all_reduce(torch.ones(4))
+    ready()
+    if rank() == 0:
+        dist.barrier()  # rank 1 never comes: the main thread waits inside gloo
+    else:
+        time.sleep(LIMIT_S)
+    say("never signalled")
+    sys.exit(3)
+
+
+def main():
+    case = sys.argv[1]
+    torch.set_num_threads(1)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # started from a shell's background job: give SIGINT the handler an interactive start would have
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if case == "term_before":
+        signal.signal(signal.SIGTERM, on_sigterm)
+    dist.init_process_group("gloo")
+    session = sys.modules.get("ddpwatch.runtime.session")
+    say(f"ddpwatch armed={int(bool(session and session.current() is not None))}")
+    if case == "term_after":
+        signal.signal(signal.SIGTERM, on_sigterm)
+    if case == "blocked":
+        blocked()
+    try:
+        steps()
+    except KeyboardInterrupt:
+        save_checkpoint("sigint")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
