@@ -1,7 +1,5 @@
-"""Text from outside (a rank, a file, the store) shown safely: terminal escapes made visible, and no string makes writing
-fail (lone surrogates from os.fsdecode or a crafted report.json); one real job run from a folder named b'caf\\xe9'."""
+"""Outside text shown with its escapes visible, written without fail (lone surrogates); a job run from b'caf\\xe9'."""
 
-import copy
 import io
 import json
 import os
@@ -100,7 +98,7 @@ def test_the_text_report_shows_hostile_text_in_every_field_visibly():
     for shown in (r"job7\x1b]0;pwned", r"node0\x1b]0;pwned", r"sleeping\x1b]0;pwned", r"epoch\x1b]0;pwned",
                   r"validate\x1b]0;pwned", r"train.py\x1b]0;pwned", r"/reports/\x1b]0;pwned"):
         assert shown in text, shown
-    assert render.render_text(seed()) == render.render_text(copy.deepcopy(seed()))  # plain text untouched
+    assert "\\" not in render.render_text(seed())  # plain text gains no escapes
 
 
 def test_every_file_of_a_hostile_incident_is_written_and_shows_no_raw_control(tmp_path):
@@ -114,6 +112,13 @@ def test_every_file_of_a_hostile_incident_is_written_and_shows_no_raw_control(tm
         assert RAW.search(text) is None, (name, repr(RAW.search(text).group(0)))
     with open(os.path.join(folder, "report.txt"), encoding="utf-8") as handle:
         assert_shown_safely(handle.read())
+
+
+def test_the_html_page_holds_no_raw_control_character():
+    """A file, but `cat report.html` or a pager shows it on a terminal: escaped HTML still held a raw ESC."""
+    page = report.render_format(hostile_incident(), "html")
+    assert RAW.search(page) is None, repr(RAW.search(page).group(0))
+    assert r"\x1b]52;c;cm0gLXJmIH4=\x07" in page
 
 
 def test_json_output_is_valid_ascii_and_faithful_to_hostile_strings():
