@@ -6,6 +6,13 @@ import argparse
 import sys
 
 
+def _say(error) -> None:
+    """An error on stderr; it may quote a settings file from a cloned repository: escapes shown, never obeyed."""
+    from .render import visible
+
+    print(visible(str(error), keep_newlines=True), file=sys.stderr)
+
+
 def _cmd_demo(args) -> int:
     from . import config
     from .demo import demo_report_dir, run_demo
@@ -13,7 +20,7 @@ def _cmd_demo(args) -> int:
     try:
         settings = config.load()  # defaults < files < DDPWATCH_* variables < --dir, as for every command
     except config.ConfigError as exc:
-        print(exc, file=sys.stderr)
+        _say(exc)
         return 2
     return run_demo(fixed=args.fixed, report_dir=demo_report_dir(args.dir, settings))
 
@@ -47,7 +54,7 @@ def _cmd_run(rest) -> int:
     try:
         config.load(environ=env)  # a bad value stops here, before anything is started
     except config.ConfigError as exc:
-        print(exc, file=sys.stderr)
+        _say(exc)
         return 2
     try:
         os.execvpe(command[0], command, env)  # the same pid: signals from a scheduler reach CMD itself
@@ -70,7 +77,7 @@ def _cmd_lint(args, rest) -> int:
     try:
         settings = config.load()
     except config.ConfigError as exc:
-        print(exc, file=sys.stderr)
+        _say(exc)
         return 2
     return lint.main(rest, default_ignore=settings.lint_ignore)
 

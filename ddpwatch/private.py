@@ -29,14 +29,20 @@ def root_path() -> str:
     return os.path.join(tempfile.gettempdir(), f"ddpwatch-{uid}")
 
 
-def check_own(fd: int, shown: str) -> os.stat_result:
-    """The folder open at `fd` must be this user's and writable by nobody else; a readable one is made 0700."""
+def check_owner(fd: int, shown: str) -> os.stat_result:
+    """The folder open at `fd` must be a folder of this user (another user's may hold anything, or be read by them)."""
     info = os.fstat(fd)
     if not stat.S_ISDIR(info.st_mode):
         raise UnsafeFolder(f"{shown} is not a folder; {_ADVICE}")
     if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
         raise UnsafeFolder(f"{shown} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); "
                            f"ddpwatch will not use it: {_ADVICE}")
+    return info
+
+
+def check_own(fd: int, shown: str) -> os.stat_result:
+    """The folder open at `fd` must be this user's and writable by nobody else; a readable one is made 0700."""
+    info = check_owner(fd, shown)
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeFolder(f"{shown} is writable by others (mode {stat.S_IMODE(info.st_mode):04o}); "
                            f"ddpwatch will not use it: {_ADVICE}")
@@ -45,11 +51,14 @@ def check_own(fd: int, shown: str) -> os.stat_result:
     return info
 
 
-def open_child(parent_fd: int, name: str, shown: str, create: bool = True) -> int:
-    """Open (and first create, 0700) folder `name` inside `parent_fd` without following a symlink; checked."""
+def open_child(parent_fd: int, name: str, shown: str, create: bool = True, private: bool = True) -> int:
+    """Open (and first create) folder `name` inside `parent_fd` without following a symlink, and check it.
+
+    private: created 0700, and must be this user's and writable by nobody else (check_own). Otherwise (a folder of
+    reports, for the user's team to read): created with the umask's mode, and must merely be this user's."""
     if create:
         try:
-            os.mkdir(name, 0o700, dir_fd=parent_fd)
+            os.mkdir(name, 0o700 if private else 0o777, dir_fd=parent_fd)
         except FileExistsError:
             pass
     try:
@@ -59,7 +68,7 @@ def open_child(parent_fd: int, name: str, shown: str, create: bool = True) -> in
             raise UnsafeFolder(f"{shown} is {_what_is(parent_fd, name)}, not a folder; {_ADVICE}") from None
         raise
     try:
-        check_own(fd, shown)
+        (check_own if private else check_owner)(fd, shown)
     except BaseException:
         os.close(fd)
         raise
@@ -103,6 +112,19 @@ def open_folder(path: str, create: bool = True) -> int:
     if create:
         os.makedirs(path, exist_ok=True)
     return os.open(path, _DIR_FLAGS)
+
+
+def open_subfolder(path: str) -> int:
+    """A descriptor of `path`, a folder ddpwatch names inside the user's chosen folder (`<DDPWATCH_DIR>/local-...`):
+    the chosen folder is opened as open_folder does, but in a shared, world-writable one anyone can plant that name
+    first, as a symlink to a folder of theirs or a victim's: it is opened without following a link, and must be
+    this user's (UnsafeFolder if not)."""
+    parent, name = os.path.split(os.path.abspath(path))
+    parent_fd = open_folder(parent)
+    try:
+        return open_child(parent_fd, name, path, private=False)
+    finally:
+        os.close(parent_fd)
 
 
 def make_private_dir(parent_fd: int, prefix: str) -> tuple:

@@ -342,6 +342,42 @@ def test_a_rank_dump_falls_back_to_the_private_folder(tmp_path, temp_dir):
     assert path == str(user_root(temp_dir) / "reports" / "local-x" / "rank-0.json")
 
 
+def test_a_planted_symlink_as_the_local_dump_folder_is_not_written_through(tmp_path, temp_dir):
+    """In a shared, world-writable DDPWATCH_DIR another user can plant `local-...` as a link to a folder of theirs (or
+    a victim's) before the store is lost: the dump goes to this user's private folder instead."""
+    shared, target = tmp_path / "shared", tmp_path / "theirs"
+    shared.mkdir()
+    target.mkdir()
+    os.chmod(shared, 0o1777)
+    os.symlink(target, shared / "local-x")
+    path = watchdog_module._write_rank_dump(str(shared / "local-x"), rank_doc())
+    assert os.listdir(target) == []
+    assert path == str(user_root(temp_dir) / "reports" / "local-x" / "rank-0.json")
+
+
+@as_root
+def test_a_local_dump_folder_owned_by_another_user_is_refused(tmp_path, temp_dir):
+    shared = tmp_path / "shared"
+    planted = shared / "local-x"
+    planted.mkdir(parents=True)
+    os.chmod(shared, 0o1777)
+    os.chmod(planted, 0o777)
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    path = watchdog_module._write_rank_dump(str(planted), rank_doc())
+    assert os.listdir(planted) == []
+    assert path == str(user_root(temp_dir) / "reports" / "local-x" / "rank-0.json")
+
+
+def test_the_local_dump_folder_of_this_user_is_used_with_the_umask_mode(tmp_path):
+    old = os.umask(0o002)
+    try:
+        path = watchdog_module._write_rank_dump(str(tmp_path / "parent" / "local-x"), rank_doc())
+    finally:
+        os.umask(old)
+    assert path == str(tmp_path / "parent" / "local-x" / "rank-0.json")
+    assert stat.S_IMODE(os.stat(tmp_path / "parent" / "local-x").st_mode) == 0o775  # readable by the team
+
+
 FULL_DISK = r"""
 import os, resource, signal, sys, tempfile
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, as on a full disk

@@ -380,11 +380,13 @@ def render_html(incident: dict) -> str:
         f'<p class="facts">{_e(_facts(incident))}</p></header>',
         _verdict_html(incident), _timeline_html(model, incident), _positions_html(incident), _stacks_html(incident),
     ])
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+    # Escaped HTML can still hold a raw ESC or CR (shown by `cat report.html`): made visible at the page's boundary.
+    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{_e(_title(incident))}</title>'
             f"<style>{_CSS}</style></head><body>{body}"
             f'<script type="application/json" id="incident-data">{_embedded_json(incident)}</script>'
             f"<script>{_JS}</script></body></html>\n")
+    return render.visible(page, keep_newlines=True)
 
 
 _CSS = """

@@ -50,8 +50,14 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run"
 
 
+def encoded(text: str) -> bytes:
+    """UTF-8 that cannot fail: a lone surrogate (a path from os.fsdecode, "\\ud800" in a crafted file) that got this
+    far is written as its escape, never raised, so no string costs the incident its files."""
+    return text.encode("utf-8", "backslashreplace")
+
+
 def _write_file(folder_fd: int, name: str, text: str) -> None:
-    private.write_new_file(folder_fd, name, text.encode("utf-8"))
+    private.write_new_file(folder_fd, name, encoded(text))
 
 
 def render_format(incident: dict, fmt: str) -> str:
@@ -67,7 +73,7 @@ def _render_or_note(incident: dict, fmt: str) -> str:
         return render_format(incident, fmt)
     except Exception:
         note = f"ddpwatch could not render this file ({fmt}); report.json has the whole incident.\n\n"
-        return RENDERERS[fmt][2](note + traceback.format_exc())
+        return RENDERERS[fmt][2](render.visible(note + traceback.format_exc(), keep_newlines=True))
 
 
 def _fill(folder_fd: int, incident: dict) -> None:
@@ -175,7 +181,7 @@ def write_incident(base: str, run_id: str, incident: dict) -> tuple:
             folder = _place(fd, fallback_dir(), run_id, incident)
         finally:
             os.close(fd)
-        return folder, f"could not write under {base} ({exc}); wrote {folder} instead"
+        return folder, render.visible(f"could not write under {base} ({exc}); wrote {folder} instead")
 
 
 # ---------------------------------------------------------------- reading

@@ -14,6 +14,7 @@ import threading
 import time
 
 from .. import private
+from ..render import visible
 
 log = logging.getLogger("ddpwatch")
 
@@ -488,8 +489,8 @@ def _report_folders(base: str) -> set:
 
 def describe(entry: dict) -> str:
     program = f" ({entry['program']})" if entry.get("program") else ""
-    return (f"pid {entry.get('pid')}{program}: rank {entry.get('rank')} of {entry.get('world_size')}, "
-            f"job {job_key(entry)}, reports to {entry.get('dir')}")
+    return visible(f"pid {entry.get('pid')}{program}: rank {entry.get('rank')} of {entry.get('world_size')}, "
+                   f"job {job_key(entry)}, reports to {entry.get('dir')}")
 
 
 def _entries_or_say_why(folder: str | None, err) -> list | None:
@@ -544,7 +545,7 @@ def dump(pid: int | None = None, job: str | None = None, report_dir: str | None 
     while time.monotonic() < deadline:
         new = sorted(_report_folders(base) - before)
         if new:
-            out.write(new[-1] + "\n")
+            out.write(visible(new[-1]) + "\n")  # whoever can write a shared report folder names its entries
             return 0
         if not is_current(target):
             err.write(f"ddpwatch dump: pid {target['pid']} exited before writing a report\n")

@@ -34,7 +34,7 @@ def _write_rank_dump(folder: str, doc: dict) -> str:
     this user's private temp folder; a failed write (full disk) leaves no temp file behind."""
     data = (S.dumps(doc) + "\n").encode("utf-8")
     name, sub = f"rank-{doc['rank']}.json", os.path.basename(folder)
-    places = ((folder, lambda: private.open_folder(folder)),
+    places = ((folder, lambda: private.open_subfolder(folder)),
               (os.path.join(report.fallback_dir(), sub), lambda: report.open_fallback(sub)))
     for base, open_base in places:
         try:

@@ -9,7 +9,7 @@ import tempfile
 
 from .. import snapshot as S
 from ..analysis import incident as incident_module
-from ..render import report
+from ..render import report, visible
 from . import documents, flight_recorder, merge
 
 
@@ -63,13 +63,20 @@ def _write_output(path: str, text: str) -> None:
     fd, temp = tempfile.mkstemp(prefix=".ddpwatch-", dir=folder)
     try:
         os.fchmod(fd, 0o666 & ~report._umask())  # mkstemp makes it private; a report is an ordinary file
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(report.encoded(text))
         os.replace(temp, path)
     except BaseException:
         if os.path.exists(temp):
             os.unlink(temp)
         raise
+
+
+def _write(stream, text: str) -> None:
+    """Write to a terminal or pipe whatever its encoding (PYTHONIOENCODING=ascii, LANG=C): what it cannot encode
+    (a lone surrogate, an accent under ascii) goes out as its backslash escape instead of a UnicodeEncodeError."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    stream.write(text.encode(encoding, "backslashreplace").decode(encoding, "replace"))
 
 
 def run_command(args, stdout=None, stderr=None) -> int:
@@ -80,11 +87,12 @@ def run_command(args, stdout=None, stderr=None) -> int:
         text = report.render_format(incident, args.format)
         if getattr(args, "output", None):
             _write_output(args.output, text)
-            print(f"ddpwatch report: wrote {args.output}", file=stderr)
+            _write(stderr, f"ddpwatch report: wrote {visible(args.output)}\n")
         else:
-            stdout.write(text)
+            _write(stdout, text)
     except (OSError, S.FormatError, ReportError) as exc:  # merge and Flight Recorder errors are FormatErrors
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"ddpwatch report: {message}", file=stderr)
+        # Its first line, split at newlines only: a CR or ESC in a crafted path inside it is shown, not obeyed.
+        message = visible(str(exc).split("\n")[0]) if str(exc) else type(exc).__name__
+        _write(stderr, f"ddpwatch report: {message}\n")
         return 2
     return 0
