@@ -25,6 +25,7 @@ COLLECT_S = 2.0  # how long the writer waits for every rank's stacks before it w
 MAX_OUTSIDE_READS = 4  # busy local ranks whose native stacks the writer reads itself (py-spy, up to 3 s each)
 FAILURE_REPORT_S = 5.0  # how long a failed collective waits for the report before the user's error goes on
 # What a collective's error says when the rank at the other end is gone (gloo, NCCL).
+NOWHERE = "(nowhere: no writable directory)"
 PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "remote worker", "Broken pipe",
                         "Socket Timeout", "NCCL communicator was aborted")
 
@@ -50,11 +51,14 @@ def _write_rank_dump(folder: str, doc: dict) -> str:
             private.remove_quietly(fd, temp)
         finally:
             os.close(fd)
-    return "(nowhere: no writable directory)"
+    return NOWHERE
 
 
 def _say(text: str) -> None:
-    """Write to stderr whatever it is and whatever stderr is: the verdict must get out even when nothing else can."""
+    """Write to stderr whatever it is and whatever stderr is: the verdict must get out even when nothing else can.
+
+    Lines here quote peers, the store and paths: control characters are shown, never acted on by the terminal."""
+    text = report.render.visible(text, keep_newlines=True)
     try:
         sys.stderr.write(text)
         sys.stderr.flush()
@@ -232,9 +236,9 @@ class Watchdog(threading.Thread):
         full["store_lost"] = True
         folder = os.path.join(self.config.dir, f"local-{self.job.stamp or 'run'}-{self.run_tag or 'job'}")
         path = _write_rank_dump(folder, full)
-        sys.stderr.write(f"ddpwatch: rank {self.rank} is stuck in {analysis.describe_op(record)} and the store is "
-                         f"gone; wrote {path}. Merge the ranks' dumps with: ddpwatch report {folder}\n")
-        sys.stderr.flush()
+        written = folder if path == NOWHERE else os.path.dirname(path)  # the fallback, where that was used
+        _say(f"ddpwatch: rank {self.rank} is stuck in {analysis.describe_op(record)} and the store is gone; wrote "
+             f"{path}. Merge the ranks' dumps with: ddpwatch report {written}\n")
 
     def request_dump(self) -> None:
         """Ask for a report now, from every rank, without stopping the job (SIGUSR1, `ddpwatch dump`).
@@ -628,7 +632,7 @@ class Watchdog(threading.Thread):
                                   self.config.timeout)
         if why is not None:
             self._log_once(f"verdict-{number}", "ddpwatch: rank %d does not act on incident %d's abort verdict: %s",
-                           self.rank, number, why)
+                           self.rank, number, report.render.visible(why))
             return
         kinds = posted.get("kinds") if isinstance(posted.get("kinds"), list) else None
         culprits = posted.get("culprits") if isinstance(posted.get("culprits"), list) else None
@@ -649,6 +653,7 @@ class Watchdog(threading.Thread):
                    + (f" (culprit {analysis.rank_list(first['ranks'])})" if first.get("ranks") else "")
                    + (f": {first['summary']}" if first.get("summary") else "")
                    + f" Report: {incident.get('report_dir') or '(being written, or none could be written)'}")
+        message = report.render.visible(message)  # torchrun prints it: a peer's words must not drive the terminal
         doc = {"message": {"message": message,
                            "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}}
         try:
