@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .config import DEFAULTS
+
 
 def _say(error) -> None:
     """An error on stderr; it may quote a settings file from a cloned repository: escapes shown, never obeyed."""
@@ -100,8 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--reanalyze", action="store_true", help="run the analysis again on the saved rank states")
     rep.add_argument("--flight-recorder", metavar="DIR", action="append", help="read PyTorch Flight Recorder "
                      "dumps (<prefix><rank>, pickle or JSON) under DIR instead; repeatable")
-    rep.add_argument("--grace", type=float, default=None, help="analysis grace in seconds (default 2)")
-    rep.add_argument("--timeout", type=float, default=None, help="analysis timeout in seconds (default 300)")
+    rep.add_argument("--grace", type=float, default=None,
+                     help=f"analysis grace in seconds (default {DEFAULTS['grace']:g})")
+    rep.add_argument("--timeout", type=float, default=None,
+                     help=f"analysis timeout in seconds (default {DEFAULTS['timeout']:g})")
     sub.add_parser("lint", help="find hangs in the source before it runs (see docs/lint.md)", add_help=False)
     sub.add_parser("run", help="run a command (torchrun ...) with every Python rank guarded, no code change",
                    add_help=False)

@@ -100,7 +100,7 @@ OPTIONS = (
            (int, float)),
     Option("action", "report", _parse_action, "report or abort",
            "What to do after a report: keep waiting (report) or end every rank with a non-zero exit (abort)."),
-    Option("grace", 2.0, _parse_seconds, "a positive number of seconds",
+    Option("grace", 0.5, _parse_seconds, "a positive number of seconds",
            "How long every rank must be blocked with no progress before a deadlock counts as proven.", (int, float)),
     Option("interval", 0.5, _parse_seconds, "a positive number of seconds",
            "How often each rank publishes its state and looks at its peers.", (int, float)),

@@ -167,3 +167,49 @@ def test_a_torn_or_foreign_value_is_left_out_and_the_others_still_read(job):
     assert sorted(job.positions()) == [0, 3]
     raw.set(job.store.key("pos", 1), '{"rank": 1}, {"rank": 9}')  # one value that would read as two
     assert sorted(job.positions()) == [0, 3]
+
+
+def test_a_pending_abort_incident_ends_the_rank_on_a_peer_failure_only(monkeypatch):
+    dog, recorder, codes = abort_watchdog(monkeypatch)
+    dog.pending_abort = 1  # this rank is configured abort and an abort incident is open: the verdict may follow
+    failing = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
+    recorder.finish(failing, RuntimeError("shape mismatch"))  # the user's own error goes on
+    assert codes == []
+    failing = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
+    with pytest.raises(Ended):
+        recorder.finish(failing, RuntimeError("Connection closed by peer"))
+    assert codes == [7]
+
+
+def blocked_state(rank):
+    return {"rank": rank, "status": "running", "idle_s": 1.0, "inflight": [{"group": "0", "seq": 3, "age_s": 1.0}]}
+
+
+def test_the_rank_whose_registration_completes_the_count_is_the_last_to_block_and_looks_at_once(job):
+    dogs = [watchdog_module.Watchdog(Recorder(), Config(grace=0.5), rank, WORLD, None, "") for rank in range(WORLD)]
+    for dog in dogs:
+        dog.job = job
+    for dog in dogs[:-1]:
+        dog._update_waiting(blocked_state(dog.rank))
+        assert dog.registered_waiting and not dog._last_to_block
+    dogs[-1]._update_waiting(blocked_state(WORLD - 1))
+    assert dogs[-1]._last_to_block and job.waiting() == WORLD
+    dogs[-1]._update_waiting(blocked_state(WORLD - 1))  # still blocked: it looked already, not again
+    assert not dogs[-1]._last_to_block
+    dogs[0]._update_waiting({"rank": 0, "status": "running", "idle_s": 0.0, "inflight": []})
+    assert job.waiting() == WORLD - 1 and not dogs[0].registered_waiting
+
+
+def test_a_rank_that_has_just_blocked_wants_a_round_now_without_touching_the_store():
+    recorder = Recorder()
+    dog = watchdog_module.Watchdog(recorder, Config(grace=0.5), 1, 2, None, "")  # no store: a round would fail
+    now = time.monotonic()
+    assert not dog._round_wanted_now(now)  # nothing in flight
+    record = recorder.begin("barrier", "barrier", "0", (), sys._getframe())
+    assert not dog._round_wanted_now(time.monotonic())  # in flight, but not for grace yet
+    assert dog._round_wanted_now(time.monotonic() + 0.6)
+    dog.registered_waiting = True
+    assert not dog._round_wanted_now(time.monotonic() + 0.6)  # registered already: the next round will do
+    dog.request_dump()
+    assert dog._round_wanted_now(time.monotonic())
+    recorder.finish(record)

@@ -185,8 +185,9 @@ class JobProtocol:
         ranks = range(self.world_size) if ranks is None else ranks
         return _by_rank(self.store.get_many([self.store.key(kind, r) for r in ranks]).values())
 
-    def change_waiting(self, delta: int) -> None:
-        self.store.add(self.store.key("waiting"), delta)
+    def change_waiting(self, delta: int) -> int:
+        """Add `delta` to the number of ranks waiting; returns the new number (one round trip either way)."""
+        return self.store.add(self.store.key("waiting"), delta)
 
     def waiting(self) -> int:
         return self.store.counter(self.store.key("waiting"))

@@ -21,6 +21,8 @@ from .store import JobProtocol, StoreUnavailable
 
 log = logging.getLogger("ddpwatch")
 
+FAST_S = 0.1  # between two cheap looks of the watchdog thread (a few microseconds each: a few 100 us of GIL a second)
+ANSWER_FAST_S = 10.0  # how long after blocking a rank looks for incidents every FAST_S (bounded: store load)
 COLLECT_S = 2.0  # how long the writer waits for every rank's stacks before it writes what it has
 MAX_OUTSIDE_READS = 4  # busy local ranks whose native stacks the writer reads itself (py-spy, up to 3 s each)
 FAILURE_REPORT_S = 5.0  # how long a failed collective waits for the report before the user's error goes on
@@ -123,6 +125,8 @@ class Watchdog(threading.Thread):
         self._watched_states: dict = {}  # the peers' states of the last look that started an incident
         self._unseen: tuple = (None, None, 0.0)  # (progress, Flight-Recorder-only record found, idle of next read)
         self._peer_looks: dict = {}  # rank -> (pid, psutil facts, monotonic time) of the last look while silent
+        self._blocked_since = 0.0  # monotonic time this rank registered as waiting
+        self._last_to_block = False  # this round's registration made every rank waiting
 
     # ----- lifecycle -----
     def stop(self, timeout: float = 5.0) -> None:
@@ -144,12 +148,24 @@ class Watchdog(threading.Thread):
         super().start()
 
     def run(self) -> None:
-        while not self._stop_event.wait(self.config.interval):
+        """A full round every `interval`; between rounds a look every FAST_S that costs a few attribute reads, so that
+        a rank that has just blocked publishes at once (the last rank to block proves a deadlock without waiting for
+        anyone's round) and a blocked rank answers an incident at once (it blocks nothing: training is waiting)."""
+        due = time.monotonic() + self.config.interval
+        while not self._stop_event.wait(min(FAST_S, self.config.interval)):
+            now = time.monotonic()
             try:
-                if self._store_ok:
+                if not self._store_ok:
+                    if now >= due:
+                        due = now + self.config.interval
+                        self.tick_local()
+                elif now >= due or self._round_wanted_now(now):
+                    due = now + self.config.interval
                     self.tick()
-                else:
-                    self.tick_local()
+                elif self.registered_waiting and now - self._blocked_since < ANSWER_FAST_S:
+                    self._answer_incidents()
+                    if self.pending_abort is not None:
+                        self._check_abort()
             except StoreUnavailable as exc:
                 self._store_ok = False
                 self._log_once("store", "ddpwatch: the store stopped answering (%s); no longer publishing; "
@@ -159,6 +175,14 @@ class Watchdog(threading.Thread):
             finally:
                 if self._peer_failure.is_set() and not self._store_ok:
                     self._failure_done()
+
+    def _round_wanted_now(self, now: float) -> bool:
+        """Whether something cannot wait for the next round: a dump asked for, a peer's failure, or this rank
+        blocked for `grace` and not yet registered as waiting (one dict and one float read: no store, no lock)."""
+        if self._dump_requested.is_set() or self._peer_failure.is_set():
+            return True
+        return (not self.registered_waiting and bool(self.recorder.inflight)
+                and now - self.recorder.progress_mono >= self.config.grace)
 
     # ----- a peer's failure seen by the training thread (gloo: "Connection closed by peer") -----
     def on_collective_failure(self, error: BaseException) -> None:
@@ -269,7 +293,7 @@ class Watchdog(threading.Thread):
         if self._dump_requested.is_set():
             self._dump_requested.clear()
             self.run_incident(analysis.Assessment(analysis.DUMP, [], f"dump-{self.rank}-{time.time():.3f}"))
-        elif self._should_watch(state):
+        elif self._should_watch(state) or self._last_to_block:
             self.watch()
 
     def state(self, full: bool = False) -> dict:
@@ -366,10 +390,16 @@ class Watchdog(threading.Thread):
             pass  # the store may already be gone at shutdown; nothing to save
 
     def _update_waiting(self, state: dict) -> None:
+        """Register this rank as waiting (or no longer); the rank whose registration completes the count is the last
+        to block: it looks for a deadlock itself, at once, instead of leaving it to the leader's next round."""
         blocked = analysis.is_blocked(state, self.config.grace)
+        self._last_to_block = False
         if blocked != self.registered_waiting:
-            self.job.change_waiting(1 if blocked else -1)
+            waiting = self.job.change_waiting(1 if blocked else -1)
             self.registered_waiting = blocked
+            if blocked:
+                self._blocked_since = time.monotonic()
+                self._last_to_block = waiting >= self.world_size > 1
 
     # ----- who watches: rank 0, or the lowest rank whose peers below it have gone silent -----
     def _should_watch(self, state: dict) -> bool:
