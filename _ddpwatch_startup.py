@@ -43,7 +43,7 @@ def start():
     except Exception as exc:
         _warn(exc)
         return
-    process_startup(via="pth")  # never raises; a bad setting ends the process with status 2
+    process_startup(via="pth")  # never raises; a bad setting is one warning line here
 
 
 def _warn(exc):

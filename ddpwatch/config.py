@@ -326,8 +326,9 @@ def _read_text(path: str) -> tuple:
     try:
         with open(path, "rb") as handle:
             raw = handle.read()
-    except OSError as exc:
-        raise ConfigError(f"ddpwatch: cannot read {path}: {exc}") from None
+    except OSError as exc:  # mode 0000, say: it may hold ddpwatch's settings, so it cannot be passed over
+        raise ConfigError(f"ddpwatch: cannot read {path}, where ddpwatch looks for its settings: "
+                          f"{exc.strerror or exc}") from None
     try:
         return raw.decode("utf-8"), None
     except UnicodeDecodeError as exc:

@@ -6,10 +6,11 @@ Reached at interpreter start-up from two places, whichever comes first (the seco
   site.py has finished;
 - sitecustomize.py in this folder, which `ddpwatch run -- CMD` puts first on PYTHONPATH (like ddtrace-run).
 
-At start-up this only validates the configuration (a bad value ends the process with status 2, before the user's
-code runs) and registers an import hook; torch is not imported. Once torch.distributed has been imported,
-init_process_group is wrapped; its first call installs the guard, which arms the watchdog. A process that never
-creates a process group (torchrun's agent, DataLoader workers, any unrelated program) is not disturbed.
+At start-up this only reads the configuration and registers an import hook; torch is not imported. Once
+torch.distributed has been imported, init_process_group is wrapped; its first call installs the guard, which arms
+the watchdog. A process that never creates a process group (torchrun's agent, DataLoader workers, pip, any
+unrelated program) is not disturbed: a bad or unreadable setting is one warning line there, and the ConfigError
+with its reason is raised by the first init_process_group, where the guard starts.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ def process_startup(via: str = "pth") -> bool:
 
         if not config.is_enabled_in():
             return False
-        config.load()  # every bad value is reported now, not at the first init_process_group
+        config.load()  # a bad value is said now, once, in every process, but raised only where the guard starts
     except ConfigError as exc:
-        _refuse(exc)
+        _warn_bad_setting(exc)  # and hook init_process_group all the same: that is where the error is raised
     except Exception as exc:
         _warn(exc)
         return False
@@ -53,14 +54,15 @@ def process_startup(via: str = "pth") -> bool:
     return True
 
 
-def _refuse(exc: ConfigError) -> None:
-    """A job started under DDPWATCH=1 with a bad setting stops here: a silent half-start is worse."""
+def _warn_bad_setting(exc: ConfigError) -> None:
+    """One line: DDPWATCH=1 is inherited by every Python process (pip, editors' helpers, torchrun's agent), and
+    most never create a process group, so a typo must not stop them; a rank still fails, at init_process_group."""
+    reason = " ".join(str(exc).split())  # one line, whatever the parser's message looked like
     try:
-        sys.stderr.write(f"{exc}\nddpwatch: DDPWATCH is set, so this process stops now (exit status 2) "
-                         f"instead of running unwatched\n")
-        sys.stderr.flush()
-    finally:
-        os._exit(2)  # SystemExit here would escape site.py as a fatal start-up error
+        sys.stderr.write(f"{reason} -- ddpwatch is inactive in this process; init_process_group will raise this "
+                         f"error until the setting is fixed (or DDPWATCH is unset)\n")
+    except Exception:
+        pass
 
 
 def _warn(exc: BaseException) -> None:

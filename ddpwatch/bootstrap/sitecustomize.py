@@ -11,7 +11,7 @@ def _activate():
         from ddpwatch.bootstrap import process_startup
 
         process_startup(via="sitecustomize")
-    except Exception as exc:  # never break the program (a bad setting exits inside process_startup)
+    except Exception as exc:  # never break the program (a bad setting is a warning inside process_startup)
         sys.stderr.write(f"ddpwatch: start-up activation failed ({type(exc).__name__}: {exc}); running unwatched\n")
 
 

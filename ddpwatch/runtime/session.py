@@ -256,8 +256,9 @@ def _hold() -> Session | None:
             if _session is None or not _session.held:
                 install().held = True
             return _session
-    except config_module.ConfigError:
-        raise  # a bad value is an error before training starts, as with guard()
+    except config_module.ConfigError as exc:  # an error before training starts, as with guard(): never unwatched
+        raise config_module.ConfigError(f"{exc} (DDPWATCH is set, so init_process_group starts ddpwatch's guard "
+                                        f"here; fix the setting, or unset DDPWATCH to run unwatched)") from None
     except Exception:
         log.warning("ddpwatch: could not install the guard; training continues unwatched", exc_info=True)
         return None
