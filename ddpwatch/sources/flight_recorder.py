@@ -87,8 +87,8 @@ def _brief(value) -> str:
     return type(value).__name__
 
 
-# kind -> (estimated bytes of an empty one, bytes per item it holds): CPython 3.11's sizes, with the growth of a
-# dict (up to 55 bytes an item) and a set (up to 110) and the slot the item took on the unpickler's stack.
+# kind -> (estimated bytes of an empty one, bytes per item it holds) for a call's copy: CPython 3.11's sizes, with
+# the growth of a list (8 bytes a slot, 16 here), a dict (up to 55 bytes an item) and a set (up to 110).
 _CONTAINER_COST = {list: (56, 16), tuple: (40, 16), dict: (224, 64), set: (216, 128), frozenset: (216, 128)}
 _SIZED = (list, tuple, dict, set, frozenset, str, bytes)
 _SCALARS = (str, bytes, int, float, complex, bool, type(None))
@@ -143,9 +143,9 @@ def _charged_dispatch() -> dict:
     that is known from the stack (containers, the memo), after for the values read from the file (at most 4
     bytes of memory per byte read). Every opcode costs a stack slot (8 bytes) at least, so no opcode is free."""
     op = pickle
-    fixed = {op.MARK: _MARK_COST, op.EMPTY_DICT: 240, op.EMPTY_LIST: 72, op.EMPTY_SET: 232, op.TUPLE1: 64, op.TUPLE2: 72,
-             op.TUPLE3: 80, op.BININT: 48, op.BININT2: 48, op.BINFLOAT: 40, op.SETITEM: 64, op.PUT: 96,
-             op.BINPUT: 96, op.LONG_BINPUT: 96, op.MEMOIZE: 96}
+    fixed = {op.MARK: _MARK_COST, op.EMPTY_DICT: 240, op.EMPTY_LIST: 72, op.EMPTY_SET: 232, op.TUPLE1: 64,
+             op.TUPLE2: 72, op.TUPLE3: 80, op.BININT: 48, op.BININT2: 48, op.BINFLOAT: 40, op.SETITEM: 64,
+             op.PUT: 96, op.BINPUT: 96, op.LONG_BINPUT: 96, op.MEMOIZE: 96}  # a memo entry: its int key and slot
     per_item = {op.APPENDS: (0, 8), op.SETITEMS: (0, 32), op.ADDITEMS: (0, 128), op.LIST: (56, 8),
                 op.TUPLE: (40, 8), op.DICT: (224, 32), op.FROZENSET: (216, 128)}  # 32 per key and per value
     read = {op.BINUNICODE, op.SHORT_BINUNICODE, op.BINUNICODE8, op.UNICODE, op.BINSTRING, op.SHORT_BINSTRING,
