@@ -100,6 +100,9 @@ HOSTILE_PICKLES = {
     "refused_call_with_huge_args": builtin_call(b"int", shared_lists(11) + pickle.BINGET + b"\x0b", 2),
     # 4 MiB of EMPTY_SET: one 216-byte set per byte
     "empty_sets": b"\x80\x04" + pickle.EMPTY_SET * (4 << 20) + pickle.STOP,
+    # 4 MiB of MARK (a list each) and of MEMOIZE (a memo entry each)
+    "marks": b"\x80\x04" + pickle.MARK * (4 << 20) + pickle.STOP,
+    "memo_entries": b"\x80\x04" + pickle.NONE + pickle.MEMOIZE * (4 << 20) + pickle.STOP,
 }
 
 HOSTILE_JSON = {
@@ -141,11 +144,12 @@ def test_an_allowed_call_is_refused_before_it_builds_something_huge(tmp_path, na
     assert peak_mib < 200, (peak_mib, error[:300])
 
 
-def test_four_mib_of_empty_set_opcodes_stop_at_the_budget(tmp_path):
+@pytest.mark.parametrize("name", ["empty_sets", "marks", "memo_entries"])
+def test_four_mib_of_one_byte_opcodes_stop_at_the_budget(tmp_path, name):
     path = tmp_path / "fr_trace_0"
-    path.write_bytes(HOSTILE_PICKLES["empty_sets"])
+    path.write_bytes(HOSTILE_PICKLES[name])
     error, peak_mib = load_in_a_subprocess("pickle", path)
-    budget_mib = bounded.Budget("", len(HOSTILE_PICKLES["empty_sets"]), fr.PICKLE_BUILT_CAP,
+    budget_mib = bounded.Budget("", len(HOSTILE_PICKLES[name]), fr.PICKLE_BUILT_CAP,
                                 fr.PICKLE_BUILT_PER_BYTE).limit / 2**20
     assert "would build more than" in error, error[:1000]
     assert peak_mib < budget_mib + 150, (peak_mib, budget_mib)  # the sets built until then, and the interpreter
