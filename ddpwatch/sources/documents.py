@@ -6,7 +6,7 @@ import os
 
 from .. import snapshot as S
 from ..render.report import REPORT_JSON
-from . import schema
+from . import bounded, schema
 
 # format_version -> a function that turns a document of that version into the current one. Version 1 is the
 # current one; a future version 2 adds an entry `1: _upgrade_1_to_2` here so old folders keep loading.
@@ -32,11 +32,11 @@ def load_document(path: str) -> dict:
     """Any ddpwatch JSON file (incident or rank snapshot) of a version this ddpwatch reads, upgraded and checked
     against the schema (FormatError, one line, for anything else)."""
     foreign = f"{path}: not a ddpwatch report.json or rank-<r>.json"
-    data = schema.read_limited(path, schema.MAX_DOCUMENT_BYTES)
+    data = bounded.read_regular(path, schema.MAX_DOCUMENT_BYTES)
     if data[:1] == b"\x80":
         raise S.FormatError(f"{foreign} (a pickle: for Flight Recorder dumps use --flight-recorder FOLDER)")
     try:
-        doc = schema.loads(data, path)
+        doc = bounded.loads(data, path)
     except (UnicodeDecodeError, ValueError) as exc:
         if isinstance(exc, S.FormatError):
             raise

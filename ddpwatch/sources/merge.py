@@ -9,7 +9,7 @@ import sys
 from .. import snapshot as S
 from ..analysis import incident
 from ..render import report
-from . import documents
+from . import bounded, documents
 
 RANK_FILE = re.compile(r"^rank-(\d+)\.json$")
 PROGRESS_FROM = 64  # files; below this a progress bar is noise
@@ -20,13 +20,15 @@ class MergeError(S.FormatError):
 
 
 def _walk_rank_files(folder: str) -> tuple:
-    """(rank files under folder, folders holding a report.json); hidden folders (half-written staging) skipped."""
+    """(rank files under folder, folders holding a report.json); hidden folders (half-written staging) and what is not
+    a regular file (a FIFO would block the read) skipped."""
     files, incidents = [], []
     for root, dirs, names in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         if report.REPORT_JSON in names:
             incidents.append(root)
-        files.extend(os.path.join(root, name) for name in sorted(names) if RANK_FILE.match(name))
+        files.extend(path for path in (os.path.join(root, name) for name in sorted(names) if RANK_FILE.match(name))
+                     if bounded.regular_or_skipped(path))
     return files, incidents
 
 
@@ -34,11 +36,11 @@ def find_rank_files(paths: list) -> list:
     """Every rank-<r>.json under the given folders (recursively), plus the files named directly."""
     found = []
     for path in paths:
-        if os.path.isfile(path):
-            found.append(path)
-            continue
-        if not os.path.isdir(path):
+        if not os.path.exists(path):
             raise MergeError(f"{path}: no such file or folder")
+        if not os.path.isdir(path):
+            found.append(path)  # named: read, or refused in one line if it is no regular file (a FIFO would block)
+            continue
         files, incidents = _walk_rank_files(path)
         if len(incidents) > 1:
             raise MergeError(f"{path} holds {len(incidents)} incident folders ({incidents[0]}, {incidents[1]}, ...);"

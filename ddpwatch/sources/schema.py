@@ -366,25 +366,3 @@ def rank_snapshot(doc: dict, where: str, world_size: int | None = None) -> None:
 def incident(doc: dict, where: str) -> None:
     """A whole incident (report.json)."""
     _document_check("Incident", _world_size(doc, where, REQUIRED["Incident"]))(doc, where)
-
-
-def read_limited(path: str, limit: int) -> bytes:
-    """A file's bytes, refused (FormatError) past `limit` before anything is parsed."""
-    with open(path, "rb") as handle:
-        data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise S.FormatError(f"{path}: larger than {limit // 2**20} MiB, the most ddpwatch reads")
-    return data
-
-
-def loads(data: bytes, where: str):
-    """JSON from bytes: NaN and Infinity refused (they are not JSON), deep nesting an error, not a crash."""
-    def no_constants(token):
-        raise S.FormatError(f"{where}: {token} is not a JSON number")
-
-    try:
-        return json.loads(data.decode("utf-8"), parse_constant=no_constants)
-    except RecursionError:
-        raise S.FormatError(f"{where}: nested too deeply") from None
-    except MemoryError:
-        raise S.FormatError(f"{where}: too large to load into memory") from None
