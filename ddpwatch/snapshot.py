@@ -92,6 +92,16 @@ def load_json_text(text: str, what: str) -> dict:
     return check_version(doc, what)
 
 
+# What json.loads builds, per token, as measured on CPython 3.11 (a dict with keys 224 bytes, a list 56 + 8 a
+# slot, a number or string about 48 with its slot); counted in the raw bytes, strings included (an overcount).
+JSON_TOKEN_COST = ((b"{", 240), (b"[", 72), (b",", 48))
+
+
+def json_build_estimate(data: bytes) -> int:
+    """Bytes of memory json.loads would build from `data`, estimated at C speed before parsing (files, the store)."""
+    return sum(cost * data.count(token) for token, cost in JSON_TOKEN_COST)
+
+
 def dumps(doc: dict) -> str:
     """Serialise a snapshot or incident; anything not JSON-native becomes its repr rather than an error."""
     return json.dumps(doc, default=repr, sort_keys=False, indent=None, separators=(",", ":"))

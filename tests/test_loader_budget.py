@@ -120,8 +120,10 @@ try:
     error = None
 except BaseException as exc:
     error = f"{{type(exc).__name__}}: {{exc}}"
-print(json.dumps({{"error": error, "s": time.perf_counter() - start,
-                  "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork and exec, so a parent holding torch (300 MiB) would lift
+# every child's figure; the high-water mark of this process's own memory starts anew at exec.
+peak_kib = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({{"error": error, "s": time.perf_counter() - start, "peak_mib": peak_kib / 1024}}))
 """
 
 

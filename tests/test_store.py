@@ -1,6 +1,7 @@
 """The job protocol over a real in-process c10d store, and the watchdog's abort policy on a failing collective."""
 
 import ast
+import json
 import sys
 import time
 
@@ -213,3 +214,23 @@ def test_a_rank_that_has_just_blocked_wants_a_round_now_without_touching_the_sto
     dog.request_dump()
     assert dog._round_wanted_now(time.monotonic())
     recorder.finish(record)
+
+
+def test_a_value_that_would_build_too_much_is_left_out_before_parsing(job, monkeypatch):
+    import ddpwatch.runtime.store as store_module
+
+    for rank in range(WORLD):
+        job.publish(rank, {"rank": rank})
+    monkeypatch.setattr(store_module, "READ_BUILT_FLOOR", 1 << 20)  # the same rule at a size a test can afford
+    parsed = []
+
+    class CountingJson:
+        @staticmethod
+        def loads(text, **kwargs):
+            parsed.append(len(text))
+            return json.loads(text, **kwargs)
+
+    monkeypatch.setattr(store_module, "json", CountingJson)
+    job.store._store.set(job.store.key("pos", 1), '{"rank": 1, "x": [' + "{}," * 400_000 + "{}]}")  # 1.2 MB
+    assert sorted(job.positions()) == [0, 2, 3]
+    assert max(parsed) < 1000  # the big value was never handed to the parser, alone or joined

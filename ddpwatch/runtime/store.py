@@ -10,17 +10,26 @@ from .. import snapshot
 
 PREFIX = "ddpwatch/v1"
 MULTI_GET_SLICE = 512
+# Anyone who reaches the store's port can write a value there: what one read may build is budgeted before parsing
+# (snapshot.json_build_estimate), as the file loaders do. A rank's full incident answer is tens of KiB and a
+# 16,384-rank read of positions about 8 MiB (4.6 estimated bytes per byte); 25 MB of `{}` would build 1.3 GB.
+READ_BUILT_FLOOR = 64 * 2**20
+READ_BUILT_PER_BYTE = 12
 
 
 class StoreUnavailable(RuntimeError):
     """The store stopped answering; the watchdog stops publishing rather than raise into training."""
 
 
+def _within_budget(value: bytes) -> bool:
+    return snapshot.json_build_estimate(value) <= READ_BUILT_FLOOR + READ_BUILT_PER_BYTE * len(value)
+
+
 def _decode_all(keys: list, values: list) -> dict:
     """{key: doc}: the values decoded as one JSON array (one parser call instead of thousands), or one by one when
-    one of them is torn or foreign, which is then left out rather than trusted."""
+    one of them is torn, foreign or would build too much, which is then left out rather than trusted."""
     raw = [bytes(value) for value in values]
-    if len(raw) > 1:
+    if len(raw) > 1 and _within_budget(b"".join(raw)):
         try:
             docs = json.loads(b"[" + b",".join(raw) + b"]")
             if len(docs) == len(keys) and all(isinstance(doc, dict) for doc in docs):  # else a value was foreign
@@ -29,6 +38,8 @@ def _decode_all(keys: list, values: list) -> dict:
             pass
     docs = {}
     for key, value in zip(keys, raw):
+        if not _within_budget(value):
+            continue
         try:
             docs[key] = json.loads(value.decode("utf-8"))
         except (ValueError, UnicodeDecodeError):

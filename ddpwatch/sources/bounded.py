@@ -98,24 +98,18 @@ class Budget:
 
 # ---------------------------------------------------------------- JSON
 
-# What json.loads builds, per token, as measured on CPython 3.11 (a dict with keys 224 bytes, a list 56 + 8 a
-# slot, a number or string about 48 with its slot); counted in the raw bytes, strings included (an overcount).
-# ddpwatch's own 16,384-rank incident (report.json of 191 MiB: 1.2 M `{`, 1.5 M `[`, 10.8 M `,`) estimates at
-# 916 MiB and took 830 MiB to parse (peak RSS less the file read twice): 4.8 estimated bytes per file byte, so
-# JSON_BUILT_PER_BYTE = 12 leaves 2.5 times that; a list of rank numbers ("16383,") comes to 8. `{},` is 96.
-_JSON_TOKEN_COST = ((b"{", 240), (b"[", 72), (b",", 48))
+# ddpwatch's own 16,384-rank incident (report.json of 191 MiB: 1.2 M `{`, 1.5 M `[`, 10.8 M `,`) estimates
+# (snapshot.json_build_estimate) at 916 MiB and took 830 MiB to parse (peak RSS less the file read twice): 4.8
+# estimated bytes per file byte, so JSON_BUILT_PER_BYTE = 12 leaves 2.5 times that; a list of rank numbers
+# ("16383,") comes to 8. `{},` is 96.
 JSON_BUILT_PER_BYTE = 12
 JSON_BUILT_CAP = 2 * 2**30
-
-
-def _json_estimate(data: bytes) -> int:
-    return sum(cost * data.count(token) for token, cost in _JSON_TOKEN_COST)
 
 
 def loads(data: bytes, where: str):
     """JSON from bytes within a budget counted before parsing; NaN and Infinity refused (they are not JSON), deep
     nesting an error, not a crash (the C parser stops at the interpreter's recursion limit, about 1000 levels)."""
-    Budget(where, len(data), JSON_BUILT_CAP, JSON_BUILT_PER_BYTE).charge(_json_estimate(data))
+    Budget(where, len(data), JSON_BUILT_CAP, JSON_BUILT_PER_BYTE).charge(S.json_build_estimate(data))
 
     def no_constants(token):
         raise S.FormatError(f"{where}: {token} is not a JSON number")
