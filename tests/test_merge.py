@@ -11,6 +11,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from factory import incident, seed_states  # noqa: E402
 
 from ddpwatch import analysis, cli, snapshot as S
+from ddpwatch.config import DEFAULTS
 from ddpwatch.sources import merge
 from ddpwatch.render import report  # noqa: E402
 
@@ -45,7 +46,7 @@ def test_rank_files_in_two_host_folders_merge_into_the_seed_verdict(tmp_path, ca
     doc = json.loads(out)
     assert [(f["kind"], f["ranks"]) for f in doc["findings"]] == [("ddp_forward_on_subset", [0])]
     assert doc["world_size"] == 3 and doc["missing_ranks"] == [] and doc["written_by"] is None
-    assert doc["trigger"] == "deadlock" and doc["grace"] == 2.0 and doc["timeout"] == 300.0
+    assert doc["trigger"] == "deadlock" and doc["grace"] == DEFAULTS["grace"] and doc["timeout"] == 300.0
     assert doc["source"]["kind"] == "rank_files" and len(doc["source"]["files"]) == 3
     assert [s["rank"] for s in doc["ranks"]] == [0, 1, 2]
     code, text, _ = run(capsys, str(tmp_path))

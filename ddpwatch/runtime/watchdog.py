@@ -323,7 +323,7 @@ class Watchdog(threading.Thread):
             return
         key = (record["group"], record["seq"], record.get("peer"), record.get("api"))
         if self._explained[0] != key:
-            self._explained = (key, self._read_wait(doc.get("stacks")))
+            self._explained = (key, self._read_wait(doc.get("stacks"), record.get("site")))
         context, condition = self._explained[1]
         if context is not None:
             record["framework"] = dict(context, stack_site=record.get("site"))
@@ -331,7 +331,7 @@ class Watchdog(threading.Thread):
                 record["site"] = context["site"]
         doc["rank_condition"] = condition
 
-    def _read_wait(self, stacks) -> tuple:
+    def _read_wait(self, stacks, call_site) -> tuple:
         main = sys._current_frames().get(threading.main_thread().ident)
         context = None
         try:
@@ -343,6 +343,10 @@ class Watchdog(threading.Thread):
         if condition is None:
             stacks = stacks or python_stacks(skip_thread=threading.get_ident())
             condition = rankcond.rank_condition_of({"stacks": stacks})
+        if condition is None and call_site and call_site.get("file") and call_site.get("line"):
+            # The line that issued the collective: what the stack shows no more when the main thread has gone on
+            # (an async op, then 60 frames deep in an import of torch._dynamo, as funcol's first call does)
+            condition = rankcond.rank_condition_at_site(call_site)
         return context, condition
 
     def _add_unseen_collective(self, doc: dict) -> None:
