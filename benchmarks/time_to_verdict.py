@@ -20,7 +20,7 @@ TARGET_S = 1.0  # issue 19: a proven deadlock within 1 s of the last rank blocki
 STRAGGLER_TIMEOUT = 4
 # name -> (command after the interpreter, extra environment, proven deadlock?)
 CASES = {
-    "seed stall (ddp_forward_on_subset)": (["-m", "ddpwatch.examples.seed_stall"], {}, True),
+    "seed stall (ddp_forward_on_subset)": (["-m", "ddpwatch.examples.seed_stall", "--mark"], {}, True),
     "collective_on_subset": ([HANGS, "collective_on_subset"], {}, True),
     f"straggler (busy:60, DDPWATCH_TIMEOUT={STRAGGLER_TIMEOUT})": (
         [HANGS, "busy:60"], {"DDPWATCH_TIMEOUT": STRAGGLER_TIMEOUT}, False),

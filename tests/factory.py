@@ -10,6 +10,7 @@ from typing import NamedTuple
 DEFAULT_SITE = ("train.py", 72, "train")
 TORCH_FILE = "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 DDP_FILE = "/opt/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py"
+PATCH_FILE = "/opt/venv/lib/python3.11/site-packages/ddpwatch/runtime/patch.py"
 
 
 def as_site(where) -> dict | None:
@@ -17,7 +18,7 @@ def as_site(where) -> dict | None:
     if where is None or isinstance(where, dict):
         return where
     file, line, function = where
-    if "/" not in file:
+    if "/" not in file and not file.startswith("<"):  # "<ddpwatch hot path: barrier>" names no file
         file = "/u/" + file
     return {"file": file, "line": line, "function": function}
 
@@ -77,6 +78,17 @@ def main_stack(*frames) -> dict:
 def _waiting(inflight):
     pool = [r for r in inflight if not r.get("p2p")] or list(inflight)
     return max(pool, key=lambda r: r["age_s"]) if pool else None
+
+
+def wrapped_stack() -> dict:
+    """Rank 0's main stack in the seed stall with ddpwatch's own frames, shaped like a real report's: 3 of them (its
+    package's files and a generated hot-path wrapper) between the user's line and torch's, 3 innermost."""
+    return main_stack(("train.py", 120, "main"), ("val.py", 42, "validate"),
+                      (PATCH_FILE, 524, "forward", True), (PATCH_FILE, 512, "wrapper", True),
+                      ("<ddpwatch hot path: broadcast>", 32, "broadcast", True),
+                      (DDP_FILE, 1600, "forward", True), (TORCH_FILE, 2400, "_broadcast_coalesced", True),
+                      (PATCH_FILE, 287, "wrapper", True), (PATCH_FILE, 474, "body", True),
+                      (PATCH_FILE, 296, "_finish_on_error", True))
 
 
 def default_stacks(inflight, user_line=DEFAULT_SITE) -> list:

@@ -13,7 +13,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from factory import barrier, done, incident, main_stack, rank_state, seed_states, states  # noqa: E402
+from factory import (DDP_FILE, TORCH_FILE, barrier, done, incident, main_stack, rank_state, seed_states,  # noqa: E402
+                     states, wrapped_stack)
 
 from ddpwatch import analysis  # noqa: E402
 from ddpwatch.render.html import render_html  # noqa: E402
@@ -49,6 +50,26 @@ def test_seed_page_has_one_lane_per_rank_and_the_divergence_highlighted():
     assert sorted(boxes(page, "waiting")) == ["1", "1", "2", "2"]
     assert re.search(r'class="op in_flight mismatch culprit ddp"[^>]*><title>rank 0 - group 0 seq 11: broadcast of '
                      r"module buffers inside DistributedDataParallel.forward called at val.py:42", page)
+
+
+def wrapped_incident():
+    """The seed incident with ddpwatch's own frames in rank 0's main stack."""
+    st = seed_states(2)
+    st[0]["stacks"] = [wrapped_stack()]
+    return incident(st, analysis.analyze(st, 2, 2.0, 300.0))
+
+
+FOLDED_RANK0 = ["/u/train.py:120 in main", "/u/val.py:42 in validate", "... 3 ddpwatch frames",
+                f"{DDP_FILE}:1600 in forward", f"{TORCH_FILE}:2400 in _broadcast_coalesced", "... 3 ddpwatch frames"]
+
+
+def test_ddpwatch_own_frames_fold_into_one_line_in_the_stacks_section():
+    page = render_html(wrapped_incident())
+    rank0 = re.search(r'<section id="stacks">.*?<summary>rank 0</summary><ol class="frames">(.*?)</ol>', page,
+                      re.S).group(1)
+    assert [html.unescape(item) for item in re.findall(r"<li[^>]*>(.*?)</li>", rank0)] == FOLDED_RANK0
+    assert rank0.count('<li class="internal own">') == 2
+    assert embedded(page)["ranks"][0]["stacks"] == [wrapped_stack()]  # the embedded data keeps every frame
 
 
 def test_the_verdict_comes_first_then_the_timeline_then_the_stacks():
@@ -280,9 +301,8 @@ console.log(JSON.stringify(out));
 """
 
 
-@pytest.mark.skipif(NODE is None, reason="no `node` on PATH: the page's script is run against a fake DOM only there")
-def test_page_script_shows_details_and_switches_views(tmp_path):
-    page = render_html(seed_incident(3))
+def run_page_script(page, tmp_path) -> dict:
+    """The page's script run by node against FAKE_DOM: what it showed on load, after a click, after a view switch."""
     ops = [dict(re.findall(r'([\w-]+)="([^"]*)"', attrs)) for attrs in re.findall(r'<g (class="op [^>]*)>', page)]
     buttons = [{"data-view": view} for view in re.findall(r'<button type="button" data-view="([^"]+)"', page)]
     script = re.findall(r"<script>(.*?)</script>", page, re.S)[-1]
@@ -292,7 +312,12 @@ def test_page_script_shows_details_and_switches_views(tmp_path):
     run = subprocess.run([NODE, str(tmp_path / "dom.js"), str(tmp_path / "page.json")], capture_output=True,
                          text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    result = json.loads(run.stdout)
+    return json.loads(run.stdout)
+
+
+@pytest.mark.skipif(NODE is None, reason="no `node` on PATH: the page's script is run against a fake DOM only there")
+def test_page_script_shows_details_and_switches_views(tmp_path):
+    result = run_page_script(render_html(seed_incident(3)), tmp_path)
     assert result["ready"] == "1"
     assert result["onload"].startswith("rank 0: broadcast [_broadcast_coalesced] group 0 seq 11, in_flight for 3.0 s")
     assert "inside ddp_forward called at /u/val.py:42 in validate()" in result["onload"]
@@ -300,3 +325,10 @@ def test_page_script_shows_details_and_switches_views(tmp_path):
     assert result["clicked"].startswith("rank 1: barrier [barrier] group 0 seq 11, in_flight")
     assert "call site: /u/train.py:88 in train()" in result["clicked"]
     assert result["timeShown"] is True
+
+
+@pytest.mark.skipif(NODE is None, reason="no `node` on PATH: the page's script is run against a fake DOM only there")
+def test_page_script_folds_ddpwatch_own_frames_in_the_details(tmp_path):
+    result = run_page_script(render_html(wrapped_incident()), tmp_path)
+    shown = result["onload"].split("main-thread stack of rank 0 (most recent call last):\n")[1]
+    assert shown.splitlines() == [("  > " if line.startswith("/u/") else "    ") + line for line in FOLDED_RANK0]

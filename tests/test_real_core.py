@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(150)
 
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_seed_stall_is_ddp_forward_on_subset_naming_rank0_and_the_line(tmp_path, nprocs):
-    results = run_case(["-m", "ddpwatch.examples.seed_stall"], nprocs, tmp_path, DDPWATCH_ACTION="abort")
+    results = run_case(["-m", "ddpwatch.examples.seed_stall", "--mark"], nprocs, tmp_path, DDPWATCH_ACTION="abort")
     assert all(r.returncode == 3 for r in results), describe(results)
     incident = load_only_report(tmp_path)
     [finding] = incident["findings"]

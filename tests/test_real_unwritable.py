@@ -20,7 +20,7 @@ SMALL_FILES = ("import os, resource, sys\n"
 
 def test_with_no_file_writable_the_verdict_is_on_stderr_and_abort_ends_every_rank(tmp_path):
     # Before: a chained traceback ("watchdog error, continuing"), no verdict, and the job hung until killed.
-    results = run_case(["-c", SMALL_FILES, seed.__file__], 2, tmp_path, timeout=90, DDPWATCH_ACTION="abort")
+    results = run_case(["-c", SMALL_FILES, seed.__file__, "--mark"], 2, tmp_path, timeout=90, DDPWATCH_ACTION="abort")
     ended = time.time()
     assert [r.returncode for r in results] == [3, 3], describe(results)
     writer = next(r for r in results if "[ddp_forward_on_subset] culprit: rank 0" in r.stderr)

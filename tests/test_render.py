@@ -8,10 +8,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from factory import barrier, ddp_broadcast, done, incident, rank_state, seed_states, states  # noqa: E402
+from factory import (DDP_FILE, TORCH_FILE, barrier, ddp_broadcast, done, frame, incident, main_stack,  # noqa: E402
+                     rank_state, seed_states, states, wrapped_stack)
 
 from ddpwatch import analysis, snapshot as S  # noqa: E402
-from ddpwatch.render import render_json, render_text  # noqa: E402
+from ddpwatch.render import render_json, render_text, stack_lines_shown  # noqa: E402
 
 GRACE, TIMEOUT_S = 2.0, 300.0
 STACK_FRAME_PREFIXES = ("  > ", "    /")
@@ -68,6 +69,46 @@ def test_stacks_show_user_frames_and_group_identical_stacks():
     assert "Main-thread stack of ranks 1-2 (most recent call last):" in text
     assert "  > /u/val.py:42 in validate" in text
     assert "  > /u/train.py:88 in train" in text
+
+
+def test_ddpwatch_own_frames_fold_into_one_line_and_torch_frames_stay():
+    st = seed_states(2)
+    st[0]["stacks"] = [wrapped_stack()]
+    doc = incident(st, analysis.analyze(st, 2, GRACE, TIMEOUT_S))
+    stack = section(render_text(doc), "Main-thread stack of rank 0 (most recent call last):")
+    assert stack[6] == "Main-thread stack of rank 1 (most recent call last):"
+    assert stack[:6] == ["  > /u/train.py:120 in main",
+                     "  > /u/val.py:42 in validate",
+                     "    ... 3 ddpwatch frames",
+                     f"    {DDP_FILE}:1600 in forward",
+                     f"    {TORCH_FILE}:2400 in _broadcast_coalesced",
+                     "    ... 3 ddpwatch frames"]
+    # report.json keeps every frame: programs read it.
+    assert json.loads(render_json(doc))["ranks"][0]["stacks"] == [wrapped_stack()]
+
+
+def test_only_ddpwatch_own_frames_fold_not_its_examples_nor_torch_in_a_checkout_named_ddpwatch():
+    venv_torch = "/home/u/ddpwatch/.venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py"
+    frames = main_stack(("/home/u/ddpwatch/ddpwatch/examples/seed_stall.py", 54, "validation"),
+                        ("/home/u/ddpwatch/train.py", 9, "step"),
+                        ("/home/u/ddpwatch/ddpwatch/runtime/patch.py", 512, "wrapper", True),
+                        ("C:\\py\\Lib\\site-packages\\ddpwatch\\runtime\\patch.py", 287, "wrapper", True),
+                        ("/usr/lib/python3/dist-packages/_ddpwatch_startup.py", 3, "<module>", True),
+                        (venv_torch, 1886, "forward", True))["frames"]
+    assert stack_lines_shown(frames) == ["  > /home/u/ddpwatch/ddpwatch/examples/seed_stall.py:54 in validation",
+                                         "  > /home/u/ddpwatch/train.py:9 in step",
+                                         "    ... 3 ddpwatch frames",
+                                         f"    {venv_torch}:1886 in forward"]
+
+
+def test_a_run_of_library_and_ddpwatch_frames_left_out_is_named_for_both():
+    frames = main_stack(("train.py", 1, "main"), (DDP_FILE, 1600, "forward", True),
+                        ("/x/ddpwatch/runtime/patch.py", 512, "wrapper", True), (DDP_FILE, 1700, "_pre_forward", True),
+                        (TORCH_FILE, 1, "a", True), (TORCH_FILE, 2, "b", True), (TORCH_FILE, 3, "c", True),
+                        ("<ddpwatch hot path: barrier>", 32, "barrier", True))["frames"]
+    assert stack_lines_shown(frames) == ["  > /u/train.py:1 in main", "    ... 3 library and ddpwatch frames",
+                                         f"    {TORCH_FILE}:1 in a", f"    {TORCH_FILE}:2 in b",
+                                         f"    {TORCH_FILE}:3 in c", "    ... 1 ddpwatch frame"]
 
 
 def test_every_line_fits_80_columns_except_stack_frames():
@@ -184,6 +225,8 @@ def golden_seed_incident():
         state["ddp_steps"] = 4
         state["process"] = {"status": "sleeping", "cpu_percent": 0.5, "rss_mb": 317.2, "threads": 8}
     st[0]["progress_bars"] = [{"desc": "validation", "n": 0, "total": 3, "since_update_s": 3.1}]
+    st[0]["stacks"] = [wrapped_stack()]  # ddpwatch's own frames, as real stacks have them: folded in the text
+    st[1]["stacks"][0]["frames"].insert(2, frame(("<ddpwatch hot path: barrier>", 32, "barrier"), internal=True))
     mismatched = [
         {"ranks": [0], "group": "0", "seq": 11, "op": "broadcast", "api": "_broadcast_coalesced", "shapes": [[8]],
          "dtypes": ["float32"], "site": st[0]["inflight"][0]["site"], "region": st[0]["inflight"][0]["region"],

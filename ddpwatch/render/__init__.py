@@ -20,6 +20,12 @@ MAX_VALUE_GROUPS = 4
 RANKS_TEXT_BUDGET = 32
 MAX_EXPANDED_RANKS = 2**20  # a rank run in prose longer than this is no job's: left as written
 STACK_INDENT_USER, STACK_INDENT_INTERNAL = "  > ", "    "
+# ddpwatch's own frames, told from the path alone so that a report renders the same on any machine: a file in the
+# package or one folder below it (not the bundled examples, which play the user's part), the start-up hook, and the
+# generated per-collective wrappers "<ddpwatch hot path: barrier>". At most one folder deep: torch in a virtualenv
+# inside a checkout named ddpwatch (ddpwatch/.venv/lib/.../torch/...) stays torch. Also read by report.html's script.
+OWN_FRAME_FILE = re.compile(r"(^|[/\\])ddpwatch[/\\]((?!examples[/\\])[^/\\]+[/\\])?[^/\\]+\.py$"
+                            r"|(^|[/\\])_ddpwatch_startup\.py$|^<ddpwatch ")
 SOURCES = {"rank_files": "rank files", "flight_recorder": "Flight Recorder dumps"}
 
 
@@ -205,17 +211,51 @@ def _frame_line(frame: dict) -> str:
     return f"{mark}{frame['file']}:{frame['line']} in {frame['function']}"
 
 
+def is_own_frame(frame: dict) -> bool:
+    """A frame of ddpwatch itself (its package, not the bundled examples; its generated hot-path wrappers)."""
+    return bool(frame.get("internal")) and bool(OWN_FRAME_FILE.search(str(frame.get("file") or "")))
+
+
+def own_frame_runs(frames: list) -> list:
+    """The frames with each run of ddpwatch's own frames replaced by its length (an int): what people are shown."""
+    items: list = []
+    for frame in frames:
+        if not is_own_frame(frame):
+            items.append(frame)
+        elif items and isinstance(items[-1], int):
+            items[-1] += 1
+        else:
+            items.append(1)
+    return items
+
+
+def folded_frames_text(count: int, what: str = "ddpwatch") -> str:
+    """'... 3 ddpwatch frames': the one line that stands for frames left out."""
+    return f"... {count} {what} frame{'s' if count > 1 else ''}"
+
+
+def _folded_line(hidden: int, own: int) -> str:
+    what = "ddpwatch" if own == hidden else "library" if not own else "library and ddpwatch"
+    return STACK_INDENT_INTERNAL + folded_frames_text(hidden, what)
+
+
 def stack_lines_shown(frames: list) -> list:
-    """Every user frame plus the three innermost (where it blocks); runs of library frames left out say so in place."""
-    lines, hidden = [], 0
+    """Every user frame plus the three innermost others (where it blocks); ddpwatch's own frames never (they are the
+    watcher, not the program), and runs of frames left out say so in place."""
+    own = {index for index, frame in enumerate(frames) if is_own_frame(frame)}
+    innermost = set([index for index in range(len(frames)) if index not in own][-3:])
+    lines, hidden, hidden_own = [], 0, 0
     for index, frame in enumerate(frames):
-        if frame.get("internal") and index < len(frames) - 3:
+        if frame.get("internal") and index not in innermost:  # ddpwatch's own are internal, never innermost
             hidden += 1
+            hidden_own += index in own
             continue
         if hidden:
-            lines.append(f"{STACK_INDENT_INTERNAL}... {hidden} library frame{'s' if hidden > 1 else ''}")
-            hidden = 0
+            lines.append(_folded_line(hidden, hidden_own))
+            hidden = hidden_own = 0
         lines.append(_frame_line(frame))
+    if hidden:
+        lines.append(_folded_line(hidden, hidden_own))
     if len(lines) > MAX_STACK_LINES:  # deep user recursion: keep the outermost two and the innermost frames
         lines = lines[:2] + [f"{STACK_INDENT_INTERNAL}... {len(lines) - MAX_STACK_LINES + 1} more lines"] \
             + lines[-(MAX_STACK_LINES - 3):]

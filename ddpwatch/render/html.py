@@ -308,12 +308,19 @@ def _positions_html(incident: dict) -> str:
             f'<th>for</th></tr>{"".join(rows)}</table></section>')
 
 
+def _frame_item(item) -> str:
+    """One line of a stack: a frame, or (an int) a run of ddpwatch's own frames folded into one line."""
+    if isinstance(item, int):
+        return f'<li class="internal own">{_e(render.folded_frames_text(item))}</li>'
+    return (f'<li class="{"internal" if item.get("internal") else "user"}">{_e(item.get("file"))}:'
+            f'{_e(item.get("line"))} in {_e(item.get("function"))}</li>')
+
+
 def _stacks_html(incident: dict) -> str:
     groups, without = render.stack_groups(incident)
     parts = ['<section id="stacks"><h2>Main-thread stacks, per group of ranks (most recent call last)</h2>']
     for ranks, main in sorted(groups, key=lambda g: g[0][0]):
-        frames = "".join(f'<li class="{"internal" if f.get("internal") else "user"}">{_e(f.get("file"))}:'
-                         f'{_e(f.get("line"))} in {_e(f.get("function"))}</li>' for f in main.get("frames") or ())
+        frames = "".join(_frame_item(item) for item in render.own_frame_runs(main.get("frames") or []))
         parts.append(f'<details open><summary>{_e(rank_list(ranks))}</summary><ol class="frames">{frames}</ol>'
                      f'</details>')
     if without:
@@ -418,6 +425,7 @@ white-space:pre-wrap;font:12px ui-monospace,monospace}
 table{border-collapse:collapse;background:#fff}td,th{border:1px solid #dde2e7;padding:3px 8px;text-align:left}
 tr.waiting td:first-child{color:#e65100}tr.busy td:first-child{color:#6a1b9a}
 .frames{font:12px ui-monospace,monospace;margin:4px 0;padding-left:28px}.frames .internal{color:#8a949e}
+.frames .own{font-style:italic}
 .frames .user{font-weight:bold}details{background:#fff;border:1px solid #dde2e7;border-radius:6px;padding:4px 10px;
 margin:6px 0}summary{cursor:pointer;font-weight:bold}
 """
@@ -429,6 +437,8 @@ var doc=JSON.parse(document.getElementById('incident-data').textContent);
 var byRank={};(doc.ranks||[]).forEach(function(s){byRank[s.rank]=s;});
 var details=document.getElementById('details');
 function site(w){return w?(w.file+':'+w.line+' in '+w.function+'()'):'?';}
+var ownFile=new RegExp(OWN_FRAME_FILE);  // render.OWN_FRAME_FILE: ddpwatch's own frames, folded as in report.txt
+function own(f){return !!f.internal&&ownFile.test(String(f.file||''));}
 function show(g){
   document.querySelectorAll('.op.sel').forEach(function(x){x.classList.remove('sel');});
   g.classList.add('sel');
@@ -446,7 +456,12 @@ function show(g){
   var main=(s.stacks||[]).filter(function(t){return t.main;})[0];
   if(main){
     lines.push('','main-thread stack of rank '+s.rank+' (most recent call last):');
-    main.frames.forEach(function(f){lines.push((f.internal?'    ':'  > ')+f.file+':'+f.line+' in '+f.function);});
+    var run=0;
+    main.frames.concat([null]).forEach(function(f){
+      if(f&&own(f)){run++;return;}
+      if(run){lines.push('    ... '+run+' ddpwatch frame'+(run>1?'s':''));run=0;}
+      if(f){lines.push((f.internal?'    ':'  > ')+f.file+':'+f.line+' in '+f.function);}
+    });
   }
   details.textContent=lines.join('\n');
 }
@@ -472,3 +487,7 @@ if(mark&&mark.getBBox&&mark.closest){var pane=mark.closest('.scroll');
 document.body.setAttribute('data-ready','1');
 })();
 """
+# The script folds ddpwatch's own frames by report.txt's very pattern (a JSON string is a JS string literal; "<"
+# escaped as in the embedded incident).
+_JS = _JS.replace("new RegExp(OWN_FRAME_FILE)",
+                  "new RegExp(" + json.dumps(render.OWN_FRAME_FILE.pattern).replace("<", "\\u003c") + ")")
