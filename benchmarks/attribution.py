@@ -255,19 +255,105 @@ def run(name: str, mode: str) -> dict:
     return table(name, results, seconds, rounds)
 
 
+WRAPPER_PARTS = ("off (no guard)", "a pass-through Python wrapper", "the Patcher, Recorder.begin/finish stubbed",
+                 "the Patcher (the wrapper only, no watchdog)")
+WRAPPER_PROBE = {"full": (2000, 8), "quick": (100, 1)}  # (all_reduces per block, palindrome rounds)
+
+
+def wrapper_parts_worker(calls: int, rounds: int) -> None:
+    """One gloo rank (world size 1): the wrapper's own parts on a real, blocking collective, in a palindrome."""
+    import torch
+    import torch.distributed as dist
+
+    from ddpwatch.launch import free_port
+    from ddpwatch.runtime.patch import Patcher
+    from ddpwatch.runtime.record import Recorder
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    one, original = torch.ones(1), dist.all_reduce
+
+    def passthrough():
+        def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+            return original(tensor, op, group, async_op)
+
+        dist.all_reduce = all_reduce
+        return lambda: setattr(dist, "all_reduce", original)
+
+    def patcher(stubbed: bool):
+        recorder = Recorder()
+        if stubbed:
+            record = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
+            recorder.begin = lambda *args: record
+            recorder.finish_returned = lambda record: None
+        patched = Patcher(recorder)
+        patched.patch()
+        return patched.unpatch
+
+    switches = (lambda: (lambda: None), passthrough, lambda: patcher(True), lambda: patcher(False))
+    blocks: dict = {part: [] for part in range(len(switches))}
+    op = lambda: dist.all_reduce(one)
+    timed_block(op, calls // 10, None)
+    for _ in range(rounds):
+        for part in list(range(len(switches))) + list(reversed(range(len(switches)))):
+            undo = switches[part]()
+            blocks[part].append(timed_block(op, calls, None))
+            undo()
+    dist.destroy_process_group()
+    C.emit({"ops": calls, "blocks": {str(k): v for k, v in blocks.items()}})
+
+
+def wrapper_parts(mode: str) -> None:
+    calls, rounds = WRAPPER_PROBE[mode]
+    code, out, err = C.run_bounded([sys.executable, "-m", "benchmarks.attribution", "--worker", "wrapper-parts",
+                                    str(calls), str(rounds)], timeout=600)
+    results = C.parse_results(out)
+    if code != 0 or not results:
+        raise SystemExit(f"wrapper-parts worker failed (exit {code}):\n{err[-3000:]}")
+    rows = []
+    for part, name in enumerate(WRAPPER_PARTS):
+        thread = C.paired(per_op_us(results, 0, "thread"), per_op_us(results, part, "thread"))
+        rows.append([name, thread["on"], thread["added"], f"{thread['added_min']:.1f} .. {thread['added_max']:.1f}"])
+    C.print_table(f"The wrapper's parts on a real collective: one gloo rank (world size 1), all_reduce 1 elem, "
+                  f"{calls} calls per block, {rounds} palindrome rounds; calling-thread CPU",
+                  ["what wraps dist.all_reduce", "us per op", "added (us)", "added, min .. max over rounds"], rows)
+
+
+def snapshot_cost(mode: str) -> None:
+    """The watchdog's snapshot of this rank, every round: its CPU time with a full ring (best of 5 blocks, hot)."""
+    from ddpwatch.runtime.record import Recorder
+
+    recorder, here = Recorder(), sys._getframe()
+    for _ in range(2 * recorder.ring.maxlen):
+        recorder.finish(recorder.begin("all_reduce", "all_reduce", "0", (), here))
+    calls = 2000 if mode == "full" else 200
+    rows = []
+    for recent in (8, 0):
+        best = min(timed_block(lambda: recorder.snapshot(recent), calls, None)["thread"] for _ in range(5))
+        rows.append([f"Recorder.snapshot(recent={recent}), {len(recorder.ring)} records in the ring", best / calls * 1e6])
+    C.print_table("The watchdog round's snapshot (no ranks: a Recorder filled in this process; thread CPU, best of 5 "
+                  f"blocks of {calls})", ["call", "us per call"], rows)
+
+
 def main(argv=None) -> None:
     args = C.parser(__doc__)
     args.add_argument("--worker", nargs=3, metavar=("RUN", "SECONDS", "ROUNDS"), help=argparse.SUPPRESS)
     args.add_argument("--runs", choices=list(RUNS), nargs="+", default=list(RUNS), help="which loops to attribute")
     opts = args.parse_args(argv)
     if opts.worker:
-        worker(opts.worker[0], float(opts.worker[1]), int(opts.worker[2]))
+        if opts.worker[0] == "wrapper-parts":
+            wrapper_parts_worker(int(opts.worker[1]), int(opts.worker[2]))
+        else:
+            worker(opts.worker[0], float(opts.worker[1]), int(opts.worker[2]))
         return
     mode = "quick" if opts.quick else "full"
     C.header("attribution: which part of the guard costs what on real collectives", opts.quick)
     shipped = LEVELS[PUBLISH]
     if opts.quick:
         print("(quick mode: blocks shorter than one watchdog round; the figures below are indicative only)")
+    snapshot_cost(mode)
+    wrapper_parts(mode)
     for name in opts.runs:
         stats = run(name, mode)[shipped]
         if name == "gloo":

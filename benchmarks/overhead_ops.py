@@ -224,14 +224,19 @@ def guard_wall_worker(seconds: float, rounds: int) -> None:
                                                     "on": [b[clock] for b in blocks[True]]}} for clock in CLOCKS}})
 
 
-def run_guard_wall(mode: str) -> None:
-    seconds, rounds = GUARD_WALL[mode]
-    rc, out, err = C.run_bounded([sys.executable, "-m", "benchmarks.overhead_ops", "--worker", "guard-wall",
-                                  str(seconds), str(rounds)], timeout=600)
+def run_worker(kind: str, first, second, timeout: float) -> dict:
+    """One single-process worker of this benchmark, bounded; its results, or the benchmark fails saying why."""
+    rc, out, err = C.run_bounded([sys.executable, "-m", "benchmarks.overhead_ops", "--worker", kind, str(first),
+                                  str(second)], timeout=timeout)
     results = C.parse_results(out)
     if rc != 0 or not results:
-        raise SystemExit(f"guard() wall-clock worker failed (exit {rc}):\n{err[-3000:]}")
-    facts = results[0]
+        raise SystemExit(f"{kind} worker failed (exit {rc}):\n{err[-3000:]}")
+    return results[0]
+
+
+def run_guard_wall(mode: str) -> None:
+    seconds, rounds = GUARD_WALL[mode]
+    facts = run_worker("guard-wall", seconds, rounds, timeout=600)
     rows = []
     for clock in CLOCKS:
         s = summarize([facts], clock)["all_reduce 1 elem"]
@@ -289,12 +294,7 @@ def spread(s: dict) -> str:
 
 def run_fake(mode: str) -> None:
     iterations, rounds = FAKE[mode]
-    rc, out, err = C.run_bounded([sys.executable, "-m", "benchmarks.overhead_ops", "--worker", "fake",
-                                  str(iterations), str(rounds)], timeout=300)
-    results = C.parse_results(out)
-    if rc != 0 or not results:
-        raise SystemExit(f"fake-pg worker failed (exit {rc}):\n{err[-3000:]}")
-    facts = results[0]
+    facts = run_worker("fake", iterations, rounds, timeout=300)
     stats = summarize([facts], "thread")
     single_ops = set(stats) - {name for name in stats if name.startswith("loop")}  # the target is per collective
     cold = summarize([facts["cold"]], "thread")["all_reduce 1 elem"]

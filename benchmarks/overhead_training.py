@@ -120,15 +120,17 @@ def worker(steps: int, rounds: int, toggle: bool) -> None:
                       for clock in CLOCKS}})
 
 
-def run_config(name: str, mode: str) -> dict:
+def run_config(name: str, mode: str, rounds: int | None = None) -> dict:
     """One launch of 2 ranks; a crash is a result (DETAIL segfaults at DDP construction on gloo in 2.13)."""
     from ddpwatch.launch import run_ranks
 
     extra, toggle = CONFIGS[name]
-    steps, rounds = SIZES[mode]
+    steps, default_rounds = SIZES[mode]
+    rounds = rounds or default_rounds
     command = [sys.executable, "-m", "benchmarks.overhead_training", "--worker", str(steps), str(rounds),
                "1" if toggle else "0"]
-    ranks = run_ranks(command, 2, env=C.child_env(**extra), timeout=300 if mode == "full" else 120, cwd=C.ROOT)
+    limit = (300 if mode == "full" else 120) * max(1, rounds // default_rounds)
+    ranks = run_ranks(command, 2, env=C.child_env(**extra), timeout=limit, cwd=C.ROOT)
     results = [doc for r in ranks for doc in C.parse_results(r.stdout)]
     outcome = "finished" if len(results) == 2 else describe_failure(ranks)
     return {"name": name, "toggle": toggle, "results": results, "outcome": outcome}
@@ -189,7 +191,8 @@ def row(run: dict) -> list:
 
 
 def table(runs: list) -> None:
-    C.print_table("Small DDP loop on 2 gloo ranks (CNN + BatchNorm, SGD, barrier + metric all_reduce per step); "
+    C.print_table("Small DDP loop on 2 gloo ranks (CNN + BatchNorm, SGD, gradients accumulated over 2 micro-steps with "
+                  "no_sync, a barrier per optimizer step, a metric all_reduce per micro-step); "
                   "medians of per-round means over both ranks",
                   ["configuration", "wall without guard (ms/step)", "wall with guard (ms/step)",
                    "wall added (us/step)", "wall added, min .. max (us)", "wall ratio",
@@ -200,6 +203,8 @@ def table(runs: list) -> None:
 def main(argv=None) -> None:
     args = C.parser(__doc__)
     args.add_argument("--worker", nargs=3, metavar=("STEPS", "ROUNDS", "TOGGLE"), help=argparse.SUPPRESS)
+    args.add_argument("--rounds", type=int, help="A/B/B/A rounds per configuration (more rounds, smaller spread)")
+    args.add_argument("--only-default", action="store_true", help="only the default configuration (Flight Recorder on)")
     opts = args.parse_args(argv)
     if opts.worker:
         worker(int(opts.worker[0]), int(opts.worker[1]), opts.worker[2] == "1")
@@ -207,10 +212,12 @@ def main(argv=None) -> None:
     mode = "quick" if opts.quick else "full"
     C.header("overhead_training: step time with and without the guard", opts.quick)
     steps, rounds = SIZES[mode]
+    rounds = opts.rounds or rounds
     print(f"{steps} steps per block, {rounds} A/B/B/A rounds per configuration; each configuration is its own "
           f"launch (the environment is read at start-up)")
     names = QUICK_CONFIGS if opts.quick else tuple(CONFIGS)
-    runs = [run_config(name, mode) for name in names]
+    names = names[:1] if opts.only_default else names
+    runs = [run_config(name, mode, rounds) for name in names]
     table(runs)
     for run in runs:
         stats = summarize(run) if run["toggle"] else None
