@@ -30,7 +30,6 @@ RUNS = {
     "ddp": ("gloo", "ddp", "benign DDP training on gloo, 2 ranks: per step (benchmarks/overhead_training.py's step: "
                            "BatchNorm, no_sync accumulation, metric all_reduce)"),
 }
-TARGET_THREAD_US = 3.0  # issue 19: added calling-thread CPU per real gloo collective
 TARGET_WATCHDOG_US_PER_S = 500.0  # "a few hundred microseconds per second" of the watchdog thread's CPU
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time, "process": time.process_time}
 
@@ -354,12 +353,10 @@ def main(argv=None) -> None:
         print("(quick mode: blocks shorter than one watchdog round; the figures below are indicative only)")
     snapshot_cost(mode)
     wrapper_parts(mode)
+    # The per-op thread-CPU target is judged by overhead_ops (plain A/B/B/A against the guard as shipped): here the
+    # as-shipped blocks sit in the middle of each palindrome, farthest in time from the unguarded ones.
     for name in opts.runs:
         stats = run(name, mode)[shipped]
-        if name == "gloo":
-            added = stats["thread"]["added"]
-            print(f"target: added calling-thread CPU <= {TARGET_THREAD_US:g} us per gloo collective: {added:.2f} us "
-                  f"({'met' if added <= TARGET_THREAD_US else 'NOT met'})")
         wd = stats["watchdog_us_per_s"]
         print(f"target: watchdog thread CPU while nothing is wrong <= {TARGET_WATCHDOG_US_PER_S:g} us per s "
               f"({name}): {wd:.0f} us per s ({'met' if wd <= TARGET_WATCHDOG_US_PER_S else 'NOT met'})\n")
