@@ -10,6 +10,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULT_TAG = "BENCH-RESULT "
@@ -123,6 +124,17 @@ def parse_results(text: str) -> list:
     return [json.loads(line[len(RESULT_TAG):]) for line in text.splitlines() if line.startswith(RESULT_TAG)]
 
 
+def thread_cpu(thread) -> float:
+    """CPU seconds another thread has used so far, from its own CPU clock (pthread_getcpuclockid); 0.0 without one.
+
+    time.thread_time() inside the thread is out of reach (the watchdog's loop is ddpwatch's); this reads it from
+    outside at any moment."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except (AttributeError, OSError, TypeError, ValueError):
+        return 0.0
+
+
 def abba(rounds: int) -> list:
     """The condition order: A B B A per round, so a slow drift of the machine hits both sides equally."""
     return [flag for _ in range(rounds) for flag in (False, True, True, False)]
@@ -141,4 +153,17 @@ def paired(times_off: list, times_on: list, per_round: int = 2) -> dict:
     ratios = [on / off for on, off in zip(ons, offs) if off > 0]
     return {"off": statistics.median(offs), "on": statistics.median(ons), "added": statistics.median(diffs),
             "added_min": min(diffs), "added_max": max(diffs), "ratio": statistics.median(ratios),
-            "best_added": min(times_on) - min(times_off), "rounds": rounds}
+            "best_added": min(times_on) - min(times_off), "rounds": rounds, "ratios": ratios}
+
+
+def ratio_verdict(ratios: list, target: float = 1.01) -> str:
+    """"met", "NOT met" or "undecided" for a ratio target, judged on the mean of per-round ratios and its standard
+    error: a verdict needs the spread (the standard error) below the margin the target allows (1% for 1.01)."""
+    if len(ratios) < 2:
+        return f"undecided (one round; mean ratio {ratios[0]:.3f})" if ratios else "undecided (no rounds)"
+    mean = statistics.fmean(ratios)
+    spread = statistics.stdev(ratios) / len(ratios) ** 0.5
+    text = f"mean ratio {mean:.4f} +- {spread * 100:.2f}% (standard error over {len(ratios)} rounds)"
+    if spread >= target - 1:
+        return f"undecided: {text}, the spread is not below {(target - 1) * 100:g}%"
+    return f"{'met' if mean <= target else 'NOT met'}: {text}"

@@ -11,9 +11,12 @@ import time
 from . import _common as C
 
 FAKE = {"full": (20000, 10), "quick": (1000, 2)}  # (iterations per block, A/B/B/A rounds)
+# The guard() wall-clock target, watchdog thread included: blocks long enough to hold its rounds (one per 0.5 s).
+GUARD_WALL = {"full": (1.5, 6), "quick": (0.2, 1)}  # (seconds per block, A/B/B/A rounds)
 GLOO = {"full": (200, 10), "quick": (30, 1)}
 TARGET_US = 2.0  # issue 14: at most 2 us added per collective on the fake process group
 TARGET_RATIO = 1.01
+TARGET_GLOO_THREAD_US = 3.0  # issue 19: calling-thread CPU added per real gloo collective
 COLD_SLEEP_S = 0.0003  # the pause before each call in the "cold" fake-pg row, about one small gloo op
 CONTROL_US = 8.0  # about what the guard's hot path costs per op (the fake-pg table): the control burns as much
 # wall: what the loop waits; thread: CPU of the calling thread only (the wrapper's own work, and other processes
@@ -185,6 +188,70 @@ def hot_path_parts(iterations: int) -> dict:
         ddpwatch.uninstall()
 
 
+def guard_wall_worker(seconds: float, rounds: int) -> None:
+    """`with guard():` around blocks of all_reduce on the fake pg, with a store the watchdog can use (HashStore):
+    the wall clock then includes the watchdog thread's rounds and the GIL they take."""
+    import torch
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers the "fake" backend
+    from torch._C._distributed_c10d import FakeWork
+
+    import ddpwatch
+
+    torch.set_num_threads(1)
+    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=4)
+    FakeWork.is_completed = lambda self: True  # as a real backend's Work after wait() (see fake_worker)
+    one = torch.ones(1)
+    op = lambda: dist.all_reduce(one)
+    start = time.perf_counter()
+    timed_block(op, 2000)
+    iterations = max(1000, int(seconds / ((time.perf_counter() - start) / 2000)))
+    blocks, armed, watchdog_cpu, watchdog_wall = {False: [], True: []}, [], 0.0, 0.0
+    for flag in C.abba(rounds):
+        if not flag:
+            blocks[flag].append(timed_block(op, iterations))
+            continue
+        with ddpwatch.guard() as session:
+            watchdog = session.watchdog
+            armed.append(watchdog is not None)
+            cpu = C.thread_cpu(watchdog)
+            blocks[flag].append(timed_block(op, iterations))
+            watchdog_cpu += C.thread_cpu(watchdog) - cpu
+            watchdog_wall += blocks[flag][-1]["wall"] * iterations / 1e6
+    dist.destroy_process_group()
+    C.emit({"iterations": iterations, "armed": all(armed), "watchdog_us_per_s": watchdog_cpu / watchdog_wall * 1e6,
+            "times": {clock: {"all_reduce 1 elem": {"off": [b[clock] for b in blocks[False]],
+                                                    "on": [b[clock] for b in blocks[True]]}} for clock in CLOCKS}})
+
+
+def run_worker(kind: str, first, second, timeout: float) -> dict:
+    """One single-process worker of this benchmark, bounded; its results, or the benchmark fails saying why."""
+    rc, out, err = C.run_bounded([sys.executable, "-m", "benchmarks.overhead_ops", "--worker", kind, str(first),
+                                  str(second)], timeout=timeout)
+    results = C.parse_results(out)
+    if rc != 0 or not results:
+        raise SystemExit(f"{kind} worker failed (exit {rc}):\n{err[-3000:]}")
+    return results[0]
+
+
+def run_guard_wall(mode: str) -> None:
+    seconds, rounds = GUARD_WALL[mode]
+    facts = run_worker("guard-wall", seconds, rounds, timeout=600)
+    rows = []
+    for clock in CLOCKS:
+        s = summarize([facts], clock)["all_reduce 1 elem"]
+        rows.append([clock, s["off"], s["on"], s["added"], spread(s), s["best_added"], f"{s['ratio']:.3f}"])
+    C.print_table(f"`with guard():` around blocks of all_reduce 1 elem on the fake pg (HashStore, so the watchdog "
+                  f"runs: armed {'yes' if facts['armed'] else 'NO'}), {facts['iterations']} calls per block "
+                  f"(~{seconds:g} s), {rounds} A/B/B/A rounds, medians of per-round means",
+                  ["clock", "without guard (us)", "with guard (us)", "added (us)", "added, min .. max over rounds",
+                   "added, fastest blocks (us)", "ratio"], rows)
+    wall = summarize([facts], "wall")["all_reduce 1 elem"]
+    print(f"target: wall clock with guard() on the fake pg, watchdog thread included, <= {TARGET_US:g} us per op: "
+          f"{wall['added']:.2f} us ({'met' if wall['added'] <= TARGET_US else 'NOT met'}); the watchdog thread used "
+          f"{facts['watchdog_us_per_s']:.0f} us of CPU per second\n")
+
+
 def gloo_worker(iterations: int, rounds: int) -> None:
     import torch
     import torch.distributed as dist
@@ -227,12 +294,7 @@ def spread(s: dict) -> str:
 
 def run_fake(mode: str) -> None:
     iterations, rounds = FAKE[mode]
-    rc, out, err = C.run_bounded([sys.executable, "-m", "benchmarks.overhead_ops", "--worker", "fake",
-                                  str(iterations), str(rounds)], timeout=300)
-    results = C.parse_results(out)
-    if rc != 0 or not results:
-        raise SystemExit(f"fake-pg worker failed (exit {rc}):\n{err[-3000:]}")
-    facts = results[0]
+    facts = run_worker("fake", iterations, rounds, timeout=300)
     stats = summarize([facts], "thread")
     single_ops = set(stats) - {name for name in stats if name.startswith("loop")}  # the target is per collective
     cold = summarize([facts["cold"]], "thread")["all_reduce 1 elem"]
@@ -288,6 +350,11 @@ def run_gloo(mode: str) -> None:
     armed = all(a for r in results for a in r["watchdog_armed"])
     print(f"whole loop: wall ratio {loop['ratio']:.3f} (target < {TARGET_RATIO}); watchdog armed in every guarded "
           f"block: {'yes' if armed else 'no'}; records left in flight: {max(r['left_in_flight'] for r in results)}")
+    thread = {name: s["added"] for name, s in summarize(results, "thread").items() if not name.startswith("loop")}
+    worst = max(thread, key=thread.get)
+    print(f"target: calling-thread CPU added <= {TARGET_GLOO_THREAD_US:g} us per gloo collective: "
+          f"{min(thread.values()):.1f} .. {thread[worst]:.1f} us ({worst} the most): "
+          f"{'met' if thread[worst] <= TARGET_GLOO_THREAD_US else 'NOT met'}")
     for message in sorted({m for r in results for m in r["warnings"]}):
         print(f"ddpwatch logged: {message}")
     print()
@@ -298,12 +365,17 @@ def main(argv=None) -> None:
     args.add_argument("--worker", nargs=3, metavar=("KIND", "ITERATIONS", "ROUNDS"), help=argparse.SUPPRESS)
     opts = args.parse_args(argv)
     if opts.worker:
-        kind, iterations, rounds = opts.worker[0], int(opts.worker[1]), int(opts.worker[2])
+        kind = opts.worker[0]
+        if kind == "guard-wall":
+            guard_wall_worker(float(opts.worker[1]), int(opts.worker[2]))
+            return
+        iterations, rounds = int(opts.worker[1]), int(opts.worker[2])
         (fake_worker if kind == "fake" else gloo_worker)(iterations, rounds)
         return
     mode = "quick" if opts.quick else "full"
     C.header("overhead_ops: added cost per collective", opts.quick)
     run_fake(mode)
+    run_guard_wall(mode)
     run_gloo(mode)
 
 

@@ -12,7 +12,7 @@ import time
 
 from . import _common as C
 
-SIZES = {"full": (40, 8), "quick": (8, 1)}  # (steps per block, A/B/B/A rounds)
+SIZES = {"full": (50, 10), "quick": (8, 1)}  # (steps per block, A/B/B/A rounds): 1,000 steps per side in full
 TARGET_RATIO = 1.01
 # wall: the step time; thread: CPU of the training thread (forward, backward, the guard's wrappers; not affected
 # by other processes the way wall time is); process: CPU of every thread (gloo's and the watchdog's too).
@@ -37,8 +37,14 @@ def small_cnn():
     )
 
 
+ACCUMULATE = 2  # micro-steps per optimizer step: every other backward runs under no_sync()
+
+
 def make_step():
-    """One training step as the seed does it, plus the barrier and metric all_reduce a real loop has."""
+    """One training micro-step as a benign DDP loop does it: BatchNorm, gradient accumulation (no_sync on all but
+    the last micro-step), the optimizer and a barrier on the synced one, and a metric all_reduce every step."""
+    import contextlib
+
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -49,12 +55,15 @@ def make_step():
     generator = torch.Generator().manual_seed(dist.get_rank())
     inputs, labels = torch.randn(16, 3, 32, 32, generator=generator), torch.randint(0, 10, (16,), generator=generator)
 
-    def step():
-        loss = loss_fn(model(inputs), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        dist.barrier()
+    def step(index: int = ACCUMULATE - 1):
+        synced = (index + 1) % ACCUMULATE == 0
+        with contextlib.nullcontext() if synced else model.no_sync():
+            loss = loss_fn(model(inputs), labels)
+            loss.backward()
+        if synced:
+            optimizer.step()
+            optimizer.zero_grad()
+            dist.barrier()
         metric = loss.detach().clone()
         dist.all_reduce(metric)
 
@@ -67,8 +76,8 @@ def block(step, steps: int) -> dict:
 
     dist.barrier()
     start = {name: clock() for name, clock in CLOCKS.items()}
-    for _ in range(steps):
-        step()
+    for index in range(steps):
+        step(index)
     return {name: (clock() - start[name]) / steps * 1e3 for name, clock in CLOCKS.items()}
 
 
@@ -93,8 +102,8 @@ def worker(steps: int, rounds: int, toggle: bool) -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     step = make_step()
     print("BENCH-MARK ddp-constructed", flush=True)
-    for _ in range(3):
-        step()  # warm-up: bucket rebuild, first-call costs
+    for index in range(4):
+        step(index)  # warm-up: bucket rebuild, first-call costs
     times = {False: [], True: []}
     for guarded in C.abba(rounds):
         guarded = guarded and toggle
@@ -111,15 +120,17 @@ def worker(steps: int, rounds: int, toggle: bool) -> None:
                       for clock in CLOCKS}})
 
 
-def run_config(name: str, mode: str) -> dict:
+def run_config(name: str, mode: str, rounds: int | None = None) -> dict:
     """One launch of 2 ranks; a crash is a result (DETAIL segfaults at DDP construction on gloo in 2.13)."""
     from ddpwatch.launch import run_ranks
 
     extra, toggle = CONFIGS[name]
-    steps, rounds = SIZES[mode]
+    steps, default_rounds = SIZES[mode]
+    rounds = rounds or default_rounds
     command = [sys.executable, "-m", "benchmarks.overhead_training", "--worker", str(steps), str(rounds),
                "1" if toggle else "0"]
-    ranks = run_ranks(command, 2, env=C.child_env(**extra), timeout=300 if mode == "full" else 120, cwd=C.ROOT)
+    limit = (300 if mode == "full" else 120) * max(1, rounds // default_rounds)
+    ranks = run_ranks(command, 2, env=C.child_env(**extra), timeout=limit, cwd=C.ROOT)
     results = [doc for r in ranks for doc in C.parse_results(r.stdout)]
     outcome = "finished" if len(results) == 2 else describe_failure(ranks)
     return {"name": name, "toggle": toggle, "results": results, "outcome": outcome}
@@ -180,7 +191,8 @@ def row(run: dict) -> list:
 
 
 def table(runs: list) -> None:
-    C.print_table("Small DDP loop on 2 gloo ranks (CNN + BatchNorm, SGD, barrier + metric all_reduce per step); "
+    C.print_table("Small DDP loop on 2 gloo ranks (CNN + BatchNorm, SGD, gradients accumulated over 2 micro-steps with "
+                  "no_sync, a barrier per optimizer step, a metric all_reduce per micro-step); "
                   "medians of per-round means over both ranks",
                   ["configuration", "wall without guard (ms/step)", "wall with guard (ms/step)",
                    "wall added (us/step)", "wall added, min .. max (us)", "wall ratio",
@@ -191,6 +203,8 @@ def table(runs: list) -> None:
 def main(argv=None) -> None:
     args = C.parser(__doc__)
     args.add_argument("--worker", nargs=3, metavar=("STEPS", "ROUNDS", "TOGGLE"), help=argparse.SUPPRESS)
+    args.add_argument("--rounds", type=int, help="A/B/B/A rounds per configuration (more rounds, smaller spread)")
+    args.add_argument("--only-default", action="store_true", help="only the default configuration (Flight Recorder on)")
     opts = args.parse_args(argv)
     if opts.worker:
         worker(int(opts.worker[0]), int(opts.worker[1]), opts.worker[2] == "1")
@@ -198,11 +212,18 @@ def main(argv=None) -> None:
     mode = "quick" if opts.quick else "full"
     C.header("overhead_training: step time with and without the guard", opts.quick)
     steps, rounds = SIZES[mode]
+    rounds = opts.rounds or rounds
     print(f"{steps} steps per block, {rounds} A/B/B/A rounds per configuration; each configuration is its own "
           f"launch (the environment is read at start-up)")
     names = QUICK_CONFIGS if opts.quick else tuple(CONFIGS)
-    runs = [run_config(name, mode) for name in names]
+    names = names[:1] if opts.only_default else names
+    runs = [run_config(name, mode, rounds) for name in names]
     table(runs)
+    for run in runs:
+        stats = summarize(run) if run["toggle"] else None
+        if stats is not None:
+            print(f"target: training-loop time within 1% of unguarded ({run['name']}): "
+                  f"{C.ratio_verdict(stats['ratios'], TARGET_RATIO)}")
     on_off = [summarize(run) for run in runs if run["name"].startswith("Flight Recorder")]
     if len(on_off) == 2 and all(on_off):
         print(f"Flight Recorder on vs off, without the guard (two launches, so noisier than the A/B/B/A ratios): "

@@ -1,5 +1,6 @@
 """Recorder, call-site capture and stacks with fake tensors (anything with .shape and .dtype). No torch."""
 
+import collections
 import os
 import sys
 import threading
@@ -267,6 +268,82 @@ def test_snapshot_with_recent_zero_has_no_history():
     for _ in range(5):
         rec.finish(begin(rec))
     assert rec.snapshot(recent=0)["recent"] == []
+
+
+class _WatchedRing(collections.deque):
+    """A ring that counts the passes over it from its oldest end (a full copy) and from its newest end."""
+
+    forward = backward = 0
+
+    def __iter__(self):
+        type(self).forward += 1
+        return super().__iter__()
+
+    def __reversed__(self):
+        type(self).backward += 1
+        return super().__reversed__()
+
+
+def test_snapshot_reads_the_newest_records_only_not_the_whole_ring():
+    # The watchdog snapshots every round: copying a full ring (2,048 records) for its 8 recent ones was most of the
+    # snapshot's time (benchmarks/attribution.py). The recent list is still the newest completed records, in order.
+    rec = Recorder(ring_size=64)
+    rec.ring = _WatchedRing(maxlen=64)
+    for _ in range(100):
+        rec.finish(begin(rec))
+    waiting = begin(rec)
+    _WatchedRing.forward = _WatchedRing.backward = 0
+    snap = rec.snapshot(recent=8)
+    assert _WatchedRing.forward == 0 and _WatchedRing.backward == 1
+    assert [r["seq"] for r in snap["recent"]] == list(range(92, 100))
+    assert [r["seq"] for r in snap["inflight"]] == [waiting.seq] == [100]
+
+
+def test_a_finished_record_is_formatted_once_across_snapshots_and_only_its_age_moves(monkeypatch):
+    # In a slow step the watchdog publishes the same recent records round after round: format each once.
+    rec = Recorder()
+    records = [begin(rec) for _ in range(3)]
+    for r in records:
+        rec.finish(r)
+    formatted = []
+    real = R.Record.to_dict
+    monkeypatch.setattr(R.Record, "to_dict", lambda self, now: formatted.append(self.seq) or real(self, now))
+    first = rec.snapshot(recent=8)["recent"]
+    for r in records:
+        r.start_mono -= 10.0  # ten seconds older, as if the next round came much later
+    second = rec.snapshot(recent=8)["recent"]
+    assert sorted(formatted) == [0, 1, 2]
+    assert [d["age_s"] - f["age_s"] for d, f in zip(second, first)] == pytest.approx([10.0] * 3, abs=0.5)
+    assert [{k: v for k, v in d.items() if k != "age_s"} for d in second] == \
+        [{k: v for k, v in d.items() if k != "age_s"} for d in first]
+    second[0]["flight_recorder"] = {"seq": 1}  # a reader adding to its copy changes no later snapshot
+    assert "flight_recorder" not in rec.snapshot(recent=8)["recent"][0]
+    records[0].state = S.FAILED  # a record whose state changed is formatted again
+    assert rec.snapshot(recent=8)["recent"][0]["state"] == S.FAILED and formatted.count(0) == 2
+
+
+def test_snapshot_refreshes_thread_names_only_when_the_threads_change(monkeypatch):
+    # threading.enumerate() every round cost the watchdog for nothing: begin() names each thread the first time it
+    # records, and a thread that came or went since the last look is found by the count of live threads.
+    rec = Recorder()
+    rec.finish(begin(rec))
+    rec.snapshot()
+    calls = []
+    real = threading.enumerate
+    monkeypatch.setattr(threading, "enumerate", lambda: calls.append(1) or real())
+    for _ in range(5):
+        rec.snapshot()
+    assert calls == []
+    started, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=lambda: (started.set(), release.wait(10)), name="late-thread")
+    thread.start()
+    try:
+        started.wait(10)
+        rec.snapshot()
+        assert len(calls) == 1 and R._thread_names[thread.ident] == "late-thread"
+    finally:
+        release.set()
+        thread.join(10)
 
 
 # ---------------------------------------------------------------- whose line is it

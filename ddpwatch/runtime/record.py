@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import os
 import sys
 import sysconfig
@@ -231,8 +232,13 @@ _WALL_OFFSET = time.time() - time.monotonic()
 _thread_names: dict = {}
 
 
+_threads_named = [0]  # how many threads were alive at the last refresh: the watchdog refreshes when that changes
+
+
 def refresh_thread_names() -> None:
-    _thread_names.update({thread.ident: thread.name for thread in threading.enumerate()})
+    threads = threading.enumerate()
+    _thread_names.update({thread.ident: thread.name for thread in threads})
+    _threads_named[0] = len(threads)
 
 
 def _thread_name(ident: int) -> str:
@@ -301,7 +307,7 @@ class Recorder:
     def __init__(self, ring_size: int = DEFAULTS["ring_size"]):
         self.ring = collections.deque(maxlen=ring_size)
         self.inflight_limit = ring_size
-        self.inflight: dict = {}
+        self.inflight: dict = {}  # record -> record, in the order they began
         self._next_seq: dict = {}  # group, or (group, peer) for p2p -> the sequence number its next op gets
         self.groups: dict = {}
         self.host_sync: dict = {}  # group name -> whether its ops are done when their call returns (gloo)
@@ -318,6 +324,7 @@ class Recorder:
         # The process group of a grad-enabled DDP forward whose gradient all-reduce the next backward() will run.
         self.pending_grad_sync = None
         self.failure_hook = None  # set by the watchdog while it runs
+        self._formatted: dict = {}  # finished record -> (its state, its to_dict()): see _recent_docs
 
     @property
     def last_seq(self) -> dict:
@@ -390,7 +397,7 @@ class Recorder:
             record.site = None
         self.ring.append(record)
         inflight = self.inflight
-        inflight[id(record)] = record
+        inflight[record] = record  # keyed by the record itself: hashed by identity, no id() int to make
         if len(inflight) > self.inflight_limit:
             self._untrack_oldest()
         self.progress += 1
@@ -402,7 +409,7 @@ class Recorder:
         record.state = _COMPLETED
         if record.work is not None:
             self._forget_work(record)
-        self.inflight.pop(id(record), None)
+        self.inflight.pop(record, None)
         self.progress += 1
 
     def _untrack_oldest(self) -> None:
@@ -456,7 +463,7 @@ class Recorder:
         record.error = f"{type(error).__name__}: {error}"[:500]
         if record.work is not None:
             self._forget_work(record)
-        self.inflight.pop(id(record), None)
+        self.inflight.pop(record, None)
         self.progress += 1
         hook = self.failure_hook
         if hook is not None:
@@ -467,7 +474,7 @@ class Recorder:
 
     def void(self, record: Record) -> None:
         """Forget a record that turned out not to communicate (Reducer._rebuild_buckets returning False)."""
-        self.inflight.pop(id(record), None)
+        self.inflight.pop(record, None)
         if self.ring and self.ring[-1] is record:
             self.ring.pop()  # the usual case, O(1): nothing was recorded since
         else:
@@ -503,22 +510,49 @@ class Recorder:
         return counts
 
     def snapshot(self, recent: int = 16) -> dict:
-        refresh_thread_names()
+        if threading.active_count() != _threads_named[0]:
+            refresh_thread_names()  # a thread came or went; otherwise begin() named every thread that recorded
         now = time.monotonic()
         inflight = sorted(self.inflight.values(), key=lambda r: r.start_mono)
-        ring = list(self.ring)
-        done = [r for r in ring[-(recent + len(inflight)):] if r.state != snapshot.IN_FLIGHT][-recent:] if recent else []
+        done = self._recent_done(recent, len(inflight)) if recent else []
         return {
             "progress": self.progress,
             "idle_s": round(now - self.progress_mono, 4),
             "inflight": [r.to_dict(now) for r in inflight],
-            "recent": [r.to_dict(now) for r in done],
+            "recent": self._recent_docs(done, now),
             "last_seq": {str(k): v for k, v in self.last_seq.items()},
             "groups": dict(self.groups),
             "ops_recorded": self.progress,
             "ddp_steps": self.ddp_steps,
             "site_counts": self._site_counts_by_line(),
         }
+
+    def _recent_docs(self, done: list, now: float) -> list:
+        """to_dict() of finished records, each formatted once: in a slow step (a second or more) the watchdog's
+        rounds publish the same recent records again and again, and only their age moves."""
+        cache, fresh, docs = self._formatted, {}, []
+        for record in done:
+            entry = cache.get(record)
+            if entry is None or entry[0] != record.state:
+                entry = (record.state, record.to_dict(now))
+            else:
+                entry[1]["age_s"] = round(now - record.start_mono, 4)
+            fresh[record] = entry
+            docs.append(dict(entry[1]))  # a copy: whoever reads the snapshot may add to it
+        self._formatted = fresh  # only the records shown last time: the cache never outgrows one snapshot
+        return docs
+
+    def _recent_done(self, recent: int, inflight: int) -> list:
+        """The last `recent` records that are not in flight, among the ring's last recent + inflight ones.
+
+        Read from the ring's newest end: the watchdog takes this every round, and copying the whole ring (2,048
+        records) for 8 of them was most of its time. list(islice(reversed(deque))) runs in C without a bytecode
+        boundary, so a training thread appending meanwhile cannot interleave (no "deque mutated during iteration").
+        """
+        newest = list(itertools.islice(reversed(self.ring), recent + inflight))
+        done = [r for r in newest if r.state != _IN_FLIGHT][:recent]
+        done.reverse()
+        return done
 
 
 def _completed(work) -> bool:
