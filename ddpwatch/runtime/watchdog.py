@@ -21,7 +21,8 @@ from .store import JobProtocol, StoreUnavailable
 
 log = logging.getLogger("ddpwatch")
 
-FAST_S = 0.1  # between two cheap looks of the watchdog thread (a few microseconds each: a few 100 us of GIL a second)
+FAST_S = 0.1  # between two looks for an incident while this rank is blocked (training waits: the GIL is free)
+MIN_PAUSE_S = 0.01  # the shortest sleep between two looks: a clock that jumps cannot make the thread spin
 ANSWER_FAST_S = 10.0  # how long after blocking a rank looks for incidents every FAST_S (bounded: store load)
 COLLECT_S = 2.0  # how long the writer waits for every rank's stacks before it writes what it has
 MAX_OUTSIDE_READS = 4  # busy local ranks whose native stacks the writer reads itself (py-spy, up to 3 s each)
@@ -148,11 +149,12 @@ class Watchdog(threading.Thread):
         super().start()
 
     def run(self) -> None:
-        """A full round every `interval`; between rounds a look every FAST_S that costs a few attribute reads, so that
-        a rank that has just blocked publishes at once (the last rank to block proves a deadlock without waiting for
-        anyone's round) and a blocked rank answers an incident at once (it blocks nothing: training is waiting)."""
+        """A full round every `interval`; between rounds a look, costing a few attribute reads, at the first moment
+        this rank can have been blocked for `grace`, so that a rank that has just blocked publishes at once (the last
+        rank to block proves a deadlock without waiting for anyone's round); and, while blocked, a look every FAST_S
+        for an incident to answer (it slows nothing: training is waiting)."""
         due = time.monotonic() + self.config.interval
-        while not self._stop_event.wait(min(FAST_S, self.config.interval)):
+        while not self._stop_event.wait(self._pause(time.monotonic(), due)):
             now = time.monotonic()
             try:
                 if not self._store_ok:
@@ -175,6 +177,17 @@ class Watchdog(threading.Thread):
             finally:
                 if self._peer_failure.is_set() and not self._store_ok:
                     self._failure_done()
+
+    def _pause(self, now: float, due: float) -> float:
+        """Seconds to sleep before the next look: sleep, do not poll, while nothing can have blocked yet."""
+        if self.registered_waiting and now - self._blocked_since < ANSWER_FAST_S:
+            return FAST_S
+        if not self._store_ok or self.registered_waiting:
+            return max(0.0, due - now)
+        # A collective in flight since the last progress is blocked at progress + grace at the earliest; with none
+        # in flight, one started now would be at now + grace.
+        blocked_at = (self.recorder.progress_mono if self.recorder.inflight else now) + self.config.grace
+        return max(MIN_PAUSE_S, min(due, blocked_at) - now)
 
     def _round_wanted_now(self, now: float) -> bool:
         """Whether something cannot wait for the next round: a dump asked for, a peer's failure, or this rank
