@@ -33,14 +33,20 @@ def gil_holding_terms(seconds: float) -> int:
     return int(CALIBRATION_N * seconds / max(min(took), 1e-4))
 
 
-def gil_hold(rank, seconds):
-    terms = gil_holding_terms(seconds)
+def between_barriers(rank, busy_rank, work):
+    """`busy_rank` runs work() between two barriers while the others wait in the second; prints how long it took."""
     dist.barrier()
-    if rank == 0:
+    if rank == busy_rank:
         start = time.monotonic()
-        sum(range(terms))  # one C call: the GIL is never released, so no other Python thread runs meanwhile
+        work()
         print(f"BUSY-HELD {time.monotonic() - start:.1f}", file=sys.stderr, flush=True)
     dist.barrier()
+
+
+def gil_hold(rank, seconds):
+    terms = gil_holding_terms(seconds)
+    # one C call: the GIL is never released, so no other Python thread runs meanwhile
+    between_barriers(rank, 0, lambda: sum(range(terms)))
 
 
 def cpu_hogs(rank, seconds):
@@ -54,23 +60,17 @@ def cpu_hogs(rank, seconds):
 
 
 def gil_sleep(rank, seconds):
-    dist.barrier()
-    if rank == 1:
-        start = time.monotonic()
-        ctypes.PyDLL(None).sleep(int(seconds))  # libc's sleep(3), called without releasing the GIL
-        print(f"BUSY-HELD {time.monotonic() - start:.1f}", file=sys.stderr, flush=True)
-    dist.barrier()
+    # libc's sleep(3), called without releasing the GIL
+    between_barriers(rank, 1, lambda: ctypes.PyDLL(None).sleep(int(seconds)))
 
 
 def torch_work(rank, seconds):
-    dist.barrier()
-    if rank == 0:
-        start = time.monotonic()
-        a = torch.randn(768, 768)
-        while time.monotonic() - start < seconds:
+    def products():
+        deadline, a = time.monotonic() + seconds, torch.randn(768, 768)
+        while time.monotonic() < deadline:
             a = torch.tanh(a @ a)  # inside torch's C++ (the GIL released), never in a collective
-        print(f"BUSY-HELD {time.monotonic() - start:.1f}", file=sys.stderr, flush=True)
-    dist.barrier()
+
+    between_barriers(rank, 0, products)
 
 
 def benign_mix(rank, seconds):
