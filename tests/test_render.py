@@ -263,3 +263,9 @@ def test_seed_report_matches_the_golden_file():
         pytest.fail(f"report.txt differs from {GOLDEN}; the output is in {GOLDEN}.actual: review it, and if it is "
                     "right, move it over the golden file")
     assert long_lines(actual) == []
+
+
+def test_a_wait_under_a_second_is_shown_in_tenths_not_as_zero():
+    from ddpwatch.render import seconds_text
+
+    assert [seconds_text(s) for s in (0.42, 0.6, 0.96, 3.0, 301.2)] == ["0.4 s", "0.6 s", "1 s", "3 s", "301 s"]

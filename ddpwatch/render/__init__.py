@@ -63,6 +63,11 @@ def visible(text, keep_newlines: bool = False) -> str:
 
 # ---------------------------------------------------------------- small text helpers
 
+def seconds_text(seconds: float) -> str:
+    """'3 s', and under a second '0.6 s': a deadlock is proven at grace (0.5 s), and '0 s' would say no wait at all."""
+    return f"{seconds:.1f} s" if seconds < 0.95 else f"{seconds:.0f} s"
+
+
 def short_rank_list(ranks) -> str:
     """rank_list, shortened past RANKS_TEXT_BUDGET characters: 'ranks 0,2,4,6,...,30 (16 ranks)'."""
     full = rank_list(ranks)
@@ -169,7 +174,7 @@ def _positions_lines(incident: dict) -> list:
     lines = ["Where each rank stands:"]
     groups = positions(states, incident.get("grace", 0.0))
     for group in groups[:MAX_POSITION_GROUPS]:
-        wait = f" ({'waiting' if group['state'] == 'waiting' else 'for'} {group['wait_s']:.0f} s)"
+        wait = f" ({'waiting' if group['state'] == 'waiting' else 'for'} {seconds_text(group['wait_s'])})"
         lines.extend(_wrap(f"{rank_list(group['ranks'])}: {group['where']}{wait}", "  "))
     rest = groups[MAX_POSITION_GROUPS:]
     if rest:

@@ -56,7 +56,7 @@ def _busy_ranks(incident: dict, states: dict) -> dict:
     for group in positions(states, incident.get("grace", 0.0)):
         if group["state"] == "busy":
             for rank in group["ranks"]:
-                busy[rank] = f"{group['where']} (for {group['wait_s']:.0f} s)"
+                busy[rank] = f"{group['where']} (for {render.seconds_text(group['wait_s'])})"
     return busy
 
 
@@ -300,7 +300,7 @@ def _verdict_html(incident: dict) -> str:
 def _positions_html(incident: dict) -> str:
     states = {state["rank"]: state for state in incident.get("ranks") or ()}
     rows = [f'<tr class="{_e(g["state"])}"><td>{_e(render.short_rank_list(g["ranks"]))}</td><td>{_e(g["where"])}</td>'
-            f'<td>{g["wait_s"]:.0f} s</td></tr>' for g in positions(states, incident.get("grace", 0.0))]
+            f'<td>{render.seconds_text(g["wait_s"])}</td></tr>' for g in positions(states, incident.get("grace", 0.0))]
     missing = incident.get("missing_ranks") or []
     if missing:
         rows.append(f'<tr class="missing"><td>{_e(rank_list(missing))}</td><td>no state received</td><td></td></tr>')
