@@ -10,10 +10,11 @@ import sys
 import threading
 import time
 
-from .. import analysis, private, snapshot as S
+from .. import analysis, private
 from ..analysis import rankcond
 from ..analysis.incident import build as build_incident
 from ..config import torchelastic_error_file
+from ..format import build as S, documents
 from ..render import report
 from . import evidence, frameworks, verdict
 from .record import is_internal_file, python_stacks, user_frame
@@ -36,7 +37,7 @@ PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer",
 def _write_rank_dump(folder: str, doc: dict) -> str:
     """rank-<r>.json in `folder`, written whole or not at all (temp file + rename), with the umask's mode; else in
     this user's private temp folder; a failed write (full disk) leaves no temp file behind."""
-    data = (S.dumps(doc) + "\n").encode("utf-8")
+    data = (documents.dumps(doc) + "\n").encode("utf-8")
     name, sub = f"rank-{doc['rank']}.json", os.path.basename(folder)
     places = ((folder, lambda: private.open_subfolder(folder)),
               (os.path.join(report.fallback_dir(), sub), lambda: report.open_fallback(sub)))
@@ -311,10 +312,9 @@ class Watchdog(threading.Thread):
 
     def state(self, full: bool = False) -> dict:
         self.beat += 1
-        doc = {"format_version": S.FORMAT_VERSION, "rank": self.rank, "world_size": self.world_size,
-               "pid": os.getpid(), "host": self.host, "beat": self.beat, "published_at": time.time(),
-               "status": S.RUNNING}
-        doc.update(self.recorder.snapshot(recent=32 if full else 8))
+        doc = S.rank_state(self.rank, self.world_size, pid=os.getpid(), host=self.host, beat=self.beat,
+                           published_at=time.time(), status=S.RUNNING,
+                           **self.recorder.snapshot(recent=32 if full else 8))  # progress, records, groups ...
         self._add_unseen_collective(doc)
         if full:
             doc["stacks"] = python_stacks(skip_thread=threading.get_ident())
