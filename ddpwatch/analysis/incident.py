@@ -6,8 +6,8 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import analysis
-from ..format.version import FORMAT_VERSION
 from ..config import DEFAULTS
+from ..format.version import FORMAT_VERSION
 from . import rankcond
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
