@@ -94,15 +94,18 @@ def test_every_output_format_is_one_row_and_the_command_offers_exactly_those():
 
 
 # The pipeline's stages as packages, and what each may import besides the shared top-level modules (snapshot,
-# shapes, catalogue, config, private): runtime -> analysis -> render, and sources -> analysis, render.
+# shapes, catalogue, config, private): runtime -> analysis -> render, and sources -> analysis, render. The static
+# analysis of the user's source (static: lint, the rank-condition recogniser) is read by the runtime and the loaders
+# when an incident is taken or an old one loaded, never by the analysis or the renderers: they read only the incident.
 MAY_IMPORT = {
-    "ddpwatch.runtime": {"ddpwatch.analysis", "ddpwatch.render"},
-    "ddpwatch.sources": {"ddpwatch.analysis", "ddpwatch.render"},
+    "ddpwatch.runtime": {"ddpwatch.analysis", "ddpwatch.render", "ddpwatch.static"},
+    "ddpwatch.sources": {"ddpwatch.analysis", "ddpwatch.render", "ddpwatch.static"},
     "ddpwatch.analysis": set(),
     "ddpwatch.render": {"ddpwatch.analysis"},
+    "ddpwatch.static": set(),
 }
-OFFLINE = ("ddpwatch.analysis", "ddpwatch.render", "ddpwatch.sources", "ddpwatch.snapshot", "ddpwatch.shapes",
-           "ddpwatch.catalogue")
+OFFLINE = ("ddpwatch.analysis", "ddpwatch.render", "ddpwatch.sources", "ddpwatch.static", "ddpwatch.snapshot",
+           "ddpwatch.shapes", "ddpwatch.catalogue")
 
 
 def _stage(module: str):
@@ -154,3 +157,45 @@ def test_option_defaults_are_written_once_in_the_options_table():
     assert literal_defaults == []
     assert {f.name: f.default for f in dataclasses.fields(config.Config) if f.name in config.DEFAULTS} == \
         config.DEFAULTS
+
+
+# What reads a file: modules whose business is files or source text, and the calls that open or look at one.
+_FILE_MODULES = frozenset({"io", "os", "pathlib", "linecache", "tokenize", "inspect", "glob", "shutil", "mmap",
+                           "importlib", "fileinput", "codecs", "zipfile", "tarfile", "tempfile", "runpy", "builtins"})
+_FILE_CALLS = frozenset({"open", "read_text", "read_bytes", "getsource", "getlines", "__import__", "exec", "eval"})
+
+
+def _file_reads(path: str) -> list:
+    """Where the module at `path` imports a file-reading module or names a file-reading call (by AST)."""
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            names = []
+        found += [f"import {name}" for name in names if name.split(".")[0] in _FILE_MODULES]
+        if isinstance(node, ast.Name) and node.id in _FILE_CALLS:
+            found.append(f"{node.id} (line {node.lineno})")
+        elif isinstance(node, ast.Attribute) and node.attr in _FILE_CALLS:
+            found.append(f".{node.attr} (line {node.lineno})")
+    return found
+
+
+def test_a_file_read_is_found_when_there_is_one(tmp_path):
+    path = tmp_path / "reads.py"
+    path.write_text("import linecache\nfrom pathlib import Path\nopen('x')\nPath('y').read_text()\n")
+    assert _file_reads(str(path)) == ["import linecache", "import pathlib", "open (line 3)", ".read_text (line 4)"]
+
+
+def test_the_analysis_reads_no_file_and_no_source():
+    """The analysis works on the incident alone, so --reanalyze gives the same report on any machine: rank
+    conditions are read from the sources when the incident is taken (runtime, sources), never here."""
+    modules = _modules()
+    reads = {module: _file_reads(path) for module, path in modules.items() if module.startswith("ddpwatch.analysis")}
+    assert {module: found for module, found in reads.items() if found} == {}
+    wrong = [f"{module} imports {imported}" for module, path in modules.items()
+             if module.startswith("ddpwatch.analysis") for imported in _imports(module, path, modules)
+             if imported.startswith(("ddpwatch.static", "ddpwatch.runtime", "ddpwatch.sources", "ddpwatch.lint"))]
+    assert wrong == []

@@ -53,7 +53,9 @@ def build_incident(args) -> dict:
             raise ReportError(f"{path}: no such file or folder")
     incident = _single_incident(paths)
     if incident is not None:
-        return incident_module.reanalyze(incident, grace, timeout) if args.reanalyze else incident
+        if not args.reanalyze:
+            return incident
+        return incident_module.reanalyze(documents.with_rank_conditions(incident), grace, timeout)
     return merge.merged_incident(paths, *_or_defaults(grace, timeout))
 
 

@@ -6,6 +6,7 @@ import os
 
 from .. import snapshot as S
 from ..render.report import REPORT_JSON
+from ..static import rankcond
 from . import bounded, schema
 
 # format_version -> a function that turns a document of that version into the current one. Version 1 is the
@@ -58,3 +59,14 @@ def load_incident(folder: str) -> dict:
     if not is_incident(doc):
         raise S.FormatError(f"{path}: not a ddpwatch incident (no 'ranks' and 'findings')")
     return doc
+
+
+def with_rank_conditions(incident: dict) -> dict:
+    """An incident written before incidents kept their rank conditions (no `rank_conditions`), with them read now
+    from the sources its stacks name, where those still are: reanalysing it words its findings as it did then. The
+    analysis reads only the incident; this loader is the one place an old document's sources are read."""
+    if "rank_conditions" in incident:
+        return incident
+    states = {state["rank"]: state for state in incident.get("ranks") or ()}
+    captured = rankcond.capture_rank_conditions(states)
+    return dict(incident, rank_conditions=captured) if captured else incident

@@ -12,6 +12,7 @@ import sys
 
 from .. import catalogue, snapshot as S
 from ..analysis import incident
+from ..static import rankcond
 from . import bounded, schema
 
 # A dump file is named <prefix><rank> (TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE convention).
@@ -711,4 +712,5 @@ def load_incident(folders: list, grace: float = incident.DEFAULT_GRACE,
         raise FlightRecorderError(f"{chosen[bad[0]][1]}: rank {bad[0]} is outside the world size {world_size}")
     source = {"kind": "flight_recorder", "files": [os.path.abspath(chosen[r][1]) for r in sorted(chosen)]}
     created = max(state["published_at"] for state in states.values())
-    return incident.build(states, world_size, grace, timeout, source=source, created_at=created)
+    return incident.build(states, world_size, grace, timeout, source=source, created_at=created,
+                          rank_conditions=rankcond.capture_rank_conditions(states))
