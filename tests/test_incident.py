@@ -9,11 +9,12 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from factory import rank_state, rec, seed_states, states  # noqa: E402
+from factory import TORCH_FILE, main_stack, rank_state, rec, seed_states, states  # noqa: E402
 
 from ddpwatch import analysis
 from ddpwatch.analysis import incident
 from ddpwatch.sources import command, merge  # noqa: E402
+from ddpwatch.static import rankcond  # noqa: E402
 
 GRACE, TIMEOUT_S = 2.0, 300.0
 
@@ -119,3 +120,90 @@ def test_the_named_shapes_say_what_the_stages_really_pass():
     record = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
     assert set(record.to_dict(record.start_mono)) <= _keys(shapes.RecordDoc)
     assert set(shapes.RecordDoc.__required_keys__) <= set(record.to_dict(record.start_mono))
+
+
+# The user's code in the seed stall: rank 0 alone calls the DDP model (line 3), under `if rank == 0:`.
+RANK_ZERO_SOURCE = """\
+def validate(rank, model, x):
+    if rank == 0:
+        model(x)
+    dist.barrier()
+"""
+
+
+def _taken_with_sources(tmp_path):
+    """(incident, source file): the seed stall taken as the watchdog takes it, rank 0's stack in a real source file
+    whose rank condition its state does not carry (only the stack says where it stands)."""
+    source = tmp_path / "job" / "val.py"
+    source.parent.mkdir()
+    source.write_text(RANK_ZERO_SOURCE)
+    st = seed_states()
+    st[0]["stacks"] = [main_stack((str(source), 3, "validate"), (TORCH_FILE, 2400, "_broadcast_coalesced", True))]
+    assessment = analysis.assess(st, 2, GRACE, TIMEOUT_S, None)
+    rankcond.clear_cache()
+    doc = incident.build(st, 2, GRACE, TIMEOUT_S, trigger=assessment.verdict, findings=assessment.findings,
+                         run_id="20260101-000000-job", written_by=0, created_at=1.0e9,
+                         rank_conditions=rankcond.capture_rank_conditions(st))
+    return doc, source
+
+
+def _report(*argv, capsys) -> str:
+    from ddpwatch import cli
+
+    assert cli.main(["report", *argv]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_reanalysed_elsewhere_with_the_sources_gone_the_report_is_the_live_one(tmp_path, capsys, fmt):
+    """Issue 20.4: the incident keeps the rank conditions read when it was taken; `ddpwatch report --reanalyze` of a
+    copy on a machine without the user's sources words its findings as the live report did, byte for byte."""
+    import shutil
+
+    from ddpwatch.render import report
+
+    doc, source = _taken_with_sources(tmp_path)
+    assert "under the rank condition `if rank == 0:`" in doc["findings"][0]["summary"]
+    folder, _ = report.write_incident(str(tmp_path / "reports"), doc["run_id"], doc)
+    elsewhere = tmp_path / "another-machine" / "incident"
+    shutil.copytree(folder, elsewhere)
+    shutil.rmtree(source.parent)
+    shutil.rmtree(folder)
+    rankcond.clear_cache()
+    live = _report(str(elsewhere), "--format", fmt, capsys=capsys)
+    again = _report(str(elsewhere), "--reanalyze", "--format", fmt, capsys=capsys)
+    assert "if rank == 0:" in live
+    assert again == live
+
+
+class _FileRead(BaseException):
+    """Raised by a file-reading call during the analysis: a BaseException, so no `except Exception` hides it."""
+
+
+def test_the_analysis_of_an_incident_opens_no_file(tmp_path, monkeypatch):
+    """Reanalysing calls nothing that reads a file (open, os.open, os.stat, tokenize.open, linecache)."""
+    import builtins
+    import io
+    import linecache
+    import tokenize
+
+    doc, source = _taken_with_sources(tmp_path)
+    saved = json.loads(json.dumps(doc))
+    rankcond.clear_cache()
+    reads = []
+
+    def refuse(name):
+        def read(*args, **kwargs):
+            reads.append(name)
+            raise _FileRead(name)
+        return read
+
+    for module, name in ((builtins, "open"), (io, "open"), (os, "open"), (os, "stat"), (tokenize, "open"),
+                         (linecache, "getlines")):
+        monkeypatch.setattr(module, name, refuse(f"{module.__name__}.{name}"))
+    try:
+        again = incident.reanalyze(copy.deepcopy(saved))
+    finally:
+        monkeypatch.undo()
+    assert reads == []
+    assert again == saved
