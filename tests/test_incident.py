@@ -207,3 +207,36 @@ def test_the_analysis_of_an_incident_opens_no_file(tmp_path, monkeypatch):
         monkeypatch.undo()
     assert reads == []
     assert again == saved
+
+
+def test_an_incident_written_before_rank_conditions_were_kept_loads_and_reanalyses_as_before(tmp_path, capsys):
+    """No `rank_conditions` (an older writer): the file still loads, and --reanalyze, on the machine that has the
+    sources, reads them in the loader (never in the analysis) and words the finding as that writer did."""
+    from ddpwatch.sources import documents
+
+    doc, source = _taken_with_sources(tmp_path)
+    old = json.loads(json.dumps(doc))
+    del old["rank_conditions"]
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(old))
+    assert "rank_conditions" not in documents.load_incident(str(path))
+    assert "rank_conditions" not in json.loads(_report(str(path), "--format", "json", capsys=capsys))
+    rankcond.clear_cache()
+    again = json.loads(_report(str(path), "--reanalyze", "--format", "json", capsys=capsys))
+    assert again["findings"] == doc["findings"] and again["rank_conditions"] == doc["rank_conditions"]
+
+
+def test_ranks_standing_at_the_same_lines_share_one_lookup_but_not_one_dict(tmp_path, monkeypatch):
+    source = tmp_path / "val.py"
+    source.write_text(RANK_ZERO_SOURCE)
+    stack = [main_stack((str(source), 3, "validate"))]
+    st = states(*[rank_state(r, 3, stacks=copy.deepcopy(stack)) for r in range(3)])
+    st[2]["rank_condition"] = {"frame": {"file": "/u/a.py", "line": 1, "function": "f"},
+                               "condition": {"line": 1, "text": "if rank:", "kind": "if"}}
+    looked_up = []
+    monkeypatch.setattr(rankcond, "rank_condition_of", lambda state: looked_up.append(1) or {
+        "frame": {"file": str(source), "line": 3, "function": "validate"},
+        "condition": {"line": 2, "text": "if rank == 0:", "kind": "if"}})
+    captured = rankcond.capture_rank_conditions(st)
+    assert sorted(captured) == ["0", "1"] and len(looked_up) == 1  # rank 2 carries its own condition
+    assert captured["0"] == captured["1"] and captured["0"]["frame"] is not captured["1"]["frame"]

@@ -490,13 +490,24 @@ def capture_rank_conditions(states: dict) -> dict:
     own, read from the sources now: the incident keeps it, so the analysis (and a reanalysis on a machine without
     the sources) reads only the incident. Ranks under no condition are left out."""
     captured = {}
+    seen: dict = {}  # most ranks stand at the same lines: each distinct stack is looked up once
     for rank, state in sorted(states.items()):
         if not state or state.get("rank_condition"):
             continue
-        try:
-            found = rank_condition_of(state)
-        except Exception:  # noqa: BLE001 - a hint from source files that may be gone or changed: never lose the report
-            found = None
-        if found:
-            captured[str(rank)] = found
+        key = _main_stack_key(state)
+        if key not in seen:
+            try:
+                seen[key] = rank_condition_of(state)
+            except Exception:  # noqa: BLE001 - a hint from sources that may be gone or odd: never lose the report
+                seen[key] = None
+        if seen[key]:
+            captured[str(rank)] = {part: dict(value) for part, value in seen[key].items()}  # no dict shared by ranks
     return captured
+
+
+def _main_stack_key(state: dict) -> tuple:
+    """What rank_condition_of reads of a state: its main-thread frames' (file, line, function, internal), as reprs
+    (a crafted rank file's frame may hold a list where a line number goes: a key must still hash)."""
+    return tuple(repr((frame.get("file"), frame.get("line"), frame.get("function"), bool(frame.get("internal"))))
+                 for stack in state.get("stacks") or () if isinstance(stack, dict) and stack.get("main")
+                 for frame in stack.get("frames") or () if isinstance(frame, dict))
