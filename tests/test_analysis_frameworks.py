@@ -7,7 +7,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import rank_state, rec, states, training_history  # noqa: E402
 
-from ddpwatch.analysis import rankcond  # noqa: E402
+from ddpwatch.static import rankcond  # noqa: E402
 from ddpwatch.analysis import DEADLOCK, assess, describe_op  # noqa: E402
 
 GRACE, TIMEOUT_S = 2.0, 300.0

@@ -9,11 +9,12 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from factory import rank_state, rec, seed_states, states  # noqa: E402
+from factory import TORCH_FILE, main_stack, rank_state, rec, seed_states, states  # noqa: E402
 
 from ddpwatch import analysis
 from ddpwatch.analysis import incident
 from ddpwatch.sources import command, merge  # noqa: E402
+from ddpwatch.static import rankcond  # noqa: E402
 
 GRACE, TIMEOUT_S = 2.0, 300.0
 
@@ -119,3 +120,123 @@ def test_the_named_shapes_say_what_the_stages_really_pass():
     record = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
     assert set(record.to_dict(record.start_mono)) <= _keys(types.RecordDoc)
     assert set(types.RecordDoc.__required_keys__) <= set(record.to_dict(record.start_mono))
+
+
+# The user's code in the seed stall: rank 0 alone calls the DDP model (line 3), under `if rank == 0:`.
+RANK_ZERO_SOURCE = """\
+def validate(rank, model, x):
+    if rank == 0:
+        model(x)
+    dist.barrier()
+"""
+
+
+def _taken_with_sources(tmp_path):
+    """(incident, source file): the seed stall taken as the watchdog takes it, rank 0's stack in a real source file
+    whose rank condition its state does not carry (only the stack says where it stands)."""
+    source = tmp_path / "job" / "val.py"
+    source.parent.mkdir()
+    source.write_text(RANK_ZERO_SOURCE)
+    st = seed_states()
+    st[0]["stacks"] = [main_stack((str(source), 3, "validate"), (TORCH_FILE, 2400, "_broadcast_coalesced", True))]
+    assessment = analysis.assess(st, 2, GRACE, TIMEOUT_S, None)
+    rankcond.clear_cache()
+    doc = incident.build(st, 2, GRACE, TIMEOUT_S, trigger=assessment.verdict, findings=assessment.findings,
+                         run_id="20260101-000000-job", written_by=0, created_at=1.0e9,
+                         rank_conditions=rankcond.capture_rank_conditions(st))
+    return doc, source
+
+
+def _report(*argv, capsys) -> str:
+    from ddpwatch import cli
+
+    assert cli.main(["report", *argv]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_reanalysed_elsewhere_with_the_sources_gone_the_report_is_the_live_one(tmp_path, capsys, fmt):
+    """Issue 20.4: the incident keeps the rank conditions read when it was taken; `ddpwatch report --reanalyze` of a
+    copy on a machine without the user's sources words its findings as the live report did, byte for byte."""
+    import shutil
+
+    from ddpwatch.render import report
+
+    doc, source = _taken_with_sources(tmp_path)
+    assert "under the rank condition `if rank == 0:`" in doc["findings"][0]["summary"]
+    folder, _ = report.write_incident(str(tmp_path / "reports"), doc["run_id"], doc)
+    elsewhere = tmp_path / "another-machine" / "incident"
+    shutil.copytree(folder, elsewhere)
+    shutil.rmtree(source.parent)
+    shutil.rmtree(folder)
+    rankcond.clear_cache()
+    live = _report(str(elsewhere), "--format", fmt, capsys=capsys)
+    again = _report(str(elsewhere), "--reanalyze", "--format", fmt, capsys=capsys)
+    assert "if rank == 0:" in live
+    assert again == live
+
+
+class _FileRead(BaseException):
+    """Raised by a file-reading call during the analysis: a BaseException, so no `except Exception` hides it."""
+
+
+def test_the_analysis_of_an_incident_opens_no_file(tmp_path, monkeypatch):
+    """Reanalysing calls nothing that reads a file (open, os.open, os.stat, tokenize.open, linecache)."""
+    import builtins
+    import io
+    import linecache
+    import tokenize
+
+    doc, source = _taken_with_sources(tmp_path)
+    saved = json.loads(json.dumps(doc))
+    rankcond.clear_cache()
+    reads = []
+
+    def refuse(name):
+        def read(*args, **kwargs):
+            reads.append(name)
+            raise _FileRead(name)
+        return read
+
+    for module, name in ((builtins, "open"), (io, "open"), (os, "open"), (os, "stat"), (tokenize, "open"),
+                         (linecache, "getlines")):
+        monkeypatch.setattr(module, name, refuse(f"{module.__name__}.{name}"))
+    try:
+        again = incident.reanalyze(copy.deepcopy(saved))
+    finally:
+        monkeypatch.undo()
+    assert reads == []
+    assert again == saved
+
+
+def test_an_incident_written_before_rank_conditions_were_kept_loads_and_reanalyses_as_before(tmp_path, capsys):
+    """No `rank_conditions` (an older writer): the file still loads, and --reanalyze, on the machine that has the
+    sources, reads them in the loader (never in the analysis) and words the finding as that writer did."""
+    from ddpwatch.format import documents
+
+    doc, source = _taken_with_sources(tmp_path)
+    old = json.loads(json.dumps(doc))
+    del old["rank_conditions"]
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(old))
+    assert "rank_conditions" not in documents.load_incident(str(path))
+    assert "rank_conditions" not in json.loads(_report(str(path), "--format", "json", capsys=capsys))
+    rankcond.clear_cache()
+    again = json.loads(_report(str(path), "--reanalyze", "--format", "json", capsys=capsys))
+    assert again["findings"] == doc["findings"] and again["rank_conditions"] == doc["rank_conditions"]
+
+
+def test_ranks_standing_at_the_same_lines_share_one_lookup_but_not_one_dict(tmp_path, monkeypatch):
+    source = tmp_path / "val.py"
+    source.write_text(RANK_ZERO_SOURCE)
+    stack = [main_stack((str(source), 3, "validate"))]
+    st = states(*[rank_state(r, 3, stacks=copy.deepcopy(stack)) for r in range(3)])
+    st[2]["rank_condition"] = {"frame": {"file": "/u/a.py", "line": 1, "function": "f"},
+                               "condition": {"line": 1, "text": "if rank:", "kind": "if"}}
+    looked_up = []
+    monkeypatch.setattr(rankcond, "rank_condition_of", lambda state: looked_up.append(1) or {
+        "frame": {"file": str(source), "line": 3, "function": "validate"},
+        "condition": {"line": 2, "text": "if rank == 0:", "kind": "if"}})
+    captured = rankcond.capture_rank_conditions(st)
+    assert sorted(captured) == ["0", "1"] and len(looked_up) == 1  # rank 2 carries its own condition
+    assert captured["0"] == captured["1"] and captured["0"]["frame"] is not captured["1"]["frame"]

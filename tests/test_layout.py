@@ -95,15 +95,19 @@ def test_every_output_format_is_one_row_and_the_command_offers_exactly_those():
 
 # The pipeline's stages as packages, and what each may import besides the shared top-level modules (catalogue,
 # config, private): runtime -> analysis -> render, and sources -> analysis, render; the report format (its types,
-# builders, checks, load and save) sits below them all and imports none of them.
+# builders, checks, load and save) sits below them all and imports none of them. The static analysis of the user's
+# source (static: lint, the rank-condition recogniser) is read by the runtime and the loaders when an incident is
+# taken or an old one loaded, never by the analysis or the renderers: they read only the incident.
 MAY_IMPORT = {
-    "ddpwatch.runtime": {"ddpwatch.format", "ddpwatch.analysis", "ddpwatch.render"},
-    "ddpwatch.sources": {"ddpwatch.format", "ddpwatch.analysis", "ddpwatch.render"},
+    "ddpwatch.runtime": {"ddpwatch.format", "ddpwatch.analysis", "ddpwatch.render", "ddpwatch.static"},
+    "ddpwatch.sources": {"ddpwatch.format", "ddpwatch.analysis", "ddpwatch.render", "ddpwatch.static"},
     "ddpwatch.analysis": {"ddpwatch.format"},
     "ddpwatch.render": {"ddpwatch.format", "ddpwatch.analysis"},
+    "ddpwatch.static": {"ddpwatch.format"},
     "ddpwatch.format": set(),
 }
-OFFLINE = ("ddpwatch.analysis", "ddpwatch.render", "ddpwatch.sources", "ddpwatch.format", "ddpwatch.catalogue")
+OFFLINE = ("ddpwatch.analysis", "ddpwatch.render", "ddpwatch.sources", "ddpwatch.static", "ddpwatch.format",
+           "ddpwatch.catalogue")
 
 
 def _stage(module: str):
@@ -185,3 +189,52 @@ def test_the_format_package_imports_no_other_ddpwatch_module():
                if module.startswith("ddpwatch.format")
                for imported in _imports(module, path, modules) if not imported.startswith("ddpwatch.format")]
     assert outside == []
+
+
+# What reads a file: modules whose business is files or source text, and the calls that open or look at one.
+_FILE_MODULES = frozenset({"io", "os", "pathlib", "linecache", "tokenize", "inspect", "glob", "shutil", "mmap",
+                           "importlib", "fileinput", "codecs", "zipfile", "tarfile", "tempfile", "runpy", "builtins"})
+_FILE_CALLS = frozenset({"open", "read_text", "read_bytes", "getsource", "getlines", "__import__", "exec", "eval"})
+
+
+def _file_reads(path: str) -> list:
+    """Where the module at `path` imports a file-reading module or names a file-reading call (by AST)."""
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            names = []
+        found += [f"import {name}" for name in names if name.split(".")[0] in _FILE_MODULES]
+        if isinstance(node, ast.Name) and node.id in _FILE_CALLS:
+            found.append(f"{node.id} (line {node.lineno})")
+        elif isinstance(node, ast.Attribute) and node.attr in _FILE_CALLS:
+            found.append(f".{node.attr} (line {node.lineno})")
+    return found
+
+
+def test_a_file_read_is_found_when_there_is_one(tmp_path):
+    path = tmp_path / "reads.py"
+    path.write_text("import linecache\nfrom pathlib import Path\nopen('x')\nPath('y').read_text()\n")
+    assert _file_reads(str(path)) == ["import linecache", "import pathlib", "open (line 3)", ".read_text (line 4)"]
+
+
+def test_the_analysis_reads_no_file_and_no_source():
+    """The analysis works on the incident alone, so --reanalyze gives the same report on any machine: rank
+    conditions are read from the sources when the incident is taken (runtime, sources), never here."""
+    modules = _modules()
+    reads = {module: _file_reads(path) for module, path in modules.items() if module.startswith("ddpwatch.analysis")}
+    assert {module: found for module, found in reads.items() if found} == {}
+    wrong = [f"{module} imports {imported}" for module, path in modules.items()
+             if module.startswith("ddpwatch.analysis") for imported in _imports(module, path, modules)
+             if imported.startswith(("ddpwatch.static", "ddpwatch.runtime", "ddpwatch.sources", "ddpwatch.lint"))]
+    assert wrong == []
+
+
+def test_the_static_analysis_package_keeps_its_modules_small():
+    """lint.py was 1,029 lines; split into ddpwatch/static/, each module stays under the project's 600."""
+    sizes = {module: sum(1 for _ in open(path, encoding="utf-8")) for module, path in _modules().items()
+             if module.startswith("ddpwatch.static") or module in ("ddpwatch.lint", "ddpwatch.analysis.conditions")}
+    assert len(sizes) >= 7 and {module: size for module, size in sizes.items() if size > 600} == {}

@@ -1,4 +1,4 @@
-"""Tests for `ddpwatch lint` and the rank-condition recogniser (ddpwatch.analysis.rankcond) it shares with the report."""
+"""Tests for `ddpwatch lint` and the rank-condition recogniser (ddpwatch.static.rankcond) it shares with the report."""
 
 import ast
 import json
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from ddpwatch import lint
-from ddpwatch.analysis import rankcond
+from ddpwatch.static import rankcond
 from ddpwatch.lint import lint_file, lint_source, main
-from ddpwatch.analysis.rankcond import is_rank_condition, rank_condition_at, rank_condition_at_path
+from ddpwatch.static.rankcond import is_rank_condition, rank_condition_at, rank_condition_at_path
 
 FIXTURES = Path(__file__).parent / "lint_fixtures"
 REPO = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .. import analysis
 from ..config import DEFAULTS
 from ..format.version import FORMAT_VERSION
-from . import rankcond
+from . import conditions
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..shapes import Incident, RankState
@@ -20,12 +20,15 @@ DEFAULT_GRACE, DEFAULT_TIMEOUT = DEFAULTS["grace"], DEFAULTS["timeout"]
 def build(states: dict[int, RankState], world_size: int, grace: float, timeout: float, *, silent: dict | None = None,
           trigger: str | None = None, findings: list | None = None, run_id: str | None = None,
           written_by: int | None = None, created_at: float | None = None, source: dict | None = None,
-          missing_ranks: list | None = None) -> Incident:
+          missing_ranks: list | None = None, rank_conditions: dict | None = None) -> Incident:
     """An incident document from rank states, analysed here unless `findings` are given (a dump has none).
 
     `silent`: the watchdog's measurement of ranks whose heartbeat stopped ({rank: {"silent_s", "process", ...}}),
-    kept in the incident so that analysing it again gives the same dead/unresponsive findings. The trigger is the
-    analysis' own verdict (deadlock, timeout, silent_rank), or `trigger` where the caller knows better (a dump).
+    kept in the incident so that analysing it again gives the same dead/unresponsive findings. `rank_conditions`:
+    the rank conditions over the ranks' stacks, read from the sources when the incident was taken
+    (static.rankcond.capture_rank_conditions), kept for the same reason (and the analysis reads no file). The
+    trigger is the analysis' own verdict (deadlock, timeout, silent_rank), or `trigger` where the caller knows better
+    (a dump).
     """
     silent = {int(rank): dict(view) for rank, view in (silent or {}).items()}
     if findings is None:
@@ -34,8 +37,8 @@ def build(states: dict[int, RankState], world_size: int, grace: float, timeout: 
     else:
         verdict = None
     try:
-        rankcond.add_rank_conditions(findings, states)
-    except Exception:  # a hint from source files that may be gone or changed: never a reason to lose the report
+        conditions.add_rank_conditions(findings, states, rank_conditions)
+    except Exception:  # a hint from captured data that may be odd: never a reason to lose the report
         pass
     created = created_at or max((s.get("published_at") or 0.0 for s in states.values()), default=0.0) or time.time()
     kind = (source or {}).get("kind", "")
@@ -54,6 +57,7 @@ def build(states: dict[int, RankState], world_size: int, grace: float, timeout: 
         else [r for r in range(world_size) if r not in states],
         "silent": {str(rank): _without_last_state(view) for rank, view in sorted(silent.items())},
         "findings": findings,
+        **({"rank_conditions": rank_conditions} if rank_conditions else {}),
         **({"source": source} if source else {}),
     }
 
@@ -68,7 +72,7 @@ def reanalyze(incident: Incident, grace: float | None = None, timeout: float | N
     again = build(states, incident["world_size"], grace, timeout, silent=silent,
                   run_id=incident.get("run_id"), written_by=incident.get("written_by"),
                   created_at=incident.get("created_at"), source=incident.get("source"),
-                  missing_ranks=incident.get("missing_ranks"))
+                  missing_ranks=incident.get("missing_ranks"), rank_conditions=incident.get("rank_conditions"))
     if dump and not again["findings"]:
         again["trigger"] = analysis.DUMP  # asked for by hand (SIGUSR1), and still nothing to find
     for key, value in incident.items():

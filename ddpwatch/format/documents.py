@@ -63,3 +63,4 @@ def load_incident(folder: str) -> dict:
     if not is_incident(doc):
         raise FormatError(f"{path}: not a ddpwatch incident (no 'ranks' and 'findings')")
     return doc
+

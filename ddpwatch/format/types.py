@@ -105,8 +105,10 @@ class ProgressBar(TypedDict):
 
 
 class RankCondition(TypedDict):
+    """The rank condition a rank's code stands under (static.rankcond), read from the sources when it was seen."""
+
     frame: Site
-    condition: Dict[str, Any]  # {"line", "text", "kind"}, from rankcond.rank_condition_at
+    condition: Dict[str, Any]  # {"line", "text", "kind"}, from static.rankcond.rank_condition_at
 
 
 class _RankStateBase(TypedDict):
@@ -202,5 +204,6 @@ class Incident(_IncidentBase, total=False):
     """One report (incident.build()): every rank's state, the findings, and where it came from."""
 
     silent: Dict[str, Dict[str, Any]]
+    rank_conditions: Dict[str, RankCondition]  # str(rank) -> over its stack, read when the incident was taken
     source: Optional[IncidentSource]
     report_dir: Optional[str]

@@ -202,7 +202,7 @@ LIMITS = {
     ("Incident", "world_size"): WORLD_SIZE, ("Incident", "created_at"): TIME, ("Incident", "written_by"): RANK,
     ("Incident", "grace"): Limit(low=0.0), ("Incident", "timeout"): Limit(low=0.0),
     ("Incident", "ranks"): Limit(items=_world), ("Incident", "missing_ranks"): RANKS,
-    ("Incident", "findings"): Limit(items=MAX_FINDINGS),
+    ("Incident", "findings"): Limit(items=MAX_FINDINGS), ("Incident", "rank_conditions"): Limit(items=_world),
 }
 
 # shape -> the keys a reader cannot do without, in the order they are asked for. Fewer than a shape's always-written

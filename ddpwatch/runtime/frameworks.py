@@ -11,7 +11,7 @@ import ast
 import inspect
 import os
 
-from ..analysis.rankcond import parsed_file
+from ..static.source import parsed_file
 from .record import installed_package
 
 
@@ -65,7 +65,7 @@ def _log_call_site(module_class, name: str, hook: str | None) -> dict | None:
     path = inspect.getsourcefile(module_class)
     if not path or not os.path.isfile(path):
         return None
-    tree, _ = parsed_file(path)  # rankcond's cache: the same file is parsed again for its rank conditions
+    tree, _ = parsed_file(path)  # static.source's cache: the same file is parsed again for its rank conditions
     if tree is None:
         return None
     found = []

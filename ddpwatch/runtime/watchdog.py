@@ -11,11 +11,11 @@ import threading
 import time
 
 from .. import analysis, private
-from ..analysis import rankcond
 from ..analysis.incident import build as build_incident
 from ..config import torchelastic_error_file
 from ..format import build as S, documents
 from ..render import report
+from ..static import rankcond
 from . import evidence, frameworks, verdict
 from .record import is_internal_file, python_stacks, user_frame
 from .store import JobProtocol, StoreUnavailable
@@ -572,7 +572,8 @@ class Watchdog(threading.Thread):
         incident = build_incident(final, self.world_size, self.config.grace, self.config.timeout, silent=silent,
                                   trigger=assessment.verdict, findings=findings, run_id=self._incident_id(),
                                   written_by=self.rank, created_at=time.time(),
-                                  missing_ranks=[r for r in range(self.world_size) if r not in contributions])
+                                  missing_ranks=[r for r in range(self.world_size) if r not in contributions],
+                                  rank_conditions=rankcond.capture_rank_conditions(final))
         _say("\n" + _render_or_summary(incident))  # after any progress bar; before any file
         if action == "abort":
             # torchrun's summary names the first rank to exit: its error file must hold the verdict before any

@@ -11,6 +11,7 @@ from ..analysis import incident as incident_module
 from ..format import documents
 from ..format.version import FormatError
 from ..render import report, visible
+from ..static import rankcond
 from . import flight_recorder, merge
 
 
@@ -54,7 +55,9 @@ def build_incident(args) -> dict:
             raise ReportError(f"{path}: no such file or folder")
     incident = _single_incident(paths)
     if incident is not None:
-        return incident_module.reanalyze(incident, grace, timeout) if args.reanalyze else incident
+        if not args.reanalyze:
+            return incident
+        return incident_module.reanalyze(with_rank_conditions(incident), grace, timeout)
     return merge.merged_incident(paths, *_or_defaults(grace, timeout))
 
 
@@ -97,3 +100,14 @@ def run_command(args, stdout=None, stderr=None) -> int:
         _write(stderr, f"ddpwatch report: {message}\n")
         return 2
     return 0
+
+
+def with_rank_conditions(incident: dict) -> dict:
+    """An incident written before incidents kept their rank conditions (no `rank_conditions`), with them read now
+    from the sources its stacks name, where those still are: reanalysing it words its findings as it did then. The
+    analysis reads only the incident; this loader is the one place an old document's sources are read."""
+    if "rank_conditions" in incident:
+        return incident
+    states = {state["rank"]: state for state in incident.get("ranks") or ()}
+    captured = rankcond.capture_rank_conditions(states)
+    return dict(incident, rank_conditions=captured) if captured else incident

@@ -14,6 +14,7 @@ from .. import catalogue
 from ..analysis import incident
 from ..format import bounded, build as S, validate
 from ..format.version import FormatError
+from ..static import rankcond
 
 # A dump file is named <prefix><rank> (TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE convention).
 DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
@@ -711,4 +712,5 @@ def load_incident(folders: list, grace: float = incident.DEFAULT_GRACE,
         raise FlightRecorderError(f"{chosen[bad[0]][1]}: rank {bad[0]} is outside the world size {world_size}")
     source = {"kind": "flight_recorder", "files": [os.path.abspath(chosen[r][1]) for r in sorted(chosen)]}
     created = max(state["published_at"] for state in states.values())
-    return incident.build(states, world_size, grace, timeout, source=source, created_at=created)
+    return incident.build(states, world_size, grace, timeout, source=source, created_at=created,
+                          rank_conditions=rankcond.capture_rank_conditions(states))

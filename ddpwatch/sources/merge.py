@@ -9,6 +9,7 @@ import sys
 from ..analysis import incident
 from ..format import bounded, documents
 from ..format.version import FormatError
+from ..static import rankcond
 
 RANK_FILE = re.compile(r"^rank-(\d+)\.json$")
 PROGRESS_FROM = 64  # files; below this a progress bar is noise
@@ -97,8 +98,10 @@ def common_world_size(chosen: dict) -> int:
 
 def incident_from_states(states: dict, world_size: int, grace: float, timeout: float, source: dict,
                          created_at: float | None = None) -> dict:
-    """An incident document from rank snapshots, with ddpwatch's analysis run over them."""
-    return incident.build(states, world_size, grace, timeout, source=source, created_at=created_at)
+    """An incident document from rank snapshots, with ddpwatch's analysis run over them (and the rank conditions
+    over their stacks read from the sources here, as the watchdog does, so the incident keeps them)."""
+    return incident.build(states, world_size, grace, timeout, source=source, created_at=created_at,
+                          rank_conditions=rankcond.capture_rank_conditions(states))
 
 
 def merged_incident(paths: list, grace: float = incident.DEFAULT_GRACE,

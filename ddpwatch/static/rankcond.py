@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import ast
 import os
-import threading
-import tokenize
 from typing import Iterable
 
 from ..format import build as S
+from .source import clear_cache, parsed_file
 
 __all__ = [
     "DEFAULT_RANK_NAMES",
@@ -27,6 +26,9 @@ __all__ = [
     "rank_condition_at_path",
     "clear_cache",
     "parsed_file",
+    "rank_condition_of",
+    "rank_condition_at_site",
+    "capture_rank_conditions",
 ]
 
 # Names that hold a rank or a "this is the main rank" flag: they match a bare name (`rank`) and an attribute
@@ -444,33 +446,6 @@ def rank_condition_at(source: str, line: int) -> dict | None:
         return None
 
 
-_cache: dict[str, tuple[tuple[int, int], ast.Module | None, list[str]]] = {}
-_cache_lock = threading.Lock()
-_CACHE_LIMIT = 256
-
-
-def parsed_file(path: str) -> tuple[ast.Module | None, list[str]]:
-    """The parsed tree and lines of ``path``, from the cache while the file's mtime and size are unchanged."""
-    stat = os.stat(path)
-    stamp = (stat.st_mtime_ns, stat.st_size)
-    with _cache_lock:
-        cached = _cache.get(path)
-    if cached is not None and cached[0] == stamp:
-        return cached[1], cached[2]
-    with tokenize.open(path) as handle:  # honours PEP 263 encoding declarations
-        source = handle.read()
-    try:
-        tree: ast.Module | None = ast.parse(source)
-    except (SyntaxError, ValueError):
-        tree = None
-    lines = source.splitlines()
-    with _cache_lock:
-        if len(_cache) >= _CACHE_LIMIT:
-            _cache.clear()
-        _cache[path] = (stamp, tree, lines)
-    return tree, lines
-
-
 def rank_condition_at_path(path: str, line: int) -> dict | None:
     """``rank_condition_at`` for the file at ``path``; None if it is missing, unreadable or unparsable."""
     try:
@@ -482,12 +457,6 @@ def rank_condition_at_path(path: str, line: int) -> dict | None:
         return _condition_in_tree(tree, lines, line)
     except Exception:  # noqa: BLE001 - same reason as rank_condition_at
         return None
-
-
-def clear_cache() -> None:
-    """Forget every parsed file (tests, or a long-lived process whose sources changed in place)."""
-    with _cache_lock:
-        _cache.clear()
 
 
 # ---------------------------------------------------------------- over rank states: is the line under a rank condition?
@@ -516,19 +485,29 @@ def rank_condition_at_site(site: dict) -> dict | None:
     return {"frame": dict(site), "condition": condition} if condition else None
 
 
-def add_rank_conditions(findings: list, states: dict) -> None:
-    """Put the strongest hint to the fix into each finding: the culprit's line sits under a rank condition."""
-    for finding in findings:
-        conditions = {}
-        for rank in finding.get("ranks") or ():
-            state = states.get(rank)
-            found = (state.get("rank_condition") or rank_condition_of(state)) if state else None
-            if found:
-                conditions[str(rank)] = found
-        if not conditions:
+def capture_rank_conditions(states: dict) -> dict:
+    """{str(rank): {"frame", "condition"}} over the stack of each rank whose state carries no rank condition of its
+    own, read from the sources now: the incident keeps it, so the analysis (and a reanalysis on a machine without
+    the sources) reads only the incident. Ranks under no condition are left out."""
+    captured = {}
+    seen: dict = {}  # most ranks stand at the same lines: each distinct stack is looked up once
+    for rank, state in sorted(states.items()):
+        if not state or state.get("rank_condition"):
             continue
-        finding["evidence"]["rank_condition"] = conditions
-        first = next(iter(conditions.values()))
-        where = S.short_site({"file": first["frame"]["file"], "line": first["condition"]["line"]})
-        finding["summary"] += (f" That line runs only under the rank condition `{first['condition']['text']}`"
-                               f" ({where}).")
+        key = _main_stack_key(state)
+        if key not in seen:
+            try:
+                seen[key] = rank_condition_of(state)
+            except Exception:  # noqa: BLE001 - a hint from sources that may be gone or odd: never lose the report
+                seen[key] = None
+        if seen[key]:
+            captured[str(rank)] = {part: dict(value) for part, value in seen[key].items()}  # no dict shared by ranks
+    return captured
+
+
+def _main_stack_key(state: dict) -> tuple:
+    """What rank_condition_of reads of a state: its main-thread frames' (file, line, function, internal), as reprs
+    (a crafted rank file's frame may hold a list where a line number goes: a key must still hash)."""
+    return tuple(repr((frame.get("file"), frame.get("line"), frame.get("function"), bool(frame.get("internal"))))
+                 for stack in state.get("stacks") or () if isinstance(stack, dict) and stack.get("main")
+                 for frame in stack.get("frames") or () if isinstance(frame, dict))

@@ -1,0 +1,167 @@
+"""What `ddpwatch lint` reports and records: the checks, LintFinding, and the walker's records."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from typing import Iterable, Iterator
+
+from .. import catalogue
+from .rankcond import scope_nodes
+
+PARSE_ERROR = "DDP000"
+
+# code -> (summary, generic hint); each finding carries its own, more specific hint.
+CHECKS: dict[str, tuple[str, str]] = {
+    "DDP001": ("DDP-wrapped model called on a subset of ranks",
+               "call the wrapped module (`model.module(...)`) for rank-local work"),
+    "DDP002": ("collective called on a subset of ranks",
+               "call the collective on every rank: move it out of the rank condition"),
+    "DDP003": ("rank-conditional early exit skips a later collective",
+               "let every rank reach the collective: guard only the rank-local work"),
+    "DDP004": ("collective in a loop whose trip count depends on the rank",
+               "give every rank the same number of iterations, or move the collective out of the loop"),
+}
+
+# Collectives every rank of the group must call, with the positional index of their `group` argument.
+# Collectives every rank of their group must call -> the position of their group argument (None: no group
+# argument: new_group, which every rank of the default group must call). Point-to-point calls are left out: a
+# rank-guarded send_object_list is how they are meant to be used.
+COLLECTIVES: dict[str, int | None] = {name: entry.group_at for name, entry in catalogue.COLLECTIVES.items()
+                                      if entry.op not in ("send", "recv")}
+# Hugging Face Accelerate methods that are collectives under the hood.
+ACCELERATOR_COLLECTIVES = frozenset({"gather", "gather_for_metrics", "reduce", "pad_across_processes"})
+
+_DDP_CLASS = "DistributedDataParallel"
+_WRAPPER_PASSTHROUGH = frozenset({"to", "cuda", "cpu", "float", "half", "bfloat16", "double", "train",
+                                  "eval", "requires_grad_", "type"})  # DDP methods that return the wrapper
+_PER_RANK_WRAPPERS = frozenset({"range", "len", "enumerate", "zip", "list", "tuple", "sorted", "reversed",
+                                "iter", "tqdm", "min", "max", "islice"})
+_SUBSET_GUARDS = frozenset({"if", "else", "early_exit", "while"})
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_MATCH = getattr(ast, "Match", ())  # Python 3.10+; setup.cfg still allows 3.9
+_TRY = (ast.Try, *((ast.TryStar,) if hasattr(ast, "TryStar") else ()))  # try/except* is 3.11+
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+[0-9]+(?:[\s,]+[A-Za-z]+[0-9]+)*))?", re.I)
+# Every finding needs a DDP wrapper or a collective, and each of those needs one of these in the text.
+_RELEVANT_MARKERS = ("distributed", "dist.", "DDP", "DistributedDataParallel", "wait_for_everyone", "accelerator")
+_SKIPPED_DIRS = frozenset({"__pycache__", "venv", "env", "site-packages", "node_modules"})
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class LintFinding:
+    """One problem `ddpwatch lint` found at one place of the source; `hint` says the fix.
+
+    Named apart from the runtime findings (format.build.finding(): a hang seen in a running job), which are plain data.
+    """
+
+    path: str
+    line: int
+    col: int
+    code: str
+    message: str
+    hint: str = ""
+
+    def to_dict(self, hints: bool = True) -> dict:
+        return {"path": self.path, "line": self.line, "col": self.col, "code": self.code,
+                "message": self.message, "hint": self.hint if hints else None}
+
+    def to_text(self) -> str:
+        return f"{self.path}:{self.line}:{self.col}: {self.code} {self.message}"
+
+
+# --- what the walker records -------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Guard:
+    """The innermost rank condition a statement runs under."""
+
+    node: ast.stmt  # the If or While
+    kind: str  # "if", "else", "while", "early_exit"
+    text: str  # its header line
+
+    @property
+    def line(self) -> int:
+        return self.node.lineno
+
+    def describe(self, line: int | None = None) -> str:
+        """Where a call runs, relative to this guard; `line` names the call site instead of the guard."""
+        at = f"at line {self.line if line is None else line}"
+        if self.kind == "else":
+            return f"in the else branch of `{self.text}` {at}"
+        if self.kind == "early_exit":
+            return f"after the early exit `{self.text}` {at}"
+        return f"under `{self.text}` {at}"
+
+
+
+@dataclasses.dataclass(frozen=True)
+class _Loop:
+    node: ast.stmt
+    per_rank: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _Site:
+    """A call, with the rank condition and loops around it in its own function."""
+
+    call: ast.Call
+    guard: _Guard | None
+    loops: tuple[_Loop, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _EarlyExit:
+    exit: ast.stmt  # the return/continue/break
+    branch: list[ast.stmt]  # the branch of the rank `if` that ends in it
+    if_node: ast.If
+    skipped: list[ast.stmt]  # statements the exiting ranks no longer run
+
+
+@dataclasses.dataclass
+class _Class:
+    node: ast.ClassDef
+    methods: dict[str, ast.FunctionDef | ast.AsyncFunctionDef]
+    wrapped_attrs: set[str]
+    bases: list[str]
+
+
+@dataclasses.dataclass
+class _Scope:
+    """A function body, or the module body."""
+
+    node: ast.AST
+    body: list[ast.stmt]
+    is_function: bool
+    cls: _Class | None = None
+    self_name: str | None = None
+    params: list[str] = dataclasses.field(default_factory=list)
+    rank_names: set[str] = dataclasses.field(default_factory=set)
+    per_rank_names: set[str] = dataclasses.field(default_factory=set)
+    timeline: dict[str, list[tuple[int, bool]]] = dataclasses.field(default_factory=dict)
+    sites: list[_Site] = dataclasses.field(default_factory=list)
+    exits: list[_EarlyExit] = dataclasses.field(default_factory=list)
+    nested: dict[str, ast.AST] = dataclasses.field(default_factory=dict)
+    nodes: list[ast.AST] = dataclasses.field(default_factory=list)  # scope_nodes(body), walked once
+    parent: ast.AST | None = None  # the enclosing function, for nested functions
+
+
+def _nodes_in(nodes: Iterable[ast.AST]) -> list[ast.AST]:
+    """Every node under `nodes`, not entering nested functions, classes or lambdas (they run elsewhere)."""
+    return scope_nodes(list(nodes))
+
+
+def _calls_in(nodes: Iterable[ast.AST]) -> Iterator[ast.Call]:
+    return (node for node in _nodes_in(nodes) if isinstance(node, ast.Call))
+
+
+def _params(function: ast.AST) -> list[str]:
+    if not isinstance(function, _FUNCTIONS):
+        return []
+    args = function.args
+    return [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+
+
+# --- the checker --------------------------------------------------------------------------------------------
+
