@@ -603,14 +603,23 @@ def test_registry_lists_live_ranks_and_removes_stale_ones(isolated_registry):
 def test_dump_chooses_one_job_or_says_why_not(isolated_registry, capsys):
     assert control.dump(wait=0.1) == 1
     assert "no armed ddpwatch rank" in capsys.readouterr().err
-    control.register({"pid": os.getpid(), "rank": 0, "world_size": 2, "job": "a", "dir": "/r"})
-    control.register({"pid": os.getppid(), "rank": 0, "world_size": 2, "job": "b", "dir": "/r"})
-    assert control.dump(wait=0.1) == 2
-    err = capsys.readouterr().err
-    assert "several jobs" in err and "job a" in err and "job b" in err
-    assert control.dump(pid=1, wait=0.1) == 1
-    assert "not an armed ddpwatch rank" in capsys.readouterr().err
-    assert control.list_ranks() == 0 and capsys.readouterr().out.count("pid ") == 2
+    # Job b's rank is a child of ours, and the pid asked for is one that is surely not registered: the parent's pid
+    # is 1 when the suite runs detached (nohup), which once made "pid 1" a registered rank here.
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    try:
+        control.register({"pid": os.getpid(), "rank": 0, "world_size": 2, "job": "a", "dir": "/r"})
+        control.register({"pid": other.pid, "rank": 0, "world_size": 2, "job": "b", "dir": "/r"})
+        assert control.dump(wait=0.1) == 2
+        err = capsys.readouterr().err
+        assert "several jobs" in err and "job a" in err and "job b" in err
+        assert control.dump(pid=gone.pid, wait=0.1) == 1
+        assert "not an armed ddpwatch rank" in capsys.readouterr().err
+        assert control.list_ranks() == 0 and capsys.readouterr().out.count("pid ") == 2
+    finally:
+        other.kill()
+        other.wait()
 
 
 # ----- real jobs -----
