@@ -144,7 +144,7 @@ class RankState(_RankStateBase, total=False):
 
 
 class MismatchRow(TypedDict):
-    """One distinct call in a mismatch, side by side with the others (analysis._side_by_side)."""
+    """One distinct call in a mismatch, side by side with the others (analysis.passes._side_by_side; its description from render/wording.py)."""
 
     ranks: List[int]
     group: str

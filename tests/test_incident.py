@@ -13,21 +13,23 @@ from factory import rank_state, rec, seed_states, states  # noqa: E402
 
 from ddpwatch import analysis
 from ddpwatch.analysis import incident
+from ddpwatch.render.wording import worded_incident  # noqa: E402
 from ddpwatch.sources import command, merge  # noqa: E402
 
 GRACE, TIMEOUT_S = 2.0, 300.0
 
 
 def live(st, world_size, silent=None, timeout=TIMEOUT_S):
-    """What the watchdog writes: assess, then build with the findings and the verdict it acted on."""
+    """What the watchdog writes: assess, then build with the findings and the verdict it acted on, worded."""
     assessment = analysis.assess(st, world_size, GRACE, timeout, silent)
     assert assessment.verdict is not None
     final = dict(st)
     for rank, view in (silent or {}).items():
         final.setdefault(rank, dict(view["last_state"], stale=True))
-    return incident.build(final, world_size, GRACE, timeout, silent=silent, trigger=assessment.verdict,
-                          findings=assessment.findings, run_id="20260101-000000-job", written_by=0,
-                          created_at=1.0e9, missing_ranks=[r for r in range(world_size) if r not in st])
+    return worded_incident(incident.build(final, world_size, GRACE, timeout, silent=silent,
+                                          trigger=assessment.verdict, findings=assessment.findings,
+                                          run_id="20260101-000000-job", written_by=0, created_at=1.0e9,
+                                          missing_ranks=[r for r in range(world_size) if r not in st]))
 
 
 def seed_with_condition():
@@ -65,7 +67,7 @@ def test_reanalysed_offline_the_incident_is_the_live_one_hint_and_trigger_includ
         st, silent = dead_rank()
     doc = live(st, 2, silent)
     saved = json.loads(json.dumps(doc))  # through the file format, as `ddpwatch report --reanalyze` reads it
-    again = incident.reanalyze(copy.deepcopy(saved))
+    again = worded_incident(incident.reanalyze(copy.deepcopy(saved)))
     assert again == saved
     assert doc["trigger"] == {"seed": "deadlock", "straggler": "timeout", "stuck": "timeout",
                               "dead": "silent_rank"}[case]

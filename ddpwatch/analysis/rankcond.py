@@ -527,8 +527,4 @@ def add_rank_conditions(findings: list, states: dict) -> None:
                 conditions[str(rank)] = found
         if not conditions:
             continue
-        finding["evidence"]["rank_condition"] = conditions
-        first = next(iter(conditions.values()))
-        where = S.short_site({"file": first["frame"]["file"], "line": first["condition"]["line"]})
-        finding["summary"] += (f" That line runs only under the rank condition `{first['condition']['text']}`"
-                               f" ({where}).")
+        finding["evidence"]["rank_condition"] = conditions  # render/wording.py says it at the summary's end
