@@ -167,7 +167,7 @@ class Evidence(TypedDict, total=False):
 
 
 class Finding(TypedDict):
-    """One verdict (snapshot.finding()): its kind, the culprit ranks, what happened, the fix, the user's line."""
+    """One verdict as report.json has it: analysis.passes.finding()'s data, worded by render/wording.py."""
 
     kind: str  # one of analysis.FINDING_KINDS
     ranks: List[int]

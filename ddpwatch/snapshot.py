@@ -6,7 +6,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from .shapes import Finding, Site
+    from .shapes import Site
 
 # What each format version changed (bump on any change a reader must know about):
 #   1: first version: rank snapshots (records, stacks), incidents with findings.
@@ -59,18 +59,6 @@ def short_site(where: dict | None) -> str:
         return "?"
     name = where["file"].replace("\\", "/").rsplit("/", 1)[-1]
     return f"{name}:{where['line']}"
-
-
-def finding(kind: str, ranks, summary: str, fix: str, location: Site | None, evidence: dict) -> Finding:
-    """One finding. Its kind is checked where kinds are listed: the row of analysis.FINDING_PASSES that emitted it."""
-    return {
-        "kind": kind,
-        "ranks": sorted(ranks),
-        "summary": summary,
-        "fix": fix,
-        "location": location,
-        "evidence": evidence,
-    }
 
 
 def check_version(doc: Any, what: str) -> dict:

@@ -4,6 +4,7 @@ of output formats."""
 import ast
 import dataclasses
 import os
+import re
 
 from ddpwatch import catalogue, lint
 from ddpwatch.runtime import patch
@@ -154,3 +155,61 @@ def test_option_defaults_are_written_once_in_the_options_table():
     assert literal_defaults == []
     assert {f.name: f.default for f in dataclasses.fields(config.Config) if f.name in config.DEFAULTS} == \
         config.DEFAULTS
+
+
+# ---------------------------------------------------------------- the analysis hands over facts; render words them
+
+# The words of a report live in ddpwatch/render/wording.py (issue 20): no analysis module defines these.
+WORDING_NAMES = ("describe_op", "rank_list", "FRAMEWORK_FIXES", "framework_fix", "SENTENCES")
+_NAME_LIST = re.compile(r"\w+(, \w+)*")  # a Stage's `takes` ("live, blocked, timeout") names arguments: no prose
+
+
+def _defined_names(tree: ast.AST) -> set:
+    defined = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    return defined | {target.id for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
+                      for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                      if isinstance(target, ast.Name)}
+
+
+def _sentences(tree: ast.AST) -> list:
+    """(line, text) of each string of three words or more, f-string pieces included; docstrings and the
+    messages of raised errors are not what a report says."""
+    skip, texts = set(), []
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            skip.add(id(body[0].value))
+        if isinstance(node, ast.Raise):
+            skip.update(id(sub) for sub in ast.walk(node))
+        if isinstance(node, ast.JoinedStr) and id(node) not in skip:  # an f-string: each {value} counts as a word
+            skip.update(id(part) for part in node.values)
+            texts.append((node.lineno, "".join(p.value if isinstance(p, ast.Constant) else "{}" for p in node.values)))
+    texts += [(node.lineno, node.value) for node in ast.walk(tree)
+              if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip]
+    return sorted((line, text) for line, text in texts
+                  if len(text.split()) >= 3 and not _NAME_LIST.fullmatch(text.strip()))
+
+
+def _wording_in(module: str, path: str, modules: dict) -> list:
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    return ([f"{module} defines {name}" for name in sorted(_defined_names(tree)) if name in WORDING_NAMES]
+            + [f"{module}:{line} builds words: {text!r}" for line, text in _sentences(tree)]
+            + [f"{module} imports {name}" for name in sorted(_imports(module, path, modules))
+               if name == "ddpwatch.render" or name.startswith("ddpwatch.render.")])
+
+
+def test_the_analysis_imports_no_wording_defines_none_and_builds_no_sentences():
+    modules = _modules()
+    found = [problem for module, path in modules.items() if _stage(module) == "ddpwatch.analysis"
+             for problem in _wording_in(module, path, modules)]
+    assert found == []
+    assert "ddpwatch.render.wording" in modules  # where the words went
+
+
+def test_the_wording_check_finds_prose_and_wording_helpers(tmp_path):
+    path = tmp_path / "pass.py"
+    path.write_text('"""A module."""\n\ndef rank_list(ranks):\n    """Its docstring is fine."""\n'
+                    '    return f"ranks {ranks} wait forever"\n\nTAKES = "live, blocked, timeout"\n')
+    found = _wording_in("ddpwatch.analysis.toy", str(path), {})
+    assert found == ["ddpwatch.analysis.toy defines rank_list",
+                     "ddpwatch.analysis.toy:5 builds words: 'ranks {} wait forever'"]

@@ -69,8 +69,14 @@ FINDING_KINDS = kinds_of(FINDING_PASSES)
 
 
 def declared(row: FindingPass, found: dict) -> dict:
-    """A pass may emit only the kinds its row declares: a kind cannot exist outside the table."""
+    """A pass may emit only the kinds its row declares (a kind cannot exist outside the table), as facts.
+
+    Words are render's (render/wording.py): a finding carrying its own summary would bypass them.
+    """
     if found["kind"] not in row.kinds:
         raise ValueError(f"{row.run.__name__} emitted finding kind {found['kind']!r}, "
                          f"not one of its row's kinds {row.kinds}")
+    if "facts" not in found or "summary" in found:
+        raise ValueError(f"{row.run.__name__} emitted a finding without facts or with words of its own: "
+                         "build it with analysis.passes.finding()")
     return found
