@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import snapshot as S
-from ..analysis import user_line_now, waiting_record
+from ..analysis.reading import user_line_now, waiting_record
 from .wording import describe_op
 
 
