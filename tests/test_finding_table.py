@@ -212,3 +212,18 @@ def test_every_kind_and_every_row_of_the_table_is_reached_by_a_hand_built_trace(
         assert kinds(run(build(), passes=table)) == [kind], build.__name__
     assert set(TRACE_OF_KIND) == set(analysis.FINDING_KINDS)
     assert won == {row.run.__name__ for row in analysis.FINDING_PASSES}
+
+
+# ---------------------------------------------------------------- words are render's, and a saved report keeps them
+
+@pytest.mark.parametrize("kind", sorted(TRACE_OF_KIND))
+def test_a_report_read_back_renders_as_the_fresh_one_from_its_stored_sentences(kind):
+    """report.json stores each finding's words, not its facts: read back, every format renders the same bytes."""
+    trace = TRACE_OF_KIND[kind]()
+    built = incident.build(trace.states, trace.world_size, GRACE, TIMEOUT_S, silent=trace.silent, run_id="r",
+                           written_by=0, created_at=1.0e9)
+    assert [f["kind"] for f in built["findings"]] == [kind] and "summary" not in built["findings"][0]
+    saved = json.loads(report.render_format(built, "json"))
+    assert "facts" not in saved["findings"][0] and saved["findings"][0]["summary"]
+    for fmt in report.FORMATS:
+        assert report.render_format(saved, fmt) == report.render_format(built, fmt), fmt
