@@ -341,7 +341,7 @@ def straggler(states: dict, blocked: set, timeout: float) -> dict | None:
     example = max(waits.values(), key=lambda rec: rec.get("age_s", 0.0))
     here = {r: user_line_now(states[r]) for r in busy}
     location = next((h for h in here.values() if h), None)
-    return finding("straggler", busy, location,
-                   {"waiting": sorted(blocked), "wait_s": round(longest, 1), "busy_at": {str(r): here[r] for r in busy}},
+    evidence = {"waiting": sorted(blocked), "wait_s": round(longest, 1), "busy_at": {str(r): here[r] for r in busy}}
+    return finding("straggler", busy, location, evidence,
                    waiting=sorted(blocked), wait_s=longest, timeout=timeout, record=example, busy=busy,
                    location=location)

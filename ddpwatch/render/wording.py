@@ -350,8 +350,3 @@ def worded_incident(incident: dict) -> dict:
     if not findings or not any(isinstance(f, dict) and "facts" in f for f in findings):
         return incident
     return dict(incident, findings=[worded(f) if isinstance(f, dict) else f for f in findings])
-
-
-def summary(finding: dict) -> str | None:
-    """A finding's summary sentence, worded from its facts or as stored."""
-    return worded(finding).get("summary")
