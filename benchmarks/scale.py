@@ -219,6 +219,7 @@ def leader_pass(job, what: str, number: int = 0) -> dict:
     existed) or "incident" (every rank's answer to incident `number`, with stacks).
     """
     from ddpwatch import analysis, render
+    from ddpwatch.render.positions import positions
 
     store, world_size = job.store, job.world_size
     keys = {"positions": [store.key("pos", r) for r in range(world_size)],
@@ -234,7 +235,7 @@ def leader_pass(job, what: str, number: int = 0) -> dict:
     assessment = analysis.assess(states, world_size, GRACE, TIMEOUT)
     times["assess"] = time.perf_counter() - start
     start = time.perf_counter()
-    analysis.positions(states, GRACE)
+    positions(states, GRACE)
     times["positions"] = time.perf_counter() - start
     incident = {"format_version": 1, "run_id": "bench", "world_size": world_size, "created_at": time.time(),
                 "trigger": assessment.verdict, "written_by": 0, "grace": GRACE, "timeout": TIMEOUT,
@@ -382,7 +383,7 @@ def main(argv=None) -> None:
                    "KiB sent/rank/interval, healthy", "KiB, hang", "KiB per incident answer",
                    "one interval of all ranks here (s)", "store ops/s achieved", "ops/s the server must take"],
                   traffic_rows(results))
-    C.print_table("The leader (rank 0): gather every state, then analysis.assess + analysis.positions + "
+    C.print_table("The leader (rank 0): gather every state, then analysis.assess + render positions + "
                   "render.render_text; memory: RSS growth while the states are held, and the process's peak RSS so far",
                   ["ranks", "what", "states", "MiB in the store", "gather (s)", "of which multi_get (s)",
                    f"multi_get in slices of {CHUNK} (s)", "assess (s)", "positions (s)", "render_text (s)",

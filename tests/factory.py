@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ddpwatch.render.wording import worded
+
 DEFAULT_SITE = ("train.py", 72, "train")
 TORCH_FILE = "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 DDP_FILE = "/opt/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py"
@@ -281,5 +283,5 @@ def incident(states_by_rank: dict, findings: list, trigger="deadlock", run_id="2
         "timeout": timeout,
         "ranks": [states_by_rank[r] for r in sorted(states_by_rank)],
         "missing_ranks": list(missing),
-        "findings": findings,
+        "findings": [worded(f) for f in findings],  # as report.json holds them: summary and fix in words
     }

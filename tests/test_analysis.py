@@ -13,11 +13,14 @@ from factory import (SEED_SEQ, barrier, ddp_broadcast, ddp_region, done, object_
 
 from ddpwatch import analysis  # noqa: E402
 from ddpwatch.format import build as S, documents  # noqa: E402
-from ddpwatch.analysis import DEADLOCK, TIMEOUT, analyze, assess, describe_op, fingerprint, positions, rank_list
+from ddpwatch.analysis import DEADLOCK, TIMEOUT, analyze, assess, fingerprint  # noqa: E402
+from ddpwatch.render.positions import positions  # noqa: E402
+from ddpwatch.render.wording import describe_op, rank_list, worded  # noqa: E402
 
 GRACE = 2.0
 TIMEOUT_S = 300.0
-FINDING_KEYS = {"kind", "ranks", "summary", "fix", "location", "evidence"}
+FINDING_KEYS = {"kind", "ranks", "summary", "fix", "location", "evidence"}  # as report.json holds a finding
+DATA_KEYS = {"kind", "ranks", "location", "evidence", "facts"}  # as the analysis hands it over: no words
 
 
 def run(st, world_size=None):
@@ -26,7 +29,7 @@ def run(st, world_size=None):
 
 def only(assessment):
     assert len(assessment.findings) == 1, assessment.findings
-    return assessment.findings[0]
+    return worded(assessment.findings[0])  # with its summary and fix, as report.json has it
 
 
 def loc(file, line, function):
@@ -388,7 +391,9 @@ def test_findings_are_well_formed(name):
     a = run(st)
     assert a.verdict in (DEADLOCK, TIMEOUT)
     assert a.findings
-    for f in a.findings:
+    for data in a.findings:
+        assert set(data) == DATA_KEYS
+        f = worded(data)
         assert set(f) == FINDING_KEYS
         assert f["kind"] in analysis.FINDING_KINDS
         assert f["ranks"] == sorted(f["ranks"]) and f["ranks"]
@@ -397,8 +402,9 @@ def test_findings_are_well_formed(name):
         assert isinstance(f["fix"], str) and f["fix"]
         assert set(f["location"]) == {"file", "line", "function"}
         assert isinstance(f["evidence"], dict)
-    # JSON-native: survives the incident file round trip unchanged.
-    assert documents.load_json_text(documents.dumps({"format_version": 1, "f": a.findings}), "x")["f"] == a.findings
+    # Worded, JSON-native: survives the incident file round trip unchanged.
+    as_written = [worded(f) for f in a.findings]
+    assert documents.load_json_text(documents.dumps({"format_version": 1, "f": as_written}), "x")["f"] == as_written
 
 
 # ---------------------------------------------------------------- once bugs, now fixed

@@ -8,7 +8,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from factory import rank_state, rec, states, training_history  # noqa: E402
 
 from ddpwatch.static import rankcond  # noqa: E402
-from ddpwatch.analysis import DEADLOCK, assess, describe_op  # noqa: E402
+from ddpwatch.analysis import DEADLOCK, assess  # noqa: E402
+from ddpwatch.render.wording import describe_op, worded  # noqa: E402
 
 GRACE, TIMEOUT_S = 2.0, 300.0
 LIGHTNING_BARRIER = {"file": "/venv/site-packages/lightning/pytorch/strategies/ddp.py", "line": 303,
@@ -29,7 +30,7 @@ def run(st):
 def only(assessment):
     assert assessment.verdict == DEADLOCK, assessment
     assert len(assessment.findings) == 1, assessment.findings
-    return assessment.findings[0]
+    return worded(assessment.findings[0])  # with its summary and fix, as report.json has it
 
 
 def test_a_lone_barrier_under_a_rank_condition_is_the_culprit_not_the_innocent():

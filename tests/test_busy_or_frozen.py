@@ -11,6 +11,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from factory import barrier, rank_state, states  # noqa: E402
 
 from ddpwatch import analysis
+from ddpwatch.render.wording import worded  # noqa: E402
 from ddpwatch.runtime import evidence, watchdog as watchdog_module  # noqa: E402
 from ddpwatch.config import Config  # noqa: E402
 from ddpwatch.runtime.evidence import BUSY, FROZEN, GONE, UNKNOWN, WAITING, peer_condition  # noqa: E402
@@ -139,7 +140,7 @@ def test_a_stopped_silent_peer_is_unresponsive_on_the_first_look(monkeypatch):
     seen = gil_holder_states(dog.host)
     silent = dog._silent_peers(seen)
     assert silent[0]["process"]["condition"] == FROZEN
-    [finding] = analysis.assess(seen, 2, 2.0, 300.0, silent).findings
+    [finding] = map(worded, analysis.assess(seen, 2, 2.0, 300.0, silent).findings)
     assert finding["kind"] == "unresponsive_rank" and "(process status: stopped)" in finding["summary"]
 
 
@@ -169,6 +170,6 @@ def test_a_silent_peer_on_another_host_past_the_timeout_says_busy_cannot_be_told
     seen = gil_holder_states("some-other-host")
     silent = dog._silent_peers(seen)
     assert silent[0]["remote"] is True and "process" not in silent[0]
-    [finding] = analysis.assess(seen, 2, 2.0, 300.0, silent).findings
+    [finding] = map(worded, analysis.assess(seen, 2, 2.0, 300.0, silent).findings)
     assert finding["kind"] == "dead_rank" and "is silent" in finding["summary"]
     assert "another host" in finding["summary"] and "busy" in finding["summary"] and "GIL" in finding["summary"]

@@ -1,10 +1,12 @@
-"""analysis.FINDING_PASSES, the one table of finding kinds: its order decides, a new kind is one row, no row is dead.
+"""analysis.FINDING_PASSES, the one table of finding kinds: its order decides, a new kind is one row (plus its words in
+render/wording.py's SENTENCES), no row is dead, and a pass hands over facts, never words.
 
 Hand-built traces from factory.py, no torch.
 """
 
 import functools
 import inspect
+import json
 import os
 import sys
 
@@ -16,8 +18,8 @@ import factory as F  # noqa: E402
 
 from ddpwatch import analysis
 from ddpwatch.format import build as S
-from ddpwatch.analysis import incident
-from ddpwatch.render import report  # noqa: E402
+from ddpwatch.analysis import incident, passes
+from ddpwatch.render import report, wording  # noqa: E402
 
 GRACE, TIMEOUT_S = 2.0, 300.0
 
@@ -79,22 +81,30 @@ def test_the_table_is_read_when_assess_runs_so_a_patched_table_reaches_every_cal
     assert [f["kind"] for f in built["findings"]] == ["ddp_forward_on_subset"]
 
 
-# ---------------------------------------------------------------- a new kind is one row
+# ---------------------------------------------------------------- a new kind is one row, one pass, one wording entry
 
 def odd_one_out(parts, states):
-    """A made-up pass: the smallest partition is to blame, whatever it waits in."""
+    """A made-up pass: the smallest partition is to blame, whatever it waits in. Facts only: no words."""
     smallest = min(parts, key=lambda p: (len(p.ranks), p.ranks))
-    return S.finding("odd_one_out", smallest.ranks, "It stands apart.", "Bring it back.",
-                     smallest.record.get("site"), {})
+    return passes.finding("odd_one_out", smallest.ranks, smallest.record.get("site"), {"apart": len(smallest.ranks)},
+                          culprits=smallest.ranks, record=smallest.record)
 
 
-def test_a_new_kind_is_one_row_and_reaches_assess_classify_the_incident_and_every_renderer(monkeypatch):
+def odd_one_out_words(facts):
+    """The made-up kind's wording entry: its facts -> (summary, fix)."""
+    who = wording.rank_list(facts["culprits"])
+    return (f"{who[:1].upper() + who[1:]} stands apart in {wording.describe_op(facts['record'])}.",
+            "Bring it back.")
+
+
+def test_a_new_kind_is_one_row_one_pass_and_one_wording_entry_and_reaches_every_renderer(monkeypatch):
     trace = F.trace_lone_barrier()
     assert kinds(run(trace)) == ["collective_on_subset"]
     assert "odd_one_out" not in analysis.FINDING_KINDS
 
     new_row = analysis.FindingPass(odd_one_out, analysis.STAGE_MISMATCH, ("odd_one_out",))
     monkeypatch.setattr(analysis, "FINDING_PASSES", (new_row,) + analysis.FINDING_PASSES)
+    monkeypatch.setitem(wording.SENTENCES, "odd_one_out", odd_one_out_words)
 
     assert "odd_one_out" in analysis.kinds_of(analysis.FINDING_PASSES)
     [found] = analysis.classify(mismatch_parts(trace), trace.states)
@@ -103,13 +113,45 @@ def test_a_new_kind_is_one_row_and_reaches_assess_classify_the_incident_and_ever
     assert (assessment.verdict, kinds(assessment)) == (analysis.DEADLOCK, ["odd_one_out"])
     built = incident.build(trace.states, trace.world_size, GRACE, TIMEOUT_S)
     assert (built["trigger"], [f["kind"] for f in built["findings"]]) == ("deadlock", ["odd_one_out"])
+    sentence = "Rank 0 stands apart in all_reduce at"
     for fmt in report.FORMATS:
-        assert "odd_one_out" in report.render_format(built, fmt), fmt
+        text = report.render_format(built, fmt)
+        assert "odd_one_out" in text and sentence in text, fmt
+    [written] = json.loads(report.render_format(built, "json"))["findings"]
+    assert list(written) == ["kind", "ranks", "summary", "fix", "location", "evidence"]  # report.json's fields
+    assert (written["summary"].startswith(sentence), written["fix"], written["evidence"]) == (
+        True, "Bring it back.", {"apart": 1})
+
+
+def test_a_kind_without_its_wording_entry_cannot_be_rendered(monkeypatch):
+    trace = F.trace_lone_barrier()
+    new_row = analysis.FindingPass(odd_one_out, analysis.STAGE_MISMATCH, ("odd_one_out",))
+    built = incident.build(trace.states, trace.world_size, GRACE, TIMEOUT_S, findings=run(
+        trace, passes=(new_row,) + analysis.FINDING_PASSES).findings)
+    with pytest.raises(KeyError, match="odd_one_out"):
+        report.render_format(built, "json")
+
+
+def test_every_kind_of_the_table_has_its_words_and_no_words_are_left_without_a_kind():
+    assert set(wording.SENTENCES) == set(analysis.FINDING_KINDS)
 
 
 def test_a_pass_may_emit_only_the_kinds_its_row_names():
     wrong = analysis.FindingPass(odd_one_out, analysis.STAGE_MISMATCH, ("collective_mismatch",))
     with pytest.raises(ValueError, match="odd_one_out emitted finding kind 'odd_one_out'"):
+        run(F.trace_lone_barrier(), passes=(wrong,) + analysis.FINDING_PASSES)
+
+
+def worded_pass(parts, states):
+    """A pass in the old manner: it writes its own summary and fix."""
+    smallest = min(parts, key=lambda p: (len(p.ranks), p.ranks))
+    return {"kind": "odd_one_out", "ranks": smallest.ranks, "summary": "It stands apart.", "fix": "Bring it back.",
+            "location": None, "evidence": {}}
+
+
+def test_a_pass_hands_over_facts_never_words_of_its_own():
+    wrong = analysis.FindingPass(worded_pass, analysis.STAGE_MISMATCH, ("odd_one_out",))
+    with pytest.raises(ValueError, match="worded_pass emitted a finding without facts or with words of its own"):
         run(F.trace_lone_barrier(), passes=(wrong,) + analysis.FINDING_PASSES)
 
 
@@ -171,3 +213,18 @@ def test_every_kind_and_every_row_of_the_table_is_reached_by_a_hand_built_trace(
         assert kinds(run(build(), passes=table)) == [kind], build.__name__
     assert set(TRACE_OF_KIND) == set(analysis.FINDING_KINDS)
     assert won == {row.run.__name__ for row in analysis.FINDING_PASSES}
+
+
+# ---------------------------------------------------------------- words are render's, and a saved report keeps them
+
+@pytest.mark.parametrize("kind", sorted(TRACE_OF_KIND))
+def test_a_report_read_back_renders_as_the_fresh_one_from_its_stored_sentences(kind):
+    """report.json stores each finding's words, not its facts: read back, every format renders the same bytes."""
+    trace = TRACE_OF_KIND[kind]()
+    built = incident.build(trace.states, trace.world_size, GRACE, TIMEOUT_S, silent=trace.silent, run_id="r",
+                           written_by=0, created_at=1.0e9)
+    assert [f["kind"] for f in built["findings"]] == [kind] and "summary" not in built["findings"][0]
+    saved = json.loads(report.render_format(built, "json"))
+    assert "facts" not in saved["findings"][0] and saved["findings"][0]["summary"]
+    for fmt in report.FORMATS:
+        assert report.render_format(saved, fmt) == report.render_format(built, fmt), fmt

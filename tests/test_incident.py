@@ -13,6 +13,7 @@ from factory import TORCH_FILE, main_stack, rank_state, rec, seed_states, states
 
 from ddpwatch import analysis
 from ddpwatch.analysis import incident
+from ddpwatch.render.wording import worded_incident  # noqa: E402
 from ddpwatch.sources import command, merge  # noqa: E402
 from ddpwatch.static import rankcond  # noqa: E402
 
@@ -20,15 +21,16 @@ GRACE, TIMEOUT_S = 2.0, 300.0
 
 
 def live(st, world_size, silent=None, timeout=TIMEOUT_S):
-    """What the watchdog writes: assess, then build with the findings and the verdict it acted on."""
+    """What the watchdog writes: assess, then build with the findings and the verdict it acted on, worded."""
     assessment = analysis.assess(st, world_size, GRACE, timeout, silent)
     assert assessment.verdict is not None
     final = dict(st)
     for rank, view in (silent or {}).items():
         final.setdefault(rank, dict(view["last_state"], stale=True))
-    return incident.build(final, world_size, GRACE, timeout, silent=silent, trigger=assessment.verdict,
-                          findings=assessment.findings, run_id="20260101-000000-job", written_by=0,
-                          created_at=1.0e9, missing_ranks=[r for r in range(world_size) if r not in st])
+    return worded_incident(incident.build(final, world_size, GRACE, timeout, silent=silent,
+                                          trigger=assessment.verdict, findings=assessment.findings,
+                                          run_id="20260101-000000-job", written_by=0, created_at=1.0e9,
+                                          missing_ranks=[r for r in range(world_size) if r not in st]))
 
 
 def seed_with_condition():
@@ -66,7 +68,7 @@ def test_reanalysed_offline_the_incident_is_the_live_one_hint_and_trigger_includ
         st, silent = dead_rank()
     doc = live(st, 2, silent)
     saved = json.loads(json.dumps(doc))  # through the file format, as `ddpwatch report --reanalyze` reads it
-    again = incident.reanalyze(copy.deepcopy(saved))
+    again = worded_incident(incident.reanalyze(copy.deepcopy(saved)))
     assert again == saved
     assert doc["trigger"] == {"seed": "deadlock", "straggler": "timeout", "stuck": "timeout",
                               "dead": "silent_rank"}[case]
@@ -163,7 +165,9 @@ def test_reanalysed_elsewhere_with_the_sources_gone_the_report_is_the_live_one(t
     from ddpwatch.render import report
 
     doc, source = _taken_with_sources(tmp_path)
-    assert "under the rank condition `if rank == 0:`" in doc["findings"][0]["summary"]
+    from ddpwatch.render import wording
+
+    assert "under the rank condition `if rank == 0:`" in wording.worded_incident(doc)["findings"][0]["summary"]
     folder, _ = report.write_incident(str(tmp_path / "reports"), doc["run_id"], doc)
     elsewhere = tmp_path / "another-machine" / "incident"
     shutil.copytree(folder, elsewhere)
@@ -206,7 +210,7 @@ def test_the_analysis_of_an_incident_opens_no_file(tmp_path, monkeypatch):
     finally:
         monkeypatch.undo()
     assert reads == []
-    assert again == saved
+    assert json.loads(json.dumps(again)) == saved  # facts hold tuples in memory, lists once written
 
 
 def test_an_incident_written_before_rank_conditions_were_kept_loads_and_reanalyses_as_before(tmp_path, capsys):
@@ -215,7 +219,9 @@ def test_an_incident_written_before_rank_conditions_were_kept_loads_and_reanalys
     from ddpwatch.format import documents
 
     doc, source = _taken_with_sources(tmp_path)
-    old = json.loads(json.dumps(doc))
+    from ddpwatch.render import wording
+
+    old = json.loads(json.dumps(wording.worded_incident(doc)))  # as report.json has it
     del old["rank_conditions"]
     path = tmp_path / "report.json"
     path.write_text(json.dumps(old))
@@ -223,7 +229,8 @@ def test_an_incident_written_before_rank_conditions_were_kept_loads_and_reanalys
     assert "rank_conditions" not in json.loads(_report(str(path), "--format", "json", capsys=capsys))
     rankcond.clear_cache()
     again = json.loads(_report(str(path), "--reanalyze", "--format", "json", capsys=capsys))
-    assert again["findings"] == doc["findings"] and again["rank_conditions"] == doc["rank_conditions"]
+    assert again["findings"] == wording.worded_incident(doc)["findings"]
+    assert again["rank_conditions"] == doc["rank_conditions"]
 
 
 def test_ranks_standing_at_the_same_lines_share_one_lookup_but_not_one_dict(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ of output formats."""
 import ast
 import dataclasses
 import os
+import re
 
 from ddpwatch import catalogue, lint
 from ddpwatch.runtime import patch
@@ -238,3 +239,62 @@ def test_the_static_analysis_package_keeps_its_modules_small():
     sizes = {module: sum(1 for _ in open(path, encoding="utf-8")) for module, path in _modules().items()
              if module.startswith("ddpwatch.static") or module in ("ddpwatch.lint", "ddpwatch.analysis.conditions")}
     assert len(sizes) >= 7 and {module: size for module, size in sizes.items() if size > 600} == {}
+
+
+# ---------------------------------------------------------------- the analysis hands over facts; render words them
+
+# The words of a report live in ddpwatch/render/wording.py (issue 20): no analysis module defines these.
+WORDING_NAMES = ("describe_op", "rank_list", "FRAMEWORK_FIXES", "framework_fix", "SENTENCES")
+_NAME_LIST = re.compile(r"\w+(, \w+)*")  # a Stage's `takes` ("live, blocked, timeout") names arguments: no prose
+
+
+def _defined_names(tree: ast.AST) -> set:
+    defined = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    return defined | {target.id for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
+                      for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                      if isinstance(target, ast.Name)}
+
+
+def _sentences(tree: ast.AST) -> list:
+    """(line, text) of each string of three words or more, f-string pieces included; docstrings and the
+    messages of raised errors are not what a report says."""
+    skip, texts = set(), []
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+            skip.add(id(first.value))
+        if isinstance(node, ast.Raise):
+            skip.update(id(sub) for sub in ast.walk(node))
+        if isinstance(node, ast.JoinedStr) and id(node) not in skip:  # an f-string: each {value} counts as a word
+            skip.update(id(part) for part in node.values)
+            texts.append((node.lineno, "".join(p.value if isinstance(p, ast.Constant) else "{}" for p in node.values)))
+    texts += [(node.lineno, node.value) for node in ast.walk(tree)
+              if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip]
+    return sorted((line, text) for line, text in texts
+                  if len(text.split()) >= 3 and not _NAME_LIST.fullmatch(text.strip()))
+
+
+def _wording_in(module: str, path: str, modules: dict) -> list:
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    return ([f"{module} defines {name}" for name in sorted(_defined_names(tree)) if name in WORDING_NAMES]
+            + [f"{module}:{line} builds words: {text!r}" for line, text in _sentences(tree)]
+            + [f"{module} imports {name}" for name in sorted(_imports(module, path, modules))
+               if name == "ddpwatch.render" or name.startswith("ddpwatch.render.")])
+
+
+def test_the_analysis_imports_no_wording_defines_none_and_builds_no_sentences():
+    modules = _modules()
+    found = [problem for module, path in modules.items() if _stage(module) == "ddpwatch.analysis"
+             for problem in _wording_in(module, path, modules)]
+    assert found == []
+    assert "ddpwatch.render.wording" in modules  # where the words went
+
+
+def test_the_wording_check_finds_prose_and_wording_helpers(tmp_path):
+    path = tmp_path / "pass.py"
+    path.write_text('"""A module."""\n\ndef rank_list(ranks):\n    """Its docstring is fine."""\n'
+                    '    return f"ranks {ranks} wait forever"\n\nTAKES = "live, blocked, timeout"\n')
+    found = _wording_in("ddpwatch.analysis.toy", str(path), {})
+    assert found == ["ddpwatch.analysis.toy defines rank_list",
+                     "ddpwatch.analysis.toy:5 builds words: 'ranks {} wait forever'"]

@@ -23,6 +23,7 @@ from test_render import golden_seed_incident  # noqa: E402
 
 from ddpwatch.format import types, validate  # noqa: E402
 from ddpwatch.format.version import FormatError  # noqa: E402
+from ddpwatch.render import render_json  # noqa: E402
 from ddpwatch.sources import flight_recorder as fr  # noqa: E402
 
 
@@ -159,5 +160,5 @@ def test_incidents_ddpwatch_builds_pass(name):
 
 
 def test_an_incident_read_from_flight_recorder_dumps_passes(tmp_path):
-    doc = json.loads(json.dumps(fr.load_incident([str(write_dumps(tmp_path / "fr", seed_dumps()))])))
+    doc = json.loads(render_json(fr.load_incident([str(write_dumps(tmp_path / "fr", seed_dumps()))])))  # as written
     assert refusal(validate.incident, doc) is None

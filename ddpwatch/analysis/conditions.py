@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from ..format import build as S
-
 
 def condition_of_rank(rank: int, states: dict, captured: dict) -> dict | None:
     """The rank condition rank `rank` stands under: the one its state carries (the watchdog's, for its wait), else
@@ -23,8 +21,4 @@ def add_rank_conditions(findings: list, states: dict, captured: dict | None) -> 
                 conditions[str(rank)] = found
         if not conditions:
             continue
-        finding["evidence"]["rank_condition"] = conditions
-        first = next(iter(conditions.values()))
-        where = S.short_site({"file": first["frame"]["file"], "line": first["condition"]["line"]})
-        finding["summary"] += (f" That line runs only under the rank condition `{first['condition']['text']}`"
-                               f" ({where}).")
+        finding["evidence"]["rank_condition"] = conditions  # render/wording.py says it at the summary's end

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from .version import FORMAT_VERSION
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from .types import Finding, RankState, RecordDoc, Site
+    from .types import RankState, RecordDoc, Site
 
 # Record states.
 IN_FLIGHT = "in_flight"
@@ -51,18 +51,6 @@ def short_site(where: dict | None) -> str:
         return "?"
     name = where["file"].replace("\\", "/").rsplit("/", 1)[-1]
     return f"{name}:{where['line']}"
-
-
-def finding(kind: str, ranks, summary: str, fix: str, location: Site | None, evidence: dict) -> Finding:
-    """One finding. Its kind is checked where kinds are listed: the row of analysis.FINDING_PASSES that emitted it."""
-    return {
-        "kind": kind,
-        "ranks": sorted(ranks),
-        "summary": summary,
-        "fix": fix,
-        "location": location,
-        "evidence": evidence,
-    }
 
 
 # A record written without this key: Flight Recorder input has no `via` (the user's call is not known there).

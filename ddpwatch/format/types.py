@@ -146,7 +146,7 @@ class RankState(_RankStateBase, total=False):
 
 
 class MismatchRow(TypedDict):
-    """One distinct call in a mismatch, side by side with the others (analysis._side_by_side)."""
+    """One distinct call in a mismatch, side by side with the others (analysis.passes._side_by_side; its description from render/wording.py)."""
 
     ranks: List[int]
     group: str
@@ -169,7 +169,7 @@ class Evidence(TypedDict, total=False):
 
 
 class Finding(TypedDict):
-    """One verdict (build.finding()): its kind, the culprit ranks, what happened, the fix, the user's line."""
+    """One verdict as report.json has it: analysis.passes.finding()'s data, worded by render/wording.py."""
 
     kind: str  # one of analysis.FINDING_KINDS
     ranks: List[int]

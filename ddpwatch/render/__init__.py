@@ -7,7 +7,8 @@ import re
 import textwrap
 
 from ..format import build as S
-from ..analysis import positions, rank_list
+from .positions import positions
+from .wording import rank_list, worded_incident
 
 WIDTH = 80
 # Up to this many ranks, the process facts get one line per rank; above it they are grouped.
@@ -383,6 +384,7 @@ def _progress_lines(incident: dict) -> list:
 
 def render_text(incident: dict) -> str:
     """report.txt: verdict, where ranks stand, mismatched calls, stacks per group, process and progress facts."""
+    incident = worded_incident(incident)
     sections = [_header_lines(incident), _verdict_lines(incident), _positions_lines(incident),
                 _mismatch_lines(incident), _stack_lines(incident), _process_lines(incident),
                 _progress_lines(incident)]
@@ -406,4 +408,5 @@ def json_default(value):
 
 
 def render_json(incident: dict) -> str:
-    return json.dumps(incident, indent=1, default=json_default) + "\n"
+    """report.json: the incident itself, each finding with its summary and fix worded (as report.json always had)."""
+    return json.dumps(worded_incident(incident), indent=1, default=json_default) + "\n"

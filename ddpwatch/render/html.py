@@ -9,7 +9,8 @@ import time
 
 from .. import render
 from ..format import build as S
-from ..analysis import describe_op, positions, rank_list
+from .positions import positions
+from .wording import describe_op, rank_list, worded_incident
 
 # Above this many ranks, ranks whose timelines look the same share one lane.
 MAX_RANK_LANES = 64
@@ -382,6 +383,7 @@ def _facts(incident: dict) -> str:
 
 def render_html(incident: dict) -> str:
     """report.html: verdict, timeline (one lane per rank or group of ranks), positions, stacks; works offline."""
+    incident = worded_incident(incident)
     model = build_model(incident)
     body = "".join([
         f'<header><h1>{_e("ddpwatch report " + str(incident.get("run_id", "")))}</h1>'

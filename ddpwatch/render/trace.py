@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..format import build as S
-from ..analysis import describe_op, rank_list
+from .wording import describe_op, rank_list, worded_incident
 
 US = 1_000_000.0  # the trace event format counts microseconds
 
@@ -90,6 +90,7 @@ def _verdict_event(incident: dict, end: float) -> dict:
 
 def render_trace(incident: dict) -> dict:
     """The Chrome trace event format: one process per rank ("rank N"), one complete event per collective."""
+    incident = worded_incident(incident)
     end = incident_time(incident)
     roles = _mismatch_roles(incident)
     events = []

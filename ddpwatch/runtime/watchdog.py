@@ -14,7 +14,7 @@ from .. import analysis, private
 from ..analysis.incident import build as build_incident
 from ..config import torchelastic_error_file
 from ..format import build as S, documents
-from ..render import report
+from ..render import report, wording
 from ..static import rankcond
 from . import evidence, frameworks, verdict
 from .record import is_internal_file, python_stacks, user_frame
@@ -81,7 +81,7 @@ def _render_or_summary(incident: dict) -> str:
         return report.render.render_text(incident)
     except Exception:
         log.warning("ddpwatch: could not render the report; its findings follow", exc_info=True)
-        lines = [f"ddpwatch: [{f.get('kind')}] {analysis.rank_list(f.get('ranks') or [])}: {f.get('summary')}"
+        lines = [f"ddpwatch: [{f.get('kind')}] {wording.rank_list(f.get('ranks') or [])}: {f.get('summary')}"
                  for f in incident.get("findings") or ()]
         return "\n".join(lines or ["ddpwatch: a hang was found, but its report could not be rendered"]) + "\n"
 
@@ -275,7 +275,7 @@ class Watchdog(threading.Thread):
         folder = os.path.join(self.config.dir, f"local-{self.job.stamp or 'run'}-{self.run_tag or 'job'}")
         path = _write_rank_dump(folder, full)
         written = folder if path == NOWHERE else os.path.dirname(path)  # the fallback, where that was used
-        _say(f"ddpwatch: rank {self.rank} is stuck in {analysis.describe_op(record)} and the store is gone; wrote "
+        _say(f"ddpwatch: rank {self.rank} is stuck in {wording.describe_op(record)} and the store is gone; wrote "
              f"{path}. Merge the ranks' dumps with: ddpwatch report {written}\n")
 
     def request_dump(self) -> None:
@@ -569,11 +569,12 @@ class Watchdog(threading.Thread):
             return None
         findings = again.findings if again.verdict else ([] if assessment.verdict == analysis.DUMP
                                                           else assessment.findings)
-        incident = build_incident(final, self.world_size, self.config.grace, self.config.timeout, silent=silent,
-                                  trigger=assessment.verdict, findings=findings, run_id=self._incident_id(),
-                                  written_by=self.rank, created_at=time.time(),
-                                  missing_ranks=[r for r in range(self.world_size) if r not in contributions],
-                                  rank_conditions=rankcond.capture_rank_conditions(final))
+        built = build_incident(final, self.world_size, self.config.grace, self.config.timeout, silent=silent,
+                               trigger=assessment.verdict, findings=findings, run_id=self._incident_id(),
+                               written_by=self.rank, created_at=time.time(),
+                               missing_ranks=[r for r in range(self.world_size) if r not in contributions],
+                               rank_conditions=rankcond.capture_rank_conditions(final))
+        incident = wording.worded_incident(built)  # as report.json has it: the summary and fix of each finding
         _say("\n" + _render_or_summary(incident))  # after any progress bar; before any file
         if action == "abort":
             # torchrun's summary names the first rank to exit: its error file must hold the verdict before any
@@ -698,7 +699,7 @@ class Watchdog(threading.Thread):
         findings = incident.get("findings") or []
         first = findings[0] if findings else {}
         message = (f"ddpwatch: {first.get('kind', 'hang')}"
-                   + (f" (culprit {analysis.rank_list(first['ranks'])})" if first.get("ranks") else "")
+                   + (f" (culprit {wording.rank_list(first['ranks'])})" if first.get("ranks") else "")
                    + (f": {first['summary']}" if first.get("summary") else "")
                    + f" Report: {incident.get('report_dir') or '(being written, or none could be written)'}")
         message = report.render.visible(message)  # torchrun prints it: a peer's words must not drive the terminal

@@ -1,0 +1,145 @@
+"""Reading rank states: what a rank waits in, where it stands, where it has been, and who waits with whom."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+from ..format import build as S
+
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from ..shapes import RankState, RecordDoc
+
+
+class Partition(NamedTuple):
+    """Ranks waiting in the same call (same position, op, line, region and tensors), and that call's record."""
+
+    ranks: list
+    record: RecordDoc
+
+
+# ---------------------------------------------------------------- reading one rank's state
+
+def waiting_record(state: RankState) -> RecordDoc | None:
+    """The op this rank waits on: its oldest collective still in flight (point-to-point only when nothing else)."""
+    inflight = state.get("inflight") or []
+    if len(inflight) == 1:
+        return inflight[0]  # the usual case, read several times per rank per verdict: no list to build
+    collectives = [r for r in inflight if not r.get("p2p")]
+    pool = collectives or inflight
+    return max(pool, key=lambda r: r.get("age_s", 0.0)) if pool else None
+
+
+def is_blocked(state: dict, grace: float) -> bool:
+    """In a collective for at least `grace` seconds, with no op started or finished meanwhile."""
+    record = waiting_record(state)
+    return (record is not None and record.get("age_s", 0.0) >= grace
+            and state.get("idle_s", 0.0) >= grace and state.get("status") != S.EXITED)
+
+
+def user_line_now(state: dict) -> dict | None:
+    """Where the rank's main thread stands now in the user's code (innermost non-internal frame), if stacks came."""
+    for stack in state.get("stacks") or ():
+        if stack.get("main"):
+            for frame in reversed(stack.get("frames") or ()):
+                if not frame.get("internal"):
+                    return S.site(frame["file"], frame["line"], frame["function"])
+    return None
+
+
+def user_location(record: dict) -> dict | None:
+    """The user's line that made this call: the DDP/object-collective call site when inside one, else its own site."""
+    region = record.get("region")
+    if region and region.get("site"):
+        return region["site"]
+    return record.get("site")
+
+
+def rank_condition(state: dict | None) -> dict | None:
+    """The rank condition (if-branch, early exit, rank-only decorator) the rank's own code stands under, if any."""
+    found = (state or {}).get("rank_condition")
+    return found if isinstance(found, dict) and isinstance(found.get("condition"), dict) else None
+
+
+def condition_kind(state: dict | None) -> str | None:
+    found = rank_condition(state)
+    return found["condition"].get("kind") if found else None
+
+
+def record_at(state: dict, group: str, seq: int) -> dict | None:
+    for record in list(state.get("recent") or ()) + list(state.get("inflight") or ()):
+        if record.get("group") == group and record.get("seq") == seq and not record.get("p2p"):
+            return record
+    return None
+
+
+def completed_at(state: dict, group: str, seq: int) -> dict | None:
+    for record in state.get("recent") or ():
+        if (record.get("group") == group and record.get("seq") == seq and not record.get("p2p")
+                and record.get("state") == S.COMPLETED):
+            return record
+    return None
+
+
+# ---------------------------------------------------------------- history: has a rank been at this line before?
+
+def _same_line(a: dict | None, b: dict | None) -> bool:
+    return bool(a and b and a.get("file") == b.get("file") and a.get("line") == b.get("line"))
+
+
+def has_been_at(state: dict, site: dict | None) -> bool:
+    """Whether this rank issued a collective from this line before (site counts, else its recent records)."""
+    if not site:
+        return False
+    counts = state.get("site_counts") or {}
+    if counts.get(f"{site['file']}:{site['line']}", 0) > _inflight_count_at(state, site):
+        return True
+    for record in state.get("recent") or ():
+        if _same_line(record.get("site"), site) or _same_line((record.get("region") or {}).get("site"), site):
+            return True
+    return False
+
+
+def _inflight_count_at(state: dict, site: dict) -> int:
+    """Site counts include the call in flight now; "been here before" must not count it."""
+    return sum(1 for r in state.get("inflight") or () if _same_line(r.get("site"), site))
+
+
+def familiar_to(site: dict | None, states: dict, ranks) -> bool:
+    return bool(ranks) and all(has_been_at(states[rank], site) for rank in ranks)
+
+
+# ---------------------------------------------------------------- splitting the waiting ranks
+
+def partitions(waiting: dict) -> list:
+    """Ranks waiting on one group split by what they wait in: one Partition per distinct call."""
+    parts: dict = {}
+    for rank, record in sorted(waiting.items()):
+        region = record.get("region") or {}
+        key = (record["seq"], record.get("api"), record["op"], _site_key(record.get("site")),
+               region.get("kind"), _site_key(region.get("site")), shape_key(record))
+        parts.setdefault(key, Partition([], record)).ranks.append(rank)
+    return list(parts.values())
+
+
+def _site_key(site: dict | None):
+    return (site["file"], site["line"]) if site else None
+
+
+def shape_key(record: dict):
+    return (tuple(tuple(s) for s in record.get("shapes") or ()), tuple(record.get("dtypes") or ()))
+
+
+def ranks_of(parts) -> list:
+    return sorted(r for ranks, _ in parts for r in ranks)
+
+
+def waiting_map(states: dict) -> dict:
+    return {rank: rec for rank, rec in ((r, waiting_record(s)) for r, s in states.items()) if rec is not None}
+
+
+def members(states: dict, group: str, world_size: int) -> list:
+    for state in states.values():
+        ranks = (state.get("groups") or {}).get(group)
+        if ranks is not None:
+            return list(ranks)
+    return list(range(world_size))
