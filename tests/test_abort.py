@@ -11,7 +11,7 @@ import pytest
 import ddpwatch.runtime.watchdog as watchdog_module
 from ddpwatch import analysis, config
 from ddpwatch.config import ABORT, REPORT, Action, Config
-from ddpwatch.runtime import abort, evidence
+from ddpwatch.runtime import abort, evidence, verdict
 from ddpwatch.runtime.abort import AbortPolicy, Outcome
 from ddpwatch.runtime.record import Recorder
 from ddpwatch.runtime.store import JobProtocol, StateStore
@@ -76,7 +76,6 @@ def test_a_peer_acts_on_a_posted_verdict_only_under_its_own_rank_ending_action(s
     assert policy.state == abort.PENDING
     policy.check_posted(lambda: own)
     assert policy.state == abort.PENDING and acted == []  # nothing posted yet
-    from ddpwatch.runtime import verdict
     job.post_verdict(1, {"folder": "/r", "kinds": ["deadlock"], "positions": verdict.positions({1: own}, 2, 0.5)})
     policy.check_posted(lambda: own)
     assert acted == [Outcome(1, "/r", leader=False)] and policy.state == abort.IDLE

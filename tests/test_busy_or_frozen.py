@@ -184,3 +184,19 @@ def test_a_silent_peer_on_another_host_past_the_timeout_says_busy_cannot_be_told
     [finding] = analysis.assess(seen, 2, 2.0, 300.0, silent).findings
     assert finding["kind"] == "dead_rank" and "is silent" in finding["summary"]
     assert "another host" in finding["summary"] and "busy" in finding["summary"] and "GIL" in finding["summary"]
+
+
+def test_a_frozen_peers_stack_is_read_from_outside_once(monkeypatch):
+    from ddpwatch.runtime.incident_writer import IncidentWriter
+
+    reads = []
+    monkeypatch.setattr(evidence, "native_stacks",
+                        lambda pid, native=True: reads.append((pid, native)) or {"unavailable": "no py-spy"})
+    tracker = quiet_tracker([facts("stopped"), facts("stopped")])
+    writer = IncidentWriter(None, Config(), 1, 2, HOST, "", contribute=None, contribute_native=None, policy=None,
+                            log_once=None)
+    for now in (START + 20.0, START + 21.0):
+        silent = tracker.silent_peers(gil_holder_states(), now)
+        writer.read_frozen_stacks(silent)
+        assert silent[0]["py_spy"] == "no py-spy"
+    assert reads == [(1000, False)]

@@ -14,6 +14,7 @@ from ..analysis.incident import build as build_incident
 from ..config import torchelastic_error_file
 from ..render import report
 from . import evidence, verdict
+from .record import is_internal_file
 from .store import StoreUnavailable
 
 log = logging.getLogger("ddpwatch")
@@ -113,6 +114,23 @@ class IncidentWriter:
         self.contribute_native = contribute_native
         self.policy = policy
         self.log_once = log_once
+        self._frozen_stacks: dict = {}  # rank -> py-spy's read of it (once per peer)
+
+    def read_frozen_stacks(self, silent: dict) -> None:
+        """A frozen peer cannot answer: read its Python stack from outside with py-spy (once per peer) into its
+        view in `silent` (peers.PeerTracker.silent_peers), before the assessment that may start an incident."""
+        for rank, view in silent.items():
+            if not (view.get("process") or {}).get("exists"):
+                continue
+            cached = self._frozen_stacks.get(rank)
+            if cached is None:
+                dump = evidence.native_stacks(int(view["last_state"]["pid"]), native=False)
+                cached = self._frozen_stacks[rank] = dump
+            if cached.get("threads"):
+                view["last_state"] = dict(view["last_state"],
+                                          stacks=evidence.python_stack_from_py_spy(cached, is_internal_file))
+            else:
+                view["py_spy"] = cached.get("unavailable")
 
     def write(self, assessment, silent: dict | None, watched: dict, action: str):
         """Collect, analyse, announce and write one incident: (folder or None, number), or None when it was called

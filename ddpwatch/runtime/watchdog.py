@@ -6,18 +6,16 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 
 from .. import analysis, snapshot as S
-from ..analysis import rankcond
 from ..config import REPORT
-from . import evidence, frameworks
+from . import evidence
 from .abort import AbortPolicy, Outcome, peer_gone
 from .incident_writer import IncidentWriter
 from .peers import PeerTracker
-from .record import is_internal_file, python_stacks, user_frame
+from .rank_state import RankState
 from .store import JobProtocol, StoreUnavailable
 
 log = logging.getLogger("ddpwatch")
@@ -40,7 +38,6 @@ class Watchdog(threading.Thread):
         self.job = JobProtocol(store, world_size)  # every key and round trip on the store lives there
         self.run_tag = run_tag
         self.host = socket.gethostname()
-        self.beat = 0
         self.registered_waiting = False
         self.answered = 0
         self.reported: set = set()
@@ -52,16 +49,13 @@ class Watchdog(threading.Thread):
         self._local_dumps: set = set()
         self._logged: set = set()
         self._store_ok = True
-        self.sampler = evidence.ProcessSampler()
+        self.states = RankState(recorder, config, rank, world_size, self.host, self._log_once)
         self.peers = PeerTracker(rank, world_size, self.host, config)
         self.policy = AbortPolicy(config, rank, world_size, self.job, self.writing, self._log_once)
         self.writer = IncidentWriter(self.job, config, rank, world_size, self.host, run_tag,
                                      contribute=self._contribute, contribute_native=self._contribute_native,
                                      policy=self.policy, log_once=self._log_once)
-        self._frozen_stacks: dict = {}
-        self._explained: tuple = (None, (None, None))  # (the wait it was read for, (framework context, condition))
         self._watched_states: dict = {}  # the peers' states of the last look that started an incident
-        self._unseen: tuple = (None, None, 0.0)  # (progress, Flight-Recorder-only record found, idle of next read)
         self._blocked_since = 0.0  # monotonic time this rank registered as waiting
         self._last_to_block = False  # this round's registration made every rank waiting
 
@@ -218,88 +212,8 @@ class Watchdog(threading.Thread):
             self.watch()
 
     def state(self, full: bool = False) -> dict:
-        self.beat += 1
-        doc = {"format_version": S.FORMAT_VERSION, "rank": self.rank, "world_size": self.world_size,
-               "pid": os.getpid(), "host": self.host, "beat": self.beat, "published_at": time.time(),
-               "status": S.RUNNING}
-        doc.update(self.recorder.snapshot(recent=32 if full else 8))
-        self._add_unseen_collective(doc)
-        if full:
-            doc["stacks"] = python_stacks(skip_thread=threading.get_ident())
-            doc["process"] = self.sampler.facts()
-            doc["progress_bars"] = evidence.progress_bars()
-            doc["flight_recorder"] = evidence.flight_recorder_tail()
-            evidence.align_flight_recorder(doc)
-        self._explain_wait(doc, full)
-        return doc
-
-    def _explain_wait(self, doc: dict, full: bool) -> None:
-        """A rank waiting in a collective says what its own code was doing: the framework call behind it (Lightning's
-        deferred `self.log` reduction) and the rank condition its code stands under.
-
-        The leader decides culprits from these before it asks for stacks; read once per wait (files parse once).
-        """
-        record = analysis.waiting_record(doc)
-        if record is None or (record.get("age_s", 0.0) < self.config.grace and not full):
-            return
-        key = (record["group"], record["seq"], record.get("peer"), record.get("api"))
-        if self._explained[0] != key:
-            self._explained = (key, self._read_wait(doc.get("stacks"), record.get("site")))
-        context, condition = self._explained[1]
-        if context is not None:
-            record["framework"] = dict(context, stack_site=record.get("site"))
-            if context.get("site"):
-                record["site"] = context["site"]
-        doc["rank_condition"] = condition
-
-    def _read_wait(self, stacks, call_site) -> tuple:
-        main = sys._current_frames().get(threading.main_thread().ident)
-        context = None
-        try:
-            context = frameworks.framework_context(main)
-        except Exception:
-            self._log_once("framework", "ddpwatch: could not read the framework's state", exc_info=True)
-        site = (context or {}).get("site")
-        condition = rankcond.rank_condition_at_site(site) if site else None
-        if condition is None:
-            stacks = stacks or python_stacks(skip_thread=threading.get_ident())
-            condition = rankcond.rank_condition_of({"stacks": stacks})
-        if condition is None and call_site and call_site.get("file") and call_site.get("line"):
-            # The line that issued the collective: what the stack shows no more when the main thread has gone on
-            # (an async op, then 60 frames deep in an import of torch._dynamo, as funcol's first call does)
-            condition = rankcond.rank_condition_at_site(call_site)
-        return context, condition
-
-    def _add_unseen_collective(self, doc: dict) -> None:
-        """No recorded collective in flight, no progress, and the training thread sits inside torch: ask the
-        Flight Recorder whether c10d has an op in flight that Python never saw (compiled graphs, torch.ops, C++).
-
-        A read costs up to ~30 ms at 2,000 entries (benchmarks.flight_recorder) and holds the GIL: one read per
-        doubling of the idle time (grace, 2 grace, 4 grace...), and a found op is kept, not read again.
-        """
-        idle = doc.get("idle_s", 0.0)
-        if doc["inflight"] or idle < self.config.grace:
-            return
-        progress, found, next_read = self._unseen
-        if progress != doc["progress"]:
-            found, next_read = None, self.config.grace
-        if found is None and idle >= next_read:
-            found = self._read_unseen_collective(doc)
-            next_read = min(2 * idle, idle + 30.0)
-        self._unseen = (doc["progress"], found, next_read)
-        if found is not None:
-            record = dict(found, age_s=round(max(0.0, time.time() - found["start"]), 4))
-            if record["age_s"] >= self.config.grace:
-                doc["inflight"] = [record]
-
-    def _read_unseen_collective(self, doc: dict) -> dict | None:
-        main = sys._current_frames().get(threading.main_thread().ident)
-        if main is None or not is_internal_file(main.f_code.co_filename):
-            return None  # running the user's own Python: busy, not blocked in a native wait
-        entries = evidence.flight_recorder_active()
-        if not entries:
-            return None
-        return evidence.record_from_flight_recorder(entries[0], doc, user_frame(main), time.time())
+        """This rank's state as published (full: with stacks and process facts, as an incident's answer)."""
+        return self.states.read(full)
 
     def _publish_exit(self) -> None:
         if not self._store_ok:
@@ -342,7 +256,7 @@ class Watchdog(threading.Thread):
     def watch(self) -> None:
         states = self.job.positions()  # enough for a verdict; the full states come with the incident's answers
         silent = self.peers.silent_peers(states, time.monotonic())
-        self._read_frozen_stacks(silent)
+        self.writer.read_frozen_stacks(silent)
         self._watched_states = states  # a busy peer cannot contribute to an incident: its last state stands in
         assessment = analysis.assess(states, self.world_size, self.config.grace, self.config.timeout, silent)
         if assessment.verdict is None or assessment.fingerprint in self.reported:
@@ -351,21 +265,6 @@ class Watchdog(threading.Thread):
         if not self.job.claim(assessment.fingerprint):
             return  # another rank is already writing this one
         self.run_incident(assessment, silent)
-
-    def _read_frozen_stacks(self, silent: dict) -> None:
-        """A frozen peer cannot answer: read its Python stack from outside with py-spy (once per peer)."""
-        for rank, view in silent.items():
-            if not (view.get("process") or {}).get("exists"):
-                continue
-            cached = self._frozen_stacks.get(rank)
-            if cached is None:
-                dump = evidence.native_stacks(int(view["last_state"]["pid"]), native=False)
-                cached = self._frozen_stacks[rank] = dump
-            if cached.get("threads"):
-                view["last_state"] = dict(view["last_state"],
-                                          stacks=evidence.python_stack_from_py_spy(cached, is_internal_file))
-            else:
-                view["py_spy"] = cached.get("unavailable")
 
     # ----- incidents -----
     def run_incident(self, assessment, silent: dict | None = None, action: str | None = None) -> None:
