@@ -60,7 +60,8 @@ def test_the_leader_writes_torchruns_error_file_and_arms_only_under_a_rank_endin
     assert not error_file.exists() and not policy.armed
     policy.verdict_out(incident, ABORT)
     assert policy.armed
-    assert json.loads(error_file.read_text())["message"]["message"].startswith("ddpwatch: deadlock (culprit rank 1): stuck")
+    message = json.loads(error_file.read_text())["message"]["message"]
+    assert message.startswith("ddpwatch: deadlock (culprit rank 1): stuck")
 
 
 def test_a_peer_acts_on_a_posted_verdict_only_under_its_own_rank_ending_action(store, monkeypatch):

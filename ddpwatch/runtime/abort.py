@@ -1,4 +1,4 @@
-"""What a rank does once a verdict is out (config.ACTIONS, one function each), and the one place its exit code is set."""
+"""What a rank does once a verdict is out (a function per config.ACTIONS row), and the one place of its exit code."""
 
 from __future__ import annotations
 
@@ -102,7 +102,8 @@ class AbortPolicy:
     def consider(self, number: int, info: dict) -> None:
         """A peer opened incident `number`: wait for its verdict if it is under this rank's own rank-ending action
         (this rank's configuration decides; a peer's info cannot upgrade it)."""
-        if self.state != ARMED and info.get("action") == self.config.action and action_row(self.config.action).ends_rank:
+        own = self.config.action
+        if self.state != ARMED and info.get("action") == own and action_row(own).ends_rank:
             self.state, self.pending = PENDING, number
 
     def check_posted(self, own_state) -> None:

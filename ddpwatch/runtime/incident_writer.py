@@ -178,7 +178,7 @@ class IncidentWriter:
         busy = sorted(rank for rank, seen in stand_ins.items()
                       if rank not in silent and seen.get("host") == self.host)
         for rank, seen in stand_ins.items():
-            # What the leader saw wins (a busy rank's cleared wait, py-spy's stack); its last heartbeat adds the history.
+            # What the leader saw wins (a busy rank's cleared wait, py-spy's stack); its last heartbeat adds history.
             final[rank] = {**(heartbeats.get(rank) or {}), **seen, "stale": True}
         return final, busy
 

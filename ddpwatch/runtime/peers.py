@@ -1,4 +1,4 @@
-"""Which peers are silent, vanished, busy or frozen, and for how long: judged from published states on an injected clock."""
+"""Which peers are silent, vanished, busy or frozen, and for how long: published states judged at a given `now`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""This rank's published state: the recorder's snapshot, what its code was doing in a wait, and collectives in
-flight that Python never saw (the Flight Recorder probe)."""
+"""This rank's published state: the recorder's snapshot, its wait explained, and the Flight Recorder probe."""
 
 from __future__ import annotations
 

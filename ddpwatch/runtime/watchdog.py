@@ -1,5 +1,4 @@
-"""One daemon thread per rank: publishes this rank's state, schedules the looks at its peers, and hands a hang to
-the incident writer (incident_writer.py) and what follows to the abort policy (abort.py)."""
+"""One daemon thread per rank: the loop that publishes, looks at peers and calls peers, incident_writer and abort."""
 
 from __future__ import annotations
 
