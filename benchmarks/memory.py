@@ -84,9 +84,9 @@ def timed(ring_size: int, total: int) -> tuple:
 
 def snapshot_sizes(recorder) -> dict:
     """Bytes of this rank's JSON in the store: a heartbeat (8 recent records) and an incident answer (64)."""
-    from ddpwatch import snapshot
+    from ddpwatch.format import documents
 
-    return {recent: len(snapshot.dumps(recorder.snapshot(recent=recent))) for recent in (8, 64)}
+    return {recent: len(documents.dumps(recorder.snapshot(recent=recent))) for recent in (8, 64)}
 
 
 def main(argv=None) -> None:

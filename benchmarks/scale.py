@@ -97,7 +97,7 @@ def healthy_recorder():
 
 def block(recorder, leader: bool) -> None:
     """The hang: rank 0 inside DDP.forward's buffer broadcast, every other rank in the next barrier, 10 s ago."""
-    from ddpwatch import snapshot as S
+    from ddpwatch.format import build as S
     from ddpwatch.runtime.record import frame_site, tensor_meta, user_frame
 
     if leader:

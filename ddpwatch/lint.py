@@ -61,7 +61,7 @@ _SKIPPED_DIRS = frozenset({"__pycache__", "venv", "env", "site-packages", "node_
 class LintFinding:
     """One problem `ddpwatch lint` found at one place of the source; `hint` says the fix.
 
-    Named apart from the runtime findings (snapshot.finding(): a hang seen in a running job), which are plain data.
+    Named apart from the runtime findings (format.build.finding(): a hang seen in a running job), which are plain data.
     """
 
     path: str

@@ -11,7 +11,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from factory import (SEED_SEQ, barrier, ddp_broadcast, ddp_region, done, object_region, rank_state,  # noqa: E402
                      rec, seed_states, states)
 
-from ddpwatch import analysis, snapshot as S  # noqa: E402
+from ddpwatch import analysis  # noqa: E402
+from ddpwatch.format import build as S, documents  # noqa: E402
 from ddpwatch.analysis import DEADLOCK, TIMEOUT, analyze, assess, describe_op, fingerprint, positions, rank_list
 
 GRACE = 2.0
@@ -397,7 +398,7 @@ def test_findings_are_well_formed(name):
         assert set(f["location"]) == {"file", "line", "function"}
         assert isinstance(f["evidence"], dict)
     # JSON-native: survives the incident file round trip unchanged.
-    assert S.load_json_text(S.dumps({"format_version": 1, "f": a.findings}), "x")["f"] == a.findings
+    assert documents.load_json_text(documents.dumps({"format_version": 1, "f": a.findings}), "x")["f"] == a.findings
 
 
 # ---------------------------------------------------------------- once bugs, now fixed

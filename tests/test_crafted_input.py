@@ -21,10 +21,11 @@ sys.path.insert(0, os.path.dirname(__file__))
 from factory import done, incident, seed_states  # noqa: E402
 from test_flight_recorder import NOW_NS, seed_dumps, write_dumps  # noqa: E402
 
-from ddpwatch import analysis, snapshot as S
-from ddpwatch.sources import command, flight_recorder as fr, merge, schema
+from ddpwatch import analysis
+from ddpwatch.format import documents, validate
+from ddpwatch.format.version import FormatError
+from ddpwatch.sources import command, flight_recorder as fr, merge
 from ddpwatch.render import report  # noqa: E402
-from ddpwatch.sources import documents  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MEMORY_LIMIT = 3 * 2**30
@@ -148,7 +149,7 @@ def test_rank_files_claiming_a_billion_ranks_are_refused(tmp_path):
 def test_a_very_large_report_is_refused_before_it_is_parsed(tmp_path):
     path = tmp_path / "report.json"
     with open(path, "wb") as handle:  # sparse: no disk used; only its size matters
-        handle.truncate(schema.MAX_DOCUMENT_BYTES + 1)
+        handle.truncate(validate.MAX_DOCUMENT_BYTES + 1)
     assert_one_line_error(report_cli(path), "larger than")
 
 
@@ -160,7 +161,7 @@ def test_a_74_mb_report_of_two_ranks_is_refused_quickly(tmp_path):
         state["recent"] = [dict(template, seq=seq) for seq in range(110_000)]
     path = write_json(tmp_path / "report.json", doc)
     assert path.stat().st_size > 70e6
-    assert_one_line_error(report_cli(path, "--format", "html"), f"at most {schema.MAX_RECORDS}")
+    assert_one_line_error(report_cli(path, "--format", "html"), f"at most {validate.MAX_RECORDS}")
 
 
 def test_the_largest_accepted_rank_still_renders_as_html(tmp_path):
@@ -168,7 +169,7 @@ def test_the_largest_accepted_rank_still_renders_as_html(tmp_path):
     doc = seed_incident()
     template = doc["ranks"][0]["recent"][0]
     doc["ranks"][0]["recent"] = [dict(template, seq=seq, start=1_700_000_000.0 + seq)
-                                 for seq in range(schema.MAX_RECORDS - 5)]
+                                 for seq in range(validate.MAX_RECORDS - 5)]
     path = write_json(tmp_path / "report.json", doc)
     done_run = report_cli(path, "--format", "html", "-o", tmp_path / "out.html", timeout=240)
     assert done_run.returncode == 0, done_run.stderr[-3000:]
@@ -332,7 +333,7 @@ def loads_or_format_error(load):
     one line and exit 2). Anything else fails the test, with the example hypothesis found."""
     try:
         result = load()
-    except S.FormatError:
+    except FormatError:
         return
     render_everything(result)
 

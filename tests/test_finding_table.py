@@ -14,7 +14,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import factory as F  # noqa: E402
 
-from ddpwatch import analysis, snapshot as S
+from ddpwatch import analysis
+from ddpwatch.format import build as S
 from ddpwatch.analysis import incident
 from ddpwatch.render import report  # noqa: E402
 

@@ -8,7 +8,9 @@ import time
 
 import pytest
 
-from ddpwatch import cli, snapshot as S
+from ddpwatch import cli
+from ddpwatch.format import build as S
+from ddpwatch.format.version import FormatError
 from ddpwatch.sources import flight_recorder as fr
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -227,7 +229,7 @@ def test_a_pickle_that_names_a_callable_is_refused(tmp_path):
     with pytest.raises(fr.FlightRecorderError, match="refused to load (posix|os|nt).system"):
         fr.load_dump(str(path))
     with pytest.raises(pickle.UnpicklingError):
-        fr.safe_unpickle(pickle.dumps(S.FormatError("x")))
+        fr.safe_unpickle(pickle.dumps(FormatError("x")))
 
 
 def test_safe_unpickle_reads_plain_data():

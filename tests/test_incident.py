@@ -104,18 +104,18 @@ def _keys(shape) -> set:
 
 
 def test_the_named_shapes_say_what_the_stages_really_pass():
-    from ddpwatch import shapes
+    from ddpwatch.format import types
     from ddpwatch.runtime.record import Recorder
 
     doc = live(seed_with_condition(), 2)
-    assert set(doc) <= _keys(shapes.Incident) and set(shapes.Incident.__required_keys__) <= set(doc)
+    assert set(doc) <= _keys(types.Incident) and set(types.Incident.__required_keys__) <= set(doc)
     for finding in doc["findings"]:
-        assert set(finding) == _keys(shapes.Finding)
+        assert set(finding) == _keys(types.Finding)
     for state in doc["ranks"]:
-        assert set(state) <= _keys(shapes.RankState), set(state) - _keys(shapes.RankState)
+        assert set(state) <= _keys(types.RankState), set(state) - _keys(types.RankState)
         for record in state["inflight"] + state["recent"]:
-            assert set(record) <= _keys(shapes.RecordDoc), set(record) - _keys(shapes.RecordDoc)
+            assert set(record) <= _keys(types.RecordDoc), set(record) - _keys(types.RecordDoc)
     recorder = Recorder()
     record = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
-    assert set(record.to_dict(record.start_mono)) <= _keys(shapes.RecordDoc)
-    assert set(shapes.RecordDoc.__required_keys__) <= set(record.to_dict(record.start_mono))
+    assert set(record.to_dict(record.start_mono)) <= _keys(types.RecordDoc)
+    assert set(types.RecordDoc.__required_keys__) <= set(record.to_dict(record.start_mono))

@@ -93,16 +93,17 @@ def test_every_output_format_is_one_row_and_the_command_offers_exactly_those():
     assert len(set(names)) == len(names)
 
 
-# The pipeline's stages as packages, and what each may import besides the shared top-level modules (snapshot,
-# shapes, catalogue, config, private): runtime -> analysis -> render, and sources -> analysis, render.
+# The pipeline's stages as packages, and what each may import besides the shared top-level modules (catalogue,
+# config, private): runtime -> analysis -> render, and sources -> analysis, render; the report format (its types,
+# builders, checks, load and save) sits below them all and imports none of them.
 MAY_IMPORT = {
-    "ddpwatch.runtime": {"ddpwatch.analysis", "ddpwatch.render"},
-    "ddpwatch.sources": {"ddpwatch.analysis", "ddpwatch.render"},
-    "ddpwatch.analysis": set(),
-    "ddpwatch.render": {"ddpwatch.analysis"},
+    "ddpwatch.runtime": {"ddpwatch.format", "ddpwatch.analysis", "ddpwatch.render"},
+    "ddpwatch.sources": {"ddpwatch.format", "ddpwatch.analysis", "ddpwatch.render"},
+    "ddpwatch.analysis": {"ddpwatch.format"},
+    "ddpwatch.render": {"ddpwatch.format", "ddpwatch.analysis"},
+    "ddpwatch.format": set(),
 }
-OFFLINE = ("ddpwatch.analysis", "ddpwatch.render", "ddpwatch.sources", "ddpwatch.snapshot", "ddpwatch.shapes",
-           "ddpwatch.catalogue")
+OFFLINE = ("ddpwatch.analysis", "ddpwatch.render", "ddpwatch.sources", "ddpwatch.format", "ddpwatch.catalogue")
 
 
 def _stage(module: str):
@@ -178,3 +179,33 @@ def test_the_watchdog_class_stays_a_loop_that_calls_its_parts():
     tree = ast.parse(open(_modules()["ddpwatch.runtime.watchdog"], encoding="utf-8").read())
     [watchdog] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Watchdog"]
     assert watchdog.end_lineno - watchdog.lineno < 300
+
+
+# Keys only a record and only a rank state have: a dict literal holding them outside the builders is a second
+# definition of the format (records were written in three places, rank states in two).
+BUILT_ONLY_BY = {"record": {"seq", "group", "op", "p2p"}, "rank_state": {"format_version", "rank", "world_size"}}
+BUILDERS = os.path.join(ROOT, "format", "build.py")
+
+
+def _literal_documents(path: str) -> list:
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Dict):
+            keys = {key.value for key in node.keys if isinstance(key, ast.Constant)}
+            found += [f"line {node.lineno}: a {kind}" for kind, marks in BUILT_ONLY_BY.items() if marks <= keys]
+    return found
+
+
+def test_records_and_rank_states_are_built_only_by_the_format_builders():
+    written = {module: _literal_documents(path) for module, path in _modules().items() if path != BUILDERS}
+    assert {module: found for module, found in written.items() if found} == {}
+    assert len(_literal_documents(BUILDERS)) == 2  # the check sees the builders' own literals
+
+
+def test_the_format_package_imports_no_other_ddpwatch_module():
+    """Every stage reads and writes the format, so it sits below them all: runtime, sources, analysis, render."""
+    modules = _modules()
+    outside = [f"{module} imports {imported}" for module, path in modules.items()
+               if module.startswith("ddpwatch.format")
+               for imported in _imports(module, path, modules) if not imported.startswith("ddpwatch.format")]
+    assert outside == []

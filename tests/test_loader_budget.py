@@ -20,7 +20,8 @@ from factory import seed_states  # noqa: E402
 from test_crafted_input import assert_one_line_error, report_cli, seed_incident  # noqa: E402
 from test_flight_recorder import seed_dumps, write_dumps  # noqa: E402
 
-from ddpwatch.sources import bounded, documents, flight_recorder as fr  # noqa: E402
+from ddpwatch.format import bounded, documents  # noqa: E402
+from ddpwatch.sources import flight_recorder as fr  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -113,7 +114,8 @@ HOSTILE_JSON = {
 _LOAD = """
 import json, resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
-from ddpwatch.sources import documents, flight_recorder
+from ddpwatch.format import documents
+from ddpwatch.sources import flight_recorder
 start = time.perf_counter()
 try:
     (documents.load_document if sys.argv[1] == "json" else flight_recorder.load_dump)(sys.argv[2])

@@ -10,8 +10,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import incident, seed_states  # noqa: E402
 
-from ddpwatch import analysis, cli, snapshot as S
+from ddpwatch import analysis, cli
 from ddpwatch.config import DEFAULTS
+from ddpwatch.format.version import FORMAT_VERSION
 from ddpwatch.sources import merge
 from ddpwatch.render import report  # noqa: E402
 
@@ -129,7 +130,7 @@ def test_a_folder_of_several_incidents_must_be_narrowed(tmp_path, capsys):
 
 @pytest.mark.parametrize("fmt, check", [
     ("text", lambda out: out.startswith("=" * 80)),
-    ("json", lambda out: json.loads(out)["format_version"] == S.FORMAT_VERSION),
+    ("json", lambda out: json.loads(out)["format_version"] == FORMAT_VERSION),
     ("html", lambda out: out.startswith("<!DOCTYPE html>")),
     ("trace", lambda out: json.loads(out)["traceEvents"]),
 ])

@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from ddpwatch.runtime import record as R
-from ddpwatch import snapshot as S  # noqa: E402
+from ddpwatch.format import build as S, documents  # noqa: E402
 from ddpwatch.runtime.record import Recorder, is_internal_file, python_stacks, tensor_meta, user_frame  # noqa: E402
 
 HERE = os.path.abspath(__file__)
@@ -253,7 +253,7 @@ def test_snapshot_keys_and_contents():
     assert snap["idle_s"] >= 0
     snap["groups"]["2"] = None
     assert "2" not in rec.groups  # a copy
-    assert S.load_json_text(S.dumps({"format_version": 1, **snap}), "snap")["inflight"] == snap["inflight"]
+    assert documents.load_json_text(documents.dumps({"format_version": 1, **snap}), "snap")["inflight"] == snap["inflight"]
 
 
 def test_snapshot_inflight_sorted_oldest_first():

@@ -11,7 +11,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from factory import (DDP_FILE, TORCH_FILE, barrier, ddp_broadcast, done, frame, incident, main_stack,  # noqa: E402
                      rank_state, seed_states, states, wrapped_stack)
 
-from ddpwatch import analysis, snapshot as S  # noqa: E402
+from ddpwatch import analysis  # noqa: E402
+from ddpwatch.format import build as S, documents  # noqa: E402
 from ddpwatch.render import render_json, render_text, stack_lines_shown  # noqa: E402
 
 GRACE, TIMEOUT_S = 2.0, 300.0
@@ -201,7 +202,7 @@ def test_render_json_round_trips(world_size):
     text = render_json(doc)
     assert text.endswith("\n")
     assert json.loads(text) == doc
-    assert S.load_json_text(text, "report.json") == doc
+    assert documents.load_json_text(text, "report.json") == doc
 
 
 def test_render_json_never_fails_on_odd_values():

@@ -12,9 +12,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import incident, seed_states  # noqa: E402
 
-from ddpwatch import analysis, snapshot as S
+from ddpwatch import analysis
 from ddpwatch.render import report  # noqa: E402
-from ddpwatch.sources import documents  # noqa: E402
+from ddpwatch.format import documents, upgrade, version as V  # noqa: E402
+from ddpwatch.format.version import FORMAT_VERSION, FormatError, check_version  # noqa: E402
 
 RUN_ID = "20250101-120000-job7"
 
@@ -43,7 +44,7 @@ def test_write_incident_writes_every_kind_of_file(tmp_path, temp_dir):
     assert doc["report_dir"] == os.path.abspath(folder)
     for rank in range(3):
         with open(os.path.join(folder, f"rank-{rank}.json"), encoding="utf-8") as handle:
-            state = S.load_json_text(handle.read(), "rank file")
+            state = documents.load_json_text(handle.read(), "rank file")
         assert state == doc["ranks"][rank]
     with open(os.path.join(folder, "report.txt"), encoding="utf-8") as handle:
         text = handle.read()
@@ -124,34 +125,34 @@ def test_load_incident_reads_it_back(tmp_path, temp_dir):
 def test_load_incident_rejects_other_versions(tmp_path):
     path = tmp_path / "report.json"
     path.write_text(json.dumps({"format_version": 99, "ranks": []}))
-    with pytest.raises(S.FormatError, match="format_version 99"):
+    with pytest.raises(FormatError, match="format_version 99"):
         documents.load_incident(str(tmp_path))
 
 
 def test_load_json_text_rejects_a_wrong_format_version():
-    with pytest.raises(S.FormatError, match="format_version 2 is not one this ddpwatch reads"):
-        S.load_json_text('{"format_version": 2}', "x.json")
-    with pytest.raises(S.FormatError, match="format_version None"):
-        S.load_json_text('{"rank": 0}', "x.json")
-    with pytest.raises(S.FormatError, match="format_version '1'"):
-        S.load_json_text('{"format_version": "1"}', "x.json")
+    with pytest.raises(FormatError, match="format_version 2 is not one this ddpwatch reads"):
+        documents.load_json_text('{"format_version": 2}', "x.json")
+    with pytest.raises(FormatError, match="format_version None"):
+        documents.load_json_text('{"rank": 0}', "x.json")
+    with pytest.raises(FormatError, match="format_version '1'"):
+        documents.load_json_text('{"format_version": "1"}', "x.json")
 
 
 @pytest.mark.parametrize("text", ["{not json", "", '{"format_version": 1', "[1, 2"])
 def test_load_json_text_rejects_bad_json(text):
-    with pytest.raises(S.FormatError, match=r"^x\.json: not valid JSON"):
-        S.load_json_text(text, "x.json")
+    with pytest.raises(FormatError, match=r"^x\.json: not valid JSON"):
+        documents.load_json_text(text, "x.json")
 
 
 @pytest.mark.parametrize("text", ["[]", "1", '"text"', "null"])
 def test_load_json_text_rejects_non_objects(text):
-    with pytest.raises(S.FormatError, match="expected a JSON object"):
-        S.load_json_text(text, "x.json")
+    with pytest.raises(FormatError, match="expected a JSON object"):
+        documents.load_json_text(text, "x.json")
 
 
 def test_format_error_is_a_value_error():
-    assert issubclass(S.FormatError, ValueError)
-    assert S.load_json_text('{"format_version": 1, "a": [1]}', "x") == {"format_version": 1, "a": [1]}
+    assert issubclass(FormatError, ValueError)
+    assert documents.load_json_text('{"format_version": 1, "a": [1]}', "x") == {"format_version": 1, "a": [1]}
 
 
 def test_html_and_trace_files_are_whole_renderings(tmp_path, temp_dir):
@@ -205,23 +206,23 @@ def test_no_tensor_contents_reach_any_file(tmp_path, temp_dir):
 
 def test_load_incident_refuses_a_rank_snapshot(tmp_path, temp_dir):
     folder, _ = report.write_incident(str(tmp_path), RUN_ID, seed_incident())
-    with pytest.raises(S.FormatError, match="not a ddpwatch incident"):
+    with pytest.raises(FormatError, match="not a ddpwatch incident"):
         documents.load_incident(os.path.join(folder, "rank-0.json"))
 
 
 def test_upgrade_hook_brings_old_versions_to_the_current_one(monkeypatch):
     """The loader reads every version written: each older version has an upgrade step to the next."""
-    monkeypatch.setattr(S, "READABLE_VERSIONS", (0, 1))
-    monkeypatch.setitem(documents._UPGRADES, 0, lambda doc: dict(doc, format_version=1, findings=doc["problems"]))
+    monkeypatch.setattr(V, "READABLE_VERSIONS", (0, 1))
+    monkeypatch.setitem(upgrade.UPGRADES, 0, lambda doc: dict(doc, format_version=1, findings=doc["problems"]))
     old = {"format_version": 0, "ranks": [], "problems": []}
-    assert documents.upgrade(S.check_version(old, "x")) == {"format_version": 1, "ranks": [], "problems": [],
+    assert upgrade.upgrade(check_version(old, "x")) == {"format_version": 1, "ranks": [], "problems": [],
                                                          "findings": []}
-    assert not documents._UPGRADES.get(S.FORMAT_VERSION), "the current version needs no upgrade"
+    assert not upgrade.UPGRADES.get(FORMAT_VERSION), "the current version needs no upgrade"
 
 
 def test_every_readable_version_has_an_upgrade_path():
-    for version in S.READABLE_VERSIONS:
-        assert version == S.FORMAT_VERSION or version in documents._UPGRADES, version
+    for version in V.READABLE_VERSIONS:
+        assert version == FORMAT_VERSION or version in upgrade.UPGRADES, version
 
 
 def test_the_report_modules_import_no_torch():
@@ -229,7 +230,7 @@ def test_the_report_modules_import_no_torch():
     import subprocess
 
     modules = ["render", "render.report", "render.html", "render.trace", "sources.command", "sources.merge",
-               "sources.flight_recorder", "sources.documents", "analysis.incident", "cli"]
+               "sources.flight_recorder", "format.documents", "analysis.incident", "cli"]
     code = ("import sys; " + "; ".join(f"import ddpwatch.{m}" for m in modules)
             + "; sys.exit('torch' in sys.modules)")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

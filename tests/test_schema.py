@@ -1,5 +1,5 @@
-"""schema.py's checks of ddpwatch's own objects come from shapes.py: every field of every shape is checked, every
-rule of schema.py names a field of a shape, and a field added to a shape is checked without touching schema.py.
+"""validate.py's checks of ddpwatch's own objects come from types.py: every field of every shape is checked, every
+rule of validate.py names a field of a shape, and a field added to a shape is checked without touching validate.py.
 No torch."""
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from test_flight_recorder import seed_dumps, write_dumps  # noqa: E402
 from test_incident import dead_rank, live, seed_with_condition, straggler_states, stuck_states  # noqa: E402
 from test_render import golden_seed_incident  # noqa: E402
 
-from ddpwatch.sources import flight_recorder as fr, schema
-from ddpwatch import shapes, snapshot as S  # noqa: E402
+from ddpwatch.format import types, validate  # noqa: E402
+from ddpwatch.format.version import FormatError  # noqa: E402
+from ddpwatch.sources import flight_recorder as fr  # noqa: E402
 
 
 def all_shapes() -> dict:
-    return {name: value for name, value in vars(shapes).items()
-            if typing.is_typeddict(value) and value.__module__ == shapes.__name__}
+    return {name: value for name, value in vars(types).items()
+            if typing.is_typeddict(value) and value.__module__ == types.__name__}
 
 
 def public_shapes() -> dict:
@@ -41,7 +42,7 @@ def _has_any(hint) -> bool:
 def refusal(check, doc, *args):
     try:
         check(doc, "", *args)
-    except S.FormatError as exc:
+    except FormatError as exc:
         return str(exc)
     return None
 
@@ -49,9 +50,9 @@ def refusal(check, doc, *args):
 @pytest.fixture
 def derived_again():
     """Checks derived from the shapes as a test changed them, and from the real ones afterwards."""
-    schema.clear_cache()
+    validate.clear_cache()
     yield
-    schema.clear_cache()
+    validate.clear_cache()
 
 
 # ---------------------------------------------------------------- one definition
@@ -61,57 +62,57 @@ def test_every_field_of_every_shape_is_checked():
     not interpreted) take it, and those are still limited in depth and string size."""
     for name, shape in public_shapes().items():
         hints = typing.get_type_hints(shape)
-        checks = schema.field_checks(shape)
+        checks = validate.field_checks(shape)
         assert set(checks) == set(hints), name
         for key, check in checks.items():
             untyped = _has_any(hints[key])
             assert (refusal(check, object()) is None) == untyped, f"{name}.{key}: {hints[key]}"
             if untyped:
-                assert refusal(check, [[[]]] * 2 + ["x" * (schema.MAX_STRING + 1)]) is not None
+                assert refusal(check, [[[]]] * 2 + ["x" * (validate.MAX_STRING + 1)]) is not None
 
 
 def test_every_rule_of_schema_names_a_field_of_a_shape():
     shapes_by_name = public_shapes()
     fields_of = {name: set(typing.get_type_hints(shape)) for name, shape in shapes_by_name.items()}
-    for shape, key in schema.LIMITS:
+    for shape, key in validate.LIMITS:
         assert key in fields_of.get(shape, ()), (shape, key)
-    for table in (schema.REQUIRED, schema.FIRST):
+    for table in (validate.REQUIRED, validate.FIRST):
         for shape, keys in table.items():
             assert set(keys) <= fields_of.get(shape, set()), (shape, keys)
             # a reader never insists on a key some writer leaves out
             assert set(keys) <= shapes_by_name[shape].__required_keys__, (shape, keys)
-    assert set(schema.ACROSS) <= set(shapes_by_name)
+    assert set(validate.ACROSS) <= set(shapes_by_name)
 
 
 def test_a_field_added_to_a_shape_is_checked_without_touching_schema(monkeypatch, derived_again):
-    class Site(shapes.Site, total=False):
+    class Site(types.Site, total=False):
         column: int
 
-    class RankState(shapes.RankState, total=False):
+    class RankState(types.RankState, total=False):
         gpu_util: Optional[float]
 
-    monkeypatch.setattr(shapes, "Site", Site)
-    monkeypatch.setattr(shapes, "RankState", RankState)
-    schema.clear_cache()
+    monkeypatch.setattr(types, "Site", Site)
+    monkeypatch.setattr(types, "RankState", RankState)
+    validate.clear_cache()
     doc = seed_incident()
-    assert refusal(schema.incident, doc) is None  # an optional field: files written before it still load
+    assert refusal(validate.incident, doc) is None  # an optional field: files written before it still load
     doc["ranks"][1]["inflight"][0]["site"]["column"] = 7
     doc["ranks"][0]["gpu_util"] = 93.5
-    assert refusal(schema.incident, doc) is None
+    assert refusal(validate.incident, doc) is None
     doc["ranks"][1]["inflight"][0]["site"]["column"] = "7"
-    assert refusal(schema.incident, doc) == "ranks[1].inflight[0].site.column: expected an integer, got str"
+    assert refusal(validate.incident, doc) == "ranks[1].inflight[0].site.column: expected an integer, got str"
     state = copy.deepcopy(seed_states(2)[0])
     state["gpu_util"] = [93.5]
-    assert refusal(schema.rank_snapshot, state) == "gpu_util: expected a number, got list"
+    assert refusal(validate.rank_snapshot, state) == "gpu_util: expected a number, got list"
     state["gpu_util"] = None
-    assert refusal(schema.rank_snapshot, state) is None
+    assert refusal(validate.rank_snapshot, state) is None
 
 
 def test_without_the_added_field_the_same_document_passes(derived_again):
     """The counterpart of the test above: the real shapes keep an unknown field as it is."""
     doc = seed_incident()
     doc["ranks"][1]["inflight"][0]["site"]["column"] = "7"
-    assert refusal(schema.incident, doc) is None
+    assert refusal(validate.incident, doc) is None
 
 
 def test_a_type_schema_has_no_check_for_is_an_error_not_an_unchecked_field():
@@ -119,22 +120,22 @@ def test_a_type_schema_has_no_check_for_is_an_error_not_an_unchecked_field():
         pair: Tuple[int, int]
 
     with pytest.raises(TypeError, match="Odd.pair"):
-        schema.field_checks(Odd)
+        validate.field_checks(Odd)
 
 
 def test_a_bound_the_type_cannot_have_is_an_error(monkeypatch):
-    monkeypatch.setitem(schema.LIMITS, ("Site", "file"), schema.Limit(low=0))
+    monkeypatch.setitem(validate.LIMITS, ("Site", "file"), validate.Limit(low=0))
     with pytest.raises(TypeError, match="Site.file"):
-        schema.field_checks(shapes.Site)
+        validate.field_checks(types.Site)
 
 
 def test_the_world_size_bounds_every_rank_in_the_document():
     doc = seed_incident()
     doc["missing_ranks"] = [2]
-    assert refusal(schema.incident, doc) == "missing_ranks[0]: 2 is outside 0..1"
+    assert refusal(validate.incident, doc) == "missing_ranks[0]: 2 is outside 0..1"
     state = seed_states(4)[3]
-    assert refusal(schema.rank_snapshot, state, 2) == "rank: 3 is outside 0..1"
-    assert refusal(schema.rank_snapshot, state) is None
+    assert refusal(validate.rank_snapshot, state, 2) == "rank: 3 is outside 0..1"
+    assert refusal(validate.rank_snapshot, state) is None
 
 
 # ---------------------------------------------------------------- what ddpwatch writes still passes
@@ -152,11 +153,11 @@ def written_documents() -> dict:
 @pytest.mark.parametrize("name", ["factory", "golden", "seed", "straggler", "stuck", "dead"])
 def test_incidents_ddpwatch_builds_pass(name):
     doc = json.loads(json.dumps(written_documents()[name]))
-    assert refusal(schema.incident, doc) is None
+    assert refusal(validate.incident, doc) is None
     for state in doc["ranks"]:
-        assert refusal(schema.rank_snapshot, state) is None
+        assert refusal(validate.rank_snapshot, state) is None
 
 
 def test_an_incident_read_from_flight_recorder_dumps_passes(tmp_path):
     doc = json.loads(json.dumps(fr.load_incident([str(write_dumps(tmp_path / "fr", seed_dumps()))])))
-    assert refusal(schema.incident, doc) is None
+    assert refusal(validate.incident, doc) is None

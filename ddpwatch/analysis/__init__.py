@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 from typing import TYPE_CHECKING, Callable, NamedTuple
 
-from .. import snapshot as S
+from ..format import build as S
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..shapes import Finding, RankState, RecordDoc

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from .. import analysis, snapshot as S
+from .. import analysis
 from ..config import DEFAULTS
+from ..format.version import FORMAT_VERSION
 from . import rankcond
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
@@ -39,7 +40,7 @@ def build(states: dict[int, RankState], world_size: int, grace: float, timeout: 
     created = created_at or max((s.get("published_at") or 0.0 for s in states.values()), default=0.0) or time.time()
     kind = (source or {}).get("kind", "")
     return {
-        "format_version": S.FORMAT_VERSION,
+        "format_version": FORMAT_VERSION,
         "run_id": run_id or time.strftime("%Y%m%d-%H%M%S", time.localtime(created)) + (f"-{kind.replace('_', '-')}"
                                                                                       if kind else ""),
         "world_size": world_size,

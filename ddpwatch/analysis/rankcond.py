@@ -8,7 +8,7 @@ import threading
 import tokenize
 from typing import Iterable
 
-from .. import snapshot as S
+from ..format import build as S
 
 __all__ = [
     "DEFAULT_RANK_NAMES",

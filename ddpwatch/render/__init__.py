@@ -6,7 +6,7 @@ import json
 import re
 import textwrap
 
-from .. import snapshot as S
+from ..format import build as S
 from ..analysis import positions, rank_list
 
 WIDTH = 80

@@ -7,7 +7,8 @@ import json
 import re
 import time
 
-from .. import render, snapshot as S
+from .. import render
+from ..format import build as S
 from ..analysis import describe_op, positions, rank_list
 
 # Above this many ranks, ranks whose timelines look the same share one lane.

@@ -7,10 +7,10 @@ import os
 import re
 import traceback
 
-from .. import private, render, snapshot as S
+from .. import private, render
+from ..format.documents import REPORT_JSON
 
 REPORT_TXT = "report.txt"
-REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 TRACE_JSON = "trace.json"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import snapshot as S
+from ..format import build as S
 from ..analysis import describe_op, rank_list
 
 US = 1_000_000.0  # the trace event format counts microseconds

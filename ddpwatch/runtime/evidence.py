@@ -8,7 +8,8 @@ import subprocess
 import sys
 import time
 
-from .. import catalogue, snapshot as S
+from .. import catalogue
+from ..format import build as S
 
 PY_SPY_TIMEOUT_S = 3.0
 
@@ -232,14 +233,15 @@ def record_from_flight_recorder(entry: dict, state: dict, frame, now: float) -> 
         return None
     from .record import frame_site
 
-    return {"seq": (state.get("last_seq") or {}).get(group, -1) + 1, "group": group,
-            "op": catalogue.canonical_op(str(entry.get("profiling_name", "")).split(":")[-1]) or "collective",
-            "api": S.FLIGHT_RECORDER_ONLY, "p2p": False, "peer": None,
-            "shapes": [list(s) for s in entry.get("input_sizes") or () if isinstance(s, list)][:4],
-            "dtypes": [str(d) for d in entry.get("input_dtypes") or ()][:4], "site": frame_site(frame),
-            "via": None, "region": None, "start": round(created, 6), "age_s": round(max(0.0, now - created), 4),
-            "duration_s": None, "state": S.IN_FLIGHT, "error": None, "thread": "MainThread",
-            "flight_recorder": {"seq": entry.get("collective_seq_id"), "op": entry.get("profiling_name")}}
+    return S.record(
+        (state.get("last_seq") or {}).get(group, -1) + 1, group,
+        catalogue.canonical_op(str(entry.get("profiling_name", "")).split(":")[-1]) or "collective",
+        api=S.FLIGHT_RECORDER_ONLY, p2p=False, peer=None,
+        shapes=[list(s) for s in entry.get("input_sizes") or () if isinstance(s, list)][:4],
+        dtypes=[str(d) for d in entry.get("input_dtypes") or ()][:4], site=frame_site(frame),
+        via=None, region=None, start=round(created, 6), age_s=round(max(0.0, now - created), 4),
+        duration_s=None, state=S.IN_FLIGHT, error=None, thread="MainThread",
+        flight_recorder={"seq": entry.get("collective_seq_id"), "op": entry.get("profiling_name")})
 
 
 def _compact_fr_entry(entry: dict) -> dict:

@@ -9,9 +9,10 @@ import sys
 import threading
 import time
 
-from .. import analysis, private, snapshot as S
+from .. import analysis, private
 from ..analysis.incident import build as build_incident
 from ..config import torchelastic_error_file
+from ..format import documents
 from ..render import report
 from . import evidence, verdict
 from .record import is_internal_file
@@ -27,7 +28,7 @@ NOWHERE = "(nowhere: no writable directory)"
 def _write_rank_dump(folder: str, doc: dict) -> str:
     """rank-<r>.json in `folder`, written whole or not at all (temp file + rename), with the umask's mode; else in
     this user's private temp folder; a failed write (full disk) leaves no temp file behind."""
-    data = (S.dumps(doc) + "\n").encode("utf-8")
+    data = (documents.dumps(doc) + "\n").encode("utf-8")
     name, sub = f"rank-{doc['rank']}.json", os.path.basename(folder)
     places = ((folder, lambda: private.open_subfolder(folder)),
               (os.path.join(report.fallback_dir(), sub), lambda: report.open_fallback(sub)))

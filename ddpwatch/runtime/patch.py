@@ -11,7 +11,8 @@ import sys
 import threading
 import weakref
 
-from .. import catalogue, snapshot
+from .. import catalogue
+from ..format import build
 from .record import Recorder, tensor_meta
 
 # What gets patched comes from the one catalogue (catalogue.py), shared with lint and the Flight Recorder reader.
@@ -163,7 +164,7 @@ class Patcher:
             self._patch_function(dist, c10d, COALESCING_MANAGER, self._coalescing_wrapper)
             for name in OBJECT_COLLECTIVES:
                 self._patch_function(dist, c10d, name, lambda orig, n=name: self._region_wrapper(
-                    orig, snapshot.OBJECT_COLLECTIVE, n, skip_self=False))
+                    orig, build.OBJECT_COLLECTIVE, n, skip_self=False))
             self._patch_ddp_internals(dist)
             from .functional import patch_functional_collectives
 
@@ -225,7 +226,7 @@ class Patcher:
         except ImportError:
             return  # a torch without FSDP2
         self.wrap(FSDPState, "_pre_forward", lambda pre_forward: self._region_wrapper(
-            pre_forward, snapshot.FSDP_FORWARD, "fully_shard forward", skip_self=False))
+            pre_forward, build.FSDP_FORWARD, "fully_shard forward", skip_self=False))
 
     # ----- process groups -----
     def group_name(self, group):
@@ -486,7 +487,7 @@ class Patcher:
         def body(args, kwargs, caller):
             region = recorder.current_region()
             group = region[3] if region and len(region) > 3 else None
-            record = self._begin("broadcast", snapshot.DDP_BUCKET_REBUILD, group, (), caller)
+            record = self._begin("broadcast", build.DDP_BUCKET_REBUILD, group, (), caller)
             if record is None:
                 return original(*args, **kwargs)
             rebuilt = self._finish_on_error(record, original, *args, **kwargs)
@@ -516,7 +517,7 @@ class Patcher:
 
     def _ddp_forward_wrapper(self, original):
         """DDP.forward as a region; a grad-enabled forward also arms the gradient all-reduce of the next backward."""
-        region = self._region_wrapper(original, snapshot.DDP_FORWARD, "DistributedDataParallel.forward", skip_self=True)
+        region = self._region_wrapper(original, build.DDP_FORWARD, "DistributedDataParallel.forward", skip_self=True)
         recorder = self.recorder
         import torch
 
@@ -539,7 +540,7 @@ class Patcher:
             if pg is None:
                 return original(*args, **kwargs)
             recorder.pending_grad_sync = None
-            record = patcher._begin("all_reduce", snapshot.DDP_GRAD_ALLREDUCE, pg, (), sys._getframe(1))
+            record = patcher._begin("all_reduce", build.DDP_GRAD_ALLREDUCE, pg, (), sys._getframe(1))
             if record is None:
                 return original(*args, **kwargs)
             result = patcher._finish_on_error(record, original, *args, **kwargs)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import snapshot as S
+from ..format import build as S
 from . import evidence
 
 VANISHED_AFTER_INTERVALS = 3  # a remote peer's heartbeat still this many rounds after a collective failed: vanished

@@ -7,8 +7,9 @@ import sys
 import threading
 import time
 
-from .. import analysis, snapshot as S
+from .. import analysis
 from ..analysis import rankcond
+from ..format import build as S
 from . import evidence, frameworks
 from .record import is_internal_file, python_stacks, user_frame
 
@@ -33,10 +34,9 @@ class RankState:
         """This rank's state now; `full` adds what an incident needs (stacks, process facts, progress bars, the
         Flight Recorder's tail). Each read is a new heartbeat."""
         self.beat += 1
-        doc = {"format_version": S.FORMAT_VERSION, "rank": self.rank, "world_size": self.world_size,
-               "pid": os.getpid(), "host": self.host, "beat": self.beat, "published_at": time.time(),
-               "status": S.RUNNING}
-        doc.update(self.recorder.snapshot(recent=32 if full else 8))
+        doc = S.rank_state(self.rank, self.world_size, pid=os.getpid(), host=self.host, beat=self.beat,
+                           published_at=time.time(), status=S.RUNNING,
+                           **self.recorder.snapshot(recent=32 if full else 8))  # progress, records, groups ...
         self._add_unseen_collective(doc)
         if full:
             doc["stacks"] = python_stacks(skip_thread=threading.get_ident())

@@ -12,11 +12,11 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .. import snapshot
 from ..config import DEFAULTS
+from ..format import build
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from ..shapes import RecordDoc
+    from ..format.types import RecordDoc
 
 # ddpwatch's own folder (this file is in ddpwatch/runtime/): none of its frames is ever the user's line.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -174,7 +174,7 @@ def via_site(frame) -> tuple | None:
 def frame_site(frame) -> dict | None:
     if frame is None:
         return None
-    return snapshot.site(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    return build.site(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
 # A call site on the hot path is (id(code), f_lasti): frame.f_lineno scans the code's line table on every read
@@ -221,11 +221,11 @@ def resolve_site(raw) -> tuple | None:
 
 def _site_dict(raw) -> dict | None:
     site = resolve_site(raw)
-    return site and snapshot.site(*site)
+    return site and build.site(*site)
 
 
 _monotonic, _get_ident = time.monotonic, threading.get_ident  # bound once: called twice per collective
-_IN_FLIGHT, _COMPLETED = snapshot.IN_FLIGHT, snapshot.COMPLETED
+_IN_FLIGHT, _COMPLETED = build.IN_FLIGHT, build.COMPLETED
 # Wall clock = monotonic + offset: one clock read per record on the hot path, the other at formatting time.
 _WALL_OFFSET = time.time() - time.monotonic()
 # Thread ident -> name, refreshed whenever records are formatted (names are looked up then, not per op).
@@ -255,27 +255,25 @@ class Record:
 
     def to_dict(self, now_mono: float) -> RecordDoc:
         shapes, dtypes = _describe_tensors(self.tensors)
-        in_flight = self.state == snapshot.IN_FLIGHT
-        return {
-            "seq": self.seq,
-            "group": self.group,
-            "op": self.op,
-            "api": self.api,
-            "p2p": self.peer is not None,
-            "peer": self.peer,
-            "shapes": shapes,
-            "dtypes": dtypes,
-            "site": _site_dict(self.site),
-            "via": self.via and {"file": self.via[0], "line": self.via[1], "function": self.via[2],
-                                 "package": self.via[3]},
-            "region": self.region and {"kind": self.region[0], "site": self.region[1], "api": self.region[2]},
-            "start": round(self.start_mono + _WALL_OFFSET, 6),
-            "age_s": round(now_mono - self.start_mono, 4),
-            "duration_s": None if in_flight else round(self.end_mono - self.start_mono, 6),
-            "state": self.state,
-            "error": self.error,
-            "thread": _thread_name(self.thread),
-        }
+        in_flight = self.state == build.IN_FLIGHT
+        return build.record(
+            self.seq, self.group, self.op,
+            api=self.api,
+            p2p=self.peer is not None,
+            peer=self.peer,
+            shapes=shapes,
+            dtypes=dtypes,
+            site=_site_dict(self.site),
+            via=self.via and {"file": self.via[0], "line": self.via[1], "function": self.via[2],
+                              "package": self.via[3]},
+            region=self.region and {"kind": self.region[0], "site": self.region[1], "api": self.region[2]},
+            start=round(self.start_mono + _WALL_OFFSET, 6),
+            age_s=round(now_mono - self.start_mono, 4),
+            duration_s=None if in_flight else round(self.end_mono - self.start_mono, 6),
+            state=self.state,
+            error=self.error,
+            thread=_thread_name(self.thread),
+        )
 
 
 def _describe_tensors(tensors) -> tuple:
@@ -415,7 +413,7 @@ class Recorder:
     def _untrack_oldest(self) -> None:
         """Bound the in-flight set: a backend whose Work never says "completed" must not grow it forever."""
         oldest = self.inflight.pop(next(iter(self.inflight)))
-        oldest.state = snapshot.UNTRACKED
+        oldest.state = build.UNTRACKED
         self._forget_work(oldest)
 
     def _forget_work(self, record: Record) -> None:
@@ -459,7 +457,7 @@ class Recorder:
             self.finish_returned(record)
             return
         record.end_mono = self.progress_mono = _monotonic()
-        record.state = snapshot.FAILED
+        record.state = build.FAILED
         record.error = f"{type(error).__name__}: {error}"[:500]
         if record.work is not None:
             self._forget_work(record)

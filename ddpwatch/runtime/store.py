@@ -6,12 +6,12 @@ import datetime
 import json
 import time
 
-from .. import snapshot
+from ..format import bounded, documents
 
 PREFIX = "ddpwatch/v1"
 MULTI_GET_SLICE = 512
 # Anyone who reaches the store's port can write a value there: what one read may build is budgeted before parsing
-# (snapshot.json_build_estimate), as the file loaders do. A rank's full incident answer is tens of KiB and a
+# (bounded.json_build_estimate), as the file loaders do. A rank's full incident answer is tens of KiB and a
 # 16,384-rank read of positions about 8 MiB (4.6 estimated bytes per byte); 25 MB of `{}` would build 1.3 GB.
 READ_BUILT_FLOOR = 64 * 2**20
 READ_BUILT_PER_BYTE = 12
@@ -22,7 +22,7 @@ class StoreUnavailable(RuntimeError):
 
 
 def _within_budget(value: bytes) -> bool:
-    return snapshot.json_build_estimate(value) <= READ_BUILT_FLOOR + READ_BUILT_PER_BYTE * len(value)
+    return bounded.json_build_estimate(value) <= READ_BUILT_FLOOR + READ_BUILT_PER_BYTE * len(value)
 
 
 def _decode_all(keys: list, values: list) -> dict:
@@ -100,11 +100,11 @@ class StateStore:
             raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from None
 
     def put(self, key: str, doc: dict) -> None:
-        self._call(self._store.set, key, snapshot.dumps(doc))
+        self._call(self._store.set, key, documents.dumps(doc))
 
     def put_many(self, docs: dict) -> None:
         """{key: doc} in one round trip where the store can (multi_set), else one set per key."""
-        keys, values = list(docs), [snapshot.dumps(doc) for doc in docs.values()]
+        keys, values = list(docs), [documents.dumps(doc) for doc in docs.values()]
         if hasattr(self._store, "multi_set"):
             self._call(self._store.multi_set, keys, values)
         else:

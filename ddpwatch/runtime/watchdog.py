@@ -8,8 +8,9 @@ import socket
 import threading
 import time
 
-from .. import analysis, snapshot as S
+from .. import analysis
 from ..config import REPORT
+from ..format import build as S
 from . import evidence
 from .abort import AbortPolicy, Outcome, peer_gone
 from .incident_writer import IncidentWriter

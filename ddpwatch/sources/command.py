@@ -7,10 +7,11 @@ import os
 import sys
 import tempfile
 
-from .. import snapshot as S
 from ..analysis import incident as incident_module
+from ..format import documents
+from ..format.version import FormatError
 from ..render import report, visible
-from . import documents, flight_recorder, merge
+from . import flight_recorder, merge
 
 
 class ReportError(Exception):
@@ -23,7 +24,7 @@ def _single_incident(paths: list) -> dict | None:
         return None
     path = paths[0]
     if os.path.isdir(path):
-        return documents.load_incident(path) if os.path.isfile(os.path.join(path, report.REPORT_JSON)) else None
+        return documents.load_incident(path) if os.path.isfile(os.path.join(path, documents.REPORT_JSON)) else None
     doc = documents.load_document(path)
     return doc if documents.is_incident(doc) else None
 
@@ -90,7 +91,7 @@ def run_command(args, stdout=None, stderr=None) -> int:
             _write(stderr, f"ddpwatch report: wrote {visible(args.output)}\n")
         else:
             _write(stdout, text)
-    except (OSError, S.FormatError, ReportError) as exc:  # merge and Flight Recorder errors are FormatErrors
+    except (OSError, FormatError, ReportError) as exc:  # merge and Flight Recorder errors are FormatErrors
         # Its first line, split at newlines only: a CR or ESC in a crafted path inside it is shown, not obeyed.
         message = visible(str(exc).split("\n")[0]) if str(exc) else type(exc).__name__
         _write(stderr, f"ddpwatch report: {message}\n")

@@ -10,9 +10,10 @@ import re
 import struct
 import sys
 
-from .. import catalogue, snapshot as S
+from .. import catalogue
 from ..analysis import incident
-from . import bounded, schema
+from ..format import bounded, build as S, validate
+from ..format.version import FormatError
 
 # A dump file is named <prefix><rank> (TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE convention).
 DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
@@ -45,7 +46,7 @@ _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16
            "ComplexFloat": "complex64", "ComplexDouble": "complex128"}
 
 
-class FlightRecorderError(S.FormatError):
+class FlightRecorderError(FormatError):
     """A file or folder that holds no Flight Recorder dump ddpwatch can read."""
 
 
@@ -247,7 +248,7 @@ def load_dump(path: str) -> dict:
         dump = _parse(path, data)
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, UnicodeDecodeError, AttributeError,
             IndexError, KeyError, RecursionError, MemoryError, OverflowError, struct.error) as exc:
-        if isinstance(exc, S.FormatError):
+        if isinstance(exc, FormatError):
             raise FlightRecorderError(str(exc)) from None
         reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, (RecursionError, MemoryError)) else str(exc)
         raise FlightRecorderError(f"{path}: unreadable Flight Recorder dump ({reason[:200]})") from None
@@ -255,72 +256,72 @@ def load_dump(path: str) -> dict:
         raise NotADump(f"{path}: not a Flight Recorder dump (no 'entries' list)")
     try:
         check_dump(dump, path)
-    except S.FormatError as exc:
+    except FormatError as exc:
         raise FlightRecorderError(str(exc)) from None
     return dump
 
 
 # What ddpwatch reads of a dump, checked before anything is read from it (torch's field names).
-_ints = schema.list_of(schema.integer, 64)
-_FRAME = schema.fields({"name": schema.nullable(schema.text), "filename": schema.nullable(schema.text),
-                        "file": schema.nullable(schema.text), "function": schema.nullable(schema.text),
-                        "line": schema.nullable(schema.integer)})
-_ENTRY = schema.fields({
-    "record_id": schema.nullable(schema.integer), "pg_id": schema.nullable(schema.name),
-    "process_group": schema.nullable(schema.list_of(schema.nullable(schema.name), 8)),
-    "collective_seq_id": schema.nullable(schema.integer), "p2p_seq_id": schema.nullable(schema.integer),
-    "profiling_name": schema.nullable(schema.text), "time_created_ns": schema.nullable(schema.ranged(0, 2**63)),
-    "time_discovered_completed_ns": schema.nullable(schema.ranged(0, 2**63)),
-    "input_sizes": schema.nullable(schema.list_of(_ints, 1024)), "input_dtypes": schema.nullable(
-        schema.list_of(schema.text, 1024)), "state": schema.nullable(schema.text),
-    "retired": schema.nullable(schema.boolean), "is_p2p": schema.nullable(schema.boolean),
-    "thread_name": schema.nullable(schema.text),
-    "frames": schema.nullable(schema.list_of(_FRAME, MAX_FRAMES_PER_ENTRY)),
+_ints = validate.list_of(validate.integer, 64)
+_FRAME = validate.fields({"name": validate.nullable(validate.text), "filename": validate.nullable(validate.text),
+                        "file": validate.nullable(validate.text), "function": validate.nullable(validate.text),
+                        "line": validate.nullable(validate.integer)})
+_ENTRY = validate.fields({
+    "record_id": validate.nullable(validate.integer), "pg_id": validate.nullable(validate.name),
+    "process_group": validate.nullable(validate.list_of(validate.nullable(validate.name), 8)),
+    "collective_seq_id": validate.nullable(validate.integer), "p2p_seq_id": validate.nullable(validate.integer),
+    "profiling_name": validate.nullable(validate.text), "time_created_ns": validate.nullable(validate.ranged(0, 2**63)),
+    "time_discovered_completed_ns": validate.nullable(validate.ranged(0, 2**63)),
+    "input_sizes": validate.nullable(validate.list_of(_ints, 1024)), "input_dtypes": validate.nullable(
+        validate.list_of(validate.text, 1024)), "state": validate.nullable(validate.text),
+    "retired": validate.nullable(validate.boolean), "is_p2p": validate.nullable(validate.boolean),
+    "thread_name": validate.nullable(validate.text),
+    "frames": validate.nullable(validate.list_of(_FRAME, MAX_FRAMES_PER_ENTRY)),
 })
-_GROUP = schema.fields({"name": schema.nullable(schema.name), "desc": schema.nullable(schema.text),
-                        "ranks": schema.nullable(lambda value, where: _checked_ranks(value, where))})
-_STATUS = schema.fields({"last_completed_collective": schema.nullable(lambda value, where: _counter(value, where))})
+_GROUP = validate.fields({"name": validate.nullable(validate.name), "desc": validate.nullable(validate.text),
+                        "ranks": validate.nullable(lambda value, where: _checked_ranks(value, where))})
+_STATUS = validate.fields({"last_completed_collective": validate.nullable(lambda value, where: _counter(value, where))})
 
 
 def _counter(value, where: str) -> None:
     """A sequence counter: an integer in pickles, its decimal text in JSON dumps ("3")."""
     if isinstance(value, str) and re.fullmatch(r"-?\d{1,19}", value):
         value = int(value)
-    schema.integer(value, where)
+    validate.integer(value, where)
 
 
 def _checked_ranks(value, where: str) -> None:
     if _parse_ranks(value) is None and value not in ("", []):
-        raise S.FormatError(f"{where}: not a list of ranks 0..{schema.MAX_WORLD_SIZE - 1}")
+        raise FormatError(f"{where}: not a list of ranks 0..{validate.MAX_WORLD_SIZE - 1}")
 
 
 def _version(value, where: str) -> None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        schema.number(value, where)
+        validate.number(value, where)
     else:
-        schema.text(value, where)
+        validate.text(value, where)
 
 
 def check_dump(dump: dict, path: str) -> None:
     """The fields ddpwatch reads, with their types and limits: FormatError (one line) for anything else."""
-    schema.checked(_check_dump, dump, path)
+    validate.checked(_check_dump, dump, path)
 
 
 def _check_dump(dump: dict, where: str) -> None:
     entries = dump["entries"]
     if len(entries) > MAX_ENTRIES:
-        raise S.FormatError(f"{len(entries)} entries (at most {MAX_ENTRIES})")
+        raise FormatError(f"{len(entries)} entries (at most {MAX_ENTRIES})")
     frames = sum(len(e["frames"]) for e in entries if isinstance(e, dict) and isinstance(e.get("frames"), list))
     if frames > MAX_FRAMES:  # counted before anything is walked: one shared entry repeated costs 2 bytes a time
-        raise S.FormatError(f"{frames} frames in all (at most {MAX_FRAMES})")
+        raise FormatError(f"{frames} frames in all (at most {MAX_FRAMES})")
     for index, entry in enumerate(entries):
         key = "p2p_seq_id" if isinstance(entry, dict) and entry.get("is_p2p") else "collective_seq_id"
         if isinstance(entry, dict) and not isinstance(entry.get(key), int):
-            raise S.FormatError(f"entries[{index}].{key}: expected an integer, got {type(entry.get(key)).__name__}")
-    schema.fields({"version": schema.nullable(_version),
-                   "entries": schema.list_of(_ENTRY, MAX_ENTRIES),
-                   "pg_config": schema.nullable(schema.dict_of(schema.nullable(_GROUP))),
-                   "pg_status": schema.nullable(schema.dict_of(schema.nullable(_STATUS)))})(dump, where)
+            raise FormatError(f"entries[{index}].{key}: expected an integer, got {type(entry.get(key)).__name__}")
+    validate.fields({"version": validate.nullable(_version),
+                   "entries": validate.list_of(_ENTRY, MAX_ENTRIES),
+                   "pg_config": validate.nullable(validate.dict_of(validate.nullable(_GROUP))),
+                   "pg_status": validate.nullable(validate.dict_of(validate.nullable(_STATUS)))})(dump, where)
 
 
 def _candidates(folder: str) -> list:
@@ -348,9 +349,9 @@ def find_dumps(folders: list) -> dict:
                 dump = load_dump(path)
             except NotADump:
                 continue  # other files may sit beside the dumps (logs, checkpoints); a damaged dump is an error
-            if rank >= schema.MAX_WORLD_SIZE:
+            if rank >= validate.MAX_WORLD_SIZE:
                 raise FlightRecorderError(f"{path}: rank {rank} from the file name is beyond "
-                                          f"{schema.MAX_WORLD_SIZE - 1}")
+                                          f"{validate.MAX_WORLD_SIZE - 1}")
             if rank in chosen:
                 if _has_frames(chosen[rank][0]) and not _has_frames(dump):
                     continue
@@ -470,20 +471,20 @@ def _record(entry: dict, rank: int, now: float) -> dict:
     peer = None
     if p2p and peers:
         peer = peers[1] if peers[0] == rank else peers[0]
-    return {
-        "seq": entry.get("p2p_seq_id") if p2p else entry.get("collective_seq_id"),
-        "group": str(_pg_name(entry)),
-        "op": op, "api": api, "p2p": p2p, "peer": peer,
-        "shapes": shapes, "dtypes": [_dtype(d) for d in (entry.get("input_dtypes") or ())][:MAX_SHAPES],
-        "site": _first_user_frame(frames), "region": region,
-        "start": start, "age_s": round(max(0.0, now - start), 4),
-        "duration_s": round(completed_at - start, 6) if completed_at else None,
-        "state": S.COMPLETED,  # decided per rank afterwards, see in_flight_ids
-        "error": None, "thread": entry.get("thread_name") or "MainThread",
+    return S.record(
+        entry.get("p2p_seq_id") if p2p else entry.get("collective_seq_id"),
+        str(_pg_name(entry)),
+        op, api=api, p2p=p2p, peer=peer,
+        shapes=shapes, dtypes=[_dtype(d) for d in (entry.get("input_dtypes") or ())][:MAX_SHAPES],
+        site=_first_user_frame(frames), region=region,  # no `via`: a dump does not say which framework was called
+        start=start, age_s=round(max(0.0, now - start), 4),
+        duration_s=round(completed_at - start, 6) if completed_at else None,
+        state=S.COMPLETED,  # decided per rank afterwards, see in_flight_ids
+        error=None, thread=entry.get("thread_name") or "MainThread",
         # Kept for the in-flight decision and for people comparing with torch's own tools.
-        "fr": {"record_id": entry.get("record_id"), "profiling_name": entry.get("profiling_name"),
-               "state": entry.get("state"), "retired": entry.get("retired"), "frames": frames},
-    }
+        fr={"record_id": entry.get("record_id"), "profiling_name": entry.get("profiling_name"),
+            "state": entry.get("state"), "retired": entry.get("retired"), "frames": frames},
+    )
 
 
 def _pg_name(entry: dict) -> str:
@@ -579,11 +580,11 @@ def _parse_ranks(value) -> list | None:
     """A pg_config `ranks` value (a JSON text, or a list) as a list of ranks in range; None if it is not one."""
     if isinstance(value, str):
         try:
-            value = json.loads(value) if len(value) <= schema.MAX_STRING else None
+            value = json.loads(value) if len(value) <= validate.MAX_STRING else None
         except (ValueError, RecursionError):
             return None
-    if isinstance(value, (list, tuple)) and len(value) <= schema.MAX_WORLD_SIZE and all(
-            isinstance(r, int) and not isinstance(r, bool) and 0 <= r < schema.MAX_WORLD_SIZE for r in value):
+    if isinstance(value, (list, tuple)) and len(value) <= validate.MAX_WORLD_SIZE and all(
+            isinstance(r, int) and not isinstance(r, bool) and 0 <= r < validate.MAX_WORLD_SIZE for r in value):
         return list(value)
     return None
 
@@ -653,16 +654,15 @@ def _snapshot(rank: int, world_size: int, records: list, dump: dict, path: str, 
     for r in records:
         r["fr"].pop("frames", None)  # the stack section carries them once; records stay small
         r["fr"].pop("desc", None)
-    return {
-        "format_version": S.FORMAT_VERSION, "rank": rank, "world_size": world_size, "pid": None, "host": None,
-        "beat": 0, "published_at": now, "status": S.RUNNING,
-        "progress": len(records) + len(done), "idle_s": round(max(0.0, now - max(events, default=now)), 4),
-        "inflight": sorted(inflight, key=lambda r: r["start"]), "recent": done[-RECENT_KEPT:],
-        "last_seq": {str(k): v for k, v in last_seq.items()}, "groups": groups,
-        "ops_recorded": len(records), "stacks": stacks,
-        "source": {"kind": "flight_recorder", "file": os.path.abspath(path), "fr_version": dump.get("version"),
-                   "in_flight_rule": rule},
-    }
+    return S.rank_state(
+        rank, world_size, pid=None, host=None, beat=0, published_at=now, status=S.RUNNING,
+        progress=len(records) + len(done), idle_s=round(max(0.0, now - max(events, default=now)), 4),
+        inflight=sorted(inflight, key=lambda r: r["start"]), recent=done[-RECENT_KEPT:],
+        last_seq={str(k): v for k, v in last_seq.items()}, groups=groups,
+        ops_recorded=len(records), stacks=stacks,
+        source={"kind": "flight_recorder", "file": os.path.abspath(path), "fr_version": dump.get("version"),
+                "in_flight_rule": rule},
+    )
 
 
 def _dump_time(path: str, entries: list) -> float:

@@ -6,16 +6,15 @@ import os
 import re
 import sys
 
-from .. import snapshot as S
 from ..analysis import incident
-from ..render import report
-from . import bounded, documents
+from ..format import bounded, documents
+from ..format.version import FormatError
 
 RANK_FILE = re.compile(r"^rank-(\d+)\.json$")
 PROGRESS_FROM = 64  # files; below this a progress bar is noise
 
 
-class MergeError(S.FormatError):
+class MergeError(FormatError):
     """Rank files that cannot make one incident (none found, or from different jobs)."""
 
 
@@ -25,7 +24,7 @@ def _walk_rank_files(folder: str) -> tuple:
     files, incidents = [], []
     for root, dirs, names in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        if report.REPORT_JSON in names:
+        if documents.REPORT_JSON in names:
             incidents.append(root)
         files.extend(path for path in (os.path.join(root, name) for name in sorted(names) if RANK_FILE.match(name))
                      if bounded.regular_or_skipped(path))

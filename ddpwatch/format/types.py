@@ -1,12 +1,12 @@
 """The named shapes of the plain data passed between stages: what a record, a rank state, a finding and an incident hold.
 
-JSON-native TypedDicts (no torch, no runtime cost): the stages pass these dicts, files hold them, and schema.py
+JSON-native TypedDicts (no torch, no runtime cost): the stages pass these dicts, files hold them, and validate.py
 derives its checks of files from them, so each field is defined here only. A type says what a stage may be handed:
 what ddpwatch writes, or what `ddpwatch report` accepts from a file (version-1 files of older writers and Flight
 Recorder input leave some fields null; counts marked float may be any JSON number). Keys always written live in
 the first half of each pair, optional ones in its total=False half. A field typed with Any is kept but not
-interpreted (schema.py limits only its size and depth). Bounds, list sizes and the keys a reader insists on are
-schema.py's.
+interpreted (validate.py limits only its size and depth). Bounds, list sizes and the keys a reader insists on are
+validate.py's.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class Via(Site):
 class Region(TypedDict):
     """What a record happened inside of: DDP.forward, FSDP2's pre-forward, an object collective."""
 
-    kind: str  # snapshot.DDP_FORWARD, FSDP_FORWARD, OBJECT_COLLECTIVE
+    kind: str  # build.DDP_FORWARD, FSDP_FORWARD, OBJECT_COLLECTIVE
     site: Optional[Site]
     api: Optional[str]
 
@@ -48,13 +48,13 @@ class _RecordBase(TypedDict):
     start: Optional[float]  # epoch seconds
     age_s: float
     duration_s: Optional[float]
-    state: str  # snapshot.IN_FLIGHT, COMPLETED, FAILED, UNTRACKED
+    state: str  # build.IN_FLIGHT, COMPLETED, FAILED, UNTRACKED
     error: Optional[str]
     thread: Optional[str]
 
 
 class RecordDoc(_RecordBase, total=False):
-    """One collective as a rank issued it (record.Record.to_dict())."""
+    """One collective as a rank issued it (build.record(): record.Record.to_dict() and the Flight Recorder readers)."""
 
     via: Optional[Via]
     framework: Dict[str, Any]  # frameworks.framework_context(): Lightning's deferred log reduction
@@ -117,7 +117,7 @@ class _RankStateBase(TypedDict):
     host: Optional[str]
     beat: Optional[float]  # a count
     published_at: Optional[float]  # epoch seconds
-    status: str  # snapshot.RUNNING, EXITED
+    status: str  # build.RUNNING, EXITED
     progress: Optional[float]  # a count
     idle_s: float
     inflight: List[RecordDoc]
@@ -167,7 +167,7 @@ class Evidence(TypedDict, total=False):
 
 
 class Finding(TypedDict):
-    """One verdict (snapshot.finding()): its kind, the culprit ranks, what happened, the fix, the user's line."""
+    """One verdict (build.finding()): its kind, the culprit ranks, what happened, the fix, the user's line."""
 
     kind: str  # one of analysis.FINDING_KINDS
     ranks: List[int]

@@ -5,10 +5,10 @@ a MemoryError or minutes of work. So every field the analysis and the renderers 
 range, lists and strings have a size limit, fields ddpwatch does not interpret may not nest deeply, and fields
 this version does not know are kept as they are (readers ignore them; see docs/report-format.md).
 
-The checks of ddpwatch's own objects are derived from ddpwatch/shapes.py, the one definition of their fields and
+The checks of ddpwatch's own objects are derived from ddpwatch/format/types.py, the one definition of their fields and
 types: a field added there is checked here. This module adds only what a type cannot say: bounds (LIMITS), the
 keys a reader insists on (REQUIRED), the field checked FIRST, and checks across fields (ACROSS). The combinators
-below also check torch's Flight Recorder dumps (flight_recorder.py), whose format is not ddpwatch's.
+below also check torch's Flight Recorder dumps (sources/flight_recorder.py), whose format is not ddpwatch's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import types
 import typing
 from typing import Any, Callable
 
-from .. import snapshot as S
+from .version import FormatError
 
 # Limits, far above what ddpwatch writes (1024 ranks with full stacks: about 30 MB), far below what hurts.
 MAX_DOCUMENT_BYTES = 256 * 2**20   # one report.json or rank file
@@ -39,7 +39,7 @@ MAX_INT = 2**63
 
 
 def _fail(where: str, problem: str):
-    raise S.FormatError(f"{where}: {problem}" if where else problem)
+    raise FormatError(f"{where}: {problem}" if where else problem)
 
 
 def _child(where: str, key: str) -> str:
@@ -160,7 +160,7 @@ def ranged(low: int, high: int):
     return lambda value, where: integer(value, where, low, high)
 
 
-# ---------------------------------------------------------------- ddpwatch's objects, derived from shapes.py
+# ---------------------------------------------------------------- ddpwatch's objects, derived from types.py
 
 @dataclasses.dataclass(frozen=True)
 class Limit:
@@ -246,7 +246,7 @@ def _refuse_bounds(limit: Limit | None, what: str, *unused: str) -> None:
     """A bound the type cannot have is a mistake in LIMITS, not something to ignore."""
     for attribute in unused:
         if limit is not None and getattr(limit, attribute) is not None:
-            raise TypeError(f"schema.LIMITS: {what} cannot have `{attribute}`")
+            raise TypeError(f"validate.LIMITS: {what} cannot have `{attribute}`")
 
 
 def _scalar_check(hint, limit: Limit | None, world_size: int, what: str):
@@ -254,7 +254,7 @@ def _scalar_check(hint, limit: Limit | None, world_size: int, what: str):
         _refuse_bounds(limit, what, "low", "high", "items", "each")
         return text if hint is str else boolean
     if hint not in (int, float):
-        raise TypeError(f"schema.py has no check for {what}: {hint!r}")
+        raise TypeError(f"validate.py has no check for {what}: {hint!r}")
     _refuse_bounds(limit, what, "items", "each")
     low = _resolved(limit.low, world_size) if limit and limit.low is not None else None
     high = _resolved(limit.high, world_size) if limit and limit.high is not None else None
@@ -270,7 +270,7 @@ def _within(check, low, high):
 
 
 def _check_for(hint, limit: Limit | None, world_size: int, what: str, built: dict):
-    """The check of a value of type `hint` (an annotation in shapes.py) within `limit`; a type this module has no
+    """The check of a value of type `hint` (an annotation in types.py) within `limit`; a type this module has no
     check for is a TypeError when the checks are derived, never a field left unchecked."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if _uninterpreted(hint):
@@ -279,12 +279,12 @@ def _check_for(hint, limit: Limit | None, world_size: int, what: str, built: dic
     if origin in (typing.Union, types.UnionType):
         present = [arg for arg in args if arg is not type(None)]
         if len(present) != 1:
-            raise TypeError(f"schema.py has no check for {what}: {hint!r}")
+            raise TypeError(f"validate.py has no check for {what}: {hint!r}")
         inner = _check_for(present[0], limit, world_size, what, built)
         return nullable(inner) if len(present) < len(args) else inner
     if origin in (list, dict):
         if origin is dict and args[0] is not str:
-            raise TypeError(f"schema.py has no check for {what}: JSON keys are strings, not {args[0]!r}")
+            raise TypeError(f"validate.py has no check for {what}: JSON keys are strings, not {args[0]!r}")
         _refuse_bounds(limit, what, "low", "high")
         items = _resolved(limit.items, world_size) if limit and limit.items is not None else MAX_LIST
         inner = _check_for(args[-1], limit.each if limit else None, world_size, f"{what} items", built)
@@ -320,14 +320,14 @@ def _then(first, second):
 
 
 def field_checks(shape, world_size: int = 2) -> dict:
-    """{field: check} of one shape of shapes.py, as the validator applies them (for tests)."""
+    """{field: check} of one shape of types.py, as the validator applies them (for tests)."""
     return _field_checks(shape, world_size, {})
 
 
 @functools.lru_cache(maxsize=8)
 def _document_check(shape_name: str, world_size: int):
     # Imported here: every rank imports this module (through report.py) and most never read a file.
-    from .. import shapes
+    from . import types as shapes
 
     return _object(getattr(shapes, shape_name), world_size, {})
 
@@ -352,8 +352,8 @@ def checked(check, doc, path: str) -> None:
     """Run a check on a document read from `path`; its FormatError starts with the path, then the field."""
     try:
         check(doc, "")
-    except S.FormatError as exc:
-        raise S.FormatError(f"{path}: {exc}") from None
+    except FormatError as exc:
+        raise FormatError(f"{path}: {exc}") from None
 
 
 def rank_snapshot(doc: dict, where: str, world_size: int | None = None) -> None:

@@ -1,17 +1,13 @@
-"""The versioned, plain-data formats ddpwatch writes and reads: rank snapshots, findings, incidents. No torch here."""
+"""The builders of the documents (a site, a record, a rank state, a finding) and the words they hold. No torch."""
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .version import FORMAT_VERSION
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from .shapes import Finding, Site
-
-# What each format version changed (bump on any change a reader must know about):
-#   1: first version: rank snapshots (records, stacks), incidents with findings.
-FORMAT_VERSION = 1
-READABLE_VERSIONS = (1,)
+    from .types import Finding, RankState, RecordDoc, Site
 
 # Record states.
 IN_FLIGHT = "in_flight"
@@ -37,10 +33,6 @@ DDP_GRAD_ALLREDUCE = "DDP.backward_all_reduce"
 # A collective that Python never saw (compiled graph, torch.ops, C++), taken from the Flight Recorder's active entries.
 FLIGHT_RECORDER_ONLY = "flight_recorder"
 TRAINING_STEP_APIS = (DDP_BUFFER_BROADCAST, DDP_BUCKET_REBUILD, DDP_GRAD_ALLREDUCE)
-
-
-class FormatError(ValueError):
-    """A file or document that is not a ddpwatch snapshot or incident this version can read."""
 
 
 def site(file: str, line: int, function: str) -> Site:
@@ -73,35 +65,30 @@ def finding(kind: str, ranks, summary: str, fix: str, location: Site | None, evi
     }
 
 
-def check_version(doc: Any, what: str) -> dict:
-    if not isinstance(doc, dict):
-        raise FormatError(f"{what}: expected a JSON object, got {type(doc).__name__}")
-    version = doc.get("format_version")
-    if version not in READABLE_VERSIONS:
-        raise FormatError(
-            f"{what}: format_version {version!r} is not one this ddpwatch reads ({', '.join(map(str, READABLE_VERSIONS))})"
-        )
+# A record written without this key: Flight Recorder input has no `via` (the user's call is not known there).
+ABSENT = object()
+
+
+def record(seq, group: str, op: str, *, api, p2p: bool, peer, shapes: list, dtypes: list, site, via=ABSENT, region,
+           start, age_s: float, duration_s, state: str, error, thread, **more) -> RecordDoc:
+    """One collective as a rank issued it; `more`: the optional keys (types.RecordDoc), written after the others."""
+    doc = {"seq": seq, "group": group, "op": op, "api": api, "p2p": p2p, "peer": peer, "shapes": shapes,
+           "dtypes": dtypes, "site": site}
+    if via is not ABSENT:
+        doc["via"] = via
+    doc.update(region=region, start=start, age_s=age_s, duration_s=duration_s, state=state, error=error,
+               thread=thread)
+    doc.update(more)
     return doc
 
 
-def load_json_text(text: str, what: str) -> dict:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"{what}: not valid JSON ({exc})") from None
-    return check_version(doc, what)
-
-
-# What json.loads builds, per token, as measured on CPython 3.11 (a dict with keys 224 bytes, a list 56 + 8 a
-# slot, a number or string about 48 with its slot); counted in the raw bytes, strings included (an overcount).
-JSON_TOKEN_COST = ((b"{", 240), (b"[", 72), (b",", 48))
-
-
-def json_build_estimate(data: bytes) -> int:
-    """Bytes of memory json.loads would build from `data`, estimated at C speed before parsing (files, the store)."""
-    return sum(cost * data.count(token) for token, cost in JSON_TOKEN_COST)
-
-
-def dumps(doc: dict) -> str:
-    """Serialise a snapshot or incident; anything not JSON-native becomes its repr rather than an error."""
-    return json.dumps(doc, default=repr, sort_keys=False, indent=None, separators=(",", ":"))
+def rank_state(rank: int, world_size: int, *, pid, host, beat, published_at, status: str, progress, idle_s: float,
+               inflight: list, recent: list, last_seq: dict, groups: dict, ops_recorded, **more) -> RankState:
+    """What one rank publishes (or what its Flight Recorder dump says); `more`: the optional keys (types.RankState),
+    written after the others in the order given."""
+    doc = {"format_version": FORMAT_VERSION, "rank": rank, "world_size": world_size, "pid": pid, "host": host,
+           "beat": beat, "published_at": published_at, "status": status, "progress": progress, "idle_s": idle_s,
+           "inflight": inflight, "recent": recent, "last_seq": last_seq, "groups": groups,
+           "ops_recorded": ops_recorded}
+    doc.update(more)
+    return doc
