@@ -109,3 +109,30 @@ def test_a_new_policy_is_one_row_and_one_function(tmp_path, store, monkeypatch):
     assert os.path.exists(os.path.join(outcome.folder, "report.txt"))
     assert not dog.policy.armed  # not a rank-ending row: a failing collective does not end the rank
     assert dog.job.verdict(1)["action"] == "record"
+
+
+class Exited(BaseException):  # not an Exception: nothing on the way may swallow it, as nothing survives os._exit
+    pass
+
+
+def test_a_sigterm_after_the_verdict_ends_the_rank_with_the_policys_exit_code(monkeypatch):
+    """torchrun SIGTERMs the ranks still running once the first exits: after the verdict, control.py ends this one
+    quietly with the abort policy's exit code (before it, the program's own handler runs)."""
+    from ddpwatch.runtime import control
+
+    class Session:
+        watchdog = watchdog_module.Watchdog(Recorder(), Config(action=ABORT, exit_code=9), 0, 2, None, "")
+
+    exits = []
+
+    def fake_exit(code):
+        exits.append(code)
+        raise Exited
+
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    live = control.LiveControl(Session())
+    assert live._ending_by_verdict() is False and exits == []
+    Session.watchdog.policy.arm()
+    with pytest.raises(Exited):
+        live._ending_by_verdict()
+    assert exits == [9]
