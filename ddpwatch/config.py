@@ -22,7 +22,26 @@ class ConfigError(ValueError):
     """A configuration value that ddpwatch cannot accept; raised before training starts, never mid-run."""
 
 
-ACTIONS = ("report", "abort")
+class Action(NamedTuple):
+    """What a rank does once a verdict is out: one row here and one `@abort.policy(name)` function in
+    runtime/abort.py (docs/contributing.md, "Add an abort policy")."""
+
+    name: str
+    ends_rank: bool  # the verdict ends the ranks: torchrun's error file is written first, peers act on it too
+    does: str  # what it does, in the words of the `action` option's help
+
+
+REPORT, ABORT = "report", "abort"
+# The one table of actions; its first row is what a report nobody asked to act on gets (a dump, a peer's failure).
+ACTIONS = (
+    Action(REPORT, False, "keep waiting"),
+    Action(ABORT, True, "end every rank with a non-zero exit"),
+)
+
+
+def action_row(name: str) -> Action:
+    """The row of action `name` (read at call time: a test may add a row)."""
+    return next(row for row in ACTIONS if row.name == name)
 
 
 def _parse_bool(text: str) -> bool:
@@ -43,8 +62,9 @@ def _parse_seconds(text: str) -> float:
 
 def _parse_action(text: str) -> str:
     value = text.strip().lower()
-    if value not in ACTIONS:
-        raise ValueError("expected one of: " + ", ".join(ACTIONS))
+    names = [row.name for row in ACTIONS]
+    if value not in names:
+        raise ValueError("expected one of: " + ", ".join(names))
     return value
 
 
@@ -98,8 +118,8 @@ OPTIONS = (
     Option("timeout", 300.0, _parse_seconds, "a positive number of seconds",
            "How long a rank may wait in a collective, while a peer is busy elsewhere, before a straggler is reported.",
            (int, float)),
-    Option("action", "report", _parse_action, "report or abort",
-           "What to do after a report: keep waiting (report) or end every rank with a non-zero exit (abort)."),
+    Option("action", REPORT, _parse_action, " or ".join(row.name for row in ACTIONS),
+           "What to do after a report: " + " or ".join(f"{row.does} ({row.name})" for row in ACTIONS) + "."),
     Option("grace", 0.5, _parse_seconds, "a positive number of seconds",
            "How long every rank must be blocked with no progress before a deadlock counts as proven.", (int, float)),
     Option("interval", 0.5, _parse_seconds, "a positive number of seconds",

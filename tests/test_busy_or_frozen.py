@@ -2,7 +2,6 @@
 
 import os
 import sys
-import time
 
 import pytest
 
@@ -12,7 +11,8 @@ from factory import barrier, rank_state, states  # noqa: E402
 
 from ddpwatch import analysis
 from ddpwatch.render.wording import worded  # noqa: E402
-from ddpwatch.runtime import evidence, watchdog as watchdog_module  # noqa: E402
+from ddpwatch.runtime import evidence  # noqa: E402
+from ddpwatch.runtime.peers import PeerTracker  # noqa: E402
 from ddpwatch.config import Config  # noqa: E402
 from ddpwatch.runtime.evidence import BUSY, FROZEN, GONE, UNKNOWN, WAITING, peer_condition  # noqa: E402
 
@@ -67,7 +67,11 @@ def test_peer_process_facts_measures_cpu_time_of_a_real_process():
     assert mine["exists"] is True and mine["status"] == "running" and mine["cpu_s"] > 0
 
 
-# ---------------------------------------------------------------- the watchdog's use of the decision
+# ---------------------------------------------------------------- the peer tracker's use of the decision
+
+HOST = "node0"
+START = 1000.0  # the fake clock: rank 0's heartbeat (beat 5) was first seen then
+
 
 class Looks:
     """peer_process_facts replaced by a script of hand-built facts, one per look."""
@@ -79,26 +83,24 @@ class Looks:
         return self.answers.pop(0)
 
 
-def quiet_watchdog(monkeypatch, answers, silent_for=20.0, rank=1, world_size=2):
-    """A watchdog (never started) that has seen rank 0's heartbeat stand still for `silent_for` seconds."""
-    monkeypatch.setattr(evidence, "peer_process_facts", Looks(*answers))
-    monkeypatch.setattr(evidence, "native_stacks", lambda pid, native=True: {"unavailable": "not in unit tests"})
-    dog = watchdog_module.Watchdog(None, Config(dead_after=3.0), rank, world_size, None, "")
-    dog.peer_beats[0] = (5, time.monotonic() - silent_for)
-    return dog
+def quiet_tracker(answers, rank=1, world_size=2):
+    """A peer tracker that saw rank 0's heartbeat at beat 5 at START; judge it at START + the silence wanted."""
+    tracker = PeerTracker(rank, world_size, HOST, Config(dead_after=3.0), look=Looks(*answers))
+    tracker.silent_for(0, {"beat": 5}, START)
+    return tracker
 
 
-def gil_holder_states(host):
+def gil_holder_states(host=HOST):
     """Rank 0 published last while still in the barrier it then left; rank 1 waits in the next one."""
     return states(rank_state(0, 2, inflight=[barrier(seq=1, age=5.0)], idle=5.0, host=host),
                   rank_state(1, 2, inflight=[barrier(seq=2, age=9.0)], idle=9.0, host=host))
 
 
-def test_a_running_silent_peer_is_busy_and_its_stale_wait_no_longer_counts(monkeypatch):
-    dog = quiet_watchdog(monkeypatch, [facts("running")])
-    seen = gil_holder_states(dog.host)
+def test_a_running_silent_peer_is_busy_and_its_stale_wait_no_longer_counts():
+    tracker = quiet_tracker([facts("running")])
+    seen = gil_holder_states()
     assert analysis.assess(seen, 2, 2.0, 300.0).verdict == analysis.DEADLOCK  # what the stale states alone "prove"
-    silent = dog._silent_peers(seen)
+    silent = tracker.silent_peers(seen, START + 20.0)
     assert silent == {}
     assert seen[0]["inflight"] == [] and seen[0]["pid"] == 1000
     assert analysis.assess(seen, 2, 2.0, 300.0, silent).verdict is None
@@ -107,69 +109,95 @@ def test_a_running_silent_peer_is_busy_and_its_stale_wait_no_longer_counts(monke
     assert straggler.findings[0]["ranks"] == [0]
 
 
-def test_a_sleeping_silent_peer_using_no_cpu_is_waiting_never_unresponsive_only_a_straggler(monkeypatch):
+def test_a_sleeping_silent_peer_using_no_cpu_is_waiting_never_unresponsive_only_a_straggler():
     # Issue 18 point 3: a C call that sleeps holding the GIL (ctypes.PyDLL(None).sleep(25)) silences the heartbeat
     # of a healthy rank; it was reported unresponsive after dead_after and, with action=abort, the job was ended.
-    dog = quiet_watchdog(monkeypatch, [facts("sleeping", cpu_s=10.0), facts("sleeping", cpu_s=10.0)])
-    first = gil_holder_states(dog.host)
-    assert dog._silent_peers(first) == {} and first[0]["inflight"] == []
-    dog._peer_looks[0] = (1000, dog._peer_looks[0][1], time.monotonic() - 1.0)  # the next round, 1 s later
-    second = gil_holder_states(dog.host)
-    assert dog._silent_peers(second) == {} and second[0]["inflight"] == []
+    tracker = quiet_tracker([facts("sleeping", cpu_s=10.0), facts("sleeping", cpu_s=10.0)])
+    first = gil_holder_states()
+    assert tracker.silent_peers(first, START + 20.0) == {} and first[0]["inflight"] == []
+    second = gil_holder_states()
+    assert tracker.silent_peers(second, START + 21.0) == {} and second[0]["inflight"] == []  # the next round
     assert analysis.assess(second, 2, 2.0, 300.0, {}).verdict is None
     straggler = analysis.assess(second, 2, 2.0, 8.0, {})
     assert straggler.verdict == analysis.TIMEOUT and straggler.findings[0]["kind"] == "straggler"
     assert straggler.findings[0]["ranks"] == [0]
 
 
-def test_a_waiting_silent_peer_stays_busy_even_long_past_the_timeout(monkeypatch):
-    dog = quiet_watchdog(monkeypatch, [facts("sleeping", cpu_s=10.0)], silent_for=1000.0)
-    seen = gil_holder_states(dog.host)
-    assert dog._silent_peers(seen) == {} and seen[0]["inflight"] == []  # the timeout stage words it: a straggler
+def test_a_waiting_silent_peer_stays_busy_even_long_past_the_timeout():
+    tracker = quiet_tracker([facts("sleeping", cpu_s=10.0)])
+    seen = gil_holder_states()
+    assert tracker.silent_peers(seen, START + 1000.0) == {} and seen[0]["inflight"] == []  # a straggler, by the timeout
 
 
-def test_a_sleeping_silent_peer_whose_cpu_time_advances_is_busy(monkeypatch):
-    dog = quiet_watchdog(monkeypatch, [facts("sleeping", cpu_s=10.0), facts("sleeping", cpu_s=10.9)])
-    dog._silent_peers(gil_holder_states(dog.host))
-    dog._peer_looks[0] = (1000, dog._peer_looks[0][1], time.monotonic() - 1.0)
-    assert dog._silent_peers(gil_holder_states(dog.host)) == {}
+def test_a_sleeping_silent_peer_whose_cpu_time_advances_is_busy():
+    tracker = quiet_tracker([facts("sleeping", cpu_s=10.0), facts("sleeping", cpu_s=10.9)])
+    tracker.silent_peers(gil_holder_states(), START + 20.0)
+    assert tracker.silent_peers(gil_holder_states(), START + 21.0) == {}
+    assert tracker.looks[0][1]["cpu_s"] == 10.9  # judged against the look one second before
 
 
-def test_a_stopped_silent_peer_is_unresponsive_on_the_first_look(monkeypatch):
-    dog = quiet_watchdog(monkeypatch, [facts("stopped")])
-    seen = gil_holder_states(dog.host)
-    silent = dog._silent_peers(seen)
-    assert silent[0]["process"]["condition"] == FROZEN
+def test_cpu_use_is_measured_over_the_time_between_two_looks():
+    tracker = quiet_tracker([facts("sleeping", cpu_s=10.0), facts("sleeping", cpu_s=10.9)])
+    tracker.silent_peers(gil_holder_states(), START + 20.0)
+    assert tracker.look_at_peer(0, 1000, START + 30.0)["condition"] == WAITING  # 0.9 s of CPU over 10 s
+
+
+def test_a_stopped_silent_peer_is_unresponsive_on_the_first_look():
+    tracker = quiet_tracker([facts("stopped")])
+    seen = gil_holder_states()
+    silent = tracker.silent_peers(seen, START + 20.0)
+    assert silent[0]["process"]["condition"] == FROZEN and silent[0]["silent_s"] == 20.0
     [finding] = map(worded, analysis.assess(seen, 2, 2.0, 300.0, silent).findings)
     assert finding["kind"] == "unresponsive_rank" and "(process status: stopped)" in finding["summary"]
 
 
-def test_a_peer_that_speaks_again_starts_a_new_measurement(monkeypatch):
-    dog = quiet_watchdog(monkeypatch, [facts("sleeping")])
-    dog._silent_peers(gil_holder_states(dog.host))
-    assert 0 in dog._peer_looks
-    dog.peer_beats[0] = (4, time.monotonic())  # its beat moved: the next round sees it speaking
-    dog._silent_peers(gil_holder_states(dog.host))
-    assert 0 not in dog._peer_looks
+def test_a_peer_under_dead_after_is_not_looked_at():
+    tracker = quiet_tracker([])  # any look would fail: no facts scripted
+    assert tracker.silent_peers(gil_holder_states(), START + 2.9) == {}
 
 
-def test_a_silent_peer_on_another_host_is_busy_until_the_timeout(monkeypatch):
-    dog = quiet_watchdog(monkeypatch, [])  # silent 20 s, far past dead_after, far under the 300 s timeout
+def test_a_peer_that_speaks_again_starts_a_new_measurement():
+    tracker = quiet_tracker([facts("sleeping")])
+    tracker.silent_peers(gil_holder_states(), START + 20.0)
+    assert 0 in tracker.looks
+    spoke = gil_holder_states()
+    spoke[0]["beat"] = 6  # its beat moved: this round sees it speaking
+    tracker.silent_peers(spoke, START + 21.0)
+    assert 0 not in tracker.looks
+
+
+def test_a_silent_peer_on_another_host_is_busy_until_the_timeout():
+    tracker = quiet_tracker([])  # silent 20 s, far past dead_after, far under the 300 s timeout
     seen = gil_holder_states("some-other-host")
-    assert dog._silent_peers(seen) == {} and seen[0]["inflight"] == []
+    assert tracker.silent_peers(seen, START + 20.0) == {} and seen[0]["inflight"] == []
 
 
-def test_a_local_peer_psutil_cannot_look_at_is_busy_until_the_timeout(monkeypatch):
-    dog = quiet_watchdog(monkeypatch, [{"error": "AccessDenied: psutil.AccessDenied"}])
-    seen = gil_holder_states(dog.host)
-    assert dog._silent_peers(seen) == {}
+def test_a_local_peer_psutil_cannot_look_at_is_busy_until_the_timeout():
+    tracker = quiet_tracker([{"error": "AccessDenied: psutil.AccessDenied"}])
+    assert tracker.silent_peers(gil_holder_states(), START + 20.0) == {}
 
 
-def test_a_silent_peer_on_another_host_past_the_timeout_says_busy_cannot_be_told(monkeypatch):
-    dog = quiet_watchdog(monkeypatch, [], silent_for=400.0)
+def test_a_silent_peer_on_another_host_past_the_timeout_says_busy_cannot_be_told():
+    tracker = quiet_tracker([])
     seen = gil_holder_states("some-other-host")
-    silent = dog._silent_peers(seen)
+    silent = tracker.silent_peers(seen, START + 400.0)
     assert silent[0]["remote"] is True and "process" not in silent[0]
     [finding] = map(worded, analysis.assess(seen, 2, 2.0, 300.0, silent).findings)
     assert finding["kind"] == "dead_rank" and "is silent" in finding["summary"]
     assert "another host" in finding["summary"] and "busy" in finding["summary"] and "GIL" in finding["summary"]
+
+
+def test_a_frozen_peers_stack_is_read_from_outside_once(monkeypatch):
+    from ddpwatch.runtime.incident_writer import IncidentWriter
+
+    reads = []
+    monkeypatch.setattr(evidence, "native_stacks",
+                        lambda pid, native=True: reads.append((pid, native)) or {"unavailable": "no py-spy"})
+    tracker = quiet_tracker([facts("stopped"), facts("stopped")])
+    writer = IncidentWriter(None, Config(), 1, 2, HOST, "", contribute=None, contribute_native=None, policy=None,
+                            log_once=None)
+    for now in (START + 20.0, START + 21.0):
+        silent = tracker.silent_peers(gil_holder_states(), now)
+        writer.read_frozen_stacks(silent)
+        assert silent[0]["py_spy"] == "no py-spy"
+    assert reads == [(1000, False)]

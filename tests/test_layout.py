@@ -162,6 +162,30 @@ def test_option_defaults_are_written_once_in_the_options_table():
         config.DEFAULTS
 
 
+# The watchdog's parts (issue 20 point 1): the loop calls them, they never call back into it.
+WATCHDOG_PARTS = ("peers", "incident_writer", "abort", "rank_state")
+
+
+def test_the_watchdogs_parts_never_import_the_watchdog():
+    modules = _modules()
+    for part in WATCHDOG_PARTS:
+        name = f"ddpwatch.runtime.{part}"
+        assert "ddpwatch.runtime.watchdog" not in _imports(name, modules[name], modules), part
+
+
+def test_the_peer_tracker_reads_no_clock_and_touches_no_store_or_thread():
+    path = _modules()["ddpwatch.runtime.peers"]
+    imported = {alias.name for node in ast.walk(ast.parse(open(path, encoding="utf-8").read()))
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    assert not imported & {"time", "threading", "store", "JobProtocol", "socket"}
+
+
+def test_the_watchdog_class_stays_a_loop_that_calls_its_parts():
+    tree = ast.parse(open(_modules()["ddpwatch.runtime.watchdog"], encoding="utf-8").read())
+    [watchdog] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Watchdog"]
+    assert watchdog.end_lineno - watchdog.lineno < 300
+
+
 # Keys only a record and only a rank state have: a dict literal holding them outside the builders is a second
 # definition of the format (records were written in three places, rank states in two).
 BUILT_ONLY_BY = {"record": {"seq", "group", "op", "p2p"}, "rank_state": {"format_version", "rank", "world_size"}}

@@ -22,7 +22,7 @@ from factory import incident, seed_states  # noqa: E402
 from ddpwatch import analysis, demo
 from ddpwatch.runtime import control
 from ddpwatch.render import report  # noqa: E402
-from ddpwatch.runtime import watchdog as watchdog_module  # noqa: E402
+from ddpwatch.runtime import incident_writer  # noqa: E402
 
 OTHER_UID = 54321
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user (chown) needs root")
@@ -329,7 +329,7 @@ def rank_doc():
 def test_a_rank_dump_gets_the_umask_permissions(tmp_path):
     old = os.umask(0o022)
     try:
-        path = watchdog_module._write_rank_dump(str(tmp_path / "local-x"), rank_doc())
+        path = incident_writer._write_rank_dump(str(tmp_path / "local-x"), rank_doc())
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
@@ -338,7 +338,7 @@ def test_a_rank_dump_gets_the_umask_permissions(tmp_path):
 def test_a_rank_dump_falls_back_to_the_private_folder(tmp_path, temp_dir):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    path = watchdog_module._write_rank_dump(str(blocker / "local-x"), rank_doc())
+    path = incident_writer._write_rank_dump(str(blocker / "local-x"), rank_doc())
     assert path == str(user_root(temp_dir) / "reports" / "local-x" / "rank-0.json")
 
 
@@ -350,7 +350,7 @@ def test_a_planted_symlink_as_the_local_dump_folder_is_not_written_through(tmp_p
     target.mkdir()
     os.chmod(shared, 0o1777)
     os.symlink(target, shared / "local-x")
-    path = watchdog_module._write_rank_dump(str(shared / "local-x"), rank_doc())
+    path = incident_writer._write_rank_dump(str(shared / "local-x"), rank_doc())
     assert os.listdir(target) == []
     assert path == str(user_root(temp_dir) / "reports" / "local-x" / "rank-0.json")
 
@@ -363,7 +363,7 @@ def test_a_local_dump_folder_owned_by_another_user_is_refused(tmp_path, temp_dir
     os.chmod(shared, 0o1777)
     os.chmod(planted, 0o777)
     os.chown(planted, OTHER_UID, OTHER_UID)
-    path = watchdog_module._write_rank_dump(str(planted), rank_doc())
+    path = incident_writer._write_rank_dump(str(planted), rank_doc())
     assert os.listdir(planted) == []
     assert path == str(user_root(temp_dir) / "reports" / "local-x" / "rank-0.json")
 
@@ -371,7 +371,7 @@ def test_a_local_dump_folder_owned_by_another_user_is_refused(tmp_path, temp_dir
 def test_the_local_dump_folder_of_this_user_is_used_with_the_umask_mode(tmp_path):
     old = os.umask(0o002)
     try:
-        path = watchdog_module._write_rank_dump(str(tmp_path / "parent" / "local-x"), rank_doc())
+        path = incident_writer._write_rank_dump(str(tmp_path / "parent" / "local-x"), rank_doc())
     finally:
         os.umask(old)
     assert path == str(tmp_path / "parent" / "local-x" / "rank-0.json")
@@ -382,10 +382,10 @@ FULL_DISK = r"""
 import os, resource, signal, sys, tempfile
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, as on a full disk
 tempfile.tempdir = sys.argv[2]
-from ddpwatch.runtime import watchdog
+from ddpwatch.runtime import incident_writer
 doc = {"format_version": 1, "rank": 0, "world_size": 2, "padding": "x" * 100000}
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
-print(watchdog._write_rank_dump(sys.argv[1], doc))
+print(incident_writer._write_rank_dump(sys.argv[1], doc))
 """
 
 

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import ddpwatch.runtime.watchdog as watchdog_module
+from ddpwatch.runtime import abort, incident_writer, peers
 from ddpwatch.config import Config
 from ddpwatch.runtime.record import Recorder
 from ddpwatch.runtime.store import JobProtocol, StateStore
@@ -84,8 +85,9 @@ def test_incidents_of_two_jobs_do_not_mix():
     assert two.states() == {}
 
 
-def test_the_watchdog_builds_no_store_keys():
-    tree = ast.parse(open(watchdog_module.__file__, encoding="utf-8").read())
+@pytest.mark.parametrize("module", [watchdog_module, peers, incident_writer, abort])
+def test_the_watchdog_builds_no_store_keys(module):
+    tree = ast.parse(open(module.__file__, encoding="utf-8").read())
     calls = [node.func.attr for node in ast.walk(tree)
              if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)]
     assert "key" not in calls and "get_many" not in calls and "put" not in calls
@@ -95,16 +97,16 @@ class Ended(BaseException):  # not an Exception: the recorder swallows those fro
     pass
 
 
-def abort_watchdog(monkeypatch):
+def abort_watchdog(monkeypatch, action="report"):
     codes = []
 
     def fake_end(code):
         codes.append(code)
         raise Ended
 
-    monkeypatch.setattr(watchdog_module, "_end_process", fake_end)
+    monkeypatch.setattr(abort, "end_process", fake_end)
     recorder = Recorder()
-    dog = watchdog_module.Watchdog(recorder, Config(exit_code=7), 1, 2, None, "")
+    dog = watchdog_module.Watchdog(recorder, Config(exit_code=7, action=action), 1, 2, None, "")
     recorder.failure_hook = dog.on_collective_failure  # what start() installs (the thread is never started here)
     return dog, recorder, codes
 
@@ -114,7 +116,7 @@ def test_a_failing_collective_after_an_abort_verdict_ends_the_rank(monkeypatch):
     failing = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
     recorder.finish(failing, RuntimeError("Connection closed by peer"))  # no verdict yet: the error goes on
     assert codes == []
-    dog.abort_code = 7
+    dog.policy.arm()  # the verdict is out
     ok = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
     recorder.finish(ok)  # success: no exit
     assert codes == []
@@ -127,12 +129,10 @@ def test_a_failing_collective_after_an_abort_verdict_ends_the_rank(monkeypatch):
 
 def test_the_abort_hook_outlives_stop(monkeypatch):
     dog, recorder, codes = abort_watchdog(monkeypatch)
-    dog._store_ok = False  # nothing to publish on the way out
-    dog.stop()
+    dog.stop()  # no store: nothing is published on the way out
     assert recorder.failure_hook is None  # no verdict: stop() takes the hook away
     dog, recorder, codes = abort_watchdog(monkeypatch)
-    dog._store_ok = False
-    dog.abort_code = 7
+    dog.policy.arm()
     dog.stop()
     with pytest.raises(Ended):
         recorder.failure_hook(RuntimeError("peer gone"))
@@ -171,8 +171,8 @@ def test_a_torn_or_foreign_value_is_left_out_and_the_others_still_read(job):
 
 
 def test_a_pending_abort_incident_ends_the_rank_on_a_peer_failure_only(monkeypatch):
-    dog, recorder, codes = abort_watchdog(monkeypatch)
-    dog.pending_abort = 1  # this rank is configured abort and an abort incident is open: the verdict may follow
+    dog, recorder, codes = abort_watchdog(monkeypatch, action="abort")
+    dog.policy.consider(1, {"action": "abort", "leader": 0})  # an abort incident is open: the verdict may follow
     failing = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
     recorder.finish(failing, RuntimeError("shape mismatch"))  # the user's own error goes on
     assert codes == []

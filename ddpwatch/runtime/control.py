@@ -425,9 +425,10 @@ class LiveControl:
         """An action=abort verdict is out, so this rank ends with ddpwatch's exit code anyway. A launcher's SIGTERM
         (torchrun, once the first rank has exited) then ends it quietly, after the report: no framework handler
         starting its own teardown, no traceback from collectives failing on the way down."""
-        code = getattr(getattr(self.session, "watchdog", None), "abort_code", 0)  # the watchdog holds the abort policy
-        if not code or os.getpid() != self.pid:
+        policy = getattr(getattr(self.session, "watchdog", None), "policy", None)  # the watchdog's abort.AbortPolicy
+        if policy is None or not policy.armed or os.getpid() != self.pid:
             return False
+        code = policy.exit_code
         self.finish_report()
         try:
             sys.stderr.write(f"ddpwatch: SIGTERM after the verdict; ending with exit code {code} (action=abort)\n")

@@ -10,6 +10,7 @@ a rank the verdict saw outside any collective (a straggler), no collective start
 from __future__ import annotations
 
 from .. import analysis
+from ..config import action_row
 
 NOT_WAITING = "-"  # the position of a rank the leader saw outside any collective (busy, silent, not yet there)
 
@@ -59,8 +60,8 @@ def claimed_position(verdict: dict, rank: int) -> str | None:
 def why_not_act(verdict: dict, own_action: str, own_state: dict, rank: int, grace: float,
                 timeout: float) -> str | None:
     """None when this rank may act on an abort verdict; else one line saying why it does not."""
-    if own_action != "abort":
-        return "this rank is configured action=report; a peer's verdict never upgrades that to abort"
+    if not action_row(own_action).ends_rank:
+        return f"this rank is configured action={own_action}; a peer's verdict never upgrades that to abort"
     claimed = claimed_position(verdict, rank)
     if claimed is None:
         return "the verdict does not say where this rank stands"

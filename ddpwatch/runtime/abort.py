@@ -1,0 +1,178 @@
+"""What a rank does once a verdict is out (a function per config.ACTIONS row), and the one place of its exit code."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import NamedTuple
+
+from .. import analysis
+from ..config import ABORT, REPORT, action_row
+from ..render import report
+from . import evidence, verdict
+from .incident_writer import say, write_error_file
+from .store import StoreUnavailable
+
+# What a collective's error says when the rank at the other end is gone (gloo, NCCL).
+PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "remote worker", "Broken pipe",
+                        "Socket Timeout", "NCCL communicator was aborted")
+
+POLICIES: dict = {}  # action name -> its function; every row of config.ACTIONS has one (tests/test_abort.py)
+
+
+def policy(name: str):
+    """Register the function that carries out action `name` once its verdict is out on this rank."""
+    def register(function):
+        POLICIES[name] = function
+        return function
+    return register
+
+
+class Outcome(NamedTuple):
+    """A verdict out on this rank: its incident, the report's folder (None when none could be written), and
+    whether this rank wrote it (the leader) or follows a peer's posted verdict."""
+
+    number: int
+    folder: str | None
+    leader: bool
+
+
+def end_process(code: int) -> None:
+    try:
+        sys.stderr.flush()
+        sys.stdout.flush()
+    finally:
+        os._exit(code)
+
+
+IDLE, PENDING, ARMED = "idle", "pending", "armed"
+
+
+class AbortPolicy:
+    """One rank's state machine: IDLE -> PENDING (a peer's incident under this rank's own rank-ending action is open:
+    its verdict may follow) -> ARMED (a rank-ending verdict is out: a failing collective now ends the rank), or back
+    to IDLE when the posted verdict is not one to act on. The leader goes from IDLE to ARMED when it says the verdict.
+    """
+
+    def __init__(self, config, rank: int, world_size: int, job, writing: threading.Event, log_once):
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.job = job
+        self.writing = writing  # set while a report is being written: an ending rank waits for it
+        self.log_once = log_once
+        self.state = IDLE
+        self.pending: int | None = None  # the incident whose verdict a PENDING rank waits for
+
+    @property
+    def exit_code(self) -> int:
+        """The exit status of a rank this policy ends: decided here only."""
+        return self.config.exit_code
+
+    @property
+    def armed(self) -> bool:
+        return self.state == ARMED
+
+    def arm(self) -> None:
+        self.state, self.pending = ARMED, None
+
+    def action_for(self, trigger: str) -> str:
+        """The action of an incident this rank leads: its own configured one, except for a dump nobody acts on."""
+        return REPORT if trigger == analysis.DUMP else self.config.action
+
+    # ----- the leader -----
+    def verdict_out(self, incident: dict, action: str) -> None:
+        """The verdict is on stderr: torchrun's summary names the first rank to exit, so under a rank-ending action
+        its error file must hold the verdict before any rank can exit, and only then may a failing collective end
+        this rank."""
+        if action_row(action).ends_rank:
+            write_error_file(incident, self.log_once)
+            self.arm()
+
+    def report_written(self, incident: dict, action: str) -> None:
+        if action_row(action).ends_rank:
+            write_error_file(incident, self.log_once)  # now with the report's folder
+
+    def act(self, action: str, outcome: Outcome) -> None:
+        POLICIES[action](self, outcome)
+
+    # ----- a peer -----
+    def consider(self, number: int, info: dict) -> None:
+        """A peer opened incident `number`: wait for its verdict if it is under this rank's own rank-ending action
+        (this rank's configuration decides; a peer's info cannot upgrade it)."""
+        own = self.config.action
+        if self.state != ARMED and info.get("action") == own and action_row(own).ends_rank:
+            self.state, self.pending = PENDING, number
+
+    def check_posted(self, own_state) -> None:
+        """Act on the pending incident's verdict once it is posted, and only if it agrees with this rank's own view
+        (`own_state()` gives it, read only then)."""
+        if self.state != PENDING:
+            return
+        posted = self.job.verdict(self.pending)
+        if posted is None:
+            return
+        number, self.state, self.pending = self.pending, IDLE, None
+        if not isinstance(posted, dict):
+            return
+        why = verdict.why_not_act(posted, self.config.action, own_state(), self.rank, self.config.grace,
+                                  self.config.timeout)
+        if why is not None:
+            self.log_once(f"verdict-{number}", "ddpwatch: rank %d does not act on incident %d's abort verdict: %s",
+                          self.rank, number, report.render.visible(why))
+            return
+        folder = posted.get("folder") if isinstance(posted.get("folder"), str) else None
+        write_error_file({"findings": _posted_findings(posted), "report_dir": folder}, self.log_once)
+        self.act(self.config.action, Outcome(number, folder, leader=False))
+
+    # ----- a collective failing on the training thread -----
+    def ends_on_failure(self, error: BaseException) -> bool:
+        """Whether a failing collective ends this rank: the verdict is out, or one is pending and the peers are
+        exiting on it (the error says the peer is gone). Then it ends here, not in their error."""
+        return self.armed or (self.state == PENDING and peer_gone(error))
+
+    def end_on_failure(self, on_watchdog_thread: bool) -> None:
+        """End the rank; but first let the report being finished (the native-stacks pass rewrites its folder) end,
+        or a staging folder is left behind."""
+        if not on_watchdog_thread:
+            deadline = time.monotonic() + evidence.PY_SPY_TIMEOUT_S + 2.0
+            while self.writing.is_set() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        end_process(self.exit_code)
+
+
+def peer_gone(error: BaseException) -> bool:
+    return any(marker in str(error) for marker in PEER_FAILURE_MARKERS)
+
+
+def _posted_findings(posted: dict) -> list:
+    """The first finding, as far as a posted verdict (a peer's words, checked field by field) says it."""
+    kinds = posted.get("kinds") if isinstance(posted.get("kinds"), list) else None
+    culprits = posted.get("culprits") if isinstance(posted.get("culprits"), list) else None
+    return [{"kind": str((kinds or ["hang"])[0]), "ranks": [r for r in culprits or () if type(r) is int],
+             "summary": posted.get("summary") if isinstance(posted.get("summary"), str) else None}]
+
+
+@policy(REPORT)
+def keep_waiting(policy: AbortPolicy, outcome: Outcome) -> None:
+    """The report is out and training goes on waiting: a later incident, or the user, decides what happens."""
+
+
+@policy(ABORT)
+def end_rank(policy: AbortPolicy, outcome: Outcome) -> None:
+    """End this rank. Peers acknowledge first, so the writer (who may host the store) leaves last."""
+    policy.arm()
+    try:
+        if outcome.leader:
+            deadline = time.monotonic() + 4 * policy.config.interval + 1.0
+            while time.monotonic() < deadline and policy.job.acks(outcome.number) < policy.world_size - 1:
+                time.sleep(0.05)
+        else:
+            policy.job.ack(outcome.number)
+    except StoreUnavailable:
+        pass
+    say(f"ddpwatch: rank {policy.rank} ending with exit code {policy.exit_code} (action={policy.config.action}); "
+        f"report: {outcome.folder or '(none could be written)'}\n")
+    os._exit(policy.exit_code)

@@ -1,0 +1,116 @@
+"""This rank's published state: the recorder's snapshot, its wait explained, and the Flight Recorder probe."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+from .. import analysis
+from ..static import rankcond
+from ..format import build as S
+from . import evidence, frameworks
+from .record import is_internal_file, python_stacks, user_frame
+
+
+class RankState:
+    """Reads this rank's state for the watchdog; remembers what is costly to read again (one explanation per wait,
+    one Flight Recorder read per doubling of the idle time)."""
+
+    def __init__(self, recorder, config, rank: int, world_size: int, host: str, log_once):
+        self.recorder = recorder
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.host = host
+        self._log_once = log_once
+        self.beat = 0
+        self.sampler = evidence.ProcessSampler()
+        self._explained: tuple = (None, (None, None))  # (the wait it was read for, (framework context, condition))
+        self._unseen: tuple = (None, None, 0.0)  # (progress, Flight-Recorder-only record found, idle of next read)
+
+    def read(self, full: bool = False) -> dict:
+        """This rank's state now; `full` adds what an incident needs (stacks, process facts, progress bars, the
+        Flight Recorder's tail). Each read is a new heartbeat."""
+        self.beat += 1
+        doc = S.rank_state(self.rank, self.world_size, pid=os.getpid(), host=self.host, beat=self.beat,
+                           published_at=time.time(), status=S.RUNNING,
+                           **self.recorder.snapshot(recent=32 if full else 8))  # progress, records, groups ...
+        self._add_unseen_collective(doc)
+        if full:
+            doc["stacks"] = python_stacks(skip_thread=threading.get_ident())
+            doc["process"] = self.sampler.facts()
+            doc["progress_bars"] = evidence.progress_bars()
+            doc["flight_recorder"] = evidence.flight_recorder_tail()
+            evidence.align_flight_recorder(doc)
+        self._explain_wait(doc, full)
+        return doc
+
+    def _explain_wait(self, doc: dict, full: bool) -> None:
+        """A rank waiting in a collective says what its own code was doing: the framework call behind it (Lightning's
+        deferred `self.log` reduction) and the rank condition its code stands under.
+
+        The leader decides culprits from these before it asks for stacks; read once per wait (files parse once).
+        """
+        record = analysis.waiting_record(doc)
+        if record is None or (record.get("age_s", 0.0) < self.config.grace and not full):
+            return
+        key = (record["group"], record["seq"], record.get("peer"), record.get("api"))
+        if self._explained[0] != key:
+            self._explained = (key, self._read_wait(doc.get("stacks"), record.get("site")))
+        context, condition = self._explained[1]
+        if context is not None:
+            record["framework"] = dict(context, stack_site=record.get("site"))
+            if context.get("site"):
+                record["site"] = context["site"]
+        doc["rank_condition"] = condition
+
+    def _read_wait(self, stacks, call_site) -> tuple:
+        main = sys._current_frames().get(threading.main_thread().ident)
+        context = None
+        try:
+            context = frameworks.framework_context(main)
+        except Exception:
+            self._log_once("framework", "ddpwatch: could not read the framework's state", exc_info=True)
+        site = (context or {}).get("site")
+        condition = rankcond.rank_condition_at_site(site) if site else None
+        if condition is None:
+            stacks = stacks or python_stacks(skip_thread=threading.get_ident())
+            condition = rankcond.rank_condition_of({"stacks": stacks})
+        if condition is None and call_site and call_site.get("file") and call_site.get("line"):
+            # The line that issued the collective: what the stack shows no more when the main thread has gone on
+            # (an async op, then 60 frames deep in an import of torch._dynamo, as funcol's first call does)
+            condition = rankcond.rank_condition_at_site(call_site)
+        return context, condition
+
+    def _add_unseen_collective(self, doc: dict) -> None:
+        """No recorded collective in flight, no progress, and the training thread sits inside torch: ask the
+        Flight Recorder whether c10d has an op in flight that Python never saw (compiled graphs, torch.ops, C++).
+
+        A read costs up to ~30 ms at 2,000 entries (benchmarks.flight_recorder) and holds the GIL: one read per
+        doubling of the idle time (grace, 2 grace, 4 grace...), and a found op is kept, not read again.
+        """
+        idle = doc.get("idle_s", 0.0)
+        if doc["inflight"] or idle < self.config.grace:
+            return
+        progress, found, next_read = self._unseen
+        if progress != doc["progress"]:
+            found, next_read = None, self.config.grace
+        if found is None and idle >= next_read:
+            found = self._read_unseen_collective(doc)
+            next_read = min(2 * idle, idle + 30.0)
+        self._unseen = (doc["progress"], found, next_read)
+        if found is not None:
+            record = dict(found, age_s=round(max(0.0, time.time() - found["start"]), 4))
+            if record["age_s"] >= self.config.grace:
+                doc["inflight"] = [record]
+
+    def _read_unseen_collective(self, doc: dict) -> dict | None:
+        main = sys._current_frames().get(threading.main_thread().ident)
+        if main is None or not is_internal_file(main.f_code.co_filename):
+            return None  # running the user's own Python: busy, not blocked in a native wait
+        entries = evidence.flight_recorder_active()
+        if not entries:
+            return None
+        return evidence.record_from_flight_recorder(entries[0], doc, user_frame(main), time.time())
