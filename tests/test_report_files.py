@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import incident, seed_states  # noqa: E402
 
-from ddpwatch import analysis, snapshot as S
+from ddpwatch import analysis, private, snapshot as S
 from ddpwatch.render import report  # noqa: E402
 from ddpwatch.sources import documents  # noqa: E402
 
@@ -71,7 +71,7 @@ def test_no_staging_folder_left_behind_on_failure(tmp_path, temp_dir, monkeypatc
     def broken(*args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(report, "_write_file", broken)
+    monkeypatch.setattr(private, "write_new_file", broken)  # every file ddpwatch creates goes through it
     with pytest.raises(OSError):
         report.write_incident(str(base), RUN_ID, seed_incident())
     assert os.listdir(base) == []

@@ -10,10 +10,11 @@ import sys
 import threading
 import time
 
-from .. import analysis, private, snapshot as S
+from .. import analysis, atomic, private, snapshot as S
 from ..analysis import rankcond
 from ..analysis.incident import build as build_incident
 from ..config import torchelastic_error_file
+from ..logonce import log_once
 from ..render import report
 from . import evidence, frameworks, verdict
 from .record import is_internal_file, python_stacks, user_frame
@@ -45,13 +46,11 @@ def _write_rank_dump(folder: str, doc: dict) -> str:
             fd = open_base()
         except OSError:
             continue
-        temp = f".rank-{doc['rank']}-{os.getpid()}-{threading.get_ident()}.tmp"
         try:
-            private.write_new_file(fd, temp, data)  # mode 0o666 through the umask, like any file the user writes
-            os.replace(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            atomic.write_file(fd, name, data, temp=f".rank-{doc['rank']}-{os.getpid()}-{threading.get_ident()}.tmp")
             return os.path.join(base, name)
         except OSError:
-            private.remove_quietly(fd, temp)
+            pass
         finally:
             os.close(fd)
     return NOWHERE
@@ -285,9 +284,7 @@ class Watchdog(threading.Thread):
         self._dump_requested.set()
 
     def _log_once(self, key: str, message: str, *args, **kwargs) -> None:
-        if key not in self._logged:
-            self._logged.add(key)
-            log.warning(message, *args, **kwargs)
+        log_once(self._logged, key, message, *args, **kwargs)
 
     # ----- one round -----
     def tick(self) -> None:
