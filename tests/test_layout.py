@@ -154,3 +154,20 @@ def test_option_defaults_are_written_once_in_the_options_table():
     assert literal_defaults == []
     assert {f.name: f.default for f in dataclasses.fields(config.Config) if f.name in config.DEFAULTS} == \
         config.DEFAULTS
+
+
+def _source_lines(exclude: str) -> list:
+    """(module, line number, line) of every line of ddpwatch/ outside `exclude`, comments and docstrings included."""
+    found = []
+    for module, path in _modules().items():
+        if module != exclude:
+            for number, line in enumerate(open(path, encoding="utf-8"), 1):
+                found.append((module, number, line))
+    return found
+
+
+def test_only_the_atomic_writer_renames():
+    """Four hand-rolled atomic writes (temp file + rename) were one too many: every rename is ddpwatch.atomic's."""
+    renames = [f"{module}:{number}" for module, number, line in _source_lines("ddpwatch.atomic")
+               if "os.replace" in line or "os.rename" in line]
+    assert renames == []
