@@ -267,7 +267,7 @@ def _did_you_mean(word: str, choices) -> str:
     return close[0] if close else ""
 
 
-# Names that are right elsewhere: guard(report_dir=...) is DDPWATCH_DIR in the environment.
+# Names that are right elsewhere: guard's old report_dir= is DDPWATCH_DIR in the environment.
 _SPELT_OTHERWISE = {"report_dir": "dir", "reports_dir": "dir"}
 
 
