@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from ddpwatch.runtime import record as R
-from ddpwatch import snapshot as S  # noqa: E402
+from ddpwatch import frames, snapshot as S  # noqa: E402
 from ddpwatch.runtime.record import Recorder, is_internal_file, python_stacks, tensor_meta, user_frame  # noqa: E402
 
 HERE = os.path.abspath(__file__)
@@ -356,12 +356,26 @@ def test_is_internal_file():
     assert is_internal_file("<string>") is True
     assert is_internal_file(HERE) is False
     assert is_internal_file("/u/train.py") is False
-    assert is_internal_file(os.path.join(R._PACKAGE_DIR, "examples", "seed.py")) is False  # plays the user
-    stdlib = R._STDLIB_PREFIXES[0]
+    assert is_internal_file(os.path.join(frames.PACKAGE_DIR, "examples", "seed.py")) is False  # plays the user
+    stdlib = frames.THIS_MACHINE.stdlib_prefixes[0]
     # an installed framework is library code: never the user's line
     assert is_internal_file(os.path.join(stdlib, "site-packages", "lightning", "trainer.py")) is True
     assert R.file_kind(os.path.join(stdlib, "site-packages", "lightning", "trainer.py")) == R.LIBRARY
     assert R.file_kind("/venv/lib/python3.11/dist-packages/accelerate/state.py") == R.LIBRARY
+
+
+@pytest.mark.parametrize("path", [
+    "/venv/lib/python3.11/site-packages/lightning/pytorch/strategies/ddp.py",
+    "/usr/lib/python3/dist-packages/accelerate/accelerator.py",
+    "/home/u/project/train.py",
+    "<frozen runpy>",
+])
+def test_a_frame_is_classified_the_same_live_and_offline(path):
+    """A Lightning frame was "via lightning" live but the user's line in a Flight Recorder dump: one classifier now."""
+    from ddpwatch.sources import flight_recorder
+
+    assert flight_recorder.is_internal_path(path) is is_internal_file(path)
+    assert frames.classify(path, None, frames.DUMPED) == R.file_kind(path)
 
 
 def test_configured_packages_move_frames_between_user_and_library():

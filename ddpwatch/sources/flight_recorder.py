@@ -10,7 +10,7 @@ import re
 import struct
 import sys
 
-from .. import catalogue, snapshot as S
+from .. import catalogue, frames, snapshot as S
 from ..analysis import incident
 from . import bounded, schema
 
@@ -19,15 +19,6 @@ DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
 RECENT_KEPT = 64
 MAX_SHAPES = 4  # as many tensors as ddpwatch's own records keep
 
-# Frames: what marks torch, the standard library and ddpwatch itself (by path text, so dumps from other machines
-# classify the same way; the user's line is the innermost frame that is none of these).
-_TORCH_FILE = re.compile(r"(^|[/\\])(site|dist)-packages[/\\]torch[/\\]|(^|[/\\])torch[/\\](distributed|nn|autograd|"
-                         r"utils|optim|_dynamo|_C|cuda|fx|_functorch|multiprocessing)[/\\]|(^|[/\\])torch[/\\]"
-                         r"(_tensor|functional|_ops|_compile|_utils|overrides|serialization|library|__init__)\.py$")
-_STDLIB_FILE = re.compile(r"[/\\]lib[/\\]python3(\.\d+)?[/\\](?!.*(site|dist)-packages)")
-# ddpwatch's own files at any depth (ddpwatch/runtime/patch.py), but not its examples, which play the user's part;
-# and its generated per-collective wrappers, named "<ddpwatch hot path: all_reduce>".
-_DDPWATCH_FILE = re.compile(r"(^|[/\\])ddpwatch[/\\](?!examples[/\\])([^/\\]+[/\\])*[^/\\]+\.py$|^<ddpwatch ")
 _DDP_FILE = re.compile(r"torch[/\\]nn[/\\]parallel[/\\]distributed\.py$")
 _C10D_FILE = re.compile(r"torch[/\\]distributed[/\\]distributed_c10d\.py$")
 
@@ -369,17 +360,20 @@ def _has_frames(dump: dict) -> bool:
 
 # ---------------------------------------------------------------- frames
 
-def is_internal_path(path: str) -> bool:
-    """torch, the standard library, ddpwatch (but not its examples) or no real file: never the user's line."""
-    if not path or path.startswith("<"):
-        return True
-    return bool(_TORCH_FILE.search(path) or _STDLIB_FILE.search(path) or _DDPWATCH_FILE.search(path))
+def is_internal_path(path: str, chosen: frames.Packages = frames.NO_PACKAGES) -> bool:
+    """torch, the standard library, ddpwatch (but not its examples), an installed library or no real file: never
+    the user's line (the one classifier, frames.py, told by path text: a dump may come from another machine)."""
+    return frames.classify(path, None, frames.DUMPED, chosen) != frames.USER
 
 
-def _frame(raw: dict) -> dict:
+def _frame(raw: dict, chosen: frames.Packages = frames.NO_PACKAGES) -> dict:
     path = str(raw.get("filename") or raw.get("file") or "?")
-    return {"file": path, "line": raw.get("line"), "function": str(raw.get("name") or raw.get("function") or "?"),
-            "internal": is_internal_path(path)}
+    kind = frames.classify(path, None, frames.DUMPED, chosen)
+    frame = {"file": path, "line": raw.get("line"), "function": str(raw.get("name") or raw.get("function") or "?"),
+             "internal": kind != frames.USER}
+    if kind == frames.LIBRARY:
+        frame["library"] = True  # as a live stack marks it
+    return frame
 
 
 def _first_user_frame(frames: list, start: int = 0) -> dict | None:
@@ -459,10 +453,10 @@ def _ns(value) -> float | None:
     return value / 1e9 if value > 0 else None
 
 
-def _record(entry: dict, rank: int, now: float) -> dict:
+def _record(entry: dict, rank: int, now: float, chosen: frames.Packages = frames.NO_PACKAGES) -> dict:
     op, peers = canonical_op(entry.get("profiling_name"))
-    frames = [_frame(f) for f in entry.get("frames") or () if isinstance(f, dict)]
-    api, region = classify(frames, op)
+    stack = [_frame(f, chosen) for f in entry.get("frames") or () if isinstance(f, dict)]
+    api, region = classify(stack, op)
     p2p = bool(entry.get("is_p2p"))
     start = _ns(entry.get("time_created_ns")) or now
     completed_at = _ns(entry.get("time_discovered_completed_ns"))
@@ -475,14 +469,14 @@ def _record(entry: dict, rank: int, now: float) -> dict:
         "group": str(_pg_name(entry)),
         "op": op, "api": api, "p2p": p2p, "peer": peer,
         "shapes": shapes, "dtypes": [_dtype(d) for d in (entry.get("input_dtypes") or ())][:MAX_SHAPES],
-        "site": _first_user_frame(frames), "region": region,
+        "site": _first_user_frame(stack), "region": region,
         "start": start, "age_s": round(max(0.0, now - start), 4),
         "duration_s": round(completed_at - start, 6) if completed_at else None,
         "state": S.COMPLETED,  # decided per rank afterwards, see in_flight_ids
         "error": None, "thread": entry.get("thread_name") or "MainThread",
         # Kept for the in-flight decision and for people comparing with torch's own tools.
         "fr": {"record_id": entry.get("record_id"), "profiling_name": entry.get("profiling_name"),
-               "state": entry.get("state"), "retired": entry.get("retired"), "frames": frames},
+               "state": entry.get("state"), "retired": entry.get("retired"), "frames": stack},
     }
 
 
@@ -672,15 +666,16 @@ def _dump_time(path: str, entries: list) -> float:
     return max(os.path.getmtime(path), newest)
 
 
-def states_from_dumps(chosen: dict) -> tuple:
-    """({rank: snapshot}, world_size) from {rank: (dump, path)}."""
+def states_from_dumps(chosen: dict, packages: frames.Packages = frames.NO_PACKAGES) -> tuple:
+    """({rank: snapshot}, world_size) from {rank: (dump, path)}; `packages`: the user_packages / library_packages
+    options, where they are known."""
     dumps = {rank: dump for rank, (dump, _) in chosen.items()}
     members = group_members(dumps)
     records_by_rank, now_by_rank = {}, {}
     for rank, (dump, path) in sorted(chosen.items()):
         entries = sorted((e for e in dump["entries"] if isinstance(e, dict)), key=lambda e: e.get("record_id") or 0)
         now_by_rank[rank] = _dump_time(path, entries)
-        records = [_record(e, rank, now_by_rank[rank]) for e in entries]
+        records = [_record(e, rank, now_by_rank[rank], packages) for e in entries]
         for record, entry in zip(records, entries):
             record["fr"]["pg_id"] = entry.get("pg_id")
             record["fr"]["desc"] = _pg_desc(entry)
@@ -702,10 +697,10 @@ def states_from_dumps(chosen: dict) -> tuple:
 
 
 def load_incident(folders: list, grace: float = incident.DEFAULT_GRACE,
-                  timeout: float = incident.DEFAULT_TIMEOUT) -> dict:
+                  timeout: float = incident.DEFAULT_TIMEOUT, packages: frames.Packages = frames.NO_PACKAGES) -> dict:
     """`ddpwatch report --flight-recorder DIR`: every dump under the folders, converted and analysed by ddpwatch."""
     chosen = find_dumps(folders)
-    states, world_size = states_from_dumps(chosen)
+    states, world_size = states_from_dumps(chosen, packages)
     bad = [rank for rank in states if rank >= world_size]
     if bad:
         raise FlightRecorderError(f"{chosen[bad[0]][1]}: rank {bad[0]} is outside the world size {world_size}")
