@@ -102,7 +102,7 @@ MAY_IMPORT = {
     "ddpwatch.render": {"ddpwatch.analysis"},
 }
 OFFLINE = ("ddpwatch.analysis", "ddpwatch.render", "ddpwatch.sources", "ddpwatch.snapshot", "ddpwatch.shapes",
-           "ddpwatch.catalogue")
+           "ddpwatch.catalogue", "ddpwatch.frames", "ddpwatch.atomic", "ddpwatch.logonce")
 
 
 def _stage(module: str):
@@ -171,3 +171,42 @@ def test_only_the_atomic_writer_renames():
     renames = [f"{module}:{number}" for module, number, line in _source_lines("ddpwatch.atomic")
                if "os.replace" in line or "os.rename" in line]
     assert renames == []
+
+
+# What classifying a frame by its file looks like: only ddpwatch.frames may do it (live and offline disagreed).
+_PATH_MARKERS = ("site-packages", "dist-packages", "python3", "ddpwatch[", "stdlib")
+
+
+def _classifying_constants(path: str) -> list:
+    """(line, text) of string constants that look like frame classification: a path piece or a pattern (no space:
+    prose in a help text or a message is not classification), and imports of sysconfig."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    skipped = {id(node) for top in ast.walk(tree) if isinstance(top, ast.Assign)
+               and any(isinstance(t, ast.Name) and t.id == "_SKIPPED_DIRS" for t in top.targets)
+               for node in ast.walk(top)}  # lint's folders it never walks into: not frames
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped \
+                and " " not in node.value and any(marker in node.value for marker in _PATH_MARKERS):
+            found.append((node.lineno, node.value))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+            found += [(node.lineno, "import sysconfig") for name in names if name == "sysconfig"]
+    return found
+
+
+def test_only_the_frame_classifier_classifies_paths():
+    elsewhere = [f"{module}:{line}: {text}" for module, path in _modules().items() if module != "ddpwatch.frames"
+                 for line, text in _classifying_constants(path)]
+    assert elsewhere == []
+
+
+def test_the_path_classification_check_finds_a_copy():
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
+        handle.write('import sysconfig\nMARK = "site-packages" + os.sep\nHELP = "in site-packages or not"\n')
+    try:
+        assert [text for _, text in _classifying_constants(handle.name)] == ["import sysconfig", "site-packages"]
+    finally:
+        os.unlink(handle.name)
