@@ -457,3 +457,19 @@ def test_in_flight_set_is_bounded_when_work_never_completes():
     assert len(rec.inflight) == 16
     assert [r.state for r in records[:84]] == [S.UNTRACKED] * 84
     assert all(r.state == S.IN_FLIGHT for r in records[84:])
+
+
+def test_code_made_anew_each_step_does_not_grow_the_code_caches(monkeypatch):
+    """A function compiled per step (exec, generated code) is a new code object each time: the caches stay bounded,
+    the ring's records still name their lines, and the site counts still count every call by line."""
+    monkeypatch.setattr(R, "CODE_LIMIT", 16, raising=False)
+    recorder = Recorder(ring_size=8)
+    for step in range(200):
+        namespace = {}
+        source = f"def step(record):\n    return record(__import__('sys')._getframe())  # step {step}\n"
+        exec(compile(source, "/u/gen.py", "exec"), namespace)  # a new code object each step
+        namespace["step"](lambda frame: recorder.finish(recorder.begin("barrier", "barrier", "0", (), frame)))
+    assert len(R._code_by_id) <= 16 and len(R._kind_of_code) <= 16
+    snap = recorder.snapshot(recent=8)
+    assert snap["site_counts"] == {"/u/gen.py:2": 200}
+    assert [(r["site"]["file"], r["site"]["line"]) for r in snap["recent"]] == [("/u/gen.py", 2)] * 8

@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING
 
 from .. import frames, snapshot
@@ -56,6 +57,8 @@ def _code_kind(frame) -> int:
     if entry is not None and entry[0] is code:
         return entry[1]
     kind = file_kind(code.co_filename, frame.f_globals.get("__name__"))
+    if len(_code_by_id) >= CODE_LIMIT:
+        _forget_codes()
     _kind_of_code[id(code)] = (code, kind)
     _code_by_id[id(code)] = code  # every code a site can name passed here first: its id keeps naming it
     return kind
@@ -114,9 +117,14 @@ def frame_site(frame) -> dict | None:
 
 # A call site on the hot path is (id(code), f_lasti): frame.f_lineno scans the code's line table on every read
 # (600+ instructions in a small function, more in a long training loop), f_lasti is a field. The code objects are
-# kept here, never dropped, so an id is never reused while a record or a site count still names it.
+# kept here, so an id is never reused while a record or a site count still names it.
 _code_by_id: dict = {}
 _line_cache: dict = {}  # (id(code), lasti) -> line number
+# Code made anew each step (exec'd, generated) would grow the caches above forever. Past CODE_LIMIT code objects,
+# on the slow path only (a code seen for the first time), they are emptied but for the codes a record in flight or
+# in a ring still names; the site counts are folded into counts by line first, so no raw site outlives its code.
+CODE_LIMIT = 1024
+_recorders: weakref.WeakSet = weakref.WeakSet()
 
 
 def code_site(frame) -> tuple:
@@ -124,8 +132,25 @@ def code_site(frame) -> tuple:
     code = frame.f_code
     key = id(code)
     if key not in _code_by_id:
+        if len(_code_by_id) >= CODE_LIMIT:
+            _forget_codes()
         _code_by_id[key] = code
     return (key, frame.f_lasti)
+
+
+def _forget_codes() -> None:
+    """Empty the code caches, keeping only the codes that records still name (see CODE_LIMIT)."""
+    named = set()
+    for recorder in list(_recorders):
+        named.update(recorder.named_codes())
+    kept = {key: code for key, code in _code_by_id.items() if key in named}
+    _code_by_id.clear()
+    _code_by_id.update(kept)
+    _kind_of_code.clear()
+    _last_user_code[0] = None
+    _via_cache.clear()
+    for raw in [raw for raw in _line_cache if raw[0] not in kept]:
+        _line_cache.pop(raw, None)
 
 
 def _line_at(code, lasti: int) -> int:
@@ -260,6 +285,8 @@ class Recorder:
         self.pending_grad_sync = None
         self.failure_hook = None  # set by the watchdog while it runs
         self._formatted: dict = {}  # finished record -> (its state, its to_dict()): see _recent_docs
+        self._counts_by_line: dict = {}  # "file:line" -> count, folded from site_counts when the code caches empty
+        _recorders.add(self)
 
     @property
     def last_seq(self) -> dict:
@@ -435,8 +462,15 @@ class Recorder:
             if done:
                 self.finish(record)
 
+    def named_codes(self) -> set:
+        """The code ids this recorder's raw sites name, once its site counts are folded (see CODE_LIMIT)."""
+        self._counts_by_line = self._site_counts_by_line()
+        self.site_counts.clear()
+        records = list(self.ring) + list(self.inflight)
+        return {record.site[0] for record in records if record.site is not None}
+
     def _site_counts_by_line(self) -> dict:
-        counts: dict = {}
+        counts: dict = dict(self._counts_by_line)
         for raw, count in list(self.site_counts.items()):
             site = resolve_site(raw)
             if site is not None:
