@@ -1,4 +1,4 @@
-"""Writes files and folders whole or not at all (a temp name, then one rename): the only place ddpwatch renames; no torch.
+"""Writes files and folders whole or not at all (a temp name, then one rename): the only place that renames; no torch.
 
 Every write goes through a folder's descriptor and creates its temp entry with O_EXCL | O_NOFOLLOW
 (private.write_new_file), so a link planted under a temp name is never written through; readers see the old

@@ -1,4 +1,4 @@
-"""An incident as the files of its folder, in every format of RENDERERS (pure), written by the atomic writer; no torch."""
+"""An incident as the files of its folder, in every format of RENDERERS (pure), for the atomic writer; no torch."""
 
 from __future__ import annotations
 
