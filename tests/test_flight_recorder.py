@@ -400,3 +400,17 @@ def test_user_packages_are_honoured_offline_where_the_setting_is_known():
     record = fr._record(entry(1, "barrier", through(MYLAB_LOOP)), 0, NOW_NS / 1e9, mine)
     assert (record["site"]["file"], record["site"]["line"]) == (MYLAB_LOOP, 303)
     assert fr.is_internal_path(MYLAB_LOOP, mine) is False and fr.is_internal_path(MYLAB_LOOP) is True
+
+
+@pytest.mark.parametrize("fr_op, record_op", [("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
+                                              ("_allgather_base", "all_gather"), ("allgather_base", "all_gather")])
+def test_live_pairing_with_the_flight_recorder_names_ops_as_the_catalogue_does(fr_op, record_op):
+    """runtime/evidence.py had its own op-name key ('allgather_base' never met 'all_gather'); catalogue.canonical_op
+    is the one now."""
+    from ddpwatch.runtime import evidence
+
+    entry = {"collective_seq_id": 7, "process_group": ["0", ""], "profiling_name": f"gloo:{fr_op}", "is_p2p": False}
+    record = {"group": "0", "op": record_op}
+    state = {"flight_recorder": {"entries": [evidence._compact_fr_entry(entry)]}, "inflight": [record]}
+    evidence.align_flight_recorder(state)
+    assert record["flight_recorder"]["seq"] == 7
