@@ -210,3 +210,29 @@ def test_the_path_classification_check_finds_a_copy():
         assert [text for _, text in _classifying_constants(handle.name)] == ["import sysconfig", "site-packages"]
     finally:
         os.unlink(handle.name)
+
+
+def test_one_log_once_helper():
+    """Three modules each kept a set and warned the first time a key was seen: ddpwatch.logonce is the one now."""
+    import re
+
+    copies = []
+    for module, path in _modules().items():
+        lines = open(path, encoding="utf-8").read().split("\n")
+        for number, line in enumerate(lines):
+            window = "\n".join(lines[number:number + 4])  # a key added to a set, then a warning about it
+            if module != "ddpwatch.logonce" and re.search(r"\.add\(\w+\)", line) and ".warning(" in window:
+                copies.append(f"{module}:{number + 1}")
+    assert copies == []
+
+
+def test_log_once_warns_once_per_key_and_set(caplog):
+    from ddpwatch.logonce import log_once
+
+    seen: set = set()
+    for _ in range(3):
+        log_once(seen, "a", "ddpwatch: %s", "first")
+    log_once(seen, "b", "ddpwatch: second")
+    log_once(set(), "a", "ddpwatch: another watchdog's own")
+    assert [r.getMessage() for r in caplog.records] == ["ddpwatch: first", "ddpwatch: second",
+                                                      "ddpwatch: another watchdog's own"]
