@@ -102,8 +102,13 @@ def object_collectives() -> tuple:
 
 
 def canonical_op(name: str) -> str:
-    """Any spelling of an op (public API, backend, Flight Recorder) -> the name reports use."""
+    """Any spelling of an op (public API, backend, Flight Recorder) -> the name reports use; an unknown one as it is.
+
+    The one op-name function: live records, the Flight Recorder reader and the pairing of the two all use it."""
     entry = COLLECTIVES.get(name)
     if entry is not None:
         return entry.op
-    return BACKEND_OP_NAMES.get(name, name)
+    if name in BACKEND_OP_NAMES or not isinstance(name, str) or not name.startswith("_"):
+        return BACKEND_OP_NAMES.get(name, name)
+    known = canonical_op(name.lstrip("_"))  # the backends' private spellings: "_allgather_base"
+    return known if known != name.lstrip("_") else name

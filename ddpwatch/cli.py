@@ -28,9 +28,9 @@ def _cmd_demo(args) -> int:
 
 
 def report_formats() -> tuple:
-    from .render.report import FORMATS
+    from .render.report import RENDERERS
 
-    return FORMATS
+    return tuple(RENDERERS)  # read when asked: a row added to the table is offered at once
 
 
 def _cmd_report(args) -> int:

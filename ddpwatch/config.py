@@ -275,11 +275,9 @@ _warned: set = set()  # one warning per process for each unknown name
 
 def _warn_once(key: str, message: str) -> None:
     """On stderr through the ddpwatch logger (Python's last-resort handler when the program set up none)."""
-    if key not in _warned:
-        _warned.add(key)
-        import logging  # only when there is something to say: start-up under DDPWATCH=1 stays lean
+    from .logonce import log_once
 
-        logging.getLogger("ddpwatch").warning(message)
+    log_once(_warned, key, message)
 
 
 def _did_you_mean(word: str, choices) -> str:
@@ -289,7 +287,7 @@ def _did_you_mean(word: str, choices) -> str:
     return close[0] if close else ""
 
 
-# Names that are right elsewhere: guard(report_dir=...) is DDPWATCH_DIR in the environment.
+# Names that are right elsewhere: guard's old report_dir= is DDPWATCH_DIR in the environment.
 _SPELT_OTHERWISE = {"report_dir": "dir", "reports_dir": "dir"}
 
 

@@ -258,7 +258,8 @@ def test_canonical_op(name, expected):
     ("/opt/proj/ddpwatch/examples/seed_stall.py", False),
     ("/home/u/train.py", False),
     ("/home/u/torch/train.py", False),
-    ("/venv/lib/python3.11/site-packages/lightning/trainer.py", False),
+    ("/venv/lib/python3.11/site-packages/lightning/trainer.py", True),  # library code, as live: not the user's line
+    ("/usr/lib/python3/dist-packages/accelerate/state.py", True),
 ])
 def test_internal_frames_are_told_by_path_text(path, internal):
     assert fr.is_internal_path(path) is internal
@@ -375,3 +376,43 @@ def test_real_gloo_seed_stall_dumps_name_rank0(tmp_path, capsys):
     assert cli.main(["report", "--flight-recorder", str(out / "pickle")]) == 0
     text = capsys.readouterr().out
     assert f"[ddp_forward_on_subset] culprit: rank 0 at {script.name}:{_tagged(script, 'ddp_call')}" in text
+
+
+LIGHTNING_STRATEGY = "/venv/lib/python3.11/site-packages/lightning/pytorch/strategies/ddp.py"
+MYLAB_LOOP = "/venv/lib/python3.11/site-packages/mylab/loop.py"
+
+
+def through(library_file):
+    """A barrier the user's train.py reached through an installed package's function (innermost first)."""
+    return [frame("barrier", f"{TORCH}/distributed/distributed_c10d.py", 5349),
+            frame("barrier", library_file, 303), frame("train", USER, 42), frame("<module>", USER, 99)]
+
+
+def test_a_library_frame_is_not_the_users_line_offline_as_live():
+    record = fr._record(entry(1, "barrier", through(LIGHTNING_STRATEGY)), 0, NOW_NS / 1e9)
+    assert (record["site"]["file"], record["site"]["line"]) == (USER, 42)
+    assert [f.get("library", False) for f in record["fr"]["frames"]] == [False, True, False, False]
+
+
+def test_user_packages_are_honoured_offline_where_the_setting_is_known():
+    from ddpwatch import frames
+
+    assert fr._record(entry(1, "barrier", through(MYLAB_LOOP)), 0, NOW_NS / 1e9)["site"]["file"] == USER
+    mine = frames.packages(user=("mylab",))
+    record = fr._record(entry(1, "barrier", through(MYLAB_LOOP)), 0, NOW_NS / 1e9, mine)
+    assert (record["site"]["file"], record["site"]["line"]) == (MYLAB_LOOP, 303)
+    assert fr.is_internal_path(MYLAB_LOOP, mine) is False and fr.is_internal_path(MYLAB_LOOP) is True
+
+
+@pytest.mark.parametrize("fr_op, record_op", [("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
+                                              ("_allgather_base", "all_gather"), ("allgather_base", "all_gather")])
+def test_live_pairing_with_the_flight_recorder_names_ops_as_the_catalogue_does(fr_op, record_op):
+    """runtime/evidence.py had its own op-name key ('allgather_base' never met 'all_gather'); catalogue.canonical_op
+    is the one now."""
+    from ddpwatch.runtime import evidence
+
+    entry = {"collective_seq_id": 7, "process_group": ["0", ""], "profiling_name": f"gloo:{fr_op}", "is_p2p": False}
+    record = {"group": "0", "op": record_op}
+    state = {"flight_recorder": {"entries": [evidence._compact_fr_entry(entry)]}, "inflight": [record]}
+    evidence.align_flight_recorder(state)
+    assert record["flight_recorder"]["seq"] == 7

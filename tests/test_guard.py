@@ -184,3 +184,17 @@ def test_a_failed_start_leaves_nothing_patched_and_no_session(monkeypatch):
     finally:
         ddpwatch.uninstall()
     assert (dist.all_reduce, dist.init_process_group, dist.destroy_process_group) == before
+
+
+def test_guard_takes_dir_like_the_option(tmp_path):
+    with ddpwatch.guard(dir=str(tmp_path / "reports")) as session:
+        assert session.config.dir == str(tmp_path / "reports")
+
+
+def test_guard_still_takes_report_dir_with_a_deprecation_warning(tmp_path):
+    with pytest.warns(DeprecationWarning, match="dir="):
+        with ddpwatch.guard(report_dir=str(tmp_path / "old")) as session:
+            assert session.config.dir == str(tmp_path / "old")
+    with pytest.raises(TypeError):
+        with ddpwatch.guard(dir=str(tmp_path), report_dir=str(tmp_path)):
+            pass

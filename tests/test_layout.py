@@ -108,7 +108,7 @@ MAY_IMPORT = {
     "ddpwatch.format": set(),
 }
 OFFLINE = ("ddpwatch.analysis", "ddpwatch.render", "ddpwatch.sources", "ddpwatch.static", "ddpwatch.format",
-           "ddpwatch.catalogue")
+           "ddpwatch.catalogue", "ddpwatch.frames", "ddpwatch.atomic", "ddpwatch.logonce")
 
 
 def _stage(module: str):
@@ -322,3 +322,85 @@ def test_the_wording_check_finds_prose_and_wording_helpers(tmp_path):
     found = _wording_in("ddpwatch.analysis.toy", str(path), {})
     assert found == ["ddpwatch.analysis.toy defines rank_list",
                      "ddpwatch.analysis.toy:5 builds words: 'ranks {} wait forever'"]
+
+
+def _source_lines(exclude: str) -> list:
+    """(module, line number, line) of every line of ddpwatch/ outside `exclude`, comments and docstrings included."""
+    found = []
+    for module, path in _modules().items():
+        if module != exclude:
+            for number, line in enumerate(open(path, encoding="utf-8"), 1):
+                found.append((module, number, line))
+    return found
+
+
+def test_only_the_atomic_writer_renames():
+    """Four hand-rolled atomic writes (temp file + rename) were one too many: every rename is ddpwatch.atomic's."""
+    renames = [f"{module}:{number}" for module, number, line in _source_lines("ddpwatch.atomic")
+               if "os.replace" in line or "os.rename" in line]
+    assert renames == []
+
+
+# What classifying a frame by its file looks like: only ddpwatch.frames may do it (live and offline disagreed).
+_PATH_MARKERS = ("site-packages", "dist-packages", "python3", "ddpwatch[", "stdlib")
+
+
+def _classifying_constants(path: str) -> list:
+    """(line, text) of string constants that look like frame classification: a path piece or a pattern (no space:
+    prose in a help text or a message is not classification), and imports of sysconfig."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    skipped = {id(node) for top in ast.walk(tree) if isinstance(top, ast.Assign)
+               and any(isinstance(t, ast.Name) and t.id == "_SKIPPED_DIRS" for t in top.targets)
+               for node in ast.walk(top)}  # lint's folders it never walks into: not frames
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped \
+                and " " not in node.value and any(marker in node.value for marker in _PATH_MARKERS):
+            found.append((node.lineno, node.value))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
+            found += [(node.lineno, "import sysconfig") for name in names if name == "sysconfig"]
+    return found
+
+
+def test_only_the_frame_classifier_classifies_paths():
+    elsewhere = [f"{module}:{line}: {text}" for module, path in _modules().items() if module != "ddpwatch.frames"
+                 for line, text in _classifying_constants(path)]
+    assert elsewhere == []
+
+
+def test_the_path_classification_check_finds_a_copy():
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
+        handle.write('import sysconfig\nMARK = "site-packages" + os.sep\nHELP = "in site-packages or not"\n')
+    try:
+        assert [text for _, text in _classifying_constants(handle.name)] == ["import sysconfig", "site-packages"]
+    finally:
+        os.unlink(handle.name)
+
+
+def test_one_log_once_helper():
+    """Three modules each kept a set and warned the first time a key was seen: ddpwatch.logonce is the one now."""
+    import re
+
+    copies = []
+    for module, path in _modules().items():
+        lines = open(path, encoding="utf-8").read().split("\n")
+        for number, line in enumerate(lines):
+            window = "\n".join(lines[number:number + 4])  # a key added to a set, then a warning about it
+            if module != "ddpwatch.logonce" and re.search(r"\.add\(\w+\)", line) and ".warning(" in window:
+                copies.append(f"{module}:{number + 1}")
+    assert copies == []
+
+
+def test_log_once_warns_once_per_key_and_set(caplog):
+    from ddpwatch.logonce import log_once
+
+    seen: set = set()
+    for _ in range(3):
+        log_once(seen, "a", "ddpwatch: %s", "first")
+    log_once(seen, "b", "ddpwatch: second")
+    log_once(set(), "a", "ddpwatch: another watchdog's own")
+    assert [r.getMessage() for r in caplog.records] == ["ddpwatch: first", "ddpwatch: second",
+                                                      "ddpwatch: another watchdog's own"]

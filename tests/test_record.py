@@ -10,6 +10,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from ddpwatch.runtime import record as R
+from ddpwatch import frames  # noqa: E402
 from ddpwatch.format import build as S, documents  # noqa: E402
 from ddpwatch.runtime.record import Recorder, is_internal_file, python_stacks, tensor_meta, user_frame  # noqa: E402
 
@@ -356,12 +357,26 @@ def test_is_internal_file():
     assert is_internal_file("<string>") is True
     assert is_internal_file(HERE) is False
     assert is_internal_file("/u/train.py") is False
-    assert is_internal_file(os.path.join(R._PACKAGE_DIR, "examples", "seed.py")) is False  # plays the user
-    stdlib = R._STDLIB_PREFIXES[0]
+    assert is_internal_file(os.path.join(frames.PACKAGE_DIR, "examples", "seed.py")) is False  # plays the user
+    stdlib = frames.THIS_MACHINE.stdlib_prefixes[0]
     # an installed framework is library code: never the user's line
     assert is_internal_file(os.path.join(stdlib, "site-packages", "lightning", "trainer.py")) is True
     assert R.file_kind(os.path.join(stdlib, "site-packages", "lightning", "trainer.py")) == R.LIBRARY
     assert R.file_kind("/venv/lib/python3.11/dist-packages/accelerate/state.py") == R.LIBRARY
+
+
+@pytest.mark.parametrize("path", [
+    "/venv/lib/python3.11/site-packages/lightning/pytorch/strategies/ddp.py",
+    "/usr/lib/python3/dist-packages/accelerate/accelerator.py",
+    "/home/u/project/train.py",
+    "<frozen runpy>",
+])
+def test_a_frame_is_classified_the_same_live_and_offline(path):
+    """A Lightning frame was "via lightning" live but the user's line in a Flight Recorder dump: one classifier now."""
+    from ddpwatch.sources import flight_recorder
+
+    assert flight_recorder.is_internal_path(path) is is_internal_file(path)
+    assert frames.classify(path, None, frames.DUMPED) == R.file_kind(path)
 
 
 def test_configured_packages_move_frames_between_user_and_library():
@@ -443,3 +458,19 @@ def test_in_flight_set_is_bounded_when_work_never_completes():
     assert len(rec.inflight) == 16
     assert [r.state for r in records[:84]] == [S.UNTRACKED] * 84
     assert all(r.state == S.IN_FLIGHT for r in records[84:])
+
+
+def test_code_made_anew_each_step_does_not_grow_the_code_caches(monkeypatch):
+    """A function compiled per step (exec, generated code) is a new code object each time: the caches stay bounded,
+    the ring's records still name their lines, and the site counts still count every call by line."""
+    monkeypatch.setattr(R, "CODE_LIMIT", 16, raising=False)
+    recorder = Recorder(ring_size=8)
+    for step in range(200):
+        namespace = {}
+        source = f"def step(record):\n    return record(__import__('sys')._getframe())  # step {step}\n"
+        exec(compile(source, "/u/gen.py", "exec"), namespace)  # a new code object each step
+        namespace["step"](lambda frame: recorder.finish(recorder.begin("barrier", "barrier", "0", (), frame)))
+    assert len(R._code_by_id) <= 16 and len(R._kind_of_code) <= 16
+    snap = recorder.snapshot(recent=8)
+    assert snap["site_counts"] == {"/u/gen.py:2": 200}
+    assert [(r["site"]["file"], r["site"]["line"]) for r in snap["recent"]] == [("/u/gen.py", 2)] * 8

@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import incident, seed_states  # noqa: E402
 
-from ddpwatch import analysis
+from ddpwatch import analysis, private
 from ddpwatch.render import report  # noqa: E402
 from ddpwatch.format import documents, upgrade, version as V  # noqa: E402
 from ddpwatch.format.version import FORMAT_VERSION, FormatError, check_version  # noqa: E402
@@ -72,7 +72,7 @@ def test_no_staging_folder_left_behind_on_failure(tmp_path, temp_dir, monkeypatc
     def broken(*args):
         raise OSError("disk full")
 
-    monkeypatch.setattr(report, "_write_file", broken)
+    monkeypatch.setattr(private, "write_new_file", broken)  # every file ddpwatch creates goes through it
     with pytest.raises(OSError):
         report.write_incident(str(base), RUN_ID, seed_incident())
     assert os.listdir(base) == []
@@ -235,3 +235,36 @@ def test_the_report_modules_import_no_torch():
             + "; sys.exit('torch' in sys.modules)")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     assert subprocess.run([sys.executable, "-c", code], cwd=root, timeout=60).returncode == 0
+
+
+def test_a_new_output_format_is_one_table_row_and_one_function(tmp_path, temp_dir, monkeypatch, capsys):
+    """docs/contributing.md's recipe, followed with a toy format: offered by --format, written in every folder."""
+    from ddpwatch import cli
+
+    def render_toy(doc: dict) -> str:  # the one function: plain data in, text out
+        return f"toy report of {doc['run_id']}\n"
+
+    monkeypatch.setitem(report.RENDERERS, "toy", ("report.toy", render_toy, str))  # the one row
+    assert "toy" in cli.report_formats()
+    folder, _ = report.write_incident(str(tmp_path / "reports"), RUN_ID, seed_incident())
+    assert open(os.path.join(folder, "report.toy"), encoding="utf-8").read() == f"toy report of {RUN_ID}\n"
+    out = tmp_path / "out.toy"
+    assert cli.main(["report", folder, "--format", "toy", "-o", str(out)]) == 0
+    assert out.read_text(encoding="utf-8") == f"toy report of {RUN_ID}\n"
+    assert [name for name in os.listdir(tmp_path) if name.startswith(".")] == []  # no temp file left
+
+
+def test_a_failed_output_file_leaves_no_temp_file_and_the_old_file_whole(tmp_path, monkeypatch):
+    from ddpwatch import atomic
+
+    target = tmp_path / "report.txt"
+    target.write_text("old\n")
+
+    def broken(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(private, "write_new_file", broken)
+    with pytest.raises(OSError):
+        atomic.write_path(str(target), b"new\n")
+    assert os.listdir(tmp_path) == ["report.txt"]
+    assert target.read_text() == "old\n"

@@ -69,7 +69,7 @@ class _FrameBase(Site):
 class Frame(_FrameBase, total=False):
     """One frame of a stack."""
 
-    library: bool  # an installed package's frame (record.file_kind)
+    library: bool  # an installed package's frame (frames.classify)
 
 
 class _StackBase(TypedDict):

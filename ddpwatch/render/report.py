@@ -1,4 +1,4 @@
-"""Writes an incident folder atomically (temp folder, then rename) in every format of RENDERERS; no torch."""
+"""An incident as the files of its folder, in every format of RENDERERS (pure), for the atomic writer; no torch."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import re
 import traceback
 
-from .. import private, render
+from .. import atomic, private, render
 from ..format.documents import REPORT_JSON
 
 REPORT_TXT = "report.txt"
@@ -56,14 +56,10 @@ def encoded(text: str) -> bytes:
     return text.encode("utf-8", "backslashreplace")
 
 
-def _write_file(folder_fd: int, name: str, text: str) -> None:
-    private.write_new_file(folder_fd, name, encoded(text))
-
-
 def render_format(incident: dict, fmt: str) -> str:
     """The incident in one of FORMATS (text, json, html, trace: Chrome trace JSON)."""
     if fmt not in RENDERERS:
-        raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+        raise ValueError(f"unknown format {fmt!r}; one of {', '.join(RENDERERS)}")
     return RENDERERS[fmt][1](incident)
 
 
@@ -76,85 +72,31 @@ def _render_or_note(incident: dict, fmt: str) -> str:
         return RENDERERS[fmt][2](render.visible(note + traceback.format_exc(), keep_newlines=True))
 
 
+def incident_files(incident: dict) -> dict:
+    """name -> bytes of every file of an incident folder: each rank's state, then every format of RENDERERS."""
+    files = {}
+    for state in incident.get("ranks") or ():
+        files[f"rank-{state['rank']}.json"] = encoded(
+            json.dumps(state, default=render.json_default, separators=(",", ":")) + "\n")
+    for fmt, (name, renderer, note) in RENDERERS.items():
+        files[name] = encoded(renderer(incident) if note is None else _render_or_note(incident, fmt))
+    return files
+
+
 def _fill(folder_fd: int, incident: dict) -> None:
     """Write every file of the incident into the folder open at `folder_fd` (new files only, no link followed)."""
-    for state in incident.get("ranks") or ():
-        _write_file(folder_fd, f"rank-{state['rank']}.json",
-                    json.dumps(state, default=render.json_default, separators=(",", ":")) + "\n")
-    for fmt, (name, renderer, note) in RENDERERS.items():
-        _write_file(folder_fd, name, renderer(incident) if note is None else _render_or_note(incident, fmt))
+    atomic.write_new_files(folder_fd, incident_files(incident))
 
 
 def _place(base_fd: int, base: str, run_id: str, incident: dict) -> str:
-    """Fill a private staging folder inside `base`, give it the umask's mode through its descriptor, rename it.
+    """The incident's folder, named after the run (`-2`, `-3`... when taken), written whole by the atomic writer."""
+    names = (_safe(run_id) + ("" if attempt == 1 else f"-{attempt}") for attempt in range(1, 1000))
 
-    Whoever can write `base` may swap the staging folder for a symlink at any moment: the files are written and
-    the mode set through the descriptor of the folder we made, and the rename happens only while the name still
-    is that folder."""
-    staging, staging_fd = private.make_private_dir(base_fd, ".incoming-")
-    try:
-        for attempt in range(1, 1000):
-            name = _safe(run_id) + ("" if attempt == 1 else f"-{attempt}")
-            if _exists(base_fd, name):
-                continue
-            final = os.path.join(base, name)
-            incident["report_dir"] = os.path.abspath(final)
-            _fill(staging_fd, incident)
-            os.fchmod(staging_fd, 0o777 & ~_umask())
-            if not private.same_entry(base_fd, staging, staging_fd):
-                raise private.UnsafeFolder(f"{os.path.join(base, staging)} was replaced while the report was "
-                                           "written; someone else can write that folder")
-            try:
-                os.rename(staging, name, src_dir_fd=base_fd, dst_dir_fd=base_fd)  # readers see none or all of it
-            except OSError:
-                if _exists(base_fd, name):
-                    _empty(staging_fd)
-                    continue  # another writer took the name between our check and rename
-                raise
-            return final
-        raise OSError(f"no free incident folder name under {base}")
-    except BaseException:
-        _remove_staging(base_fd, staging, staging_fd)
-        raise
-    finally:
-        os.close(staging_fd)
+    def fill(staging_fd: int, final: str) -> None:
+        incident["report_dir"] = os.path.abspath(final)
+        _fill(staging_fd, incident)
 
-
-def _exists(folder_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
-        return True
-    except FileNotFoundError:
-        return False
-
-
-def _empty(folder_fd: int) -> None:
-    for name in os.listdir(folder_fd):
-        private.remove_quietly(folder_fd, name)
-
-
-def _remove_staging(base_fd: int, staging: str, staging_fd: int) -> None:
-    """Remove what we wrote; the staging name is removed only while it still is our folder (not a swapped link)."""
-    _empty(staging_fd)
-    if private.same_entry(base_fd, staging, staging_fd):
-        try:
-            os.rmdir(staging, dir_fd=base_fd)
-        except OSError:
-            pass
-
-
-def _umask() -> int:
-    """The process umask, read without changing it where Linux allows (os.umask(0) would race other threads)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+    return atomic.place_folder(base_fd, base, names, fill)
 
 
 def fallback_dir() -> str:
@@ -199,13 +141,6 @@ def refresh_incident(folder: str, incident: dict) -> None:
     try:
         if os.fstat(fd).st_uid != os.geteuid():
             raise private.UnsafeFolder(f"{folder} is not yours; ddpwatch will not rewrite it")
-        staging, staging_fd = private.make_private_dir(fd, ".refresh-")
-        try:
-            _fill(staging_fd, incident)
-            for entry in os.listdir(staging_fd):
-                os.replace(entry, entry, src_dir_fd=staging_fd, dst_dir_fd=fd)
-        finally:
-            _remove_staging(fd, staging, staging_fd)
-            os.close(staging_fd)
+        atomic.replace_files(fd, incident_files(incident))
     finally:
         os.close(fd)

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from .. import private
+from .. import atomic, private
 from ..render import visible
 
 log = logging.getLogger("ddpwatch")
@@ -79,14 +79,11 @@ def register(entry: dict, folder: str | None = None) -> str | None:
         log.info("ddpwatch: cannot register this rank for `ddpwatch dump` (%s)", exc)
         return None
     try:
-        name, staging = f"{pid}.json", f".{pid}.{threading.get_ident()}.tmp"
-        private.remove_quietly(fd, staging)
-        private.write_new_file(fd, staging, json.dumps(entry).encode(), mode=0o600)
-        os.replace(staging, name, src_dir_fd=fd, dst_dir_fd=fd)
+        name = f"{pid}.json"
+        atomic.write_file(fd, name, json.dumps(entry).encode(), mode=0o600, temp=f".{pid}.{threading.get_ident()}.tmp")
         _scan(fd)  # prunes entries of ranks that ended without unregistering (SIGKILL)
         return os.path.join(shown, name)
     except OSError as exc:
-        private.remove_quietly(fd, staging)
         log.info("ddpwatch: cannot register this rank for `ddpwatch dump` (%s)", exc)
         return None
     finally:

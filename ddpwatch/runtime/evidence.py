@@ -267,11 +267,6 @@ def align_flight_recorder(state: dict) -> None:
             last_by_group[entry.get("group")] = entry
     for record in state.get("inflight") or ():
         entry = last_by_group.get(record.get("group"))
-        if entry and _op_key(entry.get("op")) == _op_key(record.get("op")):
+        if entry and catalogue.canonical_op(entry.get("op")) == catalogue.canonical_op(record.get("op")):
             record["flight_recorder"] = {"seq": entry.get("seq"), "op": entry.get("op"),
                                          "retired": entry.get("retired"), "sizes": entry.get("sizes")}
-
-
-def _op_key(name) -> str:
-    """'all_reduce', 'allreduce', 'ALLREDUCE' -> 'allreduce'."""
-    return str(name or "").replace("_", "").lower()

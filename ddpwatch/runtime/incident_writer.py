@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from .. import analysis, private
+from .. import analysis, atomic, private
 from ..analysis.incident import build as build_incident
 from ..config import torchelastic_error_file
 from ..format import documents
@@ -38,13 +38,11 @@ def _write_rank_dump(folder: str, doc: dict) -> str:
             fd = open_base()
         except OSError:
             continue
-        temp = f".rank-{doc['rank']}-{os.getpid()}-{threading.get_ident()}.tmp"
         try:
-            private.write_new_file(fd, temp, data)  # mode 0o666 through the umask, like any file the user writes
-            os.replace(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            atomic.write_file(fd, name, data, temp=f".rank-{doc['rank']}-{os.getpid()}-{threading.get_ident()}.tmp")
             return os.path.join(base, name)
         except OSError:
-            private.remove_quietly(fd, temp)
+            pass
         finally:
             os.close(fd)
     return NOWHERE

@@ -6,13 +6,13 @@ import contextlib
 import functools
 import inspect
 import linecache
-import logging
 import sys
 import threading
 import weakref
 
 from .. import catalogue
 from ..format import build
+from ..logonce import log_once
 from .record import Recorder, tensor_meta
 
 # What gets patched comes from the one catalogue (catalogue.py), shared with lint and the Flight Recorder reader.
@@ -25,15 +25,13 @@ PATCH_MARKER = "__ddpwatch_original__"
 # what Work.is_completed() says. Unknown backends are treated as device-asynchronous, which can only delay a
 # completion, never invent one.
 HOST_SYNC_BACKENDS = frozenset({"gloo", "mpi", "fake"})
-log = logging.getLogger("ddpwatch")
 _logged: set = set()
 _get_ident = threading.get_ident
 
 
 def _log_once(key: str, message: str) -> None:
-    if key not in _logged:
-        _logged.add(key)
-        log.warning(message, exc_info=True)
+    """Once per process for each key, with the exception being handled."""
+    log_once(_logged, key, message, exc_info=True)
 
 
 # The per-collective wrapper. A template, compiled once per collective with that collective's own parameter list:

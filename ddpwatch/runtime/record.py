@@ -7,61 +7,23 @@ import contextlib
 import itertools
 import os
 import sys
-import sysconfig
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING
 
+from .. import frames
 from ..config import DEFAULTS
 from ..format import build
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..format.types import RecordDoc
 
-# ddpwatch's own folder (this file is in ddpwatch/runtime/): none of its frames is ever the user's line.
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _find_own_prefixes() -> tuple:
-    """Folders of ddpwatch and torch: their frames are never the user's line."""
-    prefixes = [_PACKAGE_DIR + os.sep]
-    torch = sys.modules.get("torch")
-    locations = list(getattr(torch, "__path__", None) or ())
-    if not locations:
-        try:
-            import importlib.util
-
-            spec = importlib.util.find_spec("torch")
-            locations = list(spec.submodule_search_locations or ()) if spec else []
-        except (ImportError, ValueError):
-            locations = []
-    prefixes.extend(os.path.abspath(p) + os.sep for p in locations)
-    return tuple(dict.fromkeys(prefixes))
-
-
-_own_prefixes_found: tuple = ()
-
-
-def _own_prefixes() -> tuple:
-    """Found on first use, not at import: imported at interpreter start-up (.pth), sys.path may not list torch yet."""
-    global _own_prefixes_found
-    if len(_own_prefixes_found) < 2:  # ddpwatch's own folder only: torch not found yet, look again
-        _own_prefixes_found = _find_own_prefixes()
-    return _own_prefixes_found
-
-
-def _stdlib_prefixes() -> tuple:
-    paths = sysconfig.get_paths()
-    return tuple(dict.fromkeys(os.path.abspath(paths[k]) + os.sep for k in ("stdlib", "platstdlib") if paths.get(k)))
-
-
-_EXAMPLES_DIR = os.path.join(_PACKAGE_DIR, "examples") + os.sep
-_STDLIB_PREFIXES = _stdlib_prefixes()
-_SITE_PACKAGES = ("site-packages" + os.sep, "dist-packages" + os.sep)
-
 # What a frame is, for finding "the user's line": never the user's (ddpwatch, torch, the standard library), an
 # installed framework's (lightning, accelerate...: the user called it, it is not the line to change), or the user's.
-INTERNAL, LIBRARY, USER = 0, 1, 2
+# The one classifier (frames.py) decides, once per code object; the offline reader asks it the same question.
+INTERNAL, LIBRARY, USER = frames.INTERNAL, frames.LIBRARY, frames.USER
+installed_package = frames.installed_package
 # id(code object) -> (that code object, INTERNAL/LIBRARY/USER). Keyed by id: hashing a code object hashes its
 # constants and names on every call (0.1-0.5 us for a training loop's function); the entry keeps the code alive, so
 # its id cannot be reused for another.
@@ -69,45 +31,20 @@ _kind_of_code: dict = {}
 _last_user_code: list = [None]  # the last code object found to be the user's: the hot path's one-entry cache
 # Top-level package names that count as the user's although installed, and ones that count as library although
 # not installed (config options user_packages / library_packages, set by the session through configure_frames).
-_user_packages: frozenset = frozenset()
-_library_packages: frozenset = frozenset()
+_packages: frames.Packages = frames.NO_PACKAGES
 
 
 def configure_frames(user_packages=(), library_packages=()) -> None:
     """Name packages that count as the user's code (a user's own installed package) or as a library."""
-    global _user_packages, _library_packages
-    _user_packages = frozenset(p for p in user_packages if p)
-    _library_packages = frozenset(p for p in library_packages if p)
+    global _packages
+    _packages = frames.packages(user_packages, library_packages)
     _kind_of_code.clear()
     _last_user_code[0] = None
 
 
-def installed_package(path: str) -> str | None:
-    """The top-level package of a file under site-packages/dist-packages ('lightning'), else None."""
-    for marker in _SITE_PACKAGES:
-        at = path.rfind(marker)
-        if at >= 0:
-            rest = path[at + len(marker):]
-            top = rest.split(os.sep, 1)[0]
-            return top[:-3] if top.endswith(".py") else top
-    return None
-
-
 def file_kind(filename: str, module: str | None = None) -> int:
     """INTERNAL, LIBRARY or USER for a frame in this file (`module`: the frame's __name__, when known)."""
-    if filename.startswith("<"):
-        return INTERNAL  # <frozen importlib...>, <string>: never a line a user can open
-    path = os.path.abspath(filename)
-    if path.startswith(_own_prefixes()):
-        return USER if path.startswith(_EXAMPLES_DIR) else INTERNAL  # the bundled examples play the user's part
-    package = installed_package(path)
-    top = (module or "").split(".", 1)[0] or package
-    if top and top in _user_packages:
-        return USER
-    if package is not None or (top and top in _library_packages):
-        return LIBRARY
-    # A virtualenv's site-packages can sit under the stdlib folder: handled above, as an installed package.
-    return INTERNAL if path.startswith(_STDLIB_PREFIXES) else USER
+    return frames.classify(filename, module, frames.THIS_MACHINE, _packages)
 
 
 def is_internal_file(filename: str) -> bool:
@@ -121,6 +58,8 @@ def _code_kind(frame) -> int:
     if entry is not None and entry[0] is code:
         return entry[1]
     kind = file_kind(code.co_filename, frame.f_globals.get("__name__"))
+    if len(_code_by_id) >= CODE_LIMIT:
+        _forget_codes()
     _kind_of_code[id(code)] = (code, kind)
     _code_by_id[id(code)] = code  # every code a site can name passed here first: its id keeps naming it
     return kind
@@ -179,9 +118,14 @@ def frame_site(frame) -> dict | None:
 
 # A call site on the hot path is (id(code), f_lasti): frame.f_lineno scans the code's line table on every read
 # (600+ instructions in a small function, more in a long training loop), f_lasti is a field. The code objects are
-# kept here, never dropped, so an id is never reused while a record or a site count still names it.
+# kept here, so an id is never reused while a record or a site count still names it.
 _code_by_id: dict = {}
 _line_cache: dict = {}  # (id(code), lasti) -> line number
+# Code made anew each step (exec'd, generated) would grow the caches above forever. Past CODE_LIMIT code objects,
+# on the slow path only (a code seen for the first time), they are emptied but for the codes a record in flight or
+# in a ring still names; the site counts are folded into counts by line first, so no raw site outlives its code.
+CODE_LIMIT = 1024
+_recorders: weakref.WeakSet = weakref.WeakSet()
 
 
 def code_site(frame) -> tuple:
@@ -189,8 +133,25 @@ def code_site(frame) -> tuple:
     code = frame.f_code
     key = id(code)
     if key not in _code_by_id:
+        if len(_code_by_id) >= CODE_LIMIT:
+            _forget_codes()
         _code_by_id[key] = code
     return (key, frame.f_lasti)
+
+
+def _forget_codes() -> None:
+    """Empty the code caches, keeping only the codes that records still name (see CODE_LIMIT)."""
+    named = set()
+    for recorder in list(_recorders):
+        named.update(recorder.named_codes())
+    kept = {key: code for key, code in _code_by_id.items() if key in named}
+    _code_by_id.clear()
+    _code_by_id.update(kept)
+    _kind_of_code.clear()
+    _last_user_code[0] = None
+    _via_cache.clear()
+    for raw in [raw for raw in _line_cache if raw[0] not in kept]:
+        _line_cache.pop(raw, None)
 
 
 def _line_at(code, lasti: int) -> int:
@@ -323,6 +284,8 @@ class Recorder:
         self.pending_grad_sync = None
         self.failure_hook = None  # set by the watchdog while it runs
         self._formatted: dict = {}  # finished record -> (its state, its to_dict()): see _recent_docs
+        self._counts_by_line: dict = {}  # "file:line" -> count, folded from site_counts when the code caches empty
+        _recorders.add(self)
 
     @property
     def last_seq(self) -> dict:
@@ -498,8 +461,15 @@ class Recorder:
             if done:
                 self.finish(record)
 
+    def named_codes(self) -> set:
+        """The code ids this recorder's raw sites name, once its site counts are folded (see CODE_LIMIT)."""
+        self._counts_by_line = self._site_counts_by_line()
+        self.site_counts.clear()
+        records = list(self.ring) + list(self.inflight)
+        return {record.site[0] for record in records if record.site is not None}
+
     def _site_counts_by_line(self) -> dict:
-        counts: dict = {}
+        counts: dict = dict(self._counts_by_line)
         for raw, count in list(self.site_counts.items()):
             site = resolve_site(raw)
             if site is not None:

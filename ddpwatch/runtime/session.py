@@ -264,10 +264,24 @@ def _hold() -> Session | None:
         return None
 
 
+def _old_report_dir(dir: str | None, report_dir: str | None) -> str | None:  # noqa: A002
+    import warnings
+
+    if dir is not None:
+        raise TypeError("guard() takes dir= (report_dir= is its old name): give one of them")
+    warnings.warn("guard(report_dir=...) is now guard(dir=...), like the option", DeprecationWarning, stacklevel=4)
+    return report_dir
+
+
 @contextlib.contextmanager
-def guard(timeout: float | None = None, report_dir: str | None = None, action: str | None = None, **options):
-    """Watch the enclosed distributed training for hangs; torch.distributed may be initialised before or inside."""
-    overrides = dict(options, timeout=timeout, dir=report_dir, action=action)
+def guard(timeout: float | None = None, dir: str | None = None, action: str | None = None, **options):  # noqa: A002
+    """Watch the enclosed distributed training for hangs; torch.distributed may be initialised before or inside.
+
+    `dir` is the option of that name, as everywhere else; the old spelling `report_dir=` still works, with a
+    DeprecationWarning."""
+    if "report_dir" in options:
+        dir = _old_report_dir(dir, options.pop("report_dir"))
+    overrides = dict(options, timeout=timeout, dir=dir, action=action)
     session = install(**overrides)
     try:
         yield session

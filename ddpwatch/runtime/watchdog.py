@@ -11,6 +11,7 @@ import time
 from .. import analysis
 from ..config import REPORT
 from ..format import build as S
+from ..logonce import log_once
 from . import evidence
 from .abort import AbortPolicy, Outcome, peer_gone
 from .incident_writer import IncidentWriter
@@ -188,9 +189,7 @@ class Watchdog(threading.Thread):
         self._dump_requested.set()
 
     def _log_once(self, key: str, message: str, *args, **kwargs) -> None:
-        if key not in self._logged:
-            self._logged.add(key)
-            log.warning(message, *args, **kwargs)
+        log_once(self._logged, key, message, *args, **kwargs)
 
     # ----- one round -----
     def tick(self) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import os
 import sys
-import tempfile
 
+from .. import atomic
 from ..analysis import incident as incident_module
 from ..format import documents
 from ..format.version import FormatError
@@ -61,21 +61,6 @@ def build_incident(args) -> dict:
     return merge.merged_incident(paths, *_or_defaults(grace, timeout))
 
 
-def _write_output(path: str, text: str) -> None:
-    """Write -o FILE whole or not at all: a temp file beside it, renamed over it."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(prefix=".ddpwatch-", dir=folder)
-    try:
-        os.fchmod(fd, 0o666 & ~report._umask())  # mkstemp makes it private; a report is an ordinary file
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(report.encoded(text))
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
-
-
 def _write(stream, text: str) -> None:
     """Write to a terminal or pipe whatever its encoding (PYTHONIOENCODING=ascii, LANG=C): what it cannot encode
     (a lone surrogate, an accent under ascii) goes out as its backslash escape instead of a UnicodeEncodeError."""
@@ -90,7 +75,7 @@ def run_command(args, stdout=None, stderr=None) -> int:
         incident = build_incident(args)
         text = report.render_format(incident, args.format)
         if getattr(args, "output", None):
-            _write_output(args.output, text)
+            atomic.write_path(args.output, report.encoded(text))  # whole or not at all, an ordinary file
             _write(stderr, f"ddpwatch report: wrote {visible(args.output)}\n")
         else:
             _write(stdout, text)

@@ -2,34 +2,24 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
 import re
 import struct
-import sys
 
-from .. import catalogue
+from .. import catalogue, frames as classifier  # frames: the one frame classifier
 from ..analysis import incident
 from ..format import bounded, build as S, validate
 from ..format.version import FormatError
 from ..static import rankcond
+from .safe_pickle import PICKLE_BUILT_CAP, PICKLE_BUILT_PER_BYTE, safe_unpickle  # noqa: F401 (names of this reader)
 
 # A dump file is named <prefix><rank> (TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE convention).
 DUMP_NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
 RECENT_KEPT = 64
 MAX_SHAPES = 4  # as many tensors as ddpwatch's own records keep
 
-# Frames: what marks torch, the standard library and ddpwatch itself (by path text, so dumps from other machines
-# classify the same way; the user's line is the innermost frame that is none of these).
-_TORCH_FILE = re.compile(r"(^|[/\\])(site|dist)-packages[/\\]torch[/\\]|(^|[/\\])torch[/\\](distributed|nn|autograd|"
-                         r"utils|optim|_dynamo|_C|cuda|fx|_functorch|multiprocessing)[/\\]|(^|[/\\])torch[/\\]"
-                         r"(_tensor|functional|_ops|_compile|_utils|overrides|serialization|library|__init__)\.py$")
-_STDLIB_FILE = re.compile(r"[/\\]lib[/\\]python3(\.\d+)?[/\\](?!.*(site|dist)-packages)")
-# ddpwatch's own files at any depth (ddpwatch/runtime/patch.py), but not its examples, which play the user's part;
-# and its generated per-collective wrappers, named "<ddpwatch hot path: all_reduce>".
-_DDPWATCH_FILE = re.compile(r"(^|[/\\])ddpwatch[/\\](?!examples[/\\])([^/\\]+[/\\])*[^/\\]+\.py$|^<ddpwatch ")
 _DDP_FILE = re.compile(r"torch[/\\]nn[/\\]parallel[/\\]distributed\.py$")
 _C10D_FILE = re.compile(r"torch[/\\]distributed[/\\]distributed_c10d\.py$")
 
@@ -61,174 +51,6 @@ MAX_DUMP_BYTES = 128 * 2**20       # one dump file (torch's default 2000 entries
 MAX_ENTRIES = 200_000              # entries of one dump
 MAX_FRAMES_PER_ENTRY = 1024
 MAX_FRAMES = 2_000_000             # frames of one dump, all entries together (shared objects counted each time)
-# What unpickling may build (bounded.Budget, estimated bytes of memory). torch 2.13's own dump of 2,000 gloo
-# entries with stacks (334 KB, frames shared through the memo) estimates at 6.2 MB, 18.7 bytes per byte of file
-# (it took 2.6 MB, tracemalloc: the estimate is conservative); PICKLE_BUILT_PER_BYTE leaves 2.6 times that. The
-# cap: MAX_ENTRIES entries of that kind (100 times as many) estimate at 625 MB.
-PICKLE_BUILT_PER_BYTE = 48
-PICKLE_BUILT_CAP = 2**30
-MAX_INT_BITS = 14_000  # about Python's 4,300-digit limit for int <-> str (converting longer ones takes quadratic time)
-MAX_NUMBER_TEXT = 4300
-
-
-def _refuse(what: str):
-    raise pickle.UnpicklingError(f"refused {what}: a Flight Recorder dump holds only plain data")
-
-
-def _brief(value) -> str:
-    """A value as an error names it, short and in bounded time (the repr of a pickle's shared nested lists can be
-    terabytes)."""
-    if isinstance(value, (str, bytes)):
-        return repr(value[:40]) + ("..." if len(value) > 40 else "")
-    if isinstance(value, int) and value.bit_length() > 128:
-        return f"an int of {value.bit_length()} bits"
-    if value is None or isinstance(value, (int, float, complex)):
-        return repr(value)
-    if isinstance(value, (list, tuple, dict, set, frozenset)):
-        return f"a {type(value).__name__} of {len(value)} items"
-    return type(value).__name__
-
-
-# kind -> (estimated bytes of an empty one, bytes per item it holds) for a call's copy: CPython 3.11's sizes, with
-# the growth of a list (8 bytes a slot, 16 here), a dict (up to 55 bytes an item) and a set (up to 110).
-_CONTAINER_COST = {list: (56, 16), tuple: (40, 16), dict: (224, 64), set: (216, 128), frozenset: (216, 128)}
-_SIZED = (list, tuple, dict, set, frozenset, str, bytes)
-_SCALARS = (str, bytes, int, float, complex, bool, type(None))
-
-
-def _call_cost(kind, args: tuple) -> int | None:
-    """What kind(*args) would build, in estimated bytes, known before it is built; None for a call plain data never
-    needs: a size (bytes(8_000_000_000)), str of a container (a repr that shared lists make terabytes long), an
-    int of more digits than Python converts."""
-    if not args:
-        return _CONTAINER_COST.get(kind, (64, 0))[0]
-    if len(args) > 1:
-        return None
-    [arg] = args
-    if kind in _CONTAINER_COST:
-        empty, each = _CONTAINER_COST[kind]
-        return empty + each * len(arg) if isinstance(arg, _SIZED) else None
-    if kind is bytes:
-        return 33 + len(arg) if isinstance(arg, (bytes, str, list, tuple)) else None
-    if not isinstance(arg, _SCALARS) or (isinstance(arg, int) and arg.bit_length() > MAX_INT_BITS):
-        return None
-    if isinstance(arg, (str, bytes)) and kind is not str and len(arg) > MAX_NUMBER_TEXT:
-        return None
-    return 64 + 4 * len(arg) if isinstance(arg, (str, bytes)) else 64 + MAX_NUMBER_TEXT
-
-
-def _checked_call(kind):
-    """`kind(*args)` as a pickle may ask for it (protocol 2 spells sets and bytes as calls), charged before it is
-    built, refused when it is not what plain data needs."""
-    def call(unpickler, *args):
-        cost = _call_cost(kind, args)
-        if cost is None:
-            _refuse(f"{kind.__name__}({', '.join(map(_brief, args[:3]))}{', ...' if len(args) > 3 else ''})")
-        unpickler.budget.charge(cost)
-        return kind(*args)
-    return call
-
-
-def _encode(unpickler, text, encoding="utf-8", errors="strict"):
-    """_codecs.encode as protocol-2 pickles use it for a bytes value: latin-1 text to bytes, nothing else."""
-    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
-        _refuse(f"_codecs.encode({_brief(text)}, {_brief(encoding)})")
-    unpickler.budget.charge(33 + len(text))
-    return text.encode(encoding, errors)
-
-
-# MARK sets a new list as the stack until the opcode that takes the items (pop_mark) drops it: 56 bytes, a slot,
-# the allocator's share (4 M MARKs took 307 MB). A memo entry: an int key, a dict slot, room to grow (4 M MEMOIZE
-# took 340 MB).
-_MARK_COST = 80
-_MEMO_COST = 128
-
-
-def _charged_dispatch() -> dict:
-    """pickle's opcode table with each opcode charging the budget for what it builds: before it builds it where
-    that is known from the stack (containers, the memo), after for the values read from the file (at most 4
-    bytes of memory per byte read). Every opcode costs a stack slot (8 bytes) at least, so no opcode is free."""
-    op = pickle
-    fixed = {op.MARK: _MARK_COST, op.EMPTY_DICT: 240, op.EMPTY_LIST: 72, op.EMPTY_SET: 232, op.TUPLE1: 64,
-             op.TUPLE2: 72, op.TUPLE3: 80, op.BININT: 48, op.BININT2: 48, op.BINFLOAT: 40, op.SETITEM: 64,
-             op.PUT: _MEMO_COST, op.BINPUT: _MEMO_COST, op.LONG_BINPUT: _MEMO_COST, op.MEMOIZE: _MEMO_COST}
-    per_item = {op.APPENDS: (0, 8), op.SETITEMS: (0, 32), op.ADDITEMS: (0, 128), op.LIST: (56, 8),
-                op.TUPLE: (40, 8), op.DICT: (224, 32), op.FROZENSET: (216, 128)}  # 32 per key and per value
-    read = {op.BINUNICODE, op.SHORT_BINUNICODE, op.BINUNICODE8, op.UNICODE, op.BINSTRING, op.SHORT_BINSTRING,
-            op.STRING, op.BINBYTES, op.SHORT_BINBYTES, op.BINBYTES8, op.BYTEARRAY8, op.LONG, op.LONG1, op.LONG4,
-            op.INT, op.FLOAT}
-
-    def before(load, cost):
-        def charged(self):
-            self.budget.charge(cost)
-            load(self)
-        return charged
-
-    def items(load, empty, each):
-        def charged(self):
-            self.budget.charge(empty + each * len(self.stack))  # the stack holds what the opcode takes since MARK
-            load(self)
-        return charged
-
-    def after(load):
-        def charged(self):
-            load(self)
-            self.budget.charge(8 + sys.getsizeof(self.stack[-1]))
-        return charged
-
-    table = {}
-    for code, load in pickle._Unpickler.dispatch.items():
-        key = bytes([code])
-        if key in per_item:
-            table[code] = items(load, *per_item[key])
-        elif key in read:
-            table[code] = after(load)
-        else:
-            table[code] = before(load, fixed.get(key, 8))
-    return table
-
-
-class _SafeUnpickler(pickle._Unpickler):
-    """Unpickling runs whatever callables a pickle names: allow only plain builtin containers and scalars, and
-    build within a budget.
-
-    torch writes FR dumps with nothing but dicts, lists, tuples, strings, numbers, booleans and None, so a real
-    dump never needs a class at all; anything else (os.system, eval, torch classes) is refused. The allowed names
-    resolve to checked calls that are not classes, so NEWOBJ cannot use them. This is the pure-Python unpickler:
-    its opcodes can be charged one by one (_charged_dispatch), and the C one sizes its memo by the largest index a
-    file names, so one opcode (LONG_BINPUT 2**31) makes it allocate gigabytes; here the memo is a dict."""
-
-    ALLOWED = {("builtins", kind.__name__): _checked_call(kind)
-               for kind in (dict, list, tuple, set, frozenset, str, bytes, int, float, bool, complex)} \
-        | {("_codecs", "encode"): _encode}  # how protocol-2 pickles spell a bytes value: str -> bytes, nothing more
-    dispatch = _charged_dispatch()
-
-    def __init__(self, file, budget: bounded.Budget):
-        super().__init__(file)
-        self.budget = budget
-
-    def find_class(self, module, name):
-        if module == "__builtin__":
-            module = "builtins"  # protocol 2 spells it the Python 2 way
-        call = self.ALLOWED.get((module, name))
-        if call is None:
-            raise pickle.UnpicklingError(f"refused to load {module}.{name}: a Flight Recorder dump holds only plain "
-                                         "data")
-        return lambda *args: call(self, *args)
-
-    def pop_mark(self):
-        self.budget.used -= _MARK_COST  # the list MARK made is dropped: what lasts is charged by the opcode
-        return super().pop_mark()
-
-    def persistent_load(self, pid):
-        raise pickle.UnpicklingError("refused a persistent reference: a Flight Recorder dump holds only plain data")
-
-
-def safe_unpickle(data: bytes, where: str = "pickle"):
-    budget = bounded.Budget(where, len(data), PICKLE_BUILT_CAP, PICKLE_BUILT_PER_BYTE)
-    return _SafeUnpickler(io.BytesIO(data), budget).load()
-
-
 def _parse(path: str, data: bytes):
     """The dump's object from pickle or JSON bytes; NotADump when the bytes are plainly neither."""
     if data[:1] == b"\x80":  # pickle protocol 2+ marker
@@ -371,17 +193,20 @@ def _has_frames(dump: dict) -> bool:
 
 # ---------------------------------------------------------------- frames
 
-def is_internal_path(path: str) -> bool:
-    """torch, the standard library, ddpwatch (but not its examples) or no real file: never the user's line."""
-    if not path or path.startswith("<"):
-        return True
-    return bool(_TORCH_FILE.search(path) or _STDLIB_FILE.search(path) or _DDPWATCH_FILE.search(path))
+def is_internal_path(path: str, chosen: classifier.Packages = classifier.NO_PACKAGES) -> bool:
+    """torch, the standard library, ddpwatch (but not its examples), an installed library or no real file: never
+    the user's line (the one classifier, frames.py, told by path text: a dump may come from another machine)."""
+    return classifier.classify(path, None, classifier.DUMPED, chosen) != classifier.USER
 
 
-def _frame(raw: dict) -> dict:
+def _frame(raw: dict, chosen: classifier.Packages = classifier.NO_PACKAGES) -> dict:
     path = str(raw.get("filename") or raw.get("file") or "?")
-    return {"file": path, "line": raw.get("line"), "function": str(raw.get("name") or raw.get("function") or "?"),
-            "internal": is_internal_path(path)}
+    kind = classifier.classify(path, None, classifier.DUMPED, chosen)
+    frame = {"file": path, "line": raw.get("line"), "function": str(raw.get("name") or raw.get("function") or "?"),
+             "internal": kind != classifier.USER}
+    if kind == classifier.LIBRARY:
+        frame["library"] = True  # as a live stack marks it
+    return frame
 
 
 def _first_user_frame(frames: list, start: int = 0) -> dict | None:
@@ -461,10 +286,10 @@ def _ns(value) -> float | None:
     return value / 1e9 if value > 0 else None
 
 
-def _record(entry: dict, rank: int, now: float) -> dict:
+def _record(entry: dict, rank: int, now: float, chosen: classifier.Packages = classifier.NO_PACKAGES) -> dict:
     op, peers = canonical_op(entry.get("profiling_name"))
-    frames = [_frame(f) for f in entry.get("frames") or () if isinstance(f, dict)]
-    api, region = classify(frames, op)
+    stack = [_frame(f, chosen) for f in entry.get("frames") or () if isinstance(f, dict)]
+    api, region = classify(stack, op)
     p2p = bool(entry.get("is_p2p"))
     start = _ns(entry.get("time_created_ns")) or now
     completed_at = _ns(entry.get("time_discovered_completed_ns"))
@@ -477,14 +302,14 @@ def _record(entry: dict, rank: int, now: float) -> dict:
         str(_pg_name(entry)),
         op, api=api, p2p=p2p, peer=peer,
         shapes=shapes, dtypes=[_dtype(d) for d in (entry.get("input_dtypes") or ())][:MAX_SHAPES],
-        site=_first_user_frame(frames), region=region,  # no `via`: a dump does not say which framework was called
+        site=_first_user_frame(stack), region=region,  # no `via`: a dump does not say which framework was called
         start=start, age_s=round(max(0.0, now - start), 4),
         duration_s=round(completed_at - start, 6) if completed_at else None,
         state=S.COMPLETED,  # decided per rank afterwards, see in_flight_ids
         error=None, thread=entry.get("thread_name") or "MainThread",
         # Kept for the in-flight decision and for people comparing with torch's own tools.
         fr={"record_id": entry.get("record_id"), "profiling_name": entry.get("profiling_name"),
-            "state": entry.get("state"), "retired": entry.get("retired"), "frames": frames},
+            "state": entry.get("state"), "retired": entry.get("retired"), "frames": stack},
     )
 
 
@@ -673,15 +498,16 @@ def _dump_time(path: str, entries: list) -> float:
     return max(os.path.getmtime(path), newest)
 
 
-def states_from_dumps(chosen: dict) -> tuple:
-    """({rank: snapshot}, world_size) from {rank: (dump, path)}."""
+def states_from_dumps(chosen: dict, packages: classifier.Packages = classifier.NO_PACKAGES) -> tuple:
+    """({rank: snapshot}, world_size) from {rank: (dump, path)}; `packages`: the user_packages / library_packages
+    options, where they are known."""
     dumps = {rank: dump for rank, (dump, _) in chosen.items()}
     members = group_members(dumps)
     records_by_rank, now_by_rank = {}, {}
     for rank, (dump, path) in sorted(chosen.items()):
         entries = sorted((e for e in dump["entries"] if isinstance(e, dict)), key=lambda e: e.get("record_id") or 0)
         now_by_rank[rank] = _dump_time(path, entries)
-        records = [_record(e, rank, now_by_rank[rank]) for e in entries]
+        records = [_record(e, rank, now_by_rank[rank], packages) for e in entries]
         for record, entry in zip(records, entries):
             record["fr"]["pg_id"] = entry.get("pg_id")
             record["fr"]["desc"] = _pg_desc(entry)
@@ -703,10 +529,11 @@ def states_from_dumps(chosen: dict) -> tuple:
 
 
 def load_incident(folders: list, grace: float = incident.DEFAULT_GRACE,
-                  timeout: float = incident.DEFAULT_TIMEOUT) -> dict:
+                  timeout: float = incident.DEFAULT_TIMEOUT,
+                  packages: classifier.Packages = classifier.NO_PACKAGES) -> dict:
     """`ddpwatch report --flight-recorder DIR`: every dump under the folders, converted and analysed by ddpwatch."""
     chosen = find_dumps(folders)
-    states, world_size = states_from_dumps(chosen)
+    states, world_size = states_from_dumps(chosen, packages)
     bad = [rank for rank in states if rank >= world_size]
     if bad:
         raise FlightRecorderError(f"{chosen[bad[0]][1]}: rank {bad[0]} is outside the world size {world_size}")
