@@ -404,3 +404,12 @@ def test_log_once_warns_once_per_key_and_set(caplog):
     log_once(set(), "a", "ddpwatch: another watchdog's own")
     assert [r.getMessage() for r in caplog.records] == ["ddpwatch: first", "ddpwatch: second",
                                                       "ddpwatch: another watchdog's own"]
+
+
+MAX_MODULE_LINES = 600  # issue 20: a module over this holds more than one thing (watchdog.py was 726, lint.py 1,029)
+
+
+def test_no_module_is_over_six_hundred_lines():
+    sizes = {module: sum(1 for _ in open(path, encoding="utf-8")) for module, path in _modules().items()}
+    assert len(sizes) > 50  # the walk sees the whole package
+    assert {module: size for module, size in sizes.items() if size > MAX_MODULE_LINES} == {}

@@ -24,7 +24,6 @@ CHECKS: dict[str, tuple[str, str]] = {
                "give every rank the same number of iterations, or move the collective out of the loop"),
 }
 
-# Collectives every rank of the group must call, with the positional index of their `group` argument.
 # Collectives every rank of their group must call -> the position of their group argument (None: no group
 # argument: new_group, which every rank of the default group must call). Point-to-point calls are left out: a
 # rank-guarded send_object_list is how they are meant to be used.
