@@ -11,7 +11,8 @@ import torch.distributed.distributed_c10d as c10d
 import ddpwatch
 from ddpwatch import catalogue
 from ddpwatch.runtime import record
-from ddpwatch.runtime.patch import PATCH_MARKER, _signature_source
+from ddpwatch.runtime.patch import _signature_source
+from ddpwatch.runtime.patches import PATCH_MARKER
 
 
 def _kinds_of_parameters():

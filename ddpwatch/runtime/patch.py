@@ -13,13 +13,13 @@ import weakref
 from .. import catalogue
 from ..format import build
 from ..logonce import log_once
+from .patches import PATCH_MARKER, Patches
 from .record import Recorder, tensor_meta
 
 # What gets patched comes from the one catalogue (catalogue.py), shared with lint and the Flight Recorder reader.
 COLLECTIVES = {name: (entry.op, entry.tensors) for name, entry in catalogue.tensor_collectives().items()}
 OBJECT_COLLECTIVES = catalogue.object_collectives()
 P2P, BATCH_P2P, COALESCING_MANAGER = catalogue.P2P, catalogue.BATCH_P2P, catalogue.COALESCING_MANAGER
-PATCH_MARKER = "__ddpwatch_original__"
 # Backends whose collectives are done when the Python call (or Work.wait()) returns: the op runs on the host.
 # Every other backend (nccl, xccl, hccl, custom ones) may return before the device finished: there completion is
 # what Work.is_completed() says. Unknown backends are treated as device-asynchronous, which can only delay a
@@ -133,7 +133,7 @@ class Patcher:
 
     def __init__(self, recorder: Recorder):
         self.recorder = recorder
-        self._originals: list = []  # (owner, attribute, original)
+        self.patches = Patches()
         # id(process group) -> (weak reference, name, runs on the host): a destroyed group is not kept alive.
         self._group_cache: dict = {}
         self._lock = threading.Lock()
@@ -141,12 +141,12 @@ class Patcher:
 
     @property
     def active(self) -> bool:
-        return bool(self._originals)
+        return bool(self.patches)
 
     # ----- applying and restoring -----
     def patch(self) -> None:
         with self._lock:
-            if self._originals:
+            if self.patches:
                 return
             import torch.distributed as dist
             import torch.distributed.distributed_c10d as c10d
@@ -170,32 +170,19 @@ class Patcher:
 
     def unpatch(self) -> None:
         with self._lock:
-            while self._originals:
-                owner, attribute, original = self._originals.pop()
-                setattr(owner, attribute, original)
+            self.patches.undo()
             self._group_cache.clear()
             self._wait_hooked = False
 
-    def _replace(self, owner, attribute: str, wrapper) -> None:
-        original = getattr(owner, attribute)
-        setattr(wrapper, PATCH_MARKER, original)
-        setattr(owner, attribute, wrapper)
-        self._originals.append((owner, attribute, original))
-
     def wrap(self, owner, attribute: str, make_wrapper):
-        """Replace owner.attribute with make_wrapper(original) (its name and docstring kept, marked, undone by
-        unpatch); the original, or None when there is none or it is already ddpwatch's (nothing is done)."""
-        original = getattr(owner, attribute, None)
-        if original is None or not callable(original) or hasattr(original, PATCH_MARKER):
-            return None  # not in this torch version, or someone else's ddpwatch already patched it
-        self._replace(owner, attribute, functools.wraps(original)(make_wrapper(original)))
-        return original
+        """Patches.wrap, undone by unpatch()."""
+        return self.patches.wrap(owner, attribute, make_wrapper)
 
     def _patch_function(self, dist, c10d, name: str, make_wrapper) -> None:
         """Install one wrapper under both torch.distributed.X and distributed_c10d.X (internal calls use the latter)."""
         original = self.wrap(c10d, name, make_wrapper)
         if original is not None and getattr(dist, name, None) is original:
-            self._replace(dist, name, getattr(c10d, name))
+            self.patches.replace(dist, name, getattr(c10d, name))
 
     def _patch_ddp_internals(self, dist) -> None:
         from torch.nn.parallel import DistributedDataParallel
@@ -203,11 +190,11 @@ class Patcher:
         for name, op in (("_broadcast_coalesced", "broadcast"), ("_verify_params_across_processes", "all_gather")):
             original = getattr(dist, name, None)
             if original is not None and not hasattr(original, PATCH_MARKER):
-                self._replace(dist, name, self._group_first_wrapper(original, name, op))
+                self.patches.replace(dist, name, self._group_first_wrapper(original, name, op))
         reducer = getattr(dist, "Reducer", None)
         rebuild = getattr(reducer, "_rebuild_buckets", None)
         if rebuild is not None and not hasattr(rebuild, PATCH_MARKER):
-            self._replace(reducer, "_rebuild_buckets", self._rebuild_wrapper(rebuild))
+            self.patches.replace(reducer, "_rebuild_buckets", self._rebuild_wrapper(rebuild))
         self.wrap(DistributedDataParallel, "forward", self._ddp_forward_wrapper)
         self._patch_fsdp2_forward()
         import torch.autograd
@@ -345,7 +332,7 @@ class Patcher:
             return
         try:
             with self._lock:
-                if not self._wait_hooked and self._originals:
+                if not self._wait_hooked and self.patches:
                     self._patch_work_wait(self._c10d)
                     self._wait_hooked = True
         except Exception:  # never the user's problem: such ops then complete through is_completed() polls only
@@ -359,7 +346,7 @@ class Patcher:
         for cls in [work_class] + _subclasses(work_class):
             original = cls.__dict__.get("wait")
             if original is not None and callable(original) and not hasattr(original, PATCH_MARKER):
-                self._replace(cls, "wait", functools.wraps(original)(self._wait_wrapper(original)))
+                self.patches.replace(cls, "wait", functools.wraps(original)(self._wait_wrapper(original)))
 
     def _wait_wrapper(self, original):
         recorder = self.recorder

@@ -12,7 +12,8 @@ import threading
 
 from .. import config as config_module
 from . import control as control_module
-from .patch import PATCH_MARKER, Patcher
+from .patch import Patcher
+from .patches import Patches
 from .record import Recorder, configure_frames
 
 log = logging.getLogger("ddpwatch")
@@ -134,7 +135,7 @@ class Session:
                                             ("destroy_process_group", destroy_process_group, original_destroy)):
                 if getattr(owner, name, None) is original:
                     wrapper.__wrapped__ = original
-                    self.patcher._replace(owner, name, wrapper)
+                    self.patcher.patches.replace(owner, name, wrapper)
 
 
 _lock = threading.RLock()
@@ -203,7 +204,7 @@ if hasattr(os, "register_at_fork"):
 
 # ----- zero-code activation (DDPWATCH=1; see ddpwatch/bootstrap): the first init_process_group installs -----
 
-_activation: list = []  # (module, original init_process_group) replaced by activate_on_init()
+_activation = Patches()  # init_process_group where activate_on_init() hooked it; outlives every session
 
 
 def activate_on_init() -> bool:
@@ -221,18 +222,14 @@ def activate_on_init() -> bool:
         for name in ("torch.distributed", "torch.distributed.distributed_c10d", "torch.distributed.device_mesh"):
             module = sys.modules.get(name)
             if module is not None and getattr(module, "init_process_group", None) is original:
-                setattr(module, "init_process_group", hook)
-                _activation.append((module, original))
+                _activation.replace(module, "init_process_group", hook)
     return True
 
 
 def deactivate_on_init() -> None:
     """Undo activate_on_init() (tests; a process under DDPWATCH=1 keeps the hook until it exits)."""
     with _lock:
-        while _activation:
-            module, original = _activation.pop()
-            if getattr(getattr(module, "init_process_group", None), "__ddpwatch_activation__", False):
-                setattr(module, "init_process_group", original)
+        _activation.undo(only_where_ours=True)
 
 
 def _activating(original):
@@ -244,8 +241,7 @@ def _activating(original):
             session.arm()
         return result
 
-    init_process_group.__ddpwatch_activation__ = True
-    setattr(init_process_group, PATCH_MARKER, original)  # a hook left behind is found like any other patch
+    init_process_group.__ddpwatch_activation__ = True  # activate_on_init() installs one hook per process
     return init_process_group
 
 

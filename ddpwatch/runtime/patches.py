@@ -1,0 +1,45 @@
+"""The one door for replacing a function: every patch ddpwatch makes is marked with its original and undone."""
+
+from __future__ import annotations
+
+import functools
+
+PATCH_MARKER = "__ddpwatch_original__"
+
+
+class Patches:
+    """The one door for replacing a function: marks the wrapper with the original (PATCH_MARKER), keeps an undo list,
+    puts the originals back in reverse order. The Patcher, the session's lifecycle hooks and the zero-code
+    activation hook all go through it, so a patch left behind is found (and undone) the same way wherever it came
+    from."""
+
+    def __init__(self):
+        self._undo: list = []  # (owner, attribute, wrapper, original), in the order they were made
+
+    def __bool__(self) -> bool:
+        return bool(self._undo)
+
+    def replace(self, owner, attribute: str, wrapper):
+        """Put `wrapper` at owner.attribute, marked with what was there; returns that original."""
+        original = getattr(owner, attribute)
+        setattr(wrapper, PATCH_MARKER, original)
+        setattr(owner, attribute, wrapper)
+        self._undo.append((owner, attribute, wrapper, original))
+        return original
+
+    def wrap(self, owner, attribute: str, make_wrapper):
+        """Replace owner.attribute with make_wrapper(original) (its name and docstring kept); the original, or None
+        when there is none or it is already ddpwatch's (idempotent: nothing is done)."""
+        original = getattr(owner, attribute, None)
+        if original is None or not callable(original) or hasattr(original, PATCH_MARKER):
+            return None  # not in this torch version, or someone else's ddpwatch already patched it
+        self.replace(owner, attribute, functools.wraps(original)(make_wrapper(original)))
+        return original
+
+    def undo(self, only_where_ours: bool = False) -> None:
+        """Put every original back, newest first. `only_where_ours`: leave an attribute that now holds something
+        else (a hook that outlives sessions must not remove what the program installed over it)."""
+        while self._undo:
+            owner, attribute, wrapper, original = self._undo.pop()
+            if not only_where_ours or getattr(owner, attribute, None) is wrapper:
+                setattr(owner, attribute, original)
