@@ -218,7 +218,8 @@ def leader_pass(job, what: str, number: int = 0) -> dict:
     what: "positions" (what the watchdog reads every interval), "states" (the heartbeats it read before positions
     existed) or "incident" (every rank's answer to incident `number`, with stacks).
     """
-    from ddpwatch import analysis, render
+    from ddpwatch import analysis
+    from ddpwatch.render.text import render_text
     from ddpwatch.render.positions import positions
 
     store, world_size = job.store, job.world_size
@@ -243,7 +244,7 @@ def leader_pass(job, what: str, number: int = 0) -> dict:
                 "missing_ranks": [r for r in range(world_size) if r not in states],
                 "findings": assessment.findings}
     start = time.perf_counter()
-    text = render.render_text(incident)
+    text = render_text(incident)
     times["render"] = time.perf_counter() - start
     # Measured while the gathered states are still alive: what holding them costs the leader.
     held = rss_mib() - before
@@ -384,7 +385,7 @@ def main(argv=None) -> None:
                    "one interval of all ranks here (s)", "store ops/s achieved", "ops/s the server must take"],
                   traffic_rows(results))
     C.print_table("The leader (rank 0): gather every state, then analysis.assess + render positions + "
-                  "render.render_text; memory: RSS growth while the states are held, and the process's peak RSS so far",
+                  "render_text; memory: RSS growth while the states are held, and the process's peak RSS so far",
                   ["ranks", "what", "states", "MiB in the store", "gather (s)", "of which multi_get (s)",
                    f"multi_get in slices of {CHUNK} (s)", "assess (s)", "positions (s)", "render_text (s)",
                    "analysis (s)", "total (s)", "RSS growth (MiB)", "peak RSS (MiB)", "report lines", "finding"], leader_rows(results))

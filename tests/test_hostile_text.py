@@ -19,6 +19,7 @@ from ranks import SCENARIOS, describe, load_only_report, run_case  # noqa: E402
 
 from ddpwatch import analysis, cli, config, render  # noqa: E402
 from ddpwatch.render import report  # noqa: E402
+from ddpwatch.render.text import render_text  # noqa: E402
 from ddpwatch.runtime import control  # noqa: E402
 from ddpwatch.sources import command  # noqa: E402
 
@@ -92,13 +93,13 @@ def test_visible_keeps_newlines_only_when_asked():
 
 def test_the_text_report_shows_hostile_text_in_every_field_visibly():
     doc = hostile_incident()
-    text = render.render_text(doc)
+    text = render_text(doc)
     assert_shown_safely(text)
     # Every outside field is there, escaped: the run id, summary, fix, sites, frames, host, process, bars, folder.
     for shown in (r"job7\x1b]0;pwned", r"node0\x1b]0;pwned", r"sleeping\x1b]0;pwned", r"epoch\x1b]0;pwned",
                   r"validate\x1b]0;pwned", r"train.py\x1b]0;pwned", r"/reports/\x1b]0;pwned"):
         assert shown in text, shown
-    assert "\\" not in render.render_text(seed())  # plain text gains no escapes
+    assert "\\" not in render_text(seed())  # plain text gains no escapes
 
 
 def test_every_file_of_a_hostile_incident_is_written_and_shows_no_raw_control(tmp_path):

@@ -13,7 +13,9 @@ from factory import (DDP_FILE, TORCH_FILE, barrier, ddp_broadcast, done, frame, 
 
 from ddpwatch import analysis  # noqa: E402
 from ddpwatch.format import build as S, documents  # noqa: E402
-from ddpwatch.render import render_json, render_text, stack_lines_shown  # noqa: E402
+from ddpwatch.render import stack_lines_shown  # noqa: E402
+from ddpwatch.render.json_report import render_json  # noqa: E402
+from ddpwatch.render.text import render_text  # noqa: E402
 
 GRACE, TIMEOUT_S = 2.0, 300.0
 STACK_FRAME_PREFIXES = ("  > ", "    /")

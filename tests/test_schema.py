@@ -23,7 +23,7 @@ from test_render import golden_seed_incident  # noqa: E402
 
 from ddpwatch.format import types, validate  # noqa: E402
 from ddpwatch.format.version import FormatError  # noqa: E402
-from ddpwatch.render import render_json  # noqa: E402
+from ddpwatch.render.json_report import render_json  # noqa: E402
 from ddpwatch.sources import flight_recorder as fr  # noqa: E402
 
 

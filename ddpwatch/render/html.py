@@ -9,6 +9,7 @@ import time
 
 from .. import render
 from ..format import build as S
+from .json_report import json_default
 from .positions import positions
 from .wording import describe_op, rank_list, worded_incident
 
@@ -358,7 +359,7 @@ def _timeline_html(model: dict, incident: dict) -> str:
 
 
 def _embedded_json(incident: dict) -> str:
-    text = json.dumps(incident, default=render.json_default, separators=(",", ":"))
+    text = json.dumps(incident, default=json_default, separators=(",", ":"))
     # Inside <script>, "</" would end the element early: escape the characters HTML cares about.
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 

@@ -8,6 +8,7 @@ import re
 import traceback
 
 from .. import atomic, private, render
+from . import json_report, text
 from ..format.documents import REPORT_JSON
 
 REPORT_TXT = "report.txt"
@@ -24,7 +25,7 @@ def _render_html(incident: dict) -> str:
 def _render_trace(incident: dict) -> str:
     from .trace import render_trace
 
-    return json.dumps(render_trace(incident), default=render.json_default) + "\n"
+    return json.dumps(render_trace(incident), default=json_report.json_default) + "\n"
 
 
 def _html_note(note: str) -> str:
@@ -38,8 +39,8 @@ def _trace_note(note: str) -> str:
 # The one table of output formats: name -> (file in an incident folder, renderer, what a failed rendering writes).
 # `ddpwatch report --format` offers exactly these; adding a format is one row.
 RENDERERS = {
-    "text": (REPORT_TXT, render.render_text, str),
-    "json": (REPORT_JSON, render.render_json, None),  # the incident itself: never replaced by a note
+    "text": (REPORT_TXT, text.render_text, str),
+    "json": (REPORT_JSON, json_report.render_json, None),  # the incident itself: never replaced by a note
     "html": (REPORT_HTML, _render_html, _html_note),
     "trace": (TRACE_JSON, _render_trace, _trace_note),
 }
@@ -77,7 +78,7 @@ def incident_files(incident: dict) -> dict:
     files = {}
     for state in incident.get("ranks") or ():
         files[f"rank-{state['rank']}.json"] = encoded(
-            json.dumps(state, default=render.json_default, separators=(",", ":")) + "\n")
+            json.dumps(state, default=json_report.json_default, separators=(",", ":")) + "\n")
     for fmt, (name, renderer, note) in RENDERERS.items():
         files[name] = encoded(renderer(incident) if note is None else _render_or_note(incident, fmt))
     return files

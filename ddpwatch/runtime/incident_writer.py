@@ -14,6 +14,7 @@ from ..analysis.incident import build as build_incident
 from ..config import torchelastic_error_file
 from ..format import documents
 from ..render import report, wording
+from ..render.text import render_text
 from ..static import rankcond
 from . import evidence, verdict
 from .record import is_internal_file
@@ -68,7 +69,7 @@ def say(text: str) -> None:
 def _render_or_summary(incident: dict) -> str:
     """report.txt's text, or, when rendering fails on something unforeseen, one line per finding."""
     try:
-        return report.render.render_text(incident)
+        return render_text(incident)
     except Exception:
         log.warning("ddpwatch: could not render the report; its findings follow", exc_info=True)
         lines = [f"ddpwatch: [{f.get('kind')}] {wording.rank_list(f.get('ranks') or [])}: {f.get('summary')}"
