@@ -82,12 +82,12 @@ class Levels:
 
     def on(self, level: int):
         import ddpwatch
-        from ddpwatch.runtime import evidence, session, watchdog
+        from ddpwatch.runtime import evidence, rank_state, session, watchdog
 
         if level < WATCHDOG:
             self._set(session.Session, "arm", lambda self: None)
         if level < PROBE:
-            self._set(watchdog.Watchdog, "_add_unseen_collective", lambda self, doc: None)
+            self._set(rank_state.RankState, "_add_unseen_collective", lambda self, doc: None)
         if level < PSUTIL:
             self._set(evidence.ProcessSampler, "facts", lambda self: None)
         if level < PUBLISH:
@@ -164,7 +164,7 @@ def worker(run: str, seconds: float, rounds: int) -> None:
             watchdog = session.watchdog if session is not None else None
             dist.barrier()
             block = timed_block(iteration, iterations, watchdog)
-            block["rounds_ticked"] = watchdog.beat if watchdog is not None else 0
+            block["rounds_ticked"] = watchdog.states.beat if watchdog is not None else 0
             blocks[level].append(block)
             if session is not None:
                 levels.off()
