@@ -322,3 +322,10 @@ def test_facts_give_the_same_words_with_tuples_in_memory_and_lists_read_back(kin
     for ranks_text in (wording.rank_list, render.short_rank_list):
         sentences = wording.SENTENCES[kind]
         assert sentences(read_back, ranks_text) == sentences(found["facts"], ranks_text), ranks_text.__name__
+
+
+def test_every_wording_entry_takes_the_rank_list_function_people_are_shown():
+    """report.txt and report.html pass short_rank_list; an entry that cannot take it would fall back, unseen, to the
+    stored summary with its full rank lists."""
+    for kind, words in wording.SENTENCES.items():
+        assert len(inspect.signature(words).parameters) == 2, kind
