@@ -19,7 +19,7 @@ from ddpwatch.render.wording import describe_op, rank_list, worded  # noqa: E402
 
 GRACE = 2.0
 TIMEOUT_S = 300.0
-FINDING_KEYS = {"kind", "ranks", "summary", "fix", "location", "evidence"}  # as report.json holds a finding
+FINDING_KEYS = {"kind", "ranks", "summary", "fix", "location", "evidence", "facts"}  # as report.json holds one
 DATA_KEYS = {"kind", "ranks", "location", "evidence", "facts"}  # as the analysis hands it over: no words
 
 

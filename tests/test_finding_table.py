@@ -19,6 +19,9 @@ import factory as F  # noqa: E402
 from ddpwatch import analysis
 from ddpwatch.format import build as S
 from ddpwatch.analysis import incident, passes
+from ddpwatch import render
+from ddpwatch.format import validate
+from ddpwatch.format.version import FormatError
 from ddpwatch.render import report, wording  # noqa: E402
 
 GRACE, TIMEOUT_S = 2.0, 300.0
@@ -90,9 +93,9 @@ def odd_one_out(parts, states):
                           culprits=smallest.ranks, record=smallest.record)
 
 
-def odd_one_out_words(facts):
+def odd_one_out_words(facts, ranks_text=wording.rank_list):
     """The made-up kind's wording entry: its facts -> (summary, fix)."""
-    who = wording.rank_list(facts["culprits"])
+    who = ranks_text(facts["culprits"])
     return (f"{who[:1].upper() + who[1:]} stands apart in {wording.describe_op(facts['record'])}.",
             "Bring it back.")
 
@@ -118,9 +121,10 @@ def test_a_new_kind_is_one_row_one_pass_and_one_wording_entry_and_reaches_every_
         text = report.render_format(built, fmt)
         assert "odd_one_out" in text and sentence in text, fmt
     [written] = json.loads(report.render_format(built, "json"))["findings"]
-    assert list(written) == ["kind", "ranks", "summary", "fix", "location", "evidence"]  # report.json's fields
+    assert list(written) == ["kind", "ranks", "summary", "fix", "location", "evidence", "facts"]  # report.json's
     assert (written["summary"].startswith(sentence), written["fix"], written["evidence"]) == (
         True, "Bring it back.", {"apart": 1})
+    assert written["facts"]["culprits"] == [0]
 
 
 def test_a_kind_without_its_wording_entry_cannot_be_rendered(monkeypatch):
@@ -218,13 +222,110 @@ def test_every_kind_and_every_row_of_the_table_is_reached_by_a_hand_built_trace(
 # ---------------------------------------------------------------- words are render's, and a saved report keeps them
 
 @pytest.mark.parametrize("kind", sorted(TRACE_OF_KIND))
-def test_a_report_read_back_renders_as_the_fresh_one_from_its_stored_sentences(kind):
-    """report.json stores each finding's words, not its facts: read back, every format renders the same bytes."""
+def test_a_report_read_back_renders_as_the_fresh_one_from_its_stored_facts(kind, monkeypatch):
+    """report.json keeps each finding's facts (lists where the analysis had tuples): read back, every format renders
+    the same bytes, and report.txt and report.html word the summary from the facts, with the short rank lists."""
+    monkeypatch.setattr(render, "RANKS_TEXT_BUDGET", 0)  # every rank list shortened, even on two ranks
     trace = TRACE_OF_KIND[kind]()
     built = incident.build(trace.states, trace.world_size, GRACE, TIMEOUT_S, silent=trace.silent, run_id="r",
                            written_by=0, created_at=1.0e9)
     assert [f["kind"] for f in built["findings"]] == [kind] and "summary" not in built["findings"][0]
     saved = json.loads(report.render_format(built, "json"))
-    assert "facts" not in saved["findings"][0] and saved["findings"][0]["summary"]
+    [finding] = saved["findings"]
+    assert finding["summary"] and isinstance(finding["facts"], dict)
+    validate.incident(saved, "report.json")
     for fmt in report.FORMATS:
         assert report.render_format(saved, fmt) == report.render_format(built, fmt), fmt
+    said = wording.summary_for_people(finding, render.short_rank_list)
+    assert said == wording.summary_for_people(wording.worded(built["findings"][0]), render.short_rank_list)
+    assert (said == finding["summary"]) == (kind in SUMMARY_WITHOUT_RANK_LIST), said  # worded again, not stored
+    assert said in " ".join(report.render_format(saved, "text").split())
+
+
+# Kinds whose summary names no rank list ("Rank 3", "All 2 ranks").
+SUMMARY_WITHOUT_RANK_LIST = {"dead_rank", "unresponsive_rank", "collective_stuck"}
+
+
+def trace_even_ranks_in_a_lone_barrier(world_size: int) -> F.Trace:
+    barrier, reduce = F.rec(4, "barrier", site=("x.py", 20, "f")), F.rec(4, "all_reduce", site=("x.py", 10, "f"))
+    return F.Trace(F.states(*(F.rank_state(r, world_size, inflight=[reduce if r % 2 else barrier])
+                              for r in range(world_size))), world_size)
+
+
+def test_at_40_ranks_people_read_short_rank_lists_and_report_json_the_full_ones():
+    trace = trace_even_ranks_in_a_lone_barrier(40)
+    built = incident.build(trace.states, trace.world_size, GRACE, TIMEOUT_S, run_id="r", written_by=0,
+                           created_at=1.0e9)
+    saved = json.loads(report.render_format(built, "json"))
+    assert "ranks 0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,32,34,36,38" in saved["findings"][0]["summary"]
+    said = ("Ranks 1,3,5,7,9,11,13,...,39 (20 ranks) called all_reduce at x.py:10 (/u/x.py:10 in f()), which "
+            "ranks 0,2,4,6,8,10,12,...,38 (20 ranks) do not call at this point")
+    for fmt in ("text", "html"):
+        live, read_back = report.render_format(built, fmt), report.render_format(saved, fmt)
+        assert live == read_back and said in " ".join(live.split()), fmt
+    assert "0,2,4,6,8,10,12,14" not in report.render_format(built, "text")  # html keeps full lists in attributes
+
+
+def crafted_facts():
+    """Facts a hand-edited report.json could hold: each breaks the words somewhere."""
+    return {
+        "empty": {},
+        "wrong_types": {"culprits": 5, "record": "x", "innocent": 3, "location": [], "waiting": None},
+        "ranks_that_are_not_numbers": {"culprits": ["a", 1], "record": {"op": "x"}},
+        "a_record_without_op": {"culprits": [0], "record": {}, "location": None, "innocent": None,
+                                "condition": None},
+        "unpacking_too_few": {"culprits": [0], "innocent": [], "culprit_record": None, "location": None},
+        "deep": {"culprits": [[[[[[[[0]]]]]]]]},
+    }
+
+
+@pytest.mark.parametrize("name", sorted(crafted_facts()))
+@pytest.mark.parametrize("kind", sorted(TRACE_OF_KIND))
+def test_crafted_facts_show_the_stored_summary_never_a_traceback(kind, name):
+    trace = TRACE_OF_KIND[kind]()
+    built = incident.build(trace.states, trace.world_size, GRACE, TIMEOUT_S, silent=trace.silent, run_id="r",
+                           written_by=0, created_at=1.0e9)
+    saved = json.loads(report.render_format(built, "json"))
+    saved["findings"][0]["facts"] = crafted_facts()[name]
+    saved["findings"][0]["summary"] = "The stored summary, shown as it is."
+    validate.incident(saved, "report.json")
+    for fmt in ("text", "html"):
+        assert "The stored summary, shown as it is." in report.render_format(saved, fmt), (fmt, kind, name)
+
+
+def test_a_finding_without_facts_shows_its_stored_summary_as_it_is():
+    """A report.json written before facts were kept: its prose is shown as written, no rank list in it parsed."""
+    trace = trace_even_ranks_in_a_lone_barrier(40)
+    saved = json.loads(report.render_format(incident.build(trace.states, trace.world_size, GRACE, TIMEOUT_S), "json"))
+    del saved["findings"][0]["facts"]
+    summary = saved["findings"][0]["summary"] = "Ranks 0,2,4,6,8,10,12,14,16,18,20,22,24,26,28 stand apart."
+    assert summary in report.render_format(saved, "html")
+    assert summary in " ".join(report.render_format(saved, "text").split())
+
+
+@pytest.mark.parametrize("facts", [[], "x", 3, None])
+def test_facts_that_are_not_an_object_are_refused_on_reading(facts):
+    trace = TRACE_OF_KIND["collective_on_subset"]()
+    saved = json.loads(report.render_format(incident.build(trace.states, trace.world_size, GRACE, TIMEOUT_S), "json"))
+    saved["findings"][0]["facts"] = facts
+    with pytest.raises(FormatError, match=r"findings\[0\]\.facts: expected an object"):
+        validate.incident(saved, "report.json")
+
+
+@pytest.mark.parametrize("kind", sorted(TRACE_OF_KIND))
+def test_facts_give_the_same_words_with_tuples_in_memory_and_lists_read_back(kind, monkeypatch):
+    monkeypatch.setattr(render, "RANKS_TEXT_BUDGET", 0)  # the short rank lists too, even on two ranks
+    trace = TRACE_OF_KIND[kind]()
+    [found] = run(trace).findings
+    read_back = json.loads(json.dumps(found["facts"]))
+    assert read_back != found["facts"] or kind in ("dead_rank", "unresponsive_rank", "straggler", "collective_stuck")
+    for ranks_text in (wording.rank_list, render.short_rank_list):
+        sentences = wording.SENTENCES[kind]
+        assert sentences(read_back, ranks_text) == sentences(found["facts"], ranks_text), ranks_text.__name__
+
+
+def test_every_wording_entry_takes_the_rank_list_function_people_are_shown():
+    """report.txt and report.html pass short_rank_list; an entry that cannot take it would fall back, unseen, to the
+    stored summary with its full rank lists."""
+    for kind, words in wording.SENTENCES.items():
+        assert len(inspect.signature(words).parameters) == 2, kind

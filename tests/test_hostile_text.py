@@ -135,6 +135,7 @@ def test_an_incident_with_fsdecode_surrogates_writes_its_folder(tmp_path):
     for state in doc["ranks"]:
         for frame in state["stacks"][0]["frames"]:
             frame["file"] = path
+    del doc["findings"][0]["facts"]  # as a report.json written before facts were kept: its summary shown as stored
     doc["findings"][0]["summary"] += " \udce9 \ud800"
     folder, _ = report.write_incident(str(tmp_path), "r1", doc)
     with open(os.path.join(folder, "report.txt"), encoding="utf-8") as handle:
@@ -152,6 +153,7 @@ def report_cli(*argv, **env):
 @pytest.fixture
 def surrogate_report(tmp_path):
     doc = seed()
+    del doc["findings"][0]["facts"]  # as a report.json written before facts were kept: its summary shown as stored
     doc["findings"][0]["summary"] = "rank 0 \ud800 is stuck \x1b]0;pwned\x07"
     doc["findings"][0]["location"]["file"] = "/u/caf\udce9.py"
     path = tmp_path / "report.json"
@@ -164,6 +166,21 @@ def test_report_command_prints_a_report_json_holding_a_lone_surrogate(surrogate_
     assert done_run.returncode == 0, done_run.stderr.decode(errors="replace")[-3000:]
     out = done_run.stdout.decode("utf-8")  # strict: what went out is UTF-8
     assert r"rank 0 \ud800 is stuck \x1b]0;pwned\x07" in out and r"caf\xe9" in out
+    assert b"\x1b" not in done_run.stdout
+
+
+def test_hostile_facts_are_worded_and_shown_escaped(tmp_path):
+    """The summary people read is worded from the facts in report.json: text from outside in them is made visible
+    as any other."""
+    doc = seed()
+    doc["findings"][0]["facts"]["call_site"]["file"] = "/u/caf\udce9\x1b]0;pwned\x07.py"
+    doc["findings"][0]["summary"] = "the stored summary"
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(doc))
+    done_run = report_cli(str(path))
+    assert done_run.returncode == 0, done_run.stderr.decode(errors="replace")[-3000:]
+    out = " ".join(done_run.stdout.decode("utf-8").split())
+    assert r"(/u/caf\xe9\x1b]0;pwned\x07.py:42 in validate())" in out and "the stored summary" not in out
     assert b"\x1b" not in done_run.stdout
 
 

@@ -413,3 +413,44 @@ def test_no_module_is_over_six_hundred_lines():
     sizes = {module: sum(1 for _ in open(path, encoding="utf-8")) for module, path in _modules().items()}
     assert len(sizes) > 50  # the walk sees the whole package
     assert {module: size for module, size in sizes.items() if size > MAX_MODULE_LINES} == {}
+
+
+# ---------------------------------------------------------------- render words facts, it never reads English back
+
+_RE_FUNCTIONS = {"compile", "search", "match", "fullmatch", "sub", "subn", "findall", "finditer", "split"}
+
+
+def _patterns_over_rank_words(path: str) -> list:
+    """(line, text) of each regular expression over rank words in a module: a string passed to re.* that names
+    ranks, or any string that names ranks next to a digit class (a pattern kept in a constant)."""
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _RE_FUNCTIONS \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "re":
+            texts = [n.value for arg in node.args for n in ast.walk(arg)
+                     if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            found += [(node.lineno, text) for text in texts if "ank" in text.lower()]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if "ank" in node.value.lower() and "\\d" in node.value:
+                found.append((node.lineno, node.value))
+    return found
+
+
+def test_render_parses_no_rank_list_out_of_english():
+    """Issue 20: report.txt and report.html word each finding from its facts (short rank lists); no renderer
+    regex-parses rank runs out of prose any more."""
+    found = [f"{module}:{line}: {text}" for module, path in _modules().items() if module.startswith("ddpwatch.render")
+             for line, text in _patterns_over_rank_words(path)]
+    assert found == []
+
+
+def test_the_rank_words_check_finds_a_rank_parser():
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
+        handle.write('import re\nRUN = re.compile(r"\\b([Rr])anks ((?:\\d+(?:-\\d+)?,)+\\d+(?:-\\d+)?)")\n'
+                     'KEPT = r"ranks (\\d+)"\nre.sub("Ranks", "", "x")\nHELP = "ranks 0-3"\n')
+    try:
+        assert sorted(line for line, _ in _patterns_over_rank_words(handle.name)) == [2, 2, 3, 4]
+    finally:
+        os.unlink(handle.name)

@@ -168,15 +168,19 @@ class Evidence(TypedDict, total=False):
     mismatched: List[MismatchRow]
 
 
-class Finding(TypedDict):
-    """One verdict as report.json has it: analysis.passes.finding()'s data, worded by render/wording.py."""
-
+class _FindingBase(TypedDict):
     kind: str  # one of analysis.FINDING_KINDS
     ranks: List[int]
     summary: str
     fix: str
     location: Optional[Site]
     evidence: Optional[Evidence]
+
+
+class Finding(_FindingBase, total=False):
+    """One verdict as report.json has it: analysis.passes.finding()'s data, worded by render/wording.py."""
+
+    facts: Dict[str, Any]  # what the words were made of (render words them again); absent in older files
 
 
 class IncidentSource(TypedDict):

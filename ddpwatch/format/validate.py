@@ -229,8 +229,13 @@ def _each_rank_once(doc, where: str) -> None:
         _fail(_child(where, "ranks"), "a rank appears twice")
 
 
+def _facts_an_object(finding, where: str) -> None:
+    if "facts" in finding and not isinstance(finding["facts"], dict):  # its values are free: checked as any JSON
+        _fail(_child(where, "facts"), f"expected an object, got {_type_name(finding['facts'])}")
+
+
 # shape -> a check across its fields, after each field passed its own.
-ACROSS = {"RankState": _records_within_limit, "Incident": _each_rank_once}
+ACROSS = {"RankState": _records_within_limit, "Incident": _each_rank_once, "Finding": _facts_an_object}
 
 
 def _resolved(bound, world_size: int):

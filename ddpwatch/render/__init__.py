@@ -9,7 +9,6 @@ from .wording import rank_list
 # Caps that keep the text a screen or two at any scale; report.json always has everything.
 MAX_STACK_LINES = 16
 RANKS_TEXT_BUDGET = 32
-MAX_EXPANDED_RANKS = 2**20  # a rank run in prose longer than this is no job's: left as written
 STACK_INDENT_USER, STACK_INDENT_INTERNAL = "  > ", "    "
 # ddpwatch's own frames, told from the path alone so that a report renders the same on any machine: a file in the
 # package or one folder below it (not the bundled examples, which play the user's part), the start-up hook, and the
@@ -70,31 +69,6 @@ def short_rank_list(ranks) -> str:
             break
         head.append(part)
     return f"ranks {','.join(head)},...,{parts[-1]} ({len(set(ranks))} ranks)"
-
-
-_RANK_RUN = re.compile(r"\b([Rr])anks ((?:\d+(?:-\d+)?,)+\d+(?:-\d+)?)")
-
-
-def _expand(run: str) -> list:
-    ranks = []
-    for part in run.split(","):
-        low, _, high = part.partition("-")
-        ranks.extend(range(int(low), int(high or low) + 1))
-    return ranks
-
-
-def _run_size(run: str) -> int:
-    return sum(int(high or low) - int(low) + 1 for low, _, high in (part.partition("-") for part in run.split(",")))
-
-
-def shorten_rank_runs(text: str) -> str:
-    """Shorten long rank lists inside prose (the analysis writes them in full; report.json keeps them so)."""
-    def shorter(match):
-        if len(match.group(0)) <= RANKS_TEXT_BUDGET or not 0 < _run_size(match.group(2)) <= MAX_EXPANDED_RANKS:
-            return match.group(0)  # short already; or not a list of real ranks (0-99999999999 in a crafted file)
-        short = short_rank_list(_expand(match.group(2)))
-        return match.group(1) + short[1:]
-    return _RANK_RUN.sub(shorter, text)
 
 
 def _states(incident: dict) -> list:

@@ -11,7 +11,7 @@ from .. import render
 from ..format import build as S
 from .json_report import json_default
 from .positions import positions
-from .wording import describe_op, rank_list, worded_incident
+from .wording import describe_op, rank_list, summary_for_people, worded_incident
 
 # Above this many ranks, ranks whose timelines look the same share one lane.
 MAX_RANK_LANES = 64
@@ -294,7 +294,7 @@ def _verdict_html(incident: dict) -> str:
         where = f" at {S.short_site(finding['location'])}" if finding.get("location") else ""
         parts.append(f'<div class="finding"><h2><span class="kind">{_e(finding["kind"])}</span> culprit: '
                      f'<span class="culprit">{_e(render.short_rank_list(finding["ranks"]))}</span>{_e(where)}</h2>'
-                     f'<p class="summary">{_e(render.shorten_rank_runs(finding["summary"]))}</p>'
+                     f'<p class="summary">{_e(summary_for_people(finding, render.short_rank_list))}</p>'
                      f'<p class="fix"><b>Fix:</b> {_e(finding["fix"])}</p></div>')
     parts.append("</section>")
     return "".join(parts)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import textwrap
 
 from ..format import build as S
-from . import (seconds_text, short_rank_list, shorten_rank_runs, stack_groups, stack_lines_shown,
-               visible, _states)
+from . import seconds_text, short_rank_list, stack_groups, stack_lines_shown, visible, _states
 from .positions import positions
-from .wording import rank_list, worded_incident
+from .wording import summary_for_people, worded_incident
 
 WIDTH = 80
 # Up to this many ranks, the process facts get one line per rank; above it they are grouped.
@@ -23,7 +22,7 @@ SOURCES = {"rank_files": "rank files", "flight_recorder": "Flight Recorder dumps
 def _wrap(text: str, indent: str = "", subsequent: str | None = None) -> list:
     sub = indent if subsequent is None else subsequent
     # visible() first: textwrap would turn a CR or newline from outside into a space, hiding that it was there.
-    lines = textwrap.wrap(visible(shorten_rank_runs(text)), WIDTH, initial_indent=indent, subsequent_indent=sub,
+    lines = textwrap.wrap(visible(text), WIDTH, initial_indent=indent, subsequent_indent=sub,
                           break_on_hyphens=False)
     return lines or [indent.rstrip()]
 
@@ -70,8 +69,8 @@ def _verdict_lines(incident: dict) -> list:
         if lines:
             lines.append("")
         where = f" at {S.short_site(finding['location'])}" if finding.get("location") else ""
-        lines.extend(_wrap(f"[{finding['kind']}] culprit: {rank_list(finding['ranks'])}{where}", "", "  "))
-        lines.extend(_wrap(finding["summary"], "  "))
+        lines.extend(_wrap(f"[{finding['kind']}] culprit: {short_rank_list(finding['ranks'])}{where}", "", "  "))
+        lines.extend(_wrap(summary_for_people(finding, short_rank_list), "  "))
         lines.extend(_wrap("Fix: " + finding["fix"], "  "))
     return lines
 
@@ -82,14 +81,14 @@ def _positions_lines(incident: dict) -> list:
     groups = positions(states, incident.get("grace", 0.0))
     for group in groups[:MAX_POSITION_GROUPS]:
         wait = f" ({'waiting' if group['state'] == 'waiting' else 'for'} {seconds_text(group['wait_s'])})"
-        lines.extend(_wrap(f"{rank_list(group['ranks'])}: {group['where']}{wait}", "  "))
+        lines.extend(_wrap(f"{short_rank_list(group['ranks'])}: {group['where']}{wait}", "  "))
     rest = groups[MAX_POSITION_GROUPS:]
     if rest:
         ranks = [r for group in rest for r in group["ranks"]]
         lines.extend(_wrap(f"... {len(rest)} more places ({short_rank_list(ranks)}); see report.json", "  "))
     missing = incident.get("missing_ranks") or []
     if missing:
-        lines.extend(_wrap(f"{rank_list(missing)}: no state received", "  "))
+        lines.extend(_wrap(f"{short_rank_list(missing)}: no state received", "  "))
     return lines
 
 
@@ -106,7 +105,7 @@ def _mismatch_lines(incident: dict) -> list:
         if not lines:
             lines.append("Mismatched collectives, side by side:")
         for row in rows:
-            lines.extend(_wrap(f"{rank_list(row['ranks'])}: group {row['group']} seq {row['seq']}: {row['op']}"
+            lines.extend(_wrap(f"{short_rank_list(row['ranks'])}: group {row['group']} seq {row['seq']}: {row['op']}"
                                f" [{row.get('api')}] shapes {_shapes_text(row)}", "  ", "      "))
             if row.get("description"):
                 lines.extend(_wrap(row["description"], "      "))
@@ -117,14 +116,14 @@ def _stack_lines(incident: dict) -> list:
     groups, without = stack_groups(incident)
     lines = []
     for ranks, main in sorted(groups[:MAX_STACK_GROUPS], key=lambda g: g[0][0]):
-        lines.extend(_wrap(f"Main-thread stack of {rank_list(ranks)} (most recent call last):", "", "  "))
+        lines.extend(_wrap(f"Main-thread stack of {short_rank_list(ranks)} (most recent call last):", "", "  "))
         lines.extend(stack_lines_shown(main.get("frames") or []))
     rest = groups[MAX_STACK_GROUPS:]
     if rest:
         ranks = [r for group in rest for r in group[0]]
         lines.extend(_wrap(f"... {len(rest)} more distinct stacks ({short_rank_list(ranks)}); see report.json", "  "))
     if without and groups:
-        lines.extend(_wrap(f"No stack from {rank_list(without)}."))
+        lines.extend(_wrap(f"No stack from {short_rank_list(without)}."))
     return lines
 
 
@@ -173,7 +172,7 @@ def _grouped_process_lines(states: list) -> list:
                                      + ([f"CPU {min(cpu):.0f}-{max(cpu):.0f}%"] if cpu else [])), "  ")
     exited = [s["rank"] for s in states if s.get("status") == S.EXITED]
     if exited:
-        lines += _wrap(f"exited: {rank_list(exited)}", "  ")
+        lines += _wrap(f"exited: {short_rank_list(exited)}", "  ")
     return lines
 
 

@@ -63,8 +63,8 @@ def _verb(ranks, one: str, many: str) -> str:
     return one if len(set(ranks)) == 1 else many
 
 
-def _waits_text(parts) -> str:
-    return "; ".join(f"{rank_list(r)} {_verb(r, 'waits', 'wait')} in {describe_op(rec)}" for r, rec in parts)
+def _waits_text(parts, ranks_text=rank_list) -> str:
+    return "; ".join(f"{ranks_text(r)} {_verb(r, 'waits', 'wait')} in {describe_op(rec)}" for r, rec in parts)
 
 
 def _shape_text(record: dict) -> str:
@@ -133,7 +133,7 @@ def where_last_seen(facts: dict) -> str:
     return "nowhere known: it never published its state"
 
 
-def _dead_rank(facts: dict) -> tuple:
+def _dead_rank(facts: dict, ranks_text=rank_list) -> tuple:
     remote, gone = facts["remote"], facts["exists"] is False
     summary = (f"Rank {facts['rank']} (pid {facts['pid']} on {facts['host']}) "
                f"{'is silent' if remote else 'is gone'}: its heartbeat stopped {facts['silent_s']:.0f} s ago"
@@ -147,7 +147,7 @@ def _dead_rank(facts: dict) -> tuple:
     return summary, fix
 
 
-def _unresponsive_rank(facts: dict) -> tuple:
+def _unresponsive_rank(facts: dict, ranks_text=rank_list) -> tuple:
     summary = (f"Rank {facts['rank']} (pid {facts['pid']}) exists but has not answered for {facts['silent_s']:.0f} s "
                f"(process status: {facts['status']}); neither its training thread nor ddpwatch's watchdog moves. "
                f"It was last {where_last_seen(facts)}.")
@@ -157,9 +157,9 @@ def _unresponsive_rank(facts: dict) -> tuple:
     return summary, fix
 
 
-def _group_order(facts: dict) -> tuple:
+def _group_order(facts: dict, ranks_text=rank_list) -> tuple:
     summary = ("The ranks issue collectives on different process groups in different orders: "
-               + "; ".join(f"{rank_list(r)} {_verb(r, 'waits', 'wait')} on group {g} in {describe_op(record)}"
+               + "; ".join(f"{ranks_text(r)} {_verb(r, 'waits', 'wait')} on group {g} in {describe_op(record)}"
                            for g, r, record in facts["groups"])
                + ". Each group needs a rank that is blocked on the other, so neither can finish.")
     fix = ("Issue collectives on every process group in the same order on all ranks (for example, always the "
@@ -167,10 +167,10 @@ def _group_order(facts: dict) -> tuple:
     return summary, fix
 
 
-def _shape_mismatch(facts: dict) -> tuple:
+def _shape_mismatch(facts: dict, ranks_text=rank_list) -> tuple:
     record, culprits = facts["record"], facts["culprits"]
-    shapes = "; ".join(f"{rank_list(r)}: {_shape_text(rec)}" for r, rec in facts["parts"])
-    summary = (f"{_sentence(rank_list(culprits))} passed different tensors to {record['op']} at "
+    shapes = "; ".join(f"{ranks_text(r)}: {_shape_text(rec)}" for r, rec in facts["parts"])
+    summary = (f"{_sentence(ranks_text(culprits))} passed different tensors to {record['op']} at "
                f"{S.short_site(record.get('site'))} (group {record['group']}, seq {record['seq']}): {shapes}. "
                "On gloo an empty tensor returns at once on its rank while the others wait forever; other size "
                "differences abort or corrupt.")
@@ -179,7 +179,7 @@ def _shape_mismatch(facts: dict) -> tuple:
     return summary, fix
 
 
-def _ddp_forward_on_subset(facts: dict) -> tuple:
+def _ddp_forward_on_subset(facts: dict, ranks_text=rank_list) -> tuple:
     culprits, others, call_site = facts["culprits"], facts["others"], facts["call_site"]
     if facts["rebuild"]:
         why = ("DDP rebuilds its gradient buckets once, on the first grad-enabled forward after the first backward, "
@@ -189,16 +189,17 @@ def _ddp_forward_on_subset(facts: dict) -> tuple:
         why = ("DDP's forward broadcasts the module's buffers (such as BatchNorm running statistics) from rank 0 "
                "to every rank before computing, so every rank must run it")
         short_why = "DDP.forward broadcasts BatchNorm statistics and other buffers to every rank"
-    summary = (f"{_sentence(rank_list(culprits))} called the DistributedDataParallel model at "
-               f"{S.short_site(call_site)} ({S.format_site(call_site)}) while {rank_list(others)} did not: "
-               f"{why}. {_sentence(rank_list(culprits))} {_verb(culprits, 'blocks', 'block')} in "
-               f"{describe_op(facts['record'])}; {_waits_text(facts['waits'])}. Neither side can ever finish.")
+    summary = (f"{_sentence(ranks_text(culprits))} called the DistributedDataParallel model at "
+               f"{S.short_site(call_site)} ({S.format_site(call_site)}) while {ranks_text(others)} did not: "
+               f"{why}. {_sentence(ranks_text(culprits))} {_verb(culprits, 'blocks', 'block')} in "
+               f"{describe_op(facts['record'])}; {_waits_text(facts['waits'], ranks_text)}. "
+               "Neither side can ever finish.")
     fix = (f"For rank-local work (evaluation, logging) call the wrapped module directly: `model.module(x)` instead of "
            f"`model(x)` at {S.short_site(call_site)}; or run that forward on every rank ({short_why}).")
     return summary, fix
 
 
-def _collective_on_subset(facts: dict) -> tuple:
+def _collective_on_subset(facts: dict, ranks_text=rank_list) -> tuple:
     culprits, record, location, innocent = facts["culprits"], facts["record"], facts["location"], facts["innocent"]
     if innocent is None:
         elsewhere = "never reach: they exited"
@@ -206,8 +207,8 @@ def _collective_on_subset(facts: dict) -> tuple:
         ranks, waited = innocent
         elsewhere = (f"{_verb(ranks, 'does', 'do')} not call at this point: "
                      f"{_verb(ranks, 'it waits', 'they wait')} in {describe_op(waited)}")
-    others = rank_list(innocent[0]) if innocent is not None else "the other ranks"
-    summary = (f"{_sentence(rank_list(culprits))} called {describe_op(record)} ({S.format_site(location)}), "
+    others = ranks_text(innocent[0]) if innocent is not None else "the other ranks"
+    summary = (f"{_sentence(ranks_text(culprits))} called {describe_op(record)} ({S.format_site(location)}), "
                f"which {others} {elsewhere}. Neither side can ever finish.")
     condition = facts["condition"]
     fix = framework_fix(record, location, condition) or (
@@ -217,10 +218,10 @@ def _collective_on_subset(facts: dict) -> tuple:
     return summary, fix
 
 
-def _skipped_collective(facts: dict) -> tuple:
+def _skipped_collective(facts: dict, ranks_text=rank_list) -> tuple:
     culprits, (waiting, skipped), now = facts["culprits"], facts["innocent"], facts["culprit_record"]
-    summary = (f"{_sentence(rank_list(culprits))} never reached {describe_op(skipped)}, where "
-               f"{rank_list(waiting)} {_verb(waiting, 'waits', 'wait')}: "
+    summary = (f"{_sentence(ranks_text(culprits))} never reached {describe_op(skipped)}, where "
+               f"{ranks_text(waiting)} {_verb(waiting, 'waits', 'wait')}: "
                f"{_verb(culprits, 'it', 'they')} went past it and {_verb(culprits, 'is', 'are')} now "
                f"{'in ' + describe_op(now) if now else 'gone (the rank exited)'}.")
     fix = (f"Every rank must reach the collective at {S.short_site(facts['location'])}: look for an early `return`, "
@@ -233,10 +234,10 @@ def _skipped_collective(facts: dict) -> tuple:
     return summary, fix
 
 
-def _uneven_inputs(facts: dict) -> tuple:
+def _uneven_inputs(facts: dict, ranks_text=rank_list) -> tuple:
     culprits, record, (waiting, waited) = facts["culprits"], facts["record"], facts["innocent"]
-    summary = (f"{_sentence(rank_list(culprits))} {_verb(culprits, 'is', 'are')} still training "
-               f"({describe_op(record)}) while {rank_list(waiting)} finished the loop and "
+    summary = (f"{_sentence(ranks_text(culprits))} {_verb(culprits, 'is', 'are')} still training "
+               f"({describe_op(record)}) while {ranks_text(waiting)} finished the loop and "
                f"{_verb(waiting, 'waits', 'wait')} in {describe_op(waited)}: the ranks ran different "
                "numbers of training steps, so the extra step's collectives have no partner.")
     fix = ("Give every rank the same number of batches: use `DistributedSampler(dataset, drop_last=True)` (or pad "
@@ -245,10 +246,10 @@ def _uneven_inputs(facts: dict) -> tuple:
     return summary, fix
 
 
-def _collective_mismatch(facts: dict) -> tuple:
+def _collective_mismatch(facts: dict, ranks_text=rank_list) -> tuple:
     if facts.get("below") is not None:
-        return _different_positions(facts)
-    calls = "; ".join(f"{rank_list(r)}: {describe_op(rec)} (seq {rec['seq']})" for r, rec in facts["parts"])
+        return _different_positions(facts, ranks_text)
+    calls = "; ".join(f"{ranks_text(r)}: {describe_op(rec)} (seq {rec['seq']})" for r, rec in facts["parts"])
     summary = (f"The ranks issued different collectives at the same point of group {facts['group']}: {calls}. "
                "They can never match.")
     fix = ("Make every rank issue the same collectives in the same order on each process group; look for a "
@@ -256,16 +257,16 @@ def _collective_mismatch(facts: dict) -> tuple:
     return summary, fix
 
 
-def _different_positions(facts: dict) -> tuple:
+def _different_positions(facts: dict, ranks_text=rank_list) -> tuple:
     summary = (f"On group {facts['group']} the ranks wait at different positions: "
-               + "; ".join(f"{rank_list(r)} at seq {rec['seq']} ({describe_op(rec)})" for r, rec in facts["parts"])
-               + f". {_sentence(rank_list(facts['ahead']))} got past seq {facts['below']} without the others.")
+               + "; ".join(f"{ranks_text(r)} at seq {rec['seq']} ({describe_op(rec)})" for r, rec in facts["parts"])
+               + f". {_sentence(ranks_text(facts['ahead']))} got past seq {facts['below']} without the others.")
     fix = ("Some collective completed on part of the group only (on gloo: an empty tensor); compare the ranks' "
            "collectives just before these lines and make them identical.")
     return summary, fix
 
 
-def _collective_stuck(facts: dict) -> tuple:
+def _collective_stuck(facts: dict, ranks_text=rank_list) -> tuple:
     record = facts["record"]
     summary = (f"All {facts['count']} ranks have waited {facts['wait_s']:.0f} s in the same collective, "
                f"{describe_op(record)} (group {record['group']}, seq {record['seq']}), and it does not complete: "
@@ -276,11 +277,11 @@ def _collective_stuck(facts: dict) -> tuple:
     return summary, fix
 
 
-def _straggler(facts: dict) -> tuple:
+def _straggler(facts: dict, ranks_text=rank_list) -> tuple:
     location = facts["location"]
     where = f" (now at {S.format_site(location)})" if location else ""
-    summary = (f"{_sentence(rank_list(facts['waiting']))} waited {facts['wait_s']:.0f} s, longer than the "
-               f"{facts['timeout']:g} s timeout, in {describe_op(facts['record'])}, while {rank_list(facts['busy'])} "
+    summary = (f"{_sentence(ranks_text(facts['waiting']))} waited {facts['wait_s']:.0f} s, longer than the "
+               f"{facts['timeout']:g} s timeout, in {describe_op(facts['record'])}, while {ranks_text(facts['busy'])} "
                f"kept working outside collectives{where}. This is a straggler, not a proven deadlock: the wait ends "
                "if the busy ranks reach the collective.")
     fix = ("If this work is expected (long validation or checkpointing on one rank), raise ddpwatch's timeout or "
@@ -288,8 +289,9 @@ def _straggler(facts: dict) -> tuple:
     return summary, fix
 
 
-# Every finding kind's sentences: kind -> (its facts -> (summary, fix)). A new kind is a row here too
-# (tests/test_finding_table.py fails on a kind of analysis.FINDING_KINDS without one).
+# Every finding kind's sentences: kind -> ((its facts, how a rank list is said) -> (summary, fix)). report.json's
+# summary says rank lists in full (rank_list); report.txt and report.html pass short_rank_list. A new kind is a row
+# here too (tests/test_finding_table.py fails on a kind of analysis.FINDING_KINDS without one).
 SENTENCES = {
     "dead_rank": _dead_rank,
     "unresponsive_rank": _unresponsive_rank,
@@ -330,23 +332,52 @@ def _described_evidence(evidence: dict, facts: dict) -> dict:
 
 
 def worded(finding: dict) -> dict:
-    """A finding as report.json carries it: kind, ranks, summary, fix, location, evidence (words filled in).
+    """A finding as report.json carries it: kind, ranks, summary, fix, location, evidence (words filled in), facts.
 
-    A finding read back from a document has no facts: its stored sentences are kept as they are.
+    A finding read back from a document is worded already (it has a summary): it is kept as it is.
     """
     facts = finding.get("facts")
-    if facts is None:
+    if facts is None or "summary" in finding:
         return finding
     summary, fix = SENTENCES[finding["kind"]](facts)
     evidence = finding.get("evidence")
     return {"kind": finding["kind"], "ranks": finding["ranks"], "summary": summary + _rank_condition_text(evidence),
             "fix": fix, "location": finding.get("location"),
-            "evidence": _described_evidence(evidence, facts) if evidence is not None else None}
+            "evidence": _described_evidence(evidence, facts) if evidence is not None else None,
+            "facts": _json_shaped(facts)}
+
+
+def _json_shaped(value):
+    """Facts as report.json holds them (tuples as lists, keys as strings): a worded incident equals its file, and
+    report.txt and report.html word the same facts whether live or read back."""
+    if isinstance(value, dict):
+        return {str(key): _json_shaped(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_shaped(item) for item in value]
+    return value
+
+
+def _unworded(finding) -> bool:
+    return isinstance(finding, dict) and "facts" in finding and "summary" not in finding
 
 
 def worded_incident(incident: dict) -> dict:
     """The incident with every finding worded (the same object when none needs it)."""
     findings = incident.get("findings")
-    if not findings or not any(isinstance(f, dict) and "facts" in f for f in findings):
+    if not findings or not any(_unworded(f) for f in findings):
         return incident
     return dict(incident, findings=[worded(f) if isinstance(f, dict) else f for f in findings])
+
+
+def summary_for_people(finding: dict, ranks_text) -> str:
+    """A worded finding's summary said again from its facts with `ranks_text` (report.txt and report.html pass the
+    short rank lists); its stored summary when it has no facts (a report.json from before they were kept) or when
+    they cannot be worded."""
+    facts = finding.get("facts")
+    if not isinstance(facts, dict):
+        return finding["summary"]
+    try:
+        summary, _ = SENTENCES[finding["kind"]](facts, ranks_text)
+        return summary + _rank_condition_text(finding.get("evidence"))
+    except Exception:  # facts read from a file are anyone's: whatever breaks the words, the stored ones still stand
+        return finding["summary"]
