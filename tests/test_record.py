@@ -223,6 +223,27 @@ def test_outermost_records_only_the_outer_call():
     assert rec.busy == set()
 
 
+def test_the_recorder_is_read_through_properties_and_changed_only_through_its_methods():
+    rec = Recorder()
+    for field in ("ring", "inflight", "progress", "progress_mono", "busy", "failure_hook"):
+        with pytest.raises(AttributeError):
+            setattr(rec, field, None)
+    record = begin(rec)
+    with pytest.raises(TypeError):
+        rec.inflight[record] = None  # a read-only view: only finish()/void() take a record out
+    rec.note_ddp_forward("pg")
+    assert rec.take_pending_grad_sync() == "pg" and rec.take_pending_grad_sync() is None
+    rec.note_group("g", [0, 1], True)
+    assert rec.runs_on_host("g") and not rec.runs_on_host("h")
+    assert rec.snapshot()["ddp_steps"] == 1 and rec.snapshot()["groups"]["g"] == [0, 1]
+    rec.set_failure_hook(print)
+    assert rec.failure_hook is print
+    before = rec.progress_mono
+    rec.age_progress(10.0)
+    rec.drop_in_flight()
+    assert rec.progress_mono == before - 10.0 and len(rec.inflight) == 0
+
+
 def test_poll_pending_completes_finished_work():
     rec = Recorder()
     pending, finished, failed, plain = begin(rec), begin(rec), begin(rec), begin(rec)
