@@ -54,7 +54,7 @@ def worker(case: str, calls: int) -> None:
     patcher = Patcher(recorder)
     patcher._c10d = types.SimpleNamespace(_world=World(group))
     patcher._group_cache[id(group)] = (weakref.ref(group), "" if case == "not_member" else "0", True)
-    recorder.host_sync["0"] = True
+    recorder.note_group("0", None, True)
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
         return None

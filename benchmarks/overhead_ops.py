@@ -124,7 +124,7 @@ def measure(ops: dict, iterations: int, rounds: int, sync, side=None) -> dict:
             if session is not None:
                 # The fake pg's Work never says completed, so its records stay "in flight"; a real backend's do not.
                 facts["left_in_flight"] = max(facts["left_in_flight"], len(session.recorder.inflight))
-                session.recorder.inflight.clear()
+                session.recorder.drop_in_flight()
         if flag:
             side.off()
     facts["times"] = {clock: {name: {"off": [b[clock] for b in per[False]], "on": [b[clock] for b in per[True]]}
@@ -172,12 +172,13 @@ def hot_path_parts(iterations: int) -> dict:
 
     session = ddpwatch.install()
     recorder, patcher, tensor = session.recorder, session.patcher, torch.ones(1)
+    _, mark_busy, unmark_busy, _, _ = recorder.hot_path_parts()
     meta = record.tensor_meta(tensor)
     here = sys._getframe()
     parts = {
         "tensor_meta(tensor)": lambda: record.tensor_meta(tensor),
         "Patcher.group_name(None)": lambda: patcher.group_name(None),
-        "busy-thread set: add + discard": lambda: (recorder.busy.add(1), recorder.busy.discard(1)),
+        "busy-thread set: add + discard": lambda: (mark_busy(1), unmark_busy(1)),
         "sys._getframe() of a new frame (the caller's, on the hot path)": lambda: sys._getframe(),
         "Recorder.begin + finish_returned": lambda: recorder.finish_returned(recorder.begin(
             "all_reduce", "all_reduce", "0", meta, here)),

@@ -108,7 +108,7 @@ def block(recorder, leader: bool) -> None:
     else:
         record = recorder.begin("barrier", "barrier", "0", (), sys._getframe())
     record.start_mono -= 10.0  # as if it had been waiting 10 s: past grace, no waiting for real
-    recorder.progress_mono -= 10.0
+    recorder.age_progress(10.0)
 
 
 def watchdogs(ranks, world_size: int, store, recorder) -> list:

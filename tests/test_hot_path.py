@@ -154,7 +154,7 @@ def _patcher_around(original):
     patcher = Patcher(recorder)
     patcher._c10d = types.SimpleNamespace(_world=types.SimpleNamespace(_default_pg=group, pg_coalesce_state={}))
     patcher._group_cache[id(group)] = (weakref.ref(group), "0", True)
-    recorder.host_sync["0"] = True
+    recorder.note_group("0", None, True)
     return patcher._collective_wrapper(original, "all_reduce", "all_reduce", ("tensor",)), recorder
 
 

@@ -454,3 +454,66 @@ def test_the_rank_words_check_finds_a_rank_parser():
         assert sorted(line for line, _ in _patterns_over_rank_words(handle.name)) == [2, 2, 3, 4]
     finally:
         os.unlink(handle.name)
+
+
+# Issue 20: the Recorder was a bag of public fields that the Patcher and the watchdog wrote. Now it owns its state:
+# others read properties and say what happened through its methods (note_group, note_ddp_forward...).
+_MUTATORS = frozenset({"append", "appendleft", "add", "clear", "pop", "popitem", "popleft", "update", "discard",
+                       "remove", "setdefault", "extend", "insert", "__setitem__", "__delitem__"})
+
+
+def _is_recorder(node) -> bool:
+    """`recorder` or `<anything>.recorder`: how ddpwatch's modules name the Recorder they hold."""
+    return (isinstance(node, ast.Name) and node.id == "recorder") or (
+        isinstance(node, ast.Attribute) and node.attr == "recorder")
+
+
+def _on_recorder_field(node) -> bool:
+    """Whether `node` is `<recorder>.<field>`, or an item or attribute reached through one."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute) and _is_recorder(node.value):
+            return True
+        node = node.value
+    return False
+
+
+def _recorder_writes(path: str) -> list:
+    """Line numbers where the file assigns, augments or deletes a recorder field, or calls a mutator on one."""
+    found = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
+            targets = [node.func.value]
+        flat = [t for target in targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+        if any(_on_recorder_field(target) for target in flat):
+            found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_only_the_recorder_writes_its_fields():
+    writes = {module: lines for module, path in _modules().items() if module != "ddpwatch.runtime.record"
+              for lines in [_recorder_writes(path)] if lines}
+    assert writes == {}
+
+
+def test_a_write_to_a_recorder_field_is_found_when_there_is_one(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("\n".join([
+        "self.recorder.failure_hook = hook",  # 1: assignment
+        "recorder.ddp_steps += 1",  # 2: augmented assignment
+        "self.recorder.groups[name] = ranks",  # 3: item assignment
+        "recorder.busy.add(ident)",  # 4: a mutating call
+        "patcher.recorder.inflight.clear()",  # 5
+        "a, self.recorder.progress = 1, 2",  # 6: inside a tuple target
+        "del recorder.host_sync[name]",  # 7
+        "ok = self.recorder.progress_mono + recorder.inflight.get(1, 0)",  # reads are fine
+        "recorder.note_group(name, ranks, True); self.recorder.set_failure_hook(None)",  # so are its methods
+        "other.busy.add(1); self.cache[k] = v",  # and other objects
+    ]) + "\n")
+    assert _recorder_writes(str(planted)) == [1, 2, 3, 4, 5, 6, 7]

@@ -223,6 +223,27 @@ def test_outermost_records_only_the_outer_call():
     assert rec.busy == set()
 
 
+def test_the_recorder_is_read_through_properties_and_changed_only_through_its_methods():
+    rec = Recorder()
+    for field in ("ring", "inflight", "progress", "progress_mono", "busy", "failure_hook"):
+        with pytest.raises(AttributeError):
+            setattr(rec, field, None)
+    record = begin(rec)
+    with pytest.raises(TypeError):
+        rec.inflight[record] = None  # a read-only view: only finish()/void() take a record out
+    rec.note_ddp_forward("pg")
+    assert rec.take_pending_grad_sync() == "pg" and rec.take_pending_grad_sync() is None
+    rec.note_group("g", [0, 1], True)
+    assert rec.runs_on_host("g") and not rec.runs_on_host("h")
+    assert rec.snapshot()["ddp_steps"] == 1 and rec.snapshot()["groups"]["g"] == [0, 1]
+    rec.set_failure_hook(print)
+    assert rec.failure_hook is print
+    before = rec.progress_mono
+    rec.age_progress(10.0)
+    rec.drop_in_flight()
+    assert rec.progress_mono == before - 10.0 and len(rec.inflight) == 0
+
+
 def test_poll_pending_completes_finished_work():
     rec = Recorder()
     pending, finished, failed, plain = begin(rec), begin(rec), begin(rec), begin(rec)
@@ -235,8 +256,8 @@ def test_poll_pending_completes_finished_work():
 
 def test_snapshot_keys_and_contents():
     rec = Recorder()
-    rec.groups["0"] = None
-    rec.groups["1"] = [0, 2]
+    rec.note_group("0", None, False)
+    rec.note_group("1", [0, 2], False)
     done = [begin(rec) for _ in range(3)]
     for r in done:
         rec.finish(r)
@@ -253,7 +274,7 @@ def test_snapshot_keys_and_contents():
     assert snap["progress"] == snap["ops_recorded"] == 7
     assert snap["idle_s"] >= 0
     snap["groups"]["2"] = None
-    assert "2" not in rec.groups  # a copy
+    assert "2" not in rec.snapshot()["groups"]  # a copy
     assert documents.load_json_text(documents.dumps({"format_version": 1, **snap}), "snap")["inflight"] == snap["inflight"]
 
 
@@ -289,7 +310,7 @@ def test_snapshot_reads_the_newest_records_only_not_the_whole_ring():
     # The watchdog snapshots every round: copying a full ring (2,048 records) for its 8 recent ones was most of the
     # snapshot's time (benchmarks/attribution.py). The recent list is still the newest completed records, in order.
     rec = Recorder(ring_size=64)
-    rec.ring = _WatchedRing(maxlen=64)
+    rec._ring = _WatchedRing(maxlen=64)
     for _ in range(100):
         rec.finish(begin(rec))
     waiting = begin(rec)

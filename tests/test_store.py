@@ -107,7 +107,7 @@ def abort_watchdog(monkeypatch, action="report"):
     monkeypatch.setattr(abort, "end_process", fake_end)
     recorder = Recorder()
     dog = watchdog_module.Watchdog(recorder, Config(exit_code=7, action=action), 1, 2, None, "")
-    recorder.failure_hook = dog.on_collective_failure  # what start() installs (the thread is never started here)
+    recorder.set_failure_hook(dog.on_collective_failure)  # what start() installs (the thread is never started here)
     return dog, recorder, codes
 
 

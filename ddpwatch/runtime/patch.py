@@ -44,7 +44,7 @@ def {name}({params}):
     _w_ident = _w_get_ident()
     if _w_ident in _w_busy:
         return _w_original({call})  # called by another patched collective: the outer one records
-    _w_busy.add(_w_ident)
+    _w_mark_busy(_w_ident)
     try:
         try:
             _w_pg = {group}
@@ -83,7 +83,7 @@ def {name}({params}):
             _w_recorder.issued(_w_record, _w_result if _w_async else None)
         return _w_result
     finally:
-        _w_busy.discard(_w_ident)
+        _w_unmark_busy(_w_ident)
 """
 
 
@@ -223,7 +223,7 @@ class Patcher:
             return entry[1] or None
         name = self._describe_group(pg)
         try:
-            self._group_cache[id(pg)] = (weakref.ref(pg), name, bool(name) and self.recorder.host_sync.get(name, False))
+            self._group_cache[id(pg)] = (weakref.ref(pg), name, bool(name) and self.recorder.runs_on_host(name))
         except TypeError:  # an object that takes no weak reference: describe it every time rather than pin it
             pass
         return name or None
@@ -241,8 +241,7 @@ class Patcher:
             ranks = None if pg is c10d._world.default_pg else list(c10d.get_process_group_ranks(pg))
         except Exception:
             ranks = None
-        self.recorder.groups[name] = ranks
-        self.recorder.host_sync[name] = _runs_on_host(c10d, pg)
+        self.recorder.note_group(name, ranks, _runs_on_host(c10d, pg))
         return name
 
     # ----- wrappers -----
@@ -262,17 +261,17 @@ class Patcher:
 
     def _outermost(self, original, body):
         """Run `body` for the outermost patched call on this thread; nested patched calls go straight through."""
-        busy = self.recorder.busy
+        busy, mark_busy, unmark_busy, _, _ = self.recorder.hot_path_parts()
 
         def wrapper(*args, **kwargs):
             ident = _get_ident()
             if ident in busy:
                 return original(*args, **kwargs)
-            busy.add(ident)
+            mark_busy(ident)
             try:
                 return body(args, kwargs, sys._getframe(1))
             finally:
-                busy.discard(ident)
+                unmark_busy(ident)
 
         return wrapper
 
@@ -303,11 +302,13 @@ class Patcher:
                                   group="group" if "group" in names else "None",
                                   async_op="async_op" if "async_op" in names else "False")
         recorder, world = self.recorder, self._c10d._world
+        busy, mark_busy, unmark_busy, issuing, _ = recorder.hot_path_parts()
         namespace = {
             **defaults, "_w_getframe": sys._getframe, "_w_id": id, "_w_get_ident": _get_ident,
             "_w_log_once": _log_once, "_w_original": original,
-            "_w_op": op, "_w_api": api, "_w_recorder": recorder, "_w_busy": recorder.busy,
-            "_w_issuing": recorder.issuing, "_w_begin": recorder.begin, "_w_finish_returned": recorder.finish_returned,
+            "_w_op": op, "_w_api": api, "_w_recorder": recorder, "_w_busy": busy, "_w_mark_busy": mark_busy,
+            "_w_unmark_busy": unmark_busy, "_w_issuing": issuing, "_w_begin": recorder.begin,
+            "_w_finish_returned": recorder.finish_returned,
             "_w_world": world, "_w_coalescing": world.pg_coalesce_state, "_w_cache": self._group_cache,
             "_w_group_name": self.group_name, "_w_hook_wait": self.hook_work_wait, "_w_meta": tensor_meta,
             "_w_tensor_type": getattr(sys.modules.get("torch"), "Tensor", None),  # patching imported torch
@@ -350,7 +351,7 @@ class Patcher:
 
     def _wait_wrapper(self, original):
         recorder = self.recorder
-        by_work, issuing = recorder._by_work, recorder.issuing
+        _, _, _, issuing, by_work = recorder.hot_path_parts()
 
         def wait(work, *args, **kwargs):
             try:
@@ -374,6 +375,7 @@ class Patcher:
         """_coalescing_manager queues the collectives inside it and issues them as one op at its exit: record that."""
         patcher = self
         recorder = self.recorder
+        busy, *_ = recorder.hot_path_parts()  # read only: is this thread inside a patched call?
 
         @contextlib.contextmanager
         def coalescing(group=None, device=None, async_ops=False):
@@ -388,7 +390,7 @@ class Patcher:
             queued = list(patcher._c10d._world.pg_coalesce_state.get(
                 patcher._c10d._world.default_pg if group is None else group) or ())
             record = None
-            if queued and _get_ident() not in recorder.busy:
+            if queued and _get_ident() not in busy:
                 op_name = getattr(queued[0].op, "__name__", "collective")
                 canonical = catalogue.canonical_op(op_name)
                 record = patcher._begin(canonical, f"{op_name} (coalesced x{len(queued)})", group,
@@ -509,8 +511,7 @@ class Patcher:
         def forward(ddp, *args, **kwargs):
             result = region(ddp, *args, **kwargs)
             if torch.is_grad_enabled() and getattr(ddp, "require_backward_grad_sync", False):
-                recorder.ddp_steps += 1
-                recorder.pending_grad_sync = getattr(ddp, "process_group", None)
+                recorder.note_ddp_forward(getattr(ddp, "process_group", None))
             return result
 
         return forward
@@ -521,10 +522,9 @@ class Patcher:
         patcher = self
 
         def backward(*args, **kwargs):
-            pg = recorder.pending_grad_sync
+            pg = recorder.take_pending_grad_sync()
             if pg is None:
                 return original(*args, **kwargs)
-            recorder.pending_grad_sync = None
             record = patcher._begin("all_reduce", build.DDP_GRAD_ALLREDUCE, pg, (), sys._getframe(1))
             if record is None:
                 return original(*args, **kwargs)

@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+import types
 import weakref
 from typing import TYPE_CHECKING
 
@@ -264,33 +265,78 @@ class Recorder:
     """The live recording of one process: sequence counters per group, a ring of records, the in-flight set."""
 
     def __init__(self, ring_size: int = DEFAULTS["ring_size"]):
-        self.ring = collections.deque(maxlen=ring_size)
-        self.inflight_limit = ring_size
-        self.inflight: dict = {}  # record -> record, in the order they began
+        self._ring = collections.deque(maxlen=ring_size)
+        self._inflight_limit = ring_size
+        self._inflight: dict = {}  # record -> record, in the order they began
         self._next_seq: dict = {}  # group, or (group, peer) for p2p -> the sequence number its next op gets
-        self.groups: dict = {}
-        self.host_sync: dict = {}  # group name -> whether its ops are done when their call returns (gloo)
+        self._groups: dict = {}  # group name -> its ranks (None: the default group)
+        self._host_sync: dict = {}  # group name -> whether its ops are done when their call returns (gloo)
         self._by_work: dict = {}  # id(Work) -> the record it completes (the record holds the Work: no id reuse)
-        self.progress = 0
-        self.progress_mono = time.monotonic()
-        self.site_counts: dict = {}  # raw site -> how many collectives that line issued
-        self.ddp_steps = 0  # grad-enabled DDP forwards: ranks that ran different numbers of steps differ here
+        self._progress = 0
+        self._progress_mono = time.monotonic()
+        self._site_counts: dict = {}  # raw site -> how many collectives that line issued
+        self._ddp_steps = 0  # grad-enabled DDP forwards: ranks that ran different numbers of steps differ here
         # Per-thread state, keyed by thread ident in plain containers: a threading.local attribute costs ~4x a dict
         # lookup, and the hot path needs the ident anyway (for the record).
-        self.busy: set = set()  # threads inside a patched call: a patched call nested in it records nothing
+        self._busy: set = set()  # threads inside a patched call: a patched call nested in it records nothing
         self._regions: dict = {}  # thread -> its region stack ("inside DDP.forward called from val.py:42")
-        self.issuing: dict = {}  # thread -> the record of the synchronous device-backend call it is issuing
+        self._issuing: dict = {}  # thread -> the record of the synchronous device-backend call it is issuing
         # The process group of a grad-enabled DDP forward whose gradient all-reduce the next backward() will run.
-        self.pending_grad_sync = None
-        self.failure_hook = None  # set by the watchdog while it runs
+        self._pending_grad_sync = None
+        self._failure_hook = None  # set by the watchdog while it runs
         self._formatted: dict = {}  # finished record -> (its state, its to_dict()): see _recent_docs
         self._counts_by_line: dict = {}  # "file:line" -> count, folded from site_counts when the code caches empty
         _recorders.add(self)
+
+    # --- what others read (read-only: every change goes through a method below that says what happened) ---
+    ring = property(lambda self: self._ring, doc="The last records, oldest first (at most ring_size).")
+    inflight = property(lambda self: types.MappingProxyType(self._inflight), doc="The records in flight, in order.")
+    progress = property(lambda self: self._progress, doc="How many times a record began or ended.")
+    progress_mono = property(lambda self: self._progress_mono, doc="monotonic() when a record last began or ended.")
+    busy = property(lambda self: frozenset(self._busy), doc="The threads now inside a patched call.")
+    failure_hook = property(lambda self: self._failure_hook, doc="Called with the error of a failed collective.")
+
+    def runs_on_host(self, group: str) -> bool:
+        """Whether the group's ops are done when their call returns (gloo), as note_group was told."""
+        return self._host_sync.get(group, False)
 
     @property
     def last_seq(self) -> dict:
         """Group -> the sequence number of its last collective (p2p pairs have their own counters)."""
         return {key: n - 1 for key, n in list(self._next_seq.items()) if n and not isinstance(key, tuple)}
+
+    # --- what others tell it ---
+    def note_group(self, name: str, ranks, runs_on_host: bool) -> None:
+        """A process group was seen for the first time: its ranks (None: the default group) and its kind."""
+        self._groups[name] = ranks
+        self._host_sync[name] = runs_on_host
+
+    def note_ddp_forward(self, process_group) -> None:
+        """A grad-enabled DDP forward ran: one step more, and the next backward() all-reduces on this group."""
+        self._ddp_steps += 1
+        self._pending_grad_sync = process_group
+
+    def take_pending_grad_sync(self):
+        """The group whose gradient all-reduce this backward() runs (None if no synced DDP forward came before)."""
+        pg, self._pending_grad_sync = self._pending_grad_sync, None
+        return pg
+
+    def set_failure_hook(self, hook) -> None:
+        """Call `hook(error)` when a recorded collective fails (None: call nothing)."""
+        self._failure_hook = hook
+
+    def drop_in_flight(self) -> None:
+        """Forget the records in flight (a benchmark's fake backend, whose Work never completes)."""
+        self._inflight.clear()
+
+    def age_progress(self, seconds: float) -> None:
+        """Move the last progress `seconds` into the past: a benchmark stages a blocked rank without sleeping."""
+        self._progress_mono -= seconds
+
+    def hot_path_parts(self) -> tuple:
+        """(busy threads, mark busy, unmark, issuing, records by Work), lent once to the per-op wrappers. They read
+        the containers but set and pop their thread's issuing entry, by subscript (a bound __setitem__: +90 ns/op)."""
+        return self._busy, self._busy.add, self._busy.discard, self._issuing, self._by_work
 
     # --- regions: "this happened inside DDP.forward called from val.py:42" ---
     @contextlib.contextmanager
@@ -334,7 +380,7 @@ class Recorder:
             _thread_names[ident] = threading.current_thread().name  # once per thread: it may be gone when read
         regions = self._regions.get(ident)
         record.region = regions[-1] if regions else None
-        record.start_mono = self.progress_mono = _monotonic()
+        record.start_mono = self._progress_mono = _monotonic()
         record.end_mono = record.error = record.work = None
         record.state = _IN_FLIGHT
         # Found now: the stack is gone by the time anyone reads the record. Usually the caller is the user's line.
@@ -352,30 +398,30 @@ class Recorder:
         if frame is not None:
             record.site = site = (id(frame.f_code), frame.f_lasti)
             # How often each line issued a collective: "has this rank ever been here?" without keeping history.
-            site_counts = self.site_counts
+            site_counts = self._site_counts
             site_counts[site] = site_counts.get(site, 0) + 1
         else:
             record.site = None
-        self.ring.append(record)
-        inflight = self.inflight
+        self._ring.append(record)
+        inflight = self._inflight
         inflight[record] = record  # keyed by the record itself: hashed by identity, no id() int to make
-        if len(inflight) > self.inflight_limit:
+        if len(inflight) > self._inflight_limit:
             self._untrack_oldest()
-        self.progress += 1
+        self._progress += 1
         return record
 
     def finish_returned(self, record: Record) -> None:
         """finish() for the common case, a call that is done when it returned without error: the hot path."""
-        record.end_mono = self.progress_mono = _monotonic()
+        record.end_mono = self._progress_mono = _monotonic()
         record.state = _COMPLETED
         if record.work is not None:
             self._forget_work(record)
-        self.inflight.pop(record, None)
-        self.progress += 1
+        self._inflight.pop(record, None)
+        self._progress += 1
 
     def _untrack_oldest(self) -> None:
         """Bound the in-flight set: a backend whose Work never says "completed" must not grow it forever."""
-        oldest = self.inflight.pop(next(iter(self.inflight)))
+        oldest = self._inflight.pop(next(iter(self._inflight)))
         oldest.state = build.UNTRACKED
         self._forget_work(oldest)
 
@@ -395,7 +441,7 @@ class Recorder:
         """
         if handle is None or not hasattr(handle, "is_completed"):
             work = record.work
-            if work is None or self.host_sync.get(record.group, False) or _completed(work):
+            if work is None or self._host_sync.get(record.group, False) or _completed(work):
                 self.finish(record)
             return
         record.work = handle
@@ -404,7 +450,7 @@ class Recorder:
     def waited(self, work, issuing: Record | None, error: BaseException | None = None) -> None:
         """Work.wait() returned (or raised). Inside a synchronous call it only names that call's Work."""
         if issuing is not None and issuing.work is None:
-            if error is None and not self.host_sync.get(issuing.group, False):
+            if error is None and not self._host_sync.get(issuing.group, False):
                 issuing.work = work
             return
         record = self._by_work.get(id(work))
@@ -412,21 +458,21 @@ class Recorder:
             return
         if error is not None:
             self.finish(record, error)
-        elif self.host_sync.get(record.group, False) or _completed(work):
+        elif self._host_sync.get(record.group, False) or _completed(work):
             self.finish(record)  # on a host backend a returned wait() is completion, whatever is_completed says
 
     def finish(self, record: Record, error: BaseException | None = None) -> None:
         if error is None:
             self.finish_returned(record)
             return
-        record.end_mono = self.progress_mono = _monotonic()
+        record.end_mono = self._progress_mono = _monotonic()
         record.state = build.FAILED
         record.error = f"{type(error).__name__}: {error}"[:500]
         if record.work is not None:
             self._forget_work(record)
-        self.inflight.pop(record, None)
-        self.progress += 1
-        hook = self.failure_hook
+        self._inflight.pop(record, None)
+        self._progress += 1
+        hook = self._failure_hook
         if hook is not None:
             try:
                 hook(error)  # the watchdog reports a vanished peer before the user's error goes on
@@ -435,12 +481,12 @@ class Recorder:
 
     def void(self, record: Record) -> None:
         """Forget a record that turned out not to communicate (Reducer._rebuild_buckets returning False)."""
-        self.inflight.pop(record, None)
-        if self.ring and self.ring[-1] is record:
-            self.ring.pop()  # the usual case, O(1): nothing was recorded since
+        self._inflight.pop(record, None)
+        if self._ring and self._ring[-1] is record:
+            self._ring.pop()  # the usual case, O(1): nothing was recorded since
         else:
             try:
-                self.ring.remove(record)
+                self._ring.remove(record)
             except ValueError:
                 pass
         key = record.group if record.peer is None else (record.group, record.peer)
@@ -449,7 +495,7 @@ class Recorder:
 
     def poll_pending(self) -> None:
         """Complete records whose Work handle says done (NCCL: the call returned long before the op finished)."""
-        for record in list(self.inflight.values()):
+        for record in list(self._inflight.values()):
             work = record.work
             if work is None:
                 continue
@@ -464,13 +510,13 @@ class Recorder:
     def named_codes(self) -> set:
         """The code ids this recorder's raw sites name, once its site counts are folded (see CODE_LIMIT)."""
         self._counts_by_line = self._site_counts_by_line()
-        self.site_counts.clear()
-        records = list(self.ring) + list(self.inflight)
+        self._site_counts.clear()
+        records = list(self._ring) + list(self._inflight)
         return {record.site[0] for record in records if record.site is not None}
 
     def _site_counts_by_line(self) -> dict:
         counts: dict = dict(self._counts_by_line)
-        for raw, count in list(self.site_counts.items()):
+        for raw, count in list(self._site_counts.items()):
             site = resolve_site(raw)
             if site is not None:
                 key = f"{site[0]}:{site[1]}"
@@ -481,17 +527,17 @@ class Recorder:
         if threading.active_count() != _threads_named[0]:
             refresh_thread_names()  # a thread came or went; otherwise begin() named every thread that recorded
         now = time.monotonic()
-        inflight = sorted(self.inflight.values(), key=lambda r: r.start_mono)
+        inflight = sorted(self._inflight.values(), key=lambda r: r.start_mono)
         done = self._recent_done(recent, len(inflight)) if recent else []
         return {
-            "progress": self.progress,
-            "idle_s": round(now - self.progress_mono, 4),
+            "progress": self._progress,
+            "idle_s": round(now - self._progress_mono, 4),
             "inflight": [r.to_dict(now) for r in inflight],
             "recent": self._recent_docs(done, now),
             "last_seq": {str(k): v for k, v in self.last_seq.items()},
-            "groups": dict(self.groups),
-            "ops_recorded": self.progress,
-            "ddp_steps": self.ddp_steps,
+            "groups": dict(self._groups),
+            "ops_recorded": self._progress,
+            "ddp_steps": self._ddp_steps,
             "site_counts": self._site_counts_by_line(),
         }
 
@@ -517,7 +563,7 @@ class Recorder:
         records) for 8 of them was most of its time. list(islice(reversed(deque))) runs in C without a bytecode
         boundary, so a training thread appending meanwhile cannot interleave (no "deque mutated during iteration").
         """
-        newest = list(itertools.islice(reversed(self.ring), recent + inflight))
+        newest = list(itertools.islice(reversed(self._ring), recent + inflight))
         done = [r for r in newest if r.state != _IN_FLIGHT][:recent]
         done.reverse()
         return done

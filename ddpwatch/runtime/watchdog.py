@@ -63,7 +63,7 @@ class Watchdog(threading.Thread):
     # ----- lifecycle -----
     def stop(self, timeout: float = 5.0) -> None:
         if not self.policy.armed:  # after an abort verdict the hook stays: a failing collective still ends the rank
-            self.recorder.failure_hook = None
+            self.recorder.set_failure_hook(None)
         self._failure_handled.set()  # a training thread waiting on a failure report must not wait on a stopped watchdog
         self._stop_event.set()
         if self.is_alive() and threading.current_thread() is not self:
@@ -76,7 +76,7 @@ class Watchdog(threading.Thread):
             self.job.publish(self.rank, self.state())
         except Exception:
             pass  # the thread will find out, and log, on its first round
-        self.recorder.failure_hook = self.on_collective_failure
+        self.recorder.set_failure_hook(self.on_collective_failure)
         super().start()
 
     def run(self) -> None:
@@ -121,7 +121,7 @@ class Watchdog(threading.Thread):
 
     def _round_wanted_now(self, now: float) -> bool:
         """Whether something cannot wait for the next round: a dump asked for, a peer's failure, or this rank
-        blocked for `grace` and not yet registered as waiting (one dict and one float read: no store, no lock)."""
+        blocked for `grace` and not yet registered as waiting (two recorder reads: no store, no lock)."""
         if self._dump_requested.is_set() or self._peer_failure.is_set():
             return True
         return (not self.registered_waiting and bool(self.recorder.inflight)
