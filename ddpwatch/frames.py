@@ -126,6 +126,15 @@ _DDPWATCH_FILE = re.compile(r"(^|[/\\])ddpwatch[/\\](?!examples[/\\])([^/\\]+[/\
 _DDPWATCH_EXAMPLE = re.compile(r"(^|[/\\])ddpwatch[/\\]examples[/\\]")
 
 
+# The frames a report folds away as ddpwatch's own (render: "... 3 ddpwatch frames"), told from the path alone so
+# that a report renders the same on any machine: a file in the package or one folder below it (not the bundled
+# examples, which play the user's part), the start-up hook, and the generated per-collective wrappers
+# "<ddpwatch hot path: barrier>". At most one folder deep: torch in a virtualenv inside a checkout named ddpwatch
+# (ddpwatch/.venv/lib/.../torch/...) stays torch. Also read by report.html's script.
+OWN_FRAME_FILE = re.compile(r"(^|[/\\])ddpwatch[/\\]((?!examples[/\\])[^/\\]+[/\\])?[^/\\]+\.py$"
+                            r"|(^|[/\\])_ddpwatch_startup\.py$|^<ddpwatch ")
+
+
 class _Dumped:
     """Paths written by another process, maybe on another machine: told by their text."""
 

@@ -352,10 +352,14 @@ def _classifying_constants(path: str) -> list:
     skipped = {id(node) for top in ast.walk(tree) if isinstance(top, ast.Assign)
                and any(isinstance(t, ast.Name) and t.id == "_SKIPPED_DIRS" for t in top.targets)
                for node in ast.walk(top)}  # lint's folders it never walks into: not frames
+    patterns = {id(node) for call in ast.walk(tree) if isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute) and call.func.attr == "compile"
+                for node in call.args}  # a regex is classification even with a space in it ("^<ddpwatch ")
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped \
-                and " " not in node.value and any(marker in node.value for marker in _PATH_MARKERS):
+                and (" " not in node.value or id(node) in patterns) \
+                and any(marker in node.value for marker in _PATH_MARKERS):
             found.append((node.lineno, node.value))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
@@ -373,9 +377,11 @@ def test_the_path_classification_check_finds_a_copy():
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
-        handle.write('import sysconfig\nMARK = "site-packages" + os.sep\nHELP = "in site-packages or not"\n')
+        handle.write('import sysconfig\nMARK = "site-packages" + os.sep\nHELP = "in site-packages or not"\n'
+                     'OWN = re.compile(r"ddpwatch[/]|^<ddpwatch ")\n')
     try:
-        assert [text for _, text in _classifying_constants(handle.name)] == ["import sysconfig", "site-packages"]
+        assert [text for _, text in _classifying_constants(handle.name)] == [
+            "import sysconfig", "site-packages", "ddpwatch[/]|^<ddpwatch "]
     finally:
         os.unlink(handle.name)
 

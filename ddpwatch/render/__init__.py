@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import re
 
+from ..frames import OWN_FRAME_FILE
 from .wording import rank_list
 
 # Caps that keep the text a screen or two at any scale; report.json always has everything.
 MAX_STACK_LINES = 16
 RANKS_TEXT_BUDGET = 32
 STACK_INDENT_USER, STACK_INDENT_INTERNAL = "  > ", "    "
-# ddpwatch's own frames, told from the path alone so that a report renders the same on any machine: a file in the
-# package or one folder below it (not the bundled examples, which play the user's part), the start-up hook, and the
-# generated per-collective wrappers "<ddpwatch hot path: barrier>". At most one folder deep: torch in a virtualenv
-# inside a checkout named ddpwatch (ddpwatch/.venv/lib/.../torch/...) stays torch. Also read by report.html's script.
-OWN_FRAME_FILE = re.compile(r"(^|[/\\])ddpwatch[/\\]((?!examples[/\\])[^/\\]+[/\\])?[^/\\]+\.py$"
-                            r"|(^|[/\\])_ddpwatch_startup\.py$|^<ddpwatch ")
 
 
 # ---------------------------------------------------------------- text from outside, made safe to show

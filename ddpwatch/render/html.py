@@ -9,6 +9,7 @@ import time
 
 from .. import render
 from ..format import build as S
+from ..frames import OWN_FRAME_FILE
 from .json_report import json_default
 from .positions import positions
 from .wording import describe_op, rank_list, summary_for_people, worded_incident
@@ -441,7 +442,7 @@ var doc=JSON.parse(document.getElementById('incident-data').textContent);
 var byRank={};(doc.ranks||[]).forEach(function(s){byRank[s.rank]=s;});
 var details=document.getElementById('details');
 function site(w){return w?(w.file+':'+w.line+' in '+w.function+'()'):'?';}
-var ownFile=new RegExp(OWN_FRAME_FILE);  // render.OWN_FRAME_FILE: ddpwatch's own frames, folded as in report.txt
+var ownFile=new RegExp(OWN_FRAME_FILE);  // frames.OWN_FRAME_FILE: ddpwatch's own frames, folded as in report.txt
 function own(f){return !!f.internal&&ownFile.test(String(f.file||''));}
 function show(g){
   document.querySelectorAll('.op.sel').forEach(function(x){x.classList.remove('sel');});
@@ -494,4 +495,4 @@ document.body.setAttribute('data-ready','1');
 # The script folds ddpwatch's own frames by report.txt's very pattern (a JSON string is a JS string literal; "<"
 # escaped as in the embedded incident).
 _JS = _JS.replace("new RegExp(OWN_FRAME_FILE)",
-                  "new RegExp(" + json.dumps(render.OWN_FRAME_FILE.pattern).replace("<", "\\u003c") + ")")
+                  "new RegExp(" + json.dumps(OWN_FRAME_FILE.pattern).replace("<", "\\u003c") + ")")
