@@ -331,6 +331,12 @@ def _described_evidence(evidence: dict, facts: dict) -> dict:
     return filled
 
 
+def _sentences(kind: str, facts: dict, evidence: dict | None, ranks_text) -> tuple:
+    """(summary, fix) of a finding from its facts, the rank-condition hint at the summary's end."""
+    summary, fix = SENTENCES[kind](facts, ranks_text)
+    return summary + _rank_condition_text(evidence), fix
+
+
 def worded(finding: dict) -> dict:
     """A finding as report.json carries it: kind, ranks, summary, fix, location, evidence (words filled in), facts.
 
@@ -339,9 +345,9 @@ def worded(finding: dict) -> dict:
     facts = finding.get("facts")
     if facts is None or "summary" in finding:
         return finding
-    summary, fix = SENTENCES[finding["kind"]](facts)
     evidence = finding.get("evidence")
-    return {"kind": finding["kind"], "ranks": finding["ranks"], "summary": summary + _rank_condition_text(evidence),
+    summary, fix = _sentences(finding["kind"], facts, evidence, rank_list)
+    return {"kind": finding["kind"], "ranks": finding["ranks"], "summary": summary,
             "fix": fix, "location": finding.get("location"),
             "evidence": _described_evidence(evidence, facts) if evidence is not None else None,
             "facts": _json_shaped(facts)}
@@ -377,7 +383,6 @@ def summary_for_people(finding: dict, ranks_text) -> str:
     if not isinstance(facts, dict):
         return finding["summary"]
     try:
-        summary, _ = SENTENCES[finding["kind"]](facts, ranks_text)
-        return summary + _rank_condition_text(finding.get("evidence"))
+        return _sentences(finding["kind"], facts, finding.get("evidence"), ranks_text)[0]
     except Exception:  # facts read from a file are anyone's: whatever breaks the words, the stored ones still stand
         return finding["summary"]
