@@ -23,7 +23,7 @@ def test_defaults(tmp_path):
     assert cfg == Config()
     assert (cfg.enabled, cfg.dir, cfg.timeout, cfg.action, cfg.grace, cfg.interval, cfg.dead_after,
             cfg.ring_size, cfg.exit_code, cfg.lint_ignore) == (
-        False, "./ddpwatch-reports", 300.0, "report", 0.5, 0.5, 10.0, 2048, 3, ())
+        False, "./ddpwatch-reports", 300.0, "report", 0.5, 1.0, 10.0, 2048, 3, ())
     assert set(cfg.sources.values()) == {"default"}
     assert set(cfg.sources) == set(config.OPTIONS_BY_NAME)
 
@@ -195,11 +195,11 @@ def test_unrelated_environment_is_ignored(tmp_path):
 @pytest.mark.parametrize("environ, option, least, reason", [
     ({"DDPWATCH_INTERVAL": "1e-9"}, "interval", "the least is 0.05 s", "throughput"),
     ({"DDPWATCH_INTERVAL": "0.049"}, "interval", "the least is 0.05 s", "throughput"),
-    ({"DDPWATCH_GRACE": "1e-300"}, "grace", "the least is interval = 0.5 s (interval from default)",
-     "once per round"),
-    ({"DDPWATCH_INTERVAL": "5"}, "grace", "the least is interval = 5 s (interval from environment variable "
-                                          "DDPWATCH_INTERVAL)", "once per round"),
-    ({"DDPWATCH_DEAD_AFTER": "0.001"}, "dead_after", "the least is 3 x interval = 1.5 s", "look dead"),
+    ({"DDPWATCH_GRACE": "1e-300"}, "grace", "the least is 0.5 x interval = 0.5 s (interval from default)",
+     "keep ordinary waits"),
+    ({"DDPWATCH_INTERVAL": "5"}, "grace", "the least is 0.5 x interval = 2.5 s (interval from environment variable "
+                                          "DDPWATCH_INTERVAL)", "keep ordinary waits"),
+    ({"DDPWATCH_DEAD_AFTER": "0.001"}, "dead_after", "the least is 3 x interval = 3 s", "look dead"),
     ({"DDPWATCH_INTERVAL": "1", "DDPWATCH_GRACE": "1", "DDPWATCH_DEAD_AFTER": "2.9"}, "dead_after",
      "3 x interval = 3 s", "look dead"),
     ({"DDPWATCH_TIMEOUT": "0.4"}, "timeout", "the least is grace = 0.5 s (grace from default)", "before its wait"),

@@ -12,7 +12,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from ddpwatch.runtime import record as R
 from ddpwatch import frames  # noqa: E402
 from ddpwatch.format import build as S, documents  # noqa: E402
-from ddpwatch.runtime.record import Recorder, is_internal_file, python_stacks, tensor_meta, user_frame  # noqa: E402
+from ddpwatch.runtime.record import Recorder, is_internal_file, tensor_meta, user_frame  # noqa: E402
+from ddpwatch.runtime.stacks import python_stacks  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 RECORD_KEYS = {"seq", "group", "op", "api", "p2p", "peer", "shapes", "dtypes", "site", "via", "region", "start", "age_s",

@@ -234,3 +234,37 @@ def test_a_value_that_would_build_too_much_is_left_out_before_parsing(job, monke
     job.store._store.set(job.store.key("pos", 1), '{"rank": 1, "x": [' + "{}," * 400_000 + "{}]}")  # 1.2 MB
     assert sorted(job.positions()) == [0, 2, 3]
     assert max(parsed) < 1000  # the big value was never handed to the parser, alone or joined
+
+
+def test_a_position_only_heartbeat_leaves_the_last_whole_state_standing(job):
+    whole = {"rank": 1, "beat": 3, "status": "running", "inflight": [], "recent": [{"seq": 3}]}
+    job.publish(1, whole)
+    job.publish(1, {"rank": 1, "beat": 4, "status": "running", "inflight": [], "recent": []}, whole=False)
+    assert job.states() == {1: whole}
+    assert job.positions() == {1: {"rank": 1, "beat": 4, "status": "running", "inflight": []}}
+
+
+def test_a_rank_that_makes_progress_publishes_its_whole_state_every_few_seconds_one_that_stops_every_round():
+    from ddpwatch.runtime import rank_state
+
+    recorder = Recorder()
+    states = rank_state.RankState(recorder, Config(), 0, 2, "node0", lambda *a, **k: None)
+    here = sys._getframe()
+
+    def step():
+        recorder.finish(recorder.begin("all_reduce", "all_reduce", "0", (), here))
+
+    every = rank_state.WHOLE_EVERY_S
+    step()
+    doc, whole = states.heartbeat(100.0)
+    assert whole and doc["recent"] and doc["site_counts"]  # the first heartbeat is whole
+    seen = []
+    for round_ in range(1, 2 * int(every) + 2):
+        step()  # progress every round (interval 1 s)
+        doc, whole = states.heartbeat(100.0 + round_)
+        seen.append(whole)
+        if not whole:
+            assert doc["recent"] == [] and doc["site_counts"] == {} and doc["progress"] == recorder.progress
+    assert seen.count(True) == len(seen) // every and not seen[0], seen
+    stopped = [states.heartbeat(200.0 + round_) for round_ in range(3)]  # no progress: whole every round
+    assert all(whole and doc["recent"] for doc, whole in stopped)

@@ -12,9 +12,13 @@ from .version import FormatError, check_version
 REPORT_JSON = "report.json"  # the incident itself, in its folder (render.report.RENDERERS names it there)
 
 
+# One encoder, made once: json.dumps with any option builds a new JSONEncoder per call (every heartbeat).
+_encode = json.JSONEncoder(default=repr, separators=(",", ":")).encode
+
+
 def dumps(doc: dict) -> str:
     """Serialise a snapshot or incident; anything not JSON-native becomes its repr rather than an error."""
-    return json.dumps(doc, default=repr, sort_keys=False, indent=None, separators=(",", ":"))
+    return _encode(doc)
 
 
 def load_json_text(text: str, what: str) -> dict:

@@ -96,19 +96,21 @@ class PeerTracker:
         judged = evidence.peer_condition(facts, before, seconds)
         return dict(facts, condition=judged["condition"], why=judged["why"], cpu_share=judged["cpu_share"])
 
-    def vanished_peers(self, states: dict, now: float) -> dict:
+    def vanished_peers(self, positions: dict, now: float, states: dict | None = None) -> dict:
         """After a collective failed on a peer: the peers psutil sees gone on this host, and remote peers whose
-        heartbeat has been still for VANISHED_AFTER_INTERVALS rounds."""
+        heartbeat (in `positions`, published every round) has been still for VANISHED_AFTER_INTERVALS rounds. Each
+        one's `last_state` is its position over its last whole state in `states` (which adds its history)."""
         silent = {}
         for rank in range(self.world_size):
-            last = states.get(rank)
+            last = positions.get(rank)
             if rank == self.rank or not last or last.get("status") == S.EXITED:
                 continue
             quiet = self.silent_for(rank, last, now)
             process = self._facts(int(last.get("pid", 0))) if last.get("host") == self.host else None
             gone = (process or {}).get("exists") is False
             if gone or (process is None and quiet >= VANISHED_AFTER_INTERVALS * self.config.interval):
-                silent[rank] = {"silent_s": round(quiet, 1), "last_state": last, "process": process,
+                silent[rank] = {"silent_s": round(quiet, 1), "last_state": {**(states or {}).get(rank, {}), **last},
+                                "process": process,
                                 "remote": process is None}
         return silent
 

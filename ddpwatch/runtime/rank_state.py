@@ -11,7 +11,14 @@ from .. import analysis
 from ..static import rankcond
 from ..format import build as S
 from . import evidence, frameworks
-from .record import is_internal_file, python_stacks, user_frame
+from .record import is_internal_file, user_frame
+from .stacks import python_stacks
+
+# While a rank makes progress its whole state (its last records, formatted, and its site counts) goes out this
+# often; every other round sends its position only. Formatting records that are new every round was most of a
+# round's cost, and while a rank moves on they are stale within the round anyway. A rank that stops moving (blocked,
+# computing, dead) sends its whole state every round from then on, its records formatted once.
+WHOLE_EVERY_S = 4.0
 
 
 class RankState:
@@ -29,14 +36,28 @@ class RankState:
         self.sampler = evidence.ProcessSampler()
         self._explained: tuple = (None, (None, None))  # (the wait it was read for, (framework context, condition))
         self._unseen: tuple = (None, None, 0.0)  # (progress, Flight-Recorder-only record found, idle of next read)
+        self._round_progress = None  # the recorder's progress at the last heartbeat
+        self._whole_at = float("-inf")  # monotonic time of the last whole heartbeat
 
-    def read(self, full: bool = False) -> dict:
+    def heartbeat(self, now: float) -> tuple:
+        """(this round's state, whether it is whole): whole when the rank made no progress since the last round, or
+        WHOLE_EVERY_S after the last whole one; else a position (no recent records, no site counts)."""
+        progress = self.recorder.progress
+        whole = progress == self._round_progress or now - self._whole_at >= WHOLE_EVERY_S
+        self._round_progress = progress
+        if whole:
+            self._whole_at = now
+        return self.read(position_only=not whole), whole
+
+    def read(self, full: bool = False, position_only: bool = False) -> dict:
         """This rank's state now; `full` adds what an incident needs (stacks, process facts, progress bars, the
-        Flight Recorder's tail). Each read is a new heartbeat."""
+        Flight Recorder's tail); `position_only` leaves out the finished records and site counts. Each read is a
+        new heartbeat."""
         self.beat += 1
+        recent = 32 if full else 0 if position_only else 8
         doc = S.rank_state(self.rank, self.world_size, pid=os.getpid(), host=self.host, beat=self.beat,
-                           published_at=time.time(), status=S.RUNNING,
-                           **self.recorder.snapshot(recent=32 if full else 8))  # progress, records, groups ...
+                           published_at=time.time(), status=S.RUNNING,  # progress, records, groups ...
+                           **self.recorder.snapshot(recent=recent, site_counts=not position_only))
         self._add_unseen_collective(doc)
         if full:
             doc["stacks"] = python_stacks(skip_thread=threading.get_ident())

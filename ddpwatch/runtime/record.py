@@ -6,7 +6,6 @@ import collections
 import contextlib
 import itertools
 import os
-import sys
 import threading
 import time
 import types
@@ -53,7 +52,8 @@ def is_internal_file(filename: str) -> bool:
     return file_kind(filename) != USER
 
 
-def _code_kind(frame) -> int:
+def code_kind(frame) -> int:
+    """INTERNAL, LIBRARY or USER for a frame's code, decided once per code object."""
     code = frame.f_code
     entry = _kind_of_code.get(id(code))
     if entry is not None and entry[0] is code:
@@ -73,7 +73,7 @@ def user_frame_and_via(frame):
     while frame is not None:
         code = frame.f_code
         entry = cache.get(id(code))
-        kind = entry[1] if entry is not None and entry[0] is code else _code_kind(frame)
+        kind = entry[1] if entry is not None and entry[0] is code else code_kind(frame)
         if kind == USER:
             return frame, via
         if kind == LIBRARY:
@@ -523,7 +523,9 @@ class Recorder:
                 counts[key] = counts.get(key, 0) + count
         return counts
 
-    def snapshot(self, recent: int = 16) -> dict:
+    def snapshot(self, recent: int = 16, site_counts: bool = True) -> dict:
+        """This rank's recording as plain data: `recent` finished records, and the site counts when asked for
+        (a position-only heartbeat leaves both out: formatting new records is most of a round's cost)."""
         if threading.active_count() != _threads_named[0]:
             refresh_thread_names()  # a thread came or went; otherwise begin() named every thread that recorded
         now = time.monotonic()
@@ -538,7 +540,7 @@ class Recorder:
             "groups": dict(self._groups),
             "ops_recorded": self._progress,
             "ddp_steps": self._ddp_steps,
-            "site_counts": self._site_counts_by_line(),
+            "site_counts": self._site_counts_by_line() if site_counts else {},
         }
 
     def _recent_docs(self, done: list, now: float) -> list:
@@ -574,27 +576,3 @@ def _completed(work) -> bool:
         return bool(work.is_completed())
     except Exception:
         return False
-
-
-def python_stacks(skip_thread: int | None = None, limit: int = 60) -> list:
-    """Every thread's Python stack, main thread first, innermost frame last; each frame marked internal or not."""
-    names = {thread.ident: thread.name for thread in threading.enumerate()}
-    main_ident = threading.main_thread().ident
-    stacks = []
-    for ident, frame in sys._current_frames().items():
-        if ident == skip_thread:
-            continue
-        frames = []
-        while frame is not None and len(frames) < limit:
-            code = frame.f_code
-            kind = _code_kind(frame)
-            entry = {"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name,
-                     "internal": kind != USER}
-            if kind == LIBRARY:
-                entry["library"] = True
-            frames.append(entry)
-            frame = frame.f_back
-        frames.reverse()
-        stacks.append({"thread": names.get(ident, f"thread-{ident}"), "main": ident == main_ident, "frames": frames})
-    stacks.sort(key=lambda s: (not s["main"], s["thread"]))
-    return stacks

@@ -164,8 +164,9 @@ def position(state: dict) -> dict:
 class JobProtocol:
     """Every key the ranks of one job share, and every round trip on them: the watchdog speaks only through this.
 
-    Heartbeats: state/<r> (each rank's state) beside pos/<r> (its position, see `position`), the waiting counter (ranks blocked past grace), leader_beat (rank 0's
-    8-byte heartbeat). Incidents: claim/<fingerprint> (first writer wins), the incident counter, then under
+    Heartbeats: pos/<r> (each rank's position, see `position`: every round) beside state/<r> (its whole state: every
+    round while it makes no progress, else every few seconds), the waiting counter (ranks blocked past grace),
+    leader_beat (rank 0's 8-byte heartbeat). Incidents: claim/<fingerprint> (first writer wins), the incident counter, then under
     incident/<n>/: info, rank/<r> and count (the answers), native/<r> (py-spy's stacks), verdict, acks.
     """
 
@@ -180,9 +181,12 @@ class JobProtocol:
         return self.store.stamp
 
     # ----- heartbeats -----
-    def publish(self, rank: int, state: dict) -> None:
-        """This rank's state and its position, in one round trip."""
-        self.store.put_many({self.store.key("state", rank): state, self.store.key("pos", rank): position(state)})
+    def publish(self, rank: int, state: dict, whole: bool = True) -> None:
+        """This rank's position, and its state when `whole` (else the last whole state stands), in one round trip."""
+        docs = {self.store.key("pos", rank): position(state)}
+        if whole:
+            docs[self.store.key("state", rank)] = state
+        self.store.put_many(docs)
 
     def states(self, ranks=None) -> dict:
         """{rank: state} of the ranks (default: all) that have published; a missing one is skipped, never waited for."""

@@ -151,7 +151,8 @@ class Watchdog(threading.Thread):
         deadline = time.monotonic() + FAILURE_REPORT_S - 1.0
         silent: dict = {}
         while time.monotonic() < deadline:
-            silent = self.peers.vanished_peers(self.job.states(), time.monotonic())
+            # Heartbeats from the positions (every round); the report shows each one's last whole state
+            silent = self.peers.vanished_peers(self.job.positions(), time.monotonic(), self.job.states())
             if silent:
                 break
             time.sleep(self.config.interval)
@@ -194,8 +195,8 @@ class Watchdog(threading.Thread):
     # ----- one round -----
     def tick(self) -> None:
         self.recorder.poll_pending()
-        state = self.state()
-        self.job.publish(self.rank, state)
+        state, whole = self.states.heartbeat(time.monotonic())
+        self.job.publish(self.rank, state, whole)
         self._update_waiting(state)
         self._answer_incidents()
         self.policy.check_posted(self.state)
