@@ -13,8 +13,8 @@ import types
 from . import _common as C
 
 FAKE = {"full": (20000, 10), "quick": (1000, 2)}  # (iterations per block, A/B/B/A rounds)
-# The guard() wall-clock target, watchdog thread included: blocks long enough to hold its rounds (one per 0.5 s).
-GUARD_WALL = {"full": (1.5, 6), "quick": (0.2, 1)}  # (seconds per block, A/B/B/A rounds)
+# The guard() wall-clock target, watchdog thread included: blocks long enough to hold its rounds (one per interval).
+GUARD_WALL = {"full": (3.0, 6), "quick": (0.2, 1)}  # (seconds per block, A/B/B/A rounds): ~3 rounds per block
 GLOO = {"full": (200, 10), "quick": (30, 1)}
 TARGET_US = 2.0  # issue 14: at most 2 us added per collective on the fake process group
 TARGET_RATIO = 1.01

@@ -14,6 +14,9 @@ from . import _common as C
 
 SIZES = {"full": (50, 10), "quick": (8, 1)}  # (steps per block, A/B/B/A rounds): 1,000 steps per side in full
 TARGET_RATIO = 1.01
+# Step by step: (pairs of steps, each pair one unguarded and one guarded step of the same kind). Blocks of 50 steps
+# swing by +-15% of a step here; step by step the two sides share every drift.
+INTERLEAVED = {"full": 2000, "quick": 20}
 # wall: the step time; thread: CPU of the training thread (forward, backward, the guard's wrappers; not affected
 # by other processes the way wall time is); process: CPU of every thread (gloo's and the watchdog's too).
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time, "process": time.process_time}
@@ -120,6 +123,94 @@ def worker(steps: int, rounds: int, toggle: bool) -> None:
                       for clock in CLOCKS}})
 
 
+def interleaved_worker(pairs: int) -> None:
+    """The guard installed throughout (the watchdog runs for both sides: its own cost is its CPU per second, printed
+    beside); its patches put aside for the unguarded step of each pair and back for the guarded one, in A/B/B/A
+    order per pair. Both steps of a pair are the same kind of micro-step (no_sync or synced)."""
+    import torch
+    import torch.distributed as dist
+
+    import ddpwatch
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    step = make_step()
+    session = ddpwatch.install()
+    for index in range(10):
+        step(index)  # warm-up, guarded: bucket rebuild, first-call costs, the lazily hooked Work.wait
+    patches = session.patcher.patches
+
+    def unguarded(index: int) -> None:
+        made = patches.made()
+        for owner, attribute, _, original in reversed(made):
+            setattr(owner, attribute, original)
+        try:
+            step(index)
+        finally:
+            for owner, attribute, wrapper, _ in made:
+                setattr(owner, attribute, wrapper)
+
+    progress = session.recorder.progress
+    unguarded(0)
+    unguarded(1)
+    if session.recorder.progress != progress:
+        raise SystemExit("an unguarded step recorded a collective: it is not unguarded")
+    watchdog, cpu = session.watchdog, 0.0
+    cpu = C.thread_cpu(watchdog) if watchdog is not None else 0.0
+    started = time.perf_counter()
+    samples = {False: [], True: []}
+    for index in range(pairs):
+        for guarded in ((False, True) if index % 2 == 0 else (True, False)):
+            dist.barrier()  # both ranks start each step together, as blocks do
+            start = {name: clock() for name, clock in CLOCKS.items()}
+            step(index) if guarded else unguarded(index)
+            samples[guarded].append({name: clock() - start[name] for name, clock in CLOCKS.items()})
+    watchdog_us_per_s = ((C.thread_cpu(watchdog) - cpu) / (time.perf_counter() - started) * 1e6
+                         if watchdog is not None else None)
+    ddpwatch.uninstall()
+    dist.barrier()
+    dist.destroy_process_group()
+    C.emit({"rank": int(os.environ["RANK"]), "pairs": pairs, "watchdog_us_per_s": watchdog_us_per_s,
+            "samples": {clock: {"off": [s[clock] for s in samples[False]], "on": [s[clock] for s in samples[True]]}
+                        for clock in CLOCKS}})
+
+
+def run_interleaved(mode: str) -> None:
+    from ddpwatch.launch import run_ranks
+
+    pairs = INTERLEAVED[mode]
+    command = [sys.executable, "-m", "benchmarks.overhead_training", "--worker", str(pairs), "0", "interleaved"]
+    ranks = run_ranks(command, 2, env=C.child_env(), timeout=900 if mode == "full" else 180, cwd=C.ROOT)
+    results = [doc for r in ranks for doc in C.parse_results(r.stdout)]
+    if len(results) != 2:
+        raise SystemExit("interleaved ranks failed: " + describe_failure(ranks))
+    rows, wall = [], None
+    for clock in CLOCKS:
+        off = [sum(v) / 2 for v in zip(*(r["samples"][clock]["off"] for r in results))]
+        on = [sum(v) / 2 for v in zip(*(r["samples"][clock]["on"] for r in results))]
+        diffs = [b - a for a, b in zip(off, on)]
+        mean_off, added = sum(off) / len(off), sum(diffs) / len(diffs)
+        stderr = (sum((d - added) ** 2 for d in diffs) / max(1, len(diffs) - 1) / len(diffs)) ** 0.5
+        stats = {"off": mean_off * 1e3, "added": added * 1e6, "stderr": stderr * 1e6,
+                 "percent": added / mean_off * 100, "percent_stderr": stderr / mean_off * 100}
+        wall = stats if clock == "wall" else wall
+        rows.append([clock, stats["off"], f"{stats['added']:.0f} +- {stats['stderr']:.0f}",
+                     f"{stats['percent']:+.2f}% +- {stats['percent_stderr']:.2f}%"])
+    watchdog = sum(r["watchdog_us_per_s"] or 0.0 for r in results) / 2
+    C.print_table(f"The same DDP loop, step by step: {pairs} pairs of micro-steps, each pair one step without the "
+                  f"guard's patches and one with them (A/B/B/A by pair, the same kind of micro-step), the guard "
+                  f"installed throughout; means over the pairs and both ranks, +- the standard error",
+                  ["clock", "without (ms/step)", "added (us/step)", "added (% of the step)"], rows)
+    print(f"the watchdog thread used {watchdog:.0f} us of CPU per second meanwhile ({watchdog / 1e4:.3f}% of one "
+          f"core), on both sides alike: at most that much more of the loop's time")
+    bound = wall["percent"] + 2 * wall["percent_stderr"] + watchdog / 1e4
+    verdict = ("undecided: two standard errors are not below 1%" if 2 * wall["percent_stderr"] >= 1.0 else
+               "met" if bound < (TARGET_RATIO - 1) * 100 else "NOT met")
+    print(f"target: training-loop time within 1% of unguarded, spread below 1%: wall {wall['percent']:+.2f}% "
+          f"+- {wall['percent_stderr']:.2f}% per step, plus at most {watchdog / 1e4:.3f}% for the watchdog thread "
+          f"(upper bound {bound:+.2f}%): {verdict}\n")
+
+
 def run_config(name: str, mode: str, rounds: int | None = None) -> dict:
     """One launch of 2 ranks; a crash is a result (DETAIL segfaults at DDP construction on gloo in 2.13)."""
     from ddpwatch.launch import run_ranks
@@ -207,7 +298,10 @@ def main(argv=None) -> None:
     args.add_argument("--only-default", action="store_true", help="only the default configuration (Flight Recorder on)")
     opts = args.parse_args(argv)
     if opts.worker:
-        worker(int(opts.worker[0]), int(opts.worker[1]), opts.worker[2] == "1")
+        if opts.worker[2] == "interleaved":
+            interleaved_worker(int(opts.worker[0]))
+        else:
+            worker(int(opts.worker[0]), int(opts.worker[1]), opts.worker[2] == "1")
         return
     mode = "quick" if opts.quick else "full"
     C.header("overhead_training: step time with and without the guard", opts.quick)
@@ -228,6 +322,7 @@ def main(argv=None) -> None:
     if len(on_off) == 2 and all(on_off):
         print(f"Flight Recorder on vs off, without the guard (two launches, so noisier than the A/B/B/A ratios): "
               f"{on_off[0]['off']:.2f} vs {on_off[1]['off']:.2f} ms/step, ratio {on_off[0]['off'] / on_off[1]['off']:.3f}")
+    run_interleaved(mode)
     if opts.quick:
         print("(quick mode skips: " + ", ".join(n for n in CONFIGS if n not in names) + ")")
 

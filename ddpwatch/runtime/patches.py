@@ -36,6 +36,11 @@ class Patches:
         self.replace(owner, attribute, functools.wraps(original)(make_wrapper(original)))
         return original
 
+    def made(self) -> tuple:
+        """(owner, attribute, wrapper, original) of every patch in place, oldest first (a benchmark switches them
+        off and on between two training steps without making new wrappers)."""
+        return tuple(self._undo)
+
     def undo(self, only_where_ours: bool = False) -> None:
         """Put every original back, newest first. `only_where_ours`: leave an attribute that now holds something
         else (a hook that outlives sessions must not remove what the program installed over it)."""
