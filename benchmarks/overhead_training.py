@@ -16,7 +16,7 @@ SIZES = {"full": (50, 10), "quick": (8, 1)}  # (steps per block, A/B/B/A rounds)
 TARGET_RATIO = 1.01
 # Step by step: (pairs of steps, each pair one unguarded and one guarded step of the same kind). Blocks of 50 steps
 # swing by +-15% of a step here; step by step the two sides share every drift.
-INTERLEAVED = {"full": 2000, "quick": 20}
+INTERLEAVED = {"full": 4000, "quick": 20}
 # wall: the step time; thread: CPU of the training thread (forward, backward, the guard's wrappers; not affected
 # by other processes the way wall time is); process: CPU of every thread (gloo's and the watchdog's too).
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time, "process": time.process_time}
