@@ -307,8 +307,7 @@ def one_interval(workers: Workers, leader, counting, leader_ticks: bool = True) 
     if leader_ticks:
         leader.tick()
     else:
-        leader.job.publish(0, leader.state())  # tick() would start an incident
-        leader.job.beat_leader()  # as its watchdog does: no simulated rank takes over as leader
+        leader.job.publish(0, leader.state())  # tick() would start an incident; this writes its beat number too
     leader_counts = counting.reset()
     start = time.perf_counter()
     replies = workers.ask(["tick"] * WORKERS)

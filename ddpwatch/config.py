@@ -461,6 +461,26 @@ def load(overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] 
     return Config(**values, sources=sources)
 
 
+def load_packages(environ: Mapping[str, str] | None = None, cwd: str | None = None) -> tuple:
+    """(user_packages, library_packages) as load() would set them (files, then DDPWATCH_* variables), and nothing
+    else: an offline reader (`ddpwatch report --flight-recorder`) classes frames as a live run would, and a setting it
+    does not use (a report dir that does not exist here) must not stop it. A bad value of these two is a ConfigError."""
+    environ = os.environ if environ is None else environ
+    names = ("user_packages", "library_packages")
+    values = {name: OPTIONS_BY_NAME[name].default for name in names}
+    for source, settings in _file_settings(cwd or os.getcwd()):
+        for key, raw in settings.items():
+            name = key.replace("-", "_")
+            if name in values:
+                values[name] = _coerce(OPTIONS_BY_NAME[name], raw, source)
+    for name in names:
+        option = OPTIONS_BY_NAME[name]
+        raw = environ.get(option.env_var)
+        if raw is not None:
+            values[name] = _coerce(option, raw, f"environment variable {option.env_var}")
+    return values["user_packages"], values["library_packages"]
+
+
 def is_enabled_in(environ: Mapping[str, str] | None = None) -> bool:
     """Whether DDPWATCH asks for zero-code activation; a bad value raises the same ConfigError as load()."""
     environ = os.environ if environ is None else environ

@@ -404,6 +404,38 @@ def test_user_packages_are_honoured_offline_where_the_setting_is_known():
     assert fr.is_internal_path(MYLAB_LOOP, mine) is False and fr.is_internal_path(MYLAB_LOOP) is True
 
 
+def mylab_dumps():
+    """Both ranks blocked at a barrier they reached through mylab (an installed package), at different lines."""
+    return {rank: dump([entry(1, "all_reduce", sizes=[(1,)], dtypes=["Float"]),
+                        entry(2, "barrier", through(MYLAB_LOOP)[:2] + [frame("train", USER, 40 + rank)],
+                              retired=False, age_s=3.0)]) for rank in range(2)}
+
+
+def test_report_from_flight_recorder_dumps_reads_user_packages_from_the_configuration(tmp_path, capsys, monkeypatch):
+    folder = str(write_dumps(tmp_path / "fr", mylab_dumps()))
+    monkeypatch.chdir(tmp_path)  # no setup.cfg here: the environment alone configures
+    monkeypatch.delenv("DDPWATCH_USER_PACKAGES", raising=False)
+    sites = lambda incident: {r["rank"]: r["inflight"][0]["site"]["file"] for r in incident["ranks"]}
+    assert sites(report_json(capsys, "--flight-recorder", folder)) == {0: USER, 1: USER}
+    monkeypatch.setenv("DDPWATCH_USER_PACKAGES", "mylab")
+    assert sites(report_json(capsys, "--flight-recorder", folder)) == {0: MYLAB_LOOP, 1: MYLAB_LOOP}
+    (tmp_path / "setup.cfg").write_text("[ddpwatch]\nuser_packages = mylab\n")
+    monkeypatch.delenv("DDPWATCH_USER_PACKAGES")
+    assert sites(report_json(capsys, "--flight-recorder", folder)) == {0: MYLAB_LOOP, 1: MYLAB_LOOP}
+
+
+def test_a_bad_package_setting_stops_the_flight_recorder_report_with_one_line(tmp_path, capsys, monkeypatch):
+    folder = str(write_dumps(tmp_path / "fr", mylab_dumps()))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DDPWATCH_USER_PACKAGES", "my-lab")
+    monkeypatch.setenv("DDPWATCH_DIR", str(tmp_path / "no" / "such"))  # a setting the report does not use: ignored
+    assert cli.main(["report", "--flight-recorder", folder]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ddpwatch report: ") and "DDPWATCH_USER_PACKAGES" in err and err.count("\n") == 1
+    monkeypatch.setenv("DDPWATCH_USER_PACKAGES", "mylab")
+    assert cli.main(["report", "--flight-recorder", folder]) == 0
+
+
 @pytest.mark.parametrize("fr_op, record_op", [("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
                                               ("_allgather_base", "all_gather"), ("allgather_base", "all_gather")])
 def test_live_pairing_with_the_flight_recorder_names_ops_as_the_catalogue_does(fr_op, record_op):

@@ -104,13 +104,11 @@ def test_an_exited_or_unpublished_peer_never_vanishes():
     assert peers.vanished_peers({0: peer(0, status="exited")}, 100.0) == {}
 
 
-def test_vanished_peers_judge_the_positions_beats_and_report_each_ones_last_whole_state():
+def test_vanished_peers_judge_the_positions_beats():
     peers = tracker(rank=0, world_size=2)
-    whole = dict(peer(1, beat=3, host="elsewhere"), recent=[{"seq": 9}])  # published 2 rounds before
     positions = {1: peer(1, beat=5, host="elsewhere")}
-    assert peers.vanished_peers(positions, 0.0, {1: whole}) == {}
+    assert peers.vanished_peers(positions, 0.0) == {}
     positions = {1: peer(1, beat=6, host="elsewhere")}  # the position still moves: not vanished
-    assert peers.vanished_peers(positions, 1.4, {1: whole}) == {}
-    vanished = peers.vanished_peers(positions, 2.9, {1: whole})  # 1.5 s (three intervals) still
-    assert vanished[1]["last_state"] == {**whole, **positions[1]} and vanished[1]["silent_s"] == 1.5
-    assert peers.vanished_peers(positions, 3.0)[1]["last_state"] == positions[1]  # no whole state: the position
+    assert peers.vanished_peers(positions, 1.4) == {}
+    vanished = peers.vanished_peers(positions, 2.9)  # 1.5 s (three intervals) still
+    assert vanished[1]["last_state"] == positions[1] and vanished[1]["silent_s"] == 1.5

@@ -12,6 +12,7 @@ import pytest
 from ranks import SCENARIOS, describe, reports, run_case
 from ddpwatch.launch import free_port
 from ddpwatch.runtime import verdict as verdict_module
+from ddpwatch.runtime.store import INCIDENT_UNIT
 
 FAULTS = SCENARIOS + "/faults.py"
 # torch prefixes the default group's store with "0/"; no launcher job id: the generation key is "job", first arming
@@ -44,7 +45,7 @@ class Forger:
         states = {rank: read(self.store, f"pos/{rank}") for rank in (0, 1)}
         if not states[1] or not states[1].get("inflight") or states[1]["inflight"][0].get("age_s", 0) < 3:
             return False
-        number = self.store.add(f"{NAMESPACE}/incident", 1)
+        number = self.store.add(f"{NAMESPACE}/counters", INCIDENT_UNIT) // INCIDENT_UNIT  # the incident number's bits
         self.store.set(f"{NAMESPACE}/incident/{number}/info",
                        json.dumps({"trigger": "deadlock", "leader": 0, "action": "abort", "fingerprint": "x"}))
         positions = self.positions or verdict_module.positions(states, 2, 0.5)

@@ -33,12 +33,69 @@ def test_states_are_by_rank_and_skip_ranks_that_never_published(job):
 
 
 def test_counters_waiting_and_leader_beat(job):
-    assert job.waiting() == 0 and job.leader_beat() == 0
-    job.change_waiting(1)
+    assert job.waiting() == 0 and job.leader_beat() == 0 and job.counters() == (0, 0)
+    assert job.change_waiting(1) == 1
     job.change_waiting(1)
     job.change_waiting(-1)
-    job.beat_leader()
-    assert job.waiting() == 1 and job.leader_beat() == 1
+    job.publish(2, {"rank": 2, "beat": 9})  # only the leader's publish is its beat
+    assert job.leader_beat() == 0
+    job.publish(0, {"rank": 0, "beat": 5})
+    job.publish(0, {"rank": 0, "beat": 6}, whole=False)
+    assert job.waiting() == 1 and job.leader_beat() == 6
+
+
+def test_waiting_and_the_incident_number_share_one_counter_without_mixing(job):
+    for _ in range(3):
+        job.change_waiting(1)
+    assert job.open_incident({"trigger": "deadlock"}) == 1
+    assert job.open_incident({"trigger": "deadlock"}) == 2
+    assert job.change_waiting(-1) == 2
+    assert job.counters() == (2, 2) and job.waiting() == 2 and job.latest_incident() == 2
+
+
+def test_a_counter_driven_below_zero_by_someone_else_reads_as_nothing_waiting(job):
+    job.store.add(job.store.key("counters"), -5)  # anyone who reaches the store can do this
+    assert job.counters() == (0, 0)
+
+
+def test_a_round_takes_two_store_round_trips_on_every_rank_the_leader_included(job):
+    calls = []
+    job.store._store = _Counting(job.store._store, calls)
+    dogs = [watchdog_module.Watchdog(Recorder(), Config(grace=0.5), rank, WORLD, None, "") for rank in range(2)]
+    for dog in dogs:
+        dog.job = job
+        dog.tick()  # the first round: nothing recorded, nothing waiting
+    calls.clear()
+    for dog in dogs:
+        dog.tick()
+    assert sorted(calls) == ["add", "add", "multi_set", "multi_set"], calls
+
+
+class _Counting:
+    """A store that names each call it passes on."""
+
+    def __init__(self, store, calls):
+        self._store, self._calls = store, calls
+
+    def __getattr__(self, name):
+        method = getattr(self._store, name)
+        if not callable(method):
+            return method
+
+        def call(*args):
+            self._calls.append(name)
+            return method(*args)
+
+        return call
+
+
+def test_with_history_lays_each_view_over_that_ranks_last_whole_state(job):
+    job.publish(1, {"rank": 1, "beat": 3, "recent": [{"seq": 9}], "status": "running"})
+    job.publish(1, {"rank": 1, "beat": 5, "status": "running"}, whole=False)  # later positions only
+    views = {1: {"rank": 1, "beat": 6, "status": "busy"}, 2: {"rank": 2, "beat": 1}}  # rank 2 never whole
+    assert job.with_history(views) == {1: {"rank": 1, "beat": 6, "status": "busy", "recent": [{"seq": 9}]},
+                                       2: {"rank": 2, "beat": 1}}
+    assert job.with_history({}) == {}
 
 
 def test_one_claim_per_fingerprint(job):
@@ -191,13 +248,13 @@ def test_the_rank_whose_registration_completes_the_count_is_the_last_to_block_an
     for dog in dogs:
         dog.job = job
     for dog in dogs[:-1]:
-        dog._update_waiting(blocked_state(dog.rank))
+        dog._update_waiting(blocked_state(dog.rank), 0)
         assert dog.registered_waiting and not dog._last_to_block
-    dogs[-1]._update_waiting(blocked_state(WORLD - 1))
+    dogs[-1]._update_waiting(blocked_state(WORLD - 1), WORLD - 1)
     assert dogs[-1]._last_to_block and job.waiting() == WORLD
-    dogs[-1]._update_waiting(blocked_state(WORLD - 1))  # still blocked: it looked already, not again
+    dogs[-1]._update_waiting(blocked_state(WORLD - 1), WORLD - 1)  # still blocked: it looked already, not again
     assert not dogs[-1]._last_to_block
-    dogs[0]._update_waiting({"rank": 0, "status": "running", "idle_s": 0.0, "inflight": []})
+    dogs[0]._update_waiting({"rank": 0, "status": "running", "idle_s": 0.0, "inflight": []}, WORLD)
     assert job.waiting() == WORLD - 1 and not dogs[0].registered_waiting
 
 

@@ -175,12 +175,11 @@ class IncidentWriter:
                      if rank not in final and view.get("last_state")}  # its last heartbeat: all there is
         stand_ins.update({rank: position for rank, position in watched.items()
                           if rank not in final and rank not in stand_ins})  # too busy (a GIL-holding call) to answer
-        heartbeats = self.job.states(sorted(stand_ins)) if stand_ins else {}
         busy = sorted(rank for rank, seen in stand_ins.items()
                       if rank not in silent and seen.get("host") == self.host)
-        for rank, seen in stand_ins.items():
-            # What the leader saw wins (a busy rank's cleared wait, py-spy's stack); its last heartbeat adds history.
-            final[rank] = {**(heartbeats.get(rank) or {}), **seen, "stale": True}
+        # What the leader saw wins (a busy rank's cleared wait, py-spy's stack); its last whole state adds history.
+        for rank, view in self.job.with_history(stand_ins).items():
+            final[rank] = dict(view, stale=True)
         return final, busy
 
     def _build(self, assessment, final: dict, contributions: dict, silent) -> dict | None:

@@ -96,10 +96,10 @@ class PeerTracker:
         judged = evidence.peer_condition(facts, before, seconds)
         return dict(facts, condition=judged["condition"], why=judged["why"], cpu_share=judged["cpu_share"])
 
-    def vanished_peers(self, positions: dict, now: float, states: dict | None = None) -> dict:
+    def vanished_peers(self, positions: dict, now: float) -> dict:
         """After a collective failed on a peer: the peers psutil sees gone on this host, and remote peers whose
         heartbeat (in `positions`, published every round) has been still for VANISHED_AFTER_INTERVALS rounds. Each
-        one's `last_state` is its position over its last whole state in `states` (which adds its history)."""
+        one's `last_state` is its last position (JobProtocol.with_history adds its history)."""
         silent = {}
         for rank in range(self.world_size):
             last = positions.get(rank)
@@ -109,7 +109,7 @@ class PeerTracker:
             process = self._facts(int(last.get("pid", 0))) if last.get("host") == self.host else None
             gone = (process or {}).get("exists") is False
             if gone or (process is None and quiet >= VANISHED_AFTER_INTERVALS * self.config.interval):
-                silent[rank] = {"silent_s": round(quiet, 1), "last_state": {**(states or {}).get(rank, {}), **last},
+                silent[rank] = {"silent_s": round(quiet, 1), "last_state": last,
                                 "process": process,
                                 "remote": process is None}
         return silent

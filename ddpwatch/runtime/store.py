@@ -103,8 +103,10 @@ class StateStore:
         self._call(self._store.set, key, documents.dumps(doc))
 
     def put_many(self, docs: dict) -> None:
-        """{key: doc} in one round trip where the store can (multi_set), else one set per key."""
-        keys, values = list(docs), [documents.dumps(doc) for doc in docs.values()]
+        """{key: doc} in one round trip where the store can (multi_set), else one set per key. An int goes as its
+        digits (what add() reads), without a JSON encoder call."""
+        keys = list(docs)
+        values = [str(doc) if type(doc) is int else documents.dumps(doc) for doc in docs.values()]
         if hasattr(self._store, "multi_set"):
             self._call(self._store.multi_set, keys, values)
         else:
@@ -161,13 +163,27 @@ def position(state: dict) -> dict:
     return {key: value for key, value in state.items() if key not in POSITION_LEAVES_OUT}
 
 
+LEADER = 0  # the rank that watches the others (while it lives: see PeerTracker.leader_silent)
+# The incident number counts in units of 2**32 of the one counter, the ranks waiting below it: a job of up to 4
+# billion ranks reads both with one add(key, 0) per round, where two counters cost two round trips.
+INCIDENT_UNIT = 1 << 32
+
+
+def _split_counters(value: int) -> tuple:
+    """(ranks waiting, latest incident) of the counter's value; anyone can add to it, so both are clamped to >= 0."""
+    incident, waiting = divmod(max(0, value), INCIDENT_UNIT)
+    return waiting, incident
+
+
 class JobProtocol:
     """Every key the ranks of one job share, and every round trip on them: the watchdog speaks only through this.
 
     Heartbeats: pos/<r> (each rank's position, see `position`: every round) beside state/<r> (its whole state: every
-    round while it makes no progress, else every few seconds), the waiting counter (ranks blocked past grace),
-    leader_beat (rank 0's 8-byte heartbeat). Incidents: claim/<fingerprint> (first writer wins), the incident counter, then under
-    incident/<n>/: info, rank/<r> and count (the answers), native/<r> (py-spy's stacks), verdict, acks.
+    round while it makes no progress, else every few seconds), and leader_beat (rank 0's beat number, written with
+    its position: a few bytes the waiting ranks read to know it is alive). One counter, `counters`, holds the ranks
+    blocked past grace in its low bits and the incident number in its high bits, so that one round trip (an add of
+    0) tells a rank both. Incidents: claim/<fingerprint> (first writer wins), then under incident/<n>/: info, rank/<r>
+    and count (the answers), native/<r> (py-spy's stacks), verdict, acks.
     """
 
     POLL_S = 0.05  # between two reads of a counter someone else is filling
@@ -175,6 +191,7 @@ class JobProtocol:
     def __init__(self, store: StateStore, world_size: int):
         self.store = store
         self.world_size = world_size
+        self._keys: dict = {}  # parts -> key, for the keys of every round: building them was a tenth of its work
 
     @property
     def stamp(self) -> str:
@@ -182,11 +199,23 @@ class JobProtocol:
 
     # ----- heartbeats -----
     def publish(self, rank: int, state: dict, whole: bool = True) -> None:
-        """This rank's position, and its state when `whole` (else the last whole state stands), in one round trip."""
-        docs = {self.store.key("pos", rank): position(state)}
+        """This rank's position, and its state when `whole` (else the last whole state stands), in one round trip;
+        rank 0's carries its beat number to leader_beat too (an integer: an add of 0 reads it)."""
+        docs = {self._key("pos", rank): position(state)}
         if whole:
-            docs[self.store.key("state", rank)] = state
+            docs[self._key("state", rank)] = state
+        beat = state.get("beat")
+        if rank == LEADER and type(beat) is int:
+            docs[self._key("leader_beat")] = beat
         self.store.put_many(docs)
+
+    def _key(self, *parts) -> str:
+        key = self._keys.get(parts)
+        if key is None:
+            if len(self._keys) > 2 * self.world_size + 64:
+                self._keys.clear()  # bounded: a read of every rank's key passes here too
+            key = self._keys[parts] = self.store.key(*parts)
+        return key
 
     def states(self, ranks=None) -> dict:
         """{rank: state} of the ranks (default: all) that have published; a missing one is skipped, never waited for."""
@@ -196,22 +225,31 @@ class JobProtocol:
         """{rank: position}: what the leader reads every interval (a fifth of the bytes of the states)."""
         return self._read_by_rank("pos", ranks)
 
+    def with_history(self, views: dict) -> dict:
+        """{rank: view} with each view laid over that rank's last whole state (one read for all of them): what was
+        seen of a rank last (its position, a busy stand-in) wins; its whole state adds the history (recent records,
+        site counts) a report shows."""
+        wholes = self.states(sorted(views)) if views else {}
+        return {rank: {**(wholes.get(rank) or {}), **view} for rank, view in views.items()}
+
     def _read_by_rank(self, kind: str, ranks) -> dict:
         ranks = range(self.world_size) if ranks is None else ranks
-        return _by_rank(self.store.get_many([self.store.key(kind, r) for r in ranks]).values())
+        return _by_rank(self.store.get_many([self._key(kind, r) for r in ranks]).values())
+
+    def counters(self) -> tuple:
+        """(ranks waiting, the latest incident's number), in one round trip."""
+        return _split_counters(self.store.counter(self._key("counters")))
 
     def change_waiting(self, delta: int) -> int:
         """Add `delta` to the number of ranks waiting; returns the new number (one round trip either way)."""
-        return self.store.add(self.store.key("waiting"), delta)
+        return _split_counters(self.store.add(self._key("counters"), delta))[0]
 
     def waiting(self) -> int:
-        return self.store.counter(self.store.key("waiting"))
-
-    def beat_leader(self) -> None:
-        self.store.add(self.store.key("leader_beat"), 1)
+        return self.counters()[0]
 
     def leader_beat(self) -> int:
-        return self.store.counter(self.store.key("leader_beat"))
+        """Rank 0's last published beat number (0 before its first publish)."""
+        return self.store.counter(self._key("leader_beat"))
 
     # ----- incidents -----
     def claim(self, fingerprint: str) -> bool:
@@ -219,12 +257,12 @@ class JobProtocol:
         return self.store.add(self.store.key("claim", fingerprint), 1) == 1
 
     def open_incident(self, info: dict) -> int:
-        number = self.store.add(self.store.key("incident"), 1)
+        number = _split_counters(self.store.add(self._key("counters"), INCIDENT_UNIT))[1]
         self.store.put(self.store.key("incident", number, "info"), info)
         return number
 
     def latest_incident(self) -> int:
-        return self.store.counter(self.store.key("incident"))
+        return self.counters()[1]
 
     def incident_info(self, number: int) -> dict:
         return self.store.get(self.store.key("incident", number, "info")) or {}

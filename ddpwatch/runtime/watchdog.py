@@ -17,7 +17,7 @@ from .abort import AbortPolicy, Outcome, peer_gone
 from .incident_writer import IncidentWriter
 from .peers import PeerTracker
 from .rank_state import RankState
-from .store import JobProtocol, StoreUnavailable
+from .store import LEADER, JobProtocol, StoreUnavailable
 
 log = logging.getLogger("ddpwatch")
 
@@ -151,13 +151,15 @@ class Watchdog(threading.Thread):
         deadline = time.monotonic() + FAILURE_REPORT_S - 1.0
         silent: dict = {}
         while time.monotonic() < deadline:
-            # Heartbeats from the positions (every round); the report shows each one's last whole state
-            silent = self.peers.vanished_peers(self.job.positions(), time.monotonic(), self.job.states())
+            silent = self.peers.vanished_peers(self.job.positions(), time.monotonic())  # positions: every round
             if silent:
                 break
             time.sleep(self.config.interval)
         if not silent:
             return
+        histories = self.job.with_history({rank: view["last_state"] for rank, view in silent.items()})
+        for rank, view in silent.items():
+            view["last_state"] = histories[rank]  # the report shows its records too, from its last whole state
         findings = analysis.stage_findings(analysis.STAGE_SILENT, silent, {}, self.config.grace)
         fingerprint = "peer-failure-" + "-".join(str(r) for r in sorted(silent))
         if fingerprint in self.reported or not self.job.claim(fingerprint):
@@ -197,8 +199,9 @@ class Watchdog(threading.Thread):
         self.recorder.poll_pending()
         state, whole = self.states.heartbeat(time.monotonic())
         self.job.publish(self.rank, state, whole)
-        self._update_waiting(state)
-        self._answer_incidents()
+        waiting, latest = self.job.counters()  # two round trips a round in all: the publish and this
+        waiting = self._update_waiting(state, waiting)
+        self._answer_incidents(latest)
         self.policy.check_posted(self.state)
         if self._peer_failure.is_set():
             try:
@@ -208,7 +211,7 @@ class Watchdog(threading.Thread):
         if self._dump_requested.is_set():
             self._dump_requested.clear()
             self.run_incident(analysis.Assessment(analysis.DUMP, [], f"dump-{self.rank}-{time.time():.3f}"))
-        elif self._should_watch(state) or self._last_to_block:
+        elif self._should_watch(waiting) or self._last_to_block:
             self.watch()
 
     def state(self, full: bool = False) -> dict:
@@ -228,9 +231,10 @@ class Watchdog(threading.Thread):
         except Exception:
             pass  # the store may already be gone at shutdown; nothing to save
 
-    def _update_waiting(self, state: dict) -> None:
-        """Register this rank as waiting (or no longer); the rank whose registration completes the count is the last
-        to block: it looks for a deadlock itself, at once, instead of leaving it to the leader's next round."""
+    def _update_waiting(self, state: dict, waiting: int) -> int:
+        """Register this rank as waiting (or no longer), and return the number of ranks waiting now (`waiting`: as
+        read this round). The rank whose registration completes the count is the last to block: it looks for a
+        deadlock itself, at once, instead of leaving it to the leader's next round."""
         blocked = analysis.is_blocked(state, self.config.grace)
         self._last_to_block = False
         if blocked != self.registered_waiting:
@@ -239,14 +243,14 @@ class Watchdog(threading.Thread):
             if blocked:
                 self._blocked_since = time.monotonic()
                 self._last_to_block = waiting >= self.world_size > 1
+        return waiting
 
     # ----- who watches: rank 0, or the lowest rank whose peers below it have gone silent -----
-    def _should_watch(self, state: dict) -> bool:
+    def _should_watch(self, waiting: int) -> bool:
         if self.world_size < 2:
             return False
-        if self.rank == 0:
-            self.job.beat_leader()  # 8 bytes the waiting ranks can read cheaply
-            return self.job.waiting() > 0
+        if self.rank == LEADER:  # its publish wrote its beat number, which the waiting ranks read
+            return waiting > 0
         if not self.registered_waiting:
             return False
         # Normally rank 0 watches: read its heartbeat counter only, the others' states only once it has gone silent.
@@ -279,10 +283,12 @@ class Watchdog(threading.Thread):
             folder, number = written
             self.policy.act(action, Outcome(number, folder, leader=True))
 
-    def _answer_incidents(self) -> None:
-        """Answer the newest incident only: anyone who reaches the store can raise the counter, and a rank must not
-        spend its time answering a thousand of them (an older one still open is closed by its writer's deadline)."""
-        latest = self.job.latest_incident()
+    def _answer_incidents(self, latest: int | None = None) -> None:
+        """Answer the newest incident only (`latest`: its number, when this round read it already): anyone who
+        reaches the store can raise the counter, and a rank must not spend its time answering a thousand of them (an
+        older one still open is closed by its writer's deadline)."""
+        if latest is None:
+            latest = self.job.latest_incident()
         if latest <= self.answered:
             return
         self._contribute(latest)

@@ -6,7 +6,7 @@ import math
 import os
 import sys
 
-from .. import atomic
+from .. import atomic, config, frames
 from ..analysis import incident as incident_module
 from ..format import documents
 from ..format.version import FormatError
@@ -36,6 +36,15 @@ def _or_defaults(grace, timeout) -> tuple:
             incident_module.DEFAULT_TIMEOUT if timeout is None else timeout)
 
 
+def _configured_packages() -> frames.Packages:
+    """user_packages / library_packages from the configuration (files here, DDPWATCH_* variables): a Flight Recorder
+    dump holds raw stacks, and the user's line in them is found as the live run would have found it."""
+    try:
+        return frames.packages(*config.load_packages())
+    except config.ConfigError as exc:
+        raise ReportError(str(exc)) from None
+
+
 def build_incident(args) -> dict:
     """The incident the command renders: a saved one, merged rank files, or Flight Recorder dumps."""
     paths = list(args.path or [])
@@ -47,7 +56,7 @@ def build_incident(args) -> dict:
     if fr_dirs and paths:
         raise ReportError("give either incident/rank-file paths or --flight-recorder folders, not both")
     if fr_dirs:
-        return flight_recorder.load_incident(fr_dirs, *_or_defaults(grace, timeout))
+        return flight_recorder.load_incident(fr_dirs, *_or_defaults(grace, timeout), _configured_packages())
     if not paths:
         raise ReportError("give an incident folder, rank-<r>.json files or folders, or --flight-recorder DIR")
     for path in paths:
