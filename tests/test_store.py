@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+import ddpwatch.runtime.store as store_module
 import ddpwatch.runtime.watchdog as watchdog_module
 from ddpwatch.runtime import abort, incident_writer, peers
 from ddpwatch.config import Config
@@ -74,8 +75,8 @@ def test_a_round_takes_two_store_round_trips_on_every_rank_the_leader_included(j
 class _Counting:
     """A store that names each call it passes on."""
 
-    def __init__(self, store, calls):
-        self._store, self._calls = store, calls
+    def __init__(self, store, calls, with_args=False):
+        self._store, self._calls, self._with_args = store, calls, with_args
 
     def __getattr__(self, name):
         method = getattr(self._store, name)
@@ -83,7 +84,7 @@ class _Counting:
             return method
 
         def call(*args):
-            self._calls.append(name)
+            self._calls.append((name, args) if self._with_args else name)
             return method(*args)
 
         return call
@@ -325,3 +326,77 @@ def test_a_rank_that_makes_progress_publishes_its_whole_state_every_few_seconds_
     assert seen.count(True) == len(seen) // every and not seen[0], seen
     stopped = [states.heartbeat(200.0 + round_) for round_ in range(3)]  # no progress: whole every round
     assert all(whole and doc["recent"] for doc, whole in stopped)
+
+
+def test_a_beat_alone_sends_the_last_position_again_with_the_new_beat(job):
+    assert job.publish_beat(1, 5) is False  # no position yet: the caller publishes a whole heartbeat instead
+    job.publish(1, {"rank": 1, "beat": 4, "status": "running", "inflight": [], "recent": [{"seq": 3}]})
+    assert job.publish_beat(2, 5) is False  # another rank's position is not this one's
+    assert job.publish_beat(1, 5) is True
+    assert job.positions() == {1: {"rank": 1, "status": "running", "inflight": [], "beat": 5}}
+    assert job.states()[1]["beat"] == 4  # the whole state stands
+    assert job.leader_beat() == 0  # rank 1 is not the leader
+    job.publish(0, {"rank": 0, "beat": 1})
+    job.publish_beat(0, 2)
+    assert job.leader_beat() == 2 and job.positions([0]) == {0: {"rank": 0, "beat": 2}}
+
+
+@pytest.mark.parametrize("body, beat, text", [("{", 3, '{"beat":3}'), ('{"rank":1', 3, '{"rank":1,"beat":3}'),
+                                              ('{"rank":1', None, '{"rank":1}'), ("{", "3", "{}")])
+def test_a_beat_is_appended_as_the_last_key_of_valid_json(body, beat, text):
+    assert store_module._with_beat(body, beat) == text
+    json.loads(text)
+
+
+def test_a_running_rank_sends_its_beat_alone_until_it_stops_or_its_whole_state_is_due():
+    from ddpwatch import analysis
+    from ddpwatch.runtime import rank_state
+
+    recorder = Recorder()
+    states = rank_state.RankState(recorder, Config(grace=0.5), 0, 2, "node0", lambda *a, **k: None)
+    here = sys._getframe()
+
+    def step():
+        recorder.finish(recorder.begin("all_reduce", "all_reduce", "0", (), here))
+
+    now = lambda: recorder.progress_mono + 0.1  # within grace of the last progress
+    assert not states.beat_is_enough(now())  # nothing published yet
+    step()
+    states.heartbeat(now())
+    step()
+    assert states.beat_is_enough(now())
+    assert states.beat_round() == states.beat
+    assert not states.beat_is_enough(now())  # no progress since that round
+    step()
+    assert not states.beat_is_enough(recorder.progress_mono + 0.5)  # the last progress is grace old: maybe blocked
+    assert not states.beat_is_enough(recorder.progress_mono + rank_state.WHOLE_EVERY_S + 1)  # the whole state is due
+    inflight = recorder.begin("barrier", "barrier", "0", (), here)
+    recorder.age_progress(1.0)
+    inflight.start_mono -= 1.0
+    doc, _ = states.heartbeat(recorder.progress_mono + 1.0)  # blocked: the position says where
+    assert analysis.is_blocked(doc, 0.5)
+    recorder.finish(inflight)
+    step()
+    assert not states.beat_is_enough(now())  # the standing position is a blocked one: a full heartbeat clears it
+
+
+def test_a_healthy_watchdog_round_sends_the_beat_alone_and_reads_the_counter(job):
+    calls = []
+    job.store._store = _Counting(job.store._store, calls, with_args=True)
+    recorder = Recorder()
+    dog = watchdog_module.Watchdog(recorder, Config(grace=0.5), 1, WORLD, None, "")
+    dog.job = job
+    here = sys._getframe()
+    reads, read = [], dog.states.read
+    dog.states.read = lambda *args, **kwargs: reads.append(args) or read(*args, **kwargs)
+    positions = []
+    for _ in range(2):
+        recorder.finish(recorder.begin("all_reduce", "all_reduce", "0", (), here))
+        calls.clear()
+        dog.tick()
+        ticked = list(calls)
+        positions.append(job.positions()[1])
+    assert len(reads) == 1  # the first round read the state; the second built nothing
+    [(name, (keys, values)), (counter, _)] = ticked
+    assert name == "multi_set" and counter == "add" and keys == [job.store.key("pos", 1)]
+    assert positions[1] == dict(positions[0], beat=positions[0]["beat"] + 1) == json.loads(values[0])

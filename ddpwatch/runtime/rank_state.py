@@ -38,6 +38,7 @@ class RankState:
         self._unseen: tuple = (None, None, 0.0)  # (progress, Flight-Recorder-only record found, idle of next read)
         self._round_progress = None  # the recorder's progress at the last heartbeat
         self._whole_at = float("-inf")  # monotonic time of the last whole heartbeat
+        self._published_running = False  # the last heartbeat's state was running, not blocked
 
     def heartbeat(self, now: float) -> tuple:
         """(this round's state, whether it is whole): whole when the rank made no progress since the last round, or
@@ -47,7 +48,23 @@ class RankState:
         self._round_progress = progress
         if whole:
             self._whole_at = now
-        return self.read(position_only=not whole), whole
+        state = self.read(position_only=not whole)
+        self._published_running = state["status"] == S.RUNNING and not analysis.is_blocked(state, self.config.grace)
+        return state, whole
+
+    def beat_is_enough(self, now: float) -> bool:
+        """Whether this round may send its beat alone (JobProtocol.publish_beat): the rank ran at its last heartbeat,
+        has made progress since, the last of it less than `grace` ago (so it cannot be blocked, in a recorded
+        collective or in one only the Flight Recorder sees), and its whole state is not due. Building and encoding
+        a state that moved on by the time it is read was most of a healthy round's cost."""
+        return (self._published_running and self.recorder.progress != self._round_progress
+                and now - self.recorder.progress_mono < self.config.grace and now - self._whole_at < WHOLE_EVERY_S)
+
+    def beat_round(self) -> int:
+        """Count a round that sends its beat alone; returns that beat."""
+        self._round_progress = self.recorder.progress
+        self.beat += 1
+        return self.beat
 
     def read(self, full: bool = False, position_only: bool = False) -> dict:
         """This rank's state now; `full` adds what an incident needs (stacks, process facts, progress bars, the

@@ -104,9 +104,10 @@ class StateStore:
 
     def put_many(self, docs: dict) -> None:
         """{key: doc} in one round trip where the store can (multi_set), else one set per key. An int goes as its
-        digits (what add() reads), without a JSON encoder call."""
+        digits (what add() reads), a str as the JSON text it is: neither calls the encoder."""
         keys = list(docs)
-        values = [str(doc) if type(doc) is int else documents.dumps(doc) for doc in docs.values()]
+        values = [doc if type(doc) is str else str(doc) if type(doc) is int else documents.dumps(doc)
+                  for doc in docs.values()]  # a str: JSON text already (publish_beat)
         if hasattr(self._store, "multi_set"):
             self._call(self._store.multi_set, keys, values)
         else:
@@ -169,6 +170,13 @@ LEADER = 0  # the rank that watches the others (while it lives: see PeerTracker.
 INCIDENT_UNIT = 1 << 32
 
 
+def _with_beat(body: str, beat) -> str:
+    """A position's text (`body`: its JSON object without the closing brace) with `beat` as its last key."""
+    if type(beat) is not int:
+        return body + "}"
+    return f'{body}{"," if len(body) > 1 else ""}"beat":{beat}}}'
+
+
 def _split_counters(value: int) -> tuple:
     """(ranks waiting, latest incident) of the counter's value; anyone can add to it, so both are clamped to >= 0."""
     incident, waiting = divmod(max(0, value), INCIDENT_UNIT)
@@ -178,9 +186,10 @@ def _split_counters(value: int) -> tuple:
 class JobProtocol:
     """Every key the ranks of one job share, and every round trip on them: the watchdog speaks only through this.
 
-    Heartbeats: pos/<r> (each rank's position, see `position`: every round) beside state/<r> (its whole state: every
-    round while it makes no progress, else every few seconds), and leader_beat (rank 0's beat number, written with
-    its position: a few bytes the waiting ranks read to know it is alive). One counter, `counters`, holds the ranks
+    Heartbeats: pos/<r> (each rank's position, see `position`: every round; a running rank's as last built, with a
+    new beat: see publish_beat) beside state/<r> (its whole state: every round while it makes no progress, else
+    every few seconds), and leader_beat (rank 0's beat number, written with its position: a few bytes the waiting
+    ranks read to know it is alive). One counter, `counters`, holds the ranks
     blocked past grace in its low bits and the incident number in its high bits, so that one round trip (an add of
     0) tells a rank both. Incidents: claim/<fingerprint> (first writer wins), then under incident/<n>/: info, rank/<r>
     and count (the answers), native/<r> (py-spy's stacks), verdict, acks.
@@ -192,6 +201,7 @@ class JobProtocol:
         self.store = store
         self.world_size = world_size
         self._keys: dict = {}  # parts -> key, for the keys of every round: building them was a tenth of its work
+        self._position = None  # (rank, the JSON text of its last published position without its beat and "}")
 
     @property
     def stamp(self) -> str:
@@ -200,14 +210,32 @@ class JobProtocol:
     # ----- heartbeats -----
     def publish(self, rank: int, state: dict, whole: bool = True) -> None:
         """This rank's position, and its state when `whole` (else the last whole state stands), in one round trip;
-        rank 0's carries its beat number to leader_beat too (an integer: an add of 0 reads it)."""
-        docs = {self._key("pos", rank): position(state)}
+        rank 0's carries its beat number to leader_beat too (an integer: an add of 0 reads it). The position's text
+        is kept: publish_beat() sends it again with a new beat."""
+        shown = position(state)
+        beat = shown.pop("beat", None)
+        body = documents.dumps(shown)[:-1]  # "{...", its closing brace off: the beat goes last, then "}"
+        self._position = (rank, body)
+        docs = {self._key("pos", rank): _with_beat(body, beat)}
         if whole:
             docs[self._key("state", rank)] = state
-        beat = state.get("beat")
+        self._add_leader_beat(docs, rank, beat)
+        self.store.put_many(docs)
+
+    def publish_beat(self, rank: int, beat: int) -> bool:
+        """The last position this rank published, again, with a new beat: one round trip, nothing built or encoded.
+        For a rank that runs (see RankState.beat_is_enough): its position says where a blocked rank stands, and of a
+        running one only that it runs, which still holds. False when this rank has published no position yet."""
+        if self._position is None or self._position[0] != rank:
+            return False
+        docs = {self._key("pos", rank): _with_beat(self._position[1], beat)}
+        self._add_leader_beat(docs, rank, beat)
+        self.store.put_many(docs)
+        return True
+
+    def _add_leader_beat(self, docs: dict, rank: int, beat) -> None:
         if rank == LEADER and type(beat) is int:
             docs[self._key("leader_beat")] = beat
-        self.store.put_many(docs)
 
     def _key(self, *parts) -> str:
         key = self._keys.get(parts)

@@ -43,6 +43,10 @@ class Watchdog(threading.Thread):
         self.answered = 0
         self.reported: set = set()
         self._stop_event = threading.Event()
+        # Held until stop() releases it: the loop sleeps in one timed acquire of it, a single C call where
+        # Event.wait ran a Condition's Python code on every wake-up (2-3 a second).
+        self._stopping = threading.Lock()
+        self._stopping.acquire()
         self._dump_requested = threading.Event()
         self.writing = threading.Event()  # set while a report is being written: SIGTERM waits for it (control.py)
         self._peer_failure = threading.Event()
@@ -65,7 +69,12 @@ class Watchdog(threading.Thread):
         if not self.policy.armed:  # after an abort verdict the hook stays: a failing collective still ends the rank
             self.recorder.set_failure_hook(None)
         self._failure_handled.set()  # a training thread waiting on a failure report must not wait on a stopped watchdog
-        self._stop_event.set()
+        if not self._stop_event.is_set():
+            self._stop_event.set()
+            try:
+                self._stopping.release()
+            except RuntimeError:  # released already by a stop() on another thread
+                pass
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
         self._publish_exit()
@@ -85,7 +94,7 @@ class Watchdog(threading.Thread):
         rank to block proves a deadlock without waiting for anyone's round); and, while blocked, a look every FAST_S
         for an incident to answer (it slows nothing: training is waiting)."""
         due = time.monotonic() + self.config.interval
-        while not self._stop_event.wait(self._pause(time.monotonic(), due)):
+        while not self._stopping.acquire(timeout=self._pause(time.monotonic(), due)):
             now = time.monotonic()
             try:
                 if not self._store_ok:
@@ -197,8 +206,10 @@ class Watchdog(threading.Thread):
     # ----- one round -----
     def tick(self) -> None:
         self.recorder.poll_pending()
-        state, whole = self.states.heartbeat(time.monotonic())
-        self.job.publish(self.rank, state, whole)
+        now, state = time.monotonic(), None
+        if not (self.states.beat_is_enough(now) and self.job.publish_beat(self.rank, self.states.beat_round())):
+            state, whole = self.states.heartbeat(now)
+            self.job.publish(self.rank, state, whole)
         waiting, latest = self.job.counters()  # two round trips a round in all: the publish and this
         waiting = self._update_waiting(state, waiting)
         self._answer_incidents(latest)
@@ -234,8 +245,9 @@ class Watchdog(threading.Thread):
     def _update_waiting(self, state: dict, waiting: int) -> int:
         """Register this rank as waiting (or no longer), and return the number of ranks waiting now (`waiting`: as
         read this round). The rank whose registration completes the count is the last to block: it looks for a
-        deadlock itself, at once, instead of leaving it to the leader's next round."""
-        blocked = analysis.is_blocked(state, self.config.grace)
+        deadlock itself, at once, instead of leaving it to the leader's next round. `state` None: a round that sent
+        its beat alone, which only a running rank does."""
+        blocked = state is not None and analysis.is_blocked(state, self.config.grace)
         self._last_to_block = False
         if blocked != self.registered_waiting:
             waiting = self.job.change_waiting(1 if blocked else -1)
