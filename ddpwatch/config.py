@@ -438,18 +438,9 @@ def load(overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] 
     environ = os.environ if environ is None else environ
     values = {option.name: option.default for option in OPTIONS}
     sources = {option.name: "default" for option in OPTIONS}
-    for source, settings in _file_settings(cwd or os.getcwd()):
-        settings = {key.replace("-", "_"): value for key, value in settings.items()}
-        _check_names(settings, source)
-        for name, raw in settings.items():
-            values[name] = _coerce(OPTIONS_BY_NAME[name], raw, source)
-            sources[name] = source
-    _warn_unknown_variables(environ)
-    for option in OPTIONS:
-        raw = environ.get(option.env_var)
-        if raw is not None:
-            values[option.name] = _coerce(option, raw, f"environment variable {option.env_var}")
-            sources[option.name] = option.env_var
+    for option, raw, where, source in _settings(environ, cwd or os.getcwd(), check=True):
+        values[option.name] = _coerce(option, raw, where)
+        sources[option.name] = source
     for name, raw in (overrides or {}).items():
         _check_names([name], "guard() arguments")  # a misspelt name is an error even when its value is None
         if raw is None:
@@ -466,19 +457,30 @@ def load_packages(environ: Mapping[str, str] | None = None, cwd: str | None = No
     else: an offline reader (`ddpwatch report --flight-recorder`) classes frames as a live run would, and a setting it
     does not use (a report dir that does not exist here) must not stop it. A bad value of these two is a ConfigError."""
     environ = os.environ if environ is None else environ
-    names = ("user_packages", "library_packages")
-    values = {name: OPTIONS_BY_NAME[name].default for name in names}
-    for source, settings in _file_settings(cwd or os.getcwd()):
-        for key, raw in settings.items():
-            name = key.replace("-", "_")
-            if name in values:
-                values[name] = _coerce(OPTIONS_BY_NAME[name], raw, source)
-    for name in names:
-        option = OPTIONS_BY_NAME[name]
+    values = {name: OPTIONS_BY_NAME[name].default for name in ("user_packages", "library_packages")}
+    for option, raw, where, _ in _settings(environ, cwd or os.getcwd(), check=False):
+        if option.name in values:
+            values[option.name] = _coerce(option, raw, where)
+    return values["user_packages"], values["library_packages"]
+
+
+def _settings(environ: Mapping[str, str], cwd: str, check: bool):
+    """(option, raw value, where it was set as an error says it, its Config.sources entry) from setup.cfg /
+    pyproject.toml, then DDPWATCH_* variables: later ones win. `check`: an unknown name in a file is a ConfigError
+    and an unknown DDPWATCH_* variable a warning (load()); else unknown names are passed over."""
+    for source, settings in _file_settings(cwd):
+        settings = {key.replace("-", "_"): value for key, value in settings.items()}
+        if check:
+            _check_names(settings, source)
+        for name, raw in settings.items():
+            if name in OPTIONS_BY_NAME:
+                yield OPTIONS_BY_NAME[name], raw, source, source
+    if check:
+        _warn_unknown_variables(environ)
+    for option in OPTIONS:
         raw = environ.get(option.env_var)
         if raw is not None:
-            values[name] = _coerce(option, raw, f"environment variable {option.env_var}")
-    return values["user_packages"], values["library_packages"]
+            yield option, raw, f"environment variable {option.env_var}", option.env_var
 
 
 def is_enabled_in(environ: Mapping[str, str] | None = None) -> bool:
