@@ -285,3 +285,24 @@ def incident(states_by_rank: dict, findings: list, trigger="deadlock", run_id="2
         "missing_ranks": list(missing),
         "findings": [worded(f) for f in findings],  # as report.json holds them: summary and fix in words
     }
+
+
+# ---------------------------------------------------------------- point-to-point
+
+def p2p(seq, op, peer, tag=0, api=None, site=("halo.py", 12, "exchange"), age=3.0, waited=None, ops=None,
+        **kw) -> dict:
+    """A send/recv record (seq: the per-pair position); `api` isend/irecv/batch_isend_irecv makes it async, and
+    `waited` says whether a thread waits on its Work now."""
+    record = rec(seq, op, api=api, site=site, age=age, peer=peer, **kw)
+    record["tag"] = tag
+    if ops is not None:
+        record["ops"] = [{"op": o, "peer": p, "tag": t} for o, p, t in ops]
+    if record["api"] in ("isend", "irecv", "batch_isend_irecv"):
+        record["async"] = True
+        record["waited"] = bool(waited)
+    return record
+
+
+def trace_send_cycle() -> Trace:
+    """A halo exchange written send-then-recv: both ranks block in send to the other."""
+    return _two([p2p(0, "send", 1)], [p2p(0, "send", 0)])

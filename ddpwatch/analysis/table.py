@@ -6,6 +6,7 @@ from typing import Callable, NamedTuple
 
 from .passes import (collective_on_subset_or_mismatch, collective_stuck, ddp_forward_on_subset, group_order,
                      sequence_divergence, shape_mismatch, silent_ranks, skipped_by_exited, straggler)
+from .p2p import p2p_deadlock
 
 DEADLOCK = "deadlock"
 TIMEOUT = "timeout"
@@ -45,6 +46,8 @@ class FindingPass(NamedTuple):
 # collective_on_subset_or_mismatch, whose culprit rules end in one of four kinds (the rule decides which).
 FINDING_PASSES = (
     FindingPass(silent_ranks, STAGE_SILENT, ("dead_rank", "unresponsive_rank")),
+    # first: a cycle through a send or recv is named as such, before group_order reads the same waits by group
+    FindingPass(p2p_deadlock, STAGE_CROSSING, ("p2p_deadlock",)),
     FindingPass(group_order, STAGE_CROSSING, ("group_order",)),
     # first: ranks at different positions are compared where they diverged, with the passes below
     FindingPass(sequence_divergence, STAGE_MISMATCH, ("shape_mismatch", "ddp_forward_on_subset", "collective_on_subset",

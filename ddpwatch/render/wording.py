@@ -7,6 +7,8 @@ from ..format import build as S
 
 def describe_op(record: dict) -> str:
     """'broadcast (DDP buffer sync) inside DistributedDataParallel.forward called at val.py:42'."""
+    if record.get("p2p"):
+        return f"{p2p_text(record)} at {S.short_site(record.get('site'))}"
     text = record["op"]
     api = record.get("api")
     if api == S.DDP_BUFFER_BROADCAST:
@@ -33,6 +35,30 @@ def describe_op(record: dict) -> str:
     if region and region.get("kind") == S.OBJECT_COLLECTIVE:
         return f"{text} inside {region.get('api')} at {S.short_site(region.get('site') or record.get('site'))}"
     return f"{text} at {S.short_site(record.get('site'))}"
+
+
+def _p2p_half(op: str, peer, tag) -> str:
+    if op == "recv":
+        text = "recv from any rank" if peer == -1 else f"recv from rank {peer}"
+    else:
+        text = f"{op} to rank {peer}"
+    return text + (f" (tag {tag})" if tag not in (None, 0) else "")
+
+
+def p2p_text(record: dict) -> str:
+    """'send to rank 1 (tag 3)', 'irecv from rank 0', 'batch_isend_irecv (send to rank 1, recv from rank 1)'."""
+    ops = record.get("ops")
+    if ops:
+        shown = ", ".join(_p2p_half(o.get("op"), o.get("peer"), o.get("tag")) for o in ops[:4])
+        more = f", {len(ops) - 4} more" if len(ops) > 4 else ""
+        return f"batch_isend_irecv ({shown}{more})"
+    text = _p2p_half(record.get("op"), record.get("peer"), record.get("tag"))
+    api = record.get("api")
+    if api in ("isend", "irecv"):
+        text = api + text[4:]  # "isend to rank 1", "irecv from rank 0"
+        if record.get("waited"):
+            text += ", waited on"
+    return text
 
 
 def rank_list(ranks) -> str:
@@ -266,6 +292,63 @@ def _different_positions(facts: dict, ranks_text=rank_list) -> tuple:
     return summary, fix
 
 
+def _cycle_step(step: dict) -> str:
+    if step["kind"] == "collective":
+        what = f"{step['op']} on group {step['group']} (seq {step['seq']})"
+    else:
+        what = _p2p_half(step["kind"], step["peer"], step["tag"])
+    return f"rank {step['rank']} ({what} at {S.short_site(step['site'])}) waits for rank {step['waits_for']}"
+
+
+_P2P_FIXES = {
+    "send_first": ("Every rank of the cycle sends first and nobody receives (gloo's and NCCL's send wait for the "
+                   "matching recv). Post the receive before the send: `req = dist.irecv(buf, src=peer)`, then "
+                   "`dist.send(...)`, then `req.wait()`; or exchange both in one "
+                   "`dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)])`; or order by rank "
+                   "parity (even ranks send then receive, odd ranks receive then send)."),
+    "recv_first": ("Every rank of the cycle waits to receive before it sends. Let one side send first: order by rank "
+                   "parity (even ranks send then receive, odd ranks receive then send), or post both halves at once "
+                   "with `dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)])`."),
+    "crossed": ("The ranks wait on their sends and receives in an order that closes a cycle. Post every receive of "
+                "a step first (`dist.irecv`) and wait on the Works only after the sends are posted, or issue each "
+                "step's sends and receives together with `dist.batch_isend_irecv`."),
+}
+
+
+def _p2p_deadlock(facts: dict, ranks_text=rank_list) -> tuple:
+    shape, cycle, culprits = facts["shape"], facts["cycle"], facts["culprits"]
+    summary = (f"A point-to-point deadlock: {ranks_text([s['rank'] for s in cycle])} wait for one another in a "
+               "cycle: " + "; ".join(
+        _cycle_step(step) for step in cycle) + ". No send, receive or collective in flight can ever be matched.")
+    where = S.short_site(facts["location"])
+    if shape == "unmatched":
+        send, recv = facts["pair"]
+        expected = _p2p_half("recv", recv["peer"], recv["tag"] or 0)
+        summary += (f" Rank {recv['rank']} waits for a message it will not get: it asked for a {expected} at "
+                    f"{S.short_site(recv['site'])}, while rank {send['rank']} sends to it with tag "
+                    f"{send['tag'] or 0} at {S.short_site(send['site'])}.")
+        fix = (f"Make the receive at {where} name the source and tag the sender uses (rank {send['rank']}, tag "
+               f"{send['tag'] or 0}), or the send name the ones the receiver expects; tags must be equal on both "
+               "sides, and a recv with a `src` takes messages from that rank only.")
+    elif shape == "into_collective":
+        ahead = [s for s in cycle if s["rank"] in culprits and s["kind"] != "collective"]
+        counts = "; ".join(
+            f"rank {s['rank']} is at its exchange #{s['exchanges']} with rank {s['peer']}"
+            + (f", which made {s['peer_exchanges']}" if s.get("peer_exchanges") is not None else "")
+            for s in ahead if s.get("exchanges") is not None)
+        summary += (f" {_sentence(ranks_text(culprits))} {_verb(culprits, 'waits', 'wait')} on a peer that has "
+                    "already gone on to a collective without the matching "
+                    + ("receive" if ahead and ahead[0]["kind"] == "send" else "send")
+                    + (f" ({counts})." if counts else "."))
+        fix = (f"Every send needs a matching recv on its peer before either side goes on: give both sides the same "
+               f"number of sends and receives (in a pipeline, the same number of microbatches on every stage), "
+               f"or remove the extra exchange at {where}; a collective after the exchanges must come after the "
+               "last one on every rank.")
+    else:
+        fix = _P2P_FIXES[shape]
+    return summary, fix
+
+
 def _collective_stuck(facts: dict, ranks_text=rank_list) -> tuple:
     record = facts["record"]
     summary = (f"All {facts['count']} ranks have waited {facts['wait_s']:.0f} s in the same collective, "
@@ -304,7 +387,12 @@ SENTENCES = {
     "collective_mismatch": _collective_mismatch,
     "collective_stuck": _collective_stuck,
     "straggler": _straggler,
+    "p2p_deadlock": _p2p_deadlock,
 }
+
+
+# Point-to-point code runs under rank conditions by nature (`if rank == 0: send`): naming one explains nothing.
+WITHOUT_CONDITION_HINT = frozenset({"p2p_deadlock"})
 
 
 def _rank_condition_text(evidence: dict | None) -> str:
@@ -334,6 +422,8 @@ def _described_evidence(evidence: dict, facts: dict) -> dict:
 def _sentences(kind: str, facts: dict, evidence: dict | None, ranks_text) -> tuple:
     """(summary, fix) of a finding from its facts, the rank-condition hint at the summary's end."""
     summary, fix = SENTENCES[kind](facts, ranks_text)
+    if kind in WITHOUT_CONDITION_HINT:
+        return summary, fix
     return summary + _rank_condition_text(evidence), fix
 
 

@@ -7,7 +7,7 @@ import inspect
 import weakref
 
 from .. import catalogue
-from .record import tensor_meta
+from .tensors import tensor_meta
 
 MODULE = "torch.distributed._functional_collectives"
 FUNCTIONAL_COLLECTIVES = catalogue.FUNCTIONAL_COLLECTIVES  # name -> canonical op; waited by wait_tensor()

@@ -13,8 +13,11 @@ import weakref
 from .. import catalogue
 from ..format import build
 from ..logonce import log_once
+from . import point_to_point
+from .arguments import arg as _arg, param_index as _param_index
 from .patches import PATCH_MARKER, Patches
-from .record import Recorder, tensor_meta
+from .record import Recorder
+from .tensors import tensor_meta
 
 # What gets patched comes from the one catalogue (catalogue.py), shared with lint and the Flight Recorder reader.
 COLLECTIVES = {name: (entry.op, entry.tensors) for name, entry in catalogue.tensor_collectives().items()}
@@ -117,17 +120,6 @@ def _last_kind(signature: inspect.Signature, params: list):
     return signature.parameters[last].kind if last in signature.parameters else None
 
 
-def _param_index(signature: inspect.Signature, name: str):
-    names = list(signature.parameters)
-    return names.index(name) if name in names else None
-
-
-def _arg(args, kwargs, index, name, default=None):
-    if index is not None and index < len(args):
-        return args[index]
-    return kwargs.get(name, default)
-
-
 class Patcher:
     """Owns every patch ddpwatch makes: applies them once, keeps the originals, puts them back."""
 
@@ -157,8 +149,8 @@ class Patcher:
                                      self._collective_wrapper(orig, n, o, t))
             for name, (op, peer_param) in P2P.items():
                 self._patch_function(dist, c10d, name, lambda orig, n=name, o=op, p=peer_param:
-                                     self._p2p_wrapper(orig, n, o, p))
-            self._patch_function(dist, c10d, BATCH_P2P, self._batch_wrapper)
+                                     point_to_point.p2p_wrapper(self, orig, n, o, p))
+            self._patch_function(dist, c10d, BATCH_P2P, lambda orig: point_to_point.batch_wrapper(self, orig))
             self._patch_function(dist, c10d, COALESCING_MANAGER, self._coalescing_wrapper)
             for name in OBJECT_COLLECTIVES:
                 self._patch_function(dist, c10d, name, lambda orig, n=name: self._region_wrapper(
@@ -352,13 +344,20 @@ class Patcher:
     def _wait_wrapper(self, original):
         recorder = self.recorder
         _, _, _, issuing, by_work = recorder.hot_path_parts()
+        in_wait = recorder.wait_marks()
 
         def wait(work, *args, **kwargs):
+            # Which Work this thread is blocked on: a rank whose isend/irecv is merely in flight while it computes
+            # is not waiting, and a P2P deadlock is proven only over ranks that are.
+            ident = _get_ident()
+            in_wait[ident] = work
             try:
                 result = original(work, *args, **kwargs)
             except BaseException as exc:
                 _note_wait(work, exc)
                 raise
+            finally:
+                in_wait.pop(ident, None)
             if by_work or issuing:  # else no recorded op waits on this Work
                 _note_wait(work, None)
             return result
@@ -407,48 +406,14 @@ class Patcher:
             works = [w for w in manager.works if hasattr(w, "is_completed")]
             if works:
                 patcher.hook_work_wait()
-            recorder.issued(record, _AllOf(works) if async_ops and works else None)
+            recorder.issued(record, point_to_point.AllOf(works) if async_ops and works else None)
 
         return coalescing
-
-    def _p2p_wrapper(self, original, api: str, op: str, peer_param: str):
-        signature = inspect.signature(original)
-        group_i = _param_index(signature, "group")
-        peer_i = _param_index(signature, peer_param)
-        tensor_i = _param_index(signature, "tensor")
-
-        def body(args, kwargs, caller):
-            peer = _arg(args, kwargs, peer_i, peer_param)
-            record = self._begin(op, api, _arg(args, kwargs, group_i, "group"),
-                                 lambda: tensor_meta(_arg(args, kwargs, tensor_i, "tensor")), caller,
-                                 peer=-1 if peer is None else int(peer))
-            if record is None:
-                return original(*args, **kwargs)
-            result = self._finish_on_error(record, original, *args, **kwargs)
-            self._complete_later_or_now(record, result if hasattr(result, "is_completed") else None)
-            return result
-
-        return self._outermost(original, body)
 
     def _complete_later_or_now(self, record, handle) -> None:
         if handle is not None:
             self.hook_work_wait()
         self.recorder.issued(record, handle)  # isend/irecv/batch: completes when the peer matches it
-
-    def _batch_wrapper(self, original):
-        def body(args, kwargs, caller):
-            ops = args[0] if args else kwargs.get("p2p_op_list") or []
-            first = ops[0] if ops else None
-            record = self._begin("batch_p2p", BATCH_P2P, getattr(first, "group", None),
-                                 lambda: tensor_meta([getattr(p, "tensor", None) for p in ops]), caller, peer=-2)
-            if record is None:
-                return original(*args, **kwargs)
-            works = self._finish_on_error(record, original, *args, **kwargs)
-            pending = [w for w in works or () if hasattr(w, "is_completed")]
-            self._complete_later_or_now(record, _AllOf(pending) if pending else None)
-            return works
-
-        return self._outermost(original, body)
 
     def _group_first_wrapper(self, original, api: str, op: str):
         """DDP's C++ helpers (`_broadcast_coalesced(pg, tensors, ...)`): blocking calls whose first argument is the group."""
@@ -557,15 +522,3 @@ def _runs_on_host(c10d, pg) -> bool:
     # "gloo", or "cpu:gloo,cuda:nccl" for a group with a backend per device type
     backends = {part.split(":")[-1].strip().lower() for part in str(name).split(",") if part.strip()}
     return bool(backends) and backends <= HOST_SYNC_BACKENDS
-
-
-class _AllOf:
-    """One handle over several Work objects (batch_isend_irecv): completed when all are."""
-
-    __slots__ = ("works",)
-
-    def __init__(self, works):
-        self.works = works
-
-    def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self.works)

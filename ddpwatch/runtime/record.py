@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from .. import frames
 from ..config import DEFAULTS
 from ..format import build
+from .tensors import describe_tensors, tensor_meta  # noqa: F401 - tensor_meta: what the wrappers keep of tensors
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..format.types import RecordDoc
@@ -188,6 +189,7 @@ def _site_dict(raw) -> dict | None:
 
 _monotonic, _get_ident = time.monotonic, threading.get_ident  # bound once: called twice per collective
 _IN_FLIGHT, _COMPLETED = build.IN_FLIGHT, build.COMPLETED
+ASYNC_P2P = frozenset({"isend", "irecv", "batch_isend_irecv"})  # P2P calls that return a Work to the user
 # Wall clock = monotonic + offset: one clock read per record on the hot path, the other at formatting time.
 _WALL_OFFSET = time.time() - time.monotonic()
 # Thread ident -> name, refreshed whenever records are formatted (names are looked up then, not per op).
@@ -212,12 +214,16 @@ def _thread_name(ident: int) -> str:
 class Record:
     """One collective as this rank issued it. Slots, raw values: formatting waits until someone reads it."""
 
+    # `p2p`: (tag, batch ops) of a point-to-point record, set by its wrapper after begin(); never set on a
+    # collective's record (read with getattr), so the collectives' hot path stores nothing more.
     __slots__ = ("seq", "group", "op", "api", "peer", "tensors", "site", "via", "region",
-                 "start_mono", "end_mono", "state", "error", "work", "thread")
+                 "start_mono", "end_mono", "state", "error", "work", "thread", "p2p")
 
-    def to_dict(self, now_mono: float) -> RecordDoc:
-        shapes, dtypes = _describe_tensors(self.tensors)
+    def to_dict(self, now_mono: float, waited: frozenset = frozenset()) -> RecordDoc:
+        """Plain data; `waited`: ids of the Work objects some thread is blocked in wait() on now."""
+        shapes, dtypes = describe_tensors(self.tensors)
         in_flight = self.state == build.IN_FLIGHT
+        more = self._p2p_fields(waited) if self.peer is not None else {}
         return build.record(
             self.seq, self.group, self.op,
             api=self.api,
@@ -235,30 +241,22 @@ class Record:
             state=self.state,
             error=self.error,
             thread=_thread_name(self.thread),
+            **more,
         )
 
-
-def _describe_tensors(tensors) -> tuple:
-    shapes, dtypes = [], []
-    for shape, dtype in tensors or ():
-        shapes.append(list(shape))
-        dtypes.append(str(dtype).replace("torch.", ""))
-    return shapes, dtypes
-
-
-def tensor_meta(value, limit: int = 4) -> tuple:
-    """(shape, dtype) pairs for a tensor or a list of tensors, at most `limit`; holds no reference to the data.
-
-    The shape is kept as the torch.Size it is (immutable, no data): copying it into a tuple costs 0.1 us per call.
-    """
-    if value is None:
-        return ()
-    if isinstance(value, (list, tuple)):
-        return tuple((item.shape, item.dtype) for item in value[:limit]
-                     if hasattr(item, "shape") and hasattr(item, "dtype"))
-    shape = getattr(value, "shape", None)
-    dtype = getattr(value, "dtype", None)
-    return () if shape is None or dtype is None else ((shape, dtype),)
+    def _p2p_fields(self, waited: frozenset) -> dict:
+        """tag, the batch's ops, whether the call returned a Work to the user (async) and whether a thread is
+        blocked in that Work's wait() now: an isend left in flight while the rank computes is not a wait."""
+        tag, ops = getattr(self, "p2p", None) or (None, None)
+        fields: dict = {"tag": tag}
+        if ops is not None:
+            fields["ops"] = [{"op": op, "peer": peer, "tag": op_tag} for op, peer, op_tag in ops]
+        if self.api in ASYNC_P2P:
+            work = self.work
+            parts = getattr(work, "works", None) or (work,)
+            fields["async"] = True
+            fields["waited"] = self.state == _IN_FLIGHT and any(id(part) in waited for part in parts)
+        return fields
 
 
 class Recorder:
@@ -281,6 +279,7 @@ class Recorder:
         self._busy: set = set()  # threads inside a patched call: a patched call nested in it records nothing
         self._regions: dict = {}  # thread -> its region stack ("inside DDP.forward called from val.py:42")
         self._issuing: dict = {}  # thread -> the record of the synchronous device-backend call it is issuing
+        self._in_wait: dict = {}  # thread -> the Work it is blocked in wait() on now (set by the Work.wait hook)
         # The process group of a grad-enabled DDP forward whose gradient all-reduce the next backward() will run.
         self._pending_grad_sync = None
         self._failure_hook = None  # set by the watchdog while it runs
@@ -337,6 +336,10 @@ class Recorder:
         """(busy threads, mark busy, unmark, issuing, records by Work), lent once to the per-op wrappers. They read
         the containers but set and pop their thread's issuing entry, by subscript (a bound __setitem__: +90 ns/op)."""
         return self._busy, self._busy.add, self._busy.discard, self._issuing, self._by_work
+
+    def wait_marks(self) -> dict:
+        """thread -> the Work it waits on now: the Work.wait hook sets and clears its thread's entry."""
+        return self._in_wait
 
     # --- regions: "this happened inside DDP.forward called from val.py:42" ---
     @contextlib.contextmanager
@@ -428,8 +431,9 @@ class Recorder:
     def _forget_work(self, record: Record) -> None:
         work = record.work
         if work is not None:
-            if self._by_work.get(id(work)) is record:
-                del self._by_work[id(work)]
+            for part in (work,) + tuple(getattr(work, "works", ())):
+                if self._by_work.get(id(part)) is record:
+                    del self._by_work[id(part)]
             record.work = None
 
     def issued(self, record: Record, handle=None) -> None:
@@ -446,6 +450,8 @@ class Recorder:
             return
         record.work = handle
         self._by_work[id(handle)] = record
+        for part in getattr(handle, "works", ()):  # batch_isend_irecv: the user waits on each Work of the batch
+            self._by_work[id(part)] = record
 
     def waited(self, work, issuing: Record | None, error: BaseException | None = None) -> None:
         """Work.wait() returned (or raised). Inside a synchronous call it only names that call's Work."""
@@ -454,7 +460,14 @@ class Recorder:
                 issuing.work = work
             return
         record = self._by_work.get(id(work))
-        if record is None or record.work is not work:
+        if record is None:
+            return
+        if record.work is not work:  # one Work of a batch: the record is done when all of them are
+            if work in getattr(record.work, "works", ()):
+                if error is not None:
+                    self.finish(record, error)
+                elif _completed(record.work):
+                    self.finish(record)
             return
         if error is not None:
             self.finish(record, error)
@@ -530,11 +543,12 @@ class Recorder:
             refresh_thread_names()  # a thread came or went; otherwise begin() named every thread that recorded
         now = time.monotonic()
         inflight = sorted(self._inflight.values(), key=lambda r: r.start_mono)
+        waited = frozenset(id(work) for work in list(self._in_wait.values()))
         done = self._recent_done(recent, len(inflight)) if recent else []
         return {
             "progress": self._progress,
             "idle_s": round(now - self._progress_mono, 4),
-            "inflight": [r.to_dict(now) for r in inflight],
+            "inflight": [r.to_dict(now, waited) for r in inflight],
             "recent": self._recent_docs(done, now),
             "last_seq": {str(k): v for k, v in self.last_seq.items()},
             "groups": dict(self._groups),

@@ -1,0 +1,224 @@
+"""Point-to-point deadlocks: every rank blocked, no pending send, recv or collective can ever be matched, and the
+ranks wait for one another in a cycle. Plain data in, a finding's facts out."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .passes import finding
+from .reading import members, user_location
+
+SEND, RECV, COLLECTIVE = "send", "recv", "collective"
+ANY_SOURCE = -1  # a recv without `src`: any rank's send to this one matches it
+
+# The shapes of a cycle, each with its own fix (render/wording.py words them).
+SEND_FIRST = "send_first"  # every rank of the cycle sends first; nobody receives
+RECV_FIRST = "recv_first"  # every rank of the cycle waits to receive first; nobody sends
+UNMATCHED = "unmatched"  # a send and a recv between the same two ranks that differ in tag or source
+INTO_COLLECTIVE = "into_collective"  # a peer sits in a collective the sender (or receiver) never joins
+CROSSED = "crossed"  # sends and receives waited in an order that closes a cycle
+
+
+class Pending(NamedTuple):
+    """One operation a rank has in flight: a point-to-point half (send/recv) or a collective."""
+
+    rank: int
+    kind: str  # SEND, RECV or COLLECTIVE
+    peer: int | None  # the other rank of a send/recv (ANY_SOURCE for a recv from anyone); None for a collective
+    tag: int | None  # None: not known (a Flight Recorder record, NCCL) - matches any tag
+    record: dict
+
+
+def pending_ops(rank: int, state: dict) -> list:
+    """Every operation `rank` has in flight, a batch_isend_irecv record split into its sends and receives."""
+    found = []
+    for record in state.get("inflight") or ():
+        if not record.get("p2p"):
+            found.append(Pending(rank, COLLECTIVE, None, None, record))
+        elif record.get("ops"):
+            found.extend(Pending(rank, op.get("op"), op.get("peer"), op.get("tag"), record)
+                         for op in record["ops"] if op.get("op") in (SEND, RECV))
+        elif record.get("op") in (SEND, RECV) and isinstance(record.get("peer"), int) and record["peer"] >= -1:
+            found.append(Pending(rank, record["op"], record["peer"], record.get("tag"), record))
+    return found
+
+
+def is_waiting_in_call(state: dict) -> bool:
+    """Whether the rank is surely inside a wait: a call still running (send, recv, a collective), or a thread in
+    wait() on an isend/irecv's Work. An isend or irecv merely in flight while the rank computes is not a wait."""
+    return any(not record.get("async") or record.get("waited") for record in state.get("inflight") or ())
+
+
+def blocking_ops(ops: list) -> list:
+    """The operations the rank is actually stuck in: those of calls running or waited on (see is_waiting_in_call)."""
+    return [op for op in ops if not op.record.get("async") or op.record.get("waited")]
+
+
+def _same_group(a: Pending, b: Pending) -> bool:
+    return a.record.get("group") == b.record.get("group")
+
+
+def p2p_match(a: Pending, b: Pending) -> bool:
+    """Whether a send and a recv of two ranks pair up: each names the other (or the recv takes any source), same
+    group, same tag (an unknown tag matches)."""
+    if {a.kind, b.kind} != {SEND, RECV} or a.rank == b.rank or not _same_group(a, b):
+        return False
+    send, recv = (a, b) if a.kind == SEND else (b, a)
+    tags_agree = send.tag is None or recv.tag is None or send.tag == recv.tag
+    return send.peer == recv.rank and recv.peer in (ANY_SOURCE, send.rank) and tags_agree
+
+
+def _collective_can_complete(op: Pending, ops_by_rank: dict, states: dict, world_size: int) -> bool:
+    """Every member of the group has this collective (group and position) in flight."""
+    group, seq = op.record.get("group"), op.record.get("seq")
+    for member in members(states, group, world_size):
+        if not any(o.kind == COLLECTIVE and o.record.get("group") == group and o.record.get("seq") == seq
+                   for o in ops_by_rank.get(member, ())):
+            return False
+    return True
+
+
+def can_complete(op: Pending, ops_by_rank: dict, states: dict, world_size: int) -> bool:
+    if op.kind == COLLECTIVE:
+        return _collective_can_complete(op, ops_by_rank, states, world_size)
+    return any(p2p_match(op, other) for rank, others in ops_by_rank.items() if rank != op.rank for other in others)
+
+
+def needs(op: Pending, ops_by_rank: dict, states: dict, world_size: int) -> list:
+    """The ranks this operation waits for: its peer, any rank for an any-source recv, or the group's members that
+    are not in this collective at this position."""
+    if op.kind == COLLECTIVE:
+        group, seq = op.record.get("group"), op.record.get("seq")
+        return [m for m in members(states, group, world_size) if m != op.rank and not any(
+            o.kind == COLLECTIVE and o.record.get("group") == group and o.record.get("seq") == seq
+            for o in ops_by_rank.get(m, ()))]
+    if op.peer == ANY_SOURCE:
+        return sorted(r for r in ops_by_rank if r != op.rank)
+    return [op.peer]
+
+
+def wait_cycle(blocking: dict, ops_by_rank: dict, states: dict, world_size: int) -> list:
+    """[(rank, the op it waits in, the rank it waits for), ...] closing a cycle, from the lowest rank that is on
+    one; [] when the waits end outside the blocked ranks (a rank that exited, or one not seen)."""
+    edges = {rank: [(op, peer) for op in ops for peer in needs(op, ops_by_rank, states, world_size)]
+             for rank, ops in blocking.items()}
+    for start in sorted(edges):
+        path, seen = [], {}
+        rank = start
+        while rank in edges and rank not in seen and edges[rank]:
+            seen[rank] = len(path)
+            op, peer = _preferred_edge(edges[rank], seen)
+            path.append((rank, op, peer))
+            rank = peer
+        if rank in seen:
+            return path[seen[rank]:]
+    return []
+
+
+def _preferred_edge(edges: list, seen: dict) -> tuple:
+    """Follow a point-to-point wait first (the cycle the user wrote), then one back to a rank on the path."""
+    return min(edges, key=lambda e: (e[0].kind == COLLECTIVE, e[1] not in seen, e[1]))
+
+
+def cycle_shape(cycle: list, ops_by_rank: dict) -> tuple:
+    """(shape, the unmatched pair or None) of a wait-for cycle."""
+    kinds = {op.kind for _, op, _ in cycle}
+    pair = _unmatched_pair(cycle, ops_by_rank)
+    if pair:
+        return UNMATCHED, pair
+    if COLLECTIVE in kinds:
+        return INTO_COLLECTIVE, None
+    if kinds == {SEND}:
+        return SEND_FIRST, None
+    if kinds == {RECV}:
+        return RECV_FIRST, None
+    return CROSSED, None
+
+
+def _unmatched_pair(cycle: list, ops_by_rank: dict):
+    """A send to a rank whose pending recv differs from it only in tag or source: on the cycle first, else
+    anywhere (rank 0 sends to rank 1, which waits for rank 2: the cycle runs through rank 2, the bug is the pair)."""
+    on_cycle = [op for _, op, _ in cycle]
+    everywhere = [op for ops in ops_by_rank.values() for op in ops]
+    for candidates in (on_cycle, everywhere):
+        for op in candidates:
+            if op.kind != SEND:
+                continue
+            for other in ops_by_rank.get(op.peer, ()):
+                if other.kind == RECV and _same_group(op, other) and _near_miss(op, other):
+                    return op, other
+    return None
+
+
+def _near_miss(a: Pending, b: Pending) -> bool:
+    """A send and a recv between the same two ranks that would pair but for the tag, or a recv that names
+    another source while this rank sends to it."""
+    send, recv = (a, b) if a.kind == SEND else (b, a)
+    if send.peer != recv.rank:
+        return False
+    return recv.peer not in (ANY_SOURCE, send.rank) or (send.tag is not None and recv.tag is not None
+                                                           and send.tag != recv.tag)
+
+
+def exchanges_with(state: dict, peer: int, group) -> int | None:
+    """How many point-to-point ops this rank has issued with `peer` on `group` (the per-pair sequence, counted
+    from the records it published; None when none is in view)."""
+    seqs = [r.get("seq") for r in list(state.get("recent") or ()) + list(state.get("inflight") or ())
+            if r.get("p2p") and r.get("peer") == peer and r.get("group") == group and isinstance(r.get("seq"), int)]
+    return max(seqs) + 1 if seqs else None
+
+
+def culprits_of(shape: str, cycle: list, pair, states: dict) -> list:
+    """Who departed: the receiver of an unmatched pair and its sender; the point-to-point ranks waiting on a peer
+    that went on to a collective (they issued one exchange more); otherwise every rank of the cycle."""
+    if shape == UNMATCHED:
+        return sorted({pair[0].rank, pair[1].rank})
+    if shape == INTO_COLLECTIVE:
+        ahead = [rank for rank, op, _ in cycle if op.kind != COLLECTIVE]
+        return sorted(set(ahead)) or sorted({rank for rank, _, _ in cycle})
+    return sorted({rank for rank, _, _ in cycle})
+
+
+def step_of(rank: int, op: Pending, peer: int, states: dict) -> dict:
+    """One step of the cycle as facts: who, in what, at which line, waiting for whom."""
+    record = op.record
+    step = {"rank": rank, "kind": op.kind, "peer": op.peer, "tag": op.tag, "waits_for": peer,
+            "op": record.get("op"), "api": record.get("api"), "group": record.get("group"), "seq": record.get("seq"),
+            "site": user_location(record), "wait_s": record.get("age_s")}
+    if op.kind != COLLECTIVE and peer in states:
+        step["exchanges"] = exchanges_with(states[rank], op.peer, record.get("group"))
+        step["peer_exchanges"] = exchanges_with(states[peer], rank, record.get("group"))
+    return step
+
+
+def p2p_deadlock(waiting: dict, states: dict, world_size: int) -> dict | None:
+    """Every live rank blocked, at least one in a send or recv, and nothing pending can ever be matched: the wait-
+    for cycle, who departed, and the shape of the cycle (which decides the fix)."""
+    ops_by_rank = {rank: pending_ops(rank, state) for rank, state in states.items()}
+    if not any(op.kind != COLLECTIVE for ops in ops_by_rank.values() for op in ops):
+        return None
+    if not all(is_waiting_in_call(state) for state in states.values()):
+        return None  # a rank computing with an irecv posted may yet send what another waits for
+    if any(can_complete(op, ops_by_rank, states, world_size) for ops in ops_by_rank.values() for op in ops):
+        return None  # a pair or a collective can still finish: slow, not proven stuck
+    blocking = {rank: blocking_ops(ops) for rank, ops in ops_by_rank.items()}
+    cycle = wait_cycle(blocking, ops_by_rank, states, world_size)
+    if not cycle or all(op.kind == COLLECTIVE for _, op, _ in cycle):
+        return None  # collectives alone: group_order and the mismatch passes say it better
+    shape, pair = cycle_shape(cycle, ops_by_rank)
+    culprits = culprits_of(shape, cycle, pair, states)
+    steps = [step_of(rank, op, peer, states) for rank, op, peer in cycle]
+    if pair:
+        location = user_location(pair[1].record)
+    else:
+        location = next(s["site"] for s in steps if s["rank"] in culprits and s["kind"] != COLLECTIVE)
+    side = [op.record for _, op, _ in cycle]
+    rows = [{"ranks": [step["rank"]], "group": step["group"], "seq": step["seq"], "op": step["op"],
+             "api": step["api"], "shapes": op.record.get("shapes"), "dtypes": op.record.get("dtypes"),
+             "site": op.record.get("site"), "region": op.record.get("region"), "wait_s": step["wait_s"],
+             "state": op.record.get("state"), "description": None}
+            for step, (_, op, _) in zip(steps, cycle)]
+    pair_facts = None if not pair else [step_of(op.rank, op, op.peer, states) for op in pair]
+    return finding("p2p_deadlock", culprits, location,
+                   {"shape": shape, "cycle": steps, "mismatched": rows},
+                   shape=shape, cycle=steps, pair=pair_facts, culprits=culprits, location=location, side=side)

@@ -1,0 +1,101 @@
+"""The point-to-point wrappers: send, recv, isend, irecv and batch_isend_irecv recorded with peer and tag."""
+
+from __future__ import annotations
+
+import inspect
+
+from .. import catalogue
+from .arguments import arg, param_index
+from .tensors import tensor_meta
+
+OPS_KEPT = 64  # the ops of one batch_isend_irecv kept in its record: a pipeline's batch is a handful
+
+
+def p2p_wrapper(patcher, original, api: str, op: str, peer_param: str):
+    """send/recv/isend/irecv: one record, its peer a rank of the default group, its tag kept."""
+    signature = inspect.signature(original)
+    group_i = param_index(signature, "group")
+    peer_i = param_index(signature, peer_param)
+    tensor_i = param_index(signature, "tensor")
+    tag_i = param_index(signature, "tag")
+    group_peer_param = "group_dst" if peer_param == "dst" else "group_src"
+    group_peer_i = param_index(signature, group_peer_param)
+
+    def body(args, kwargs, caller):
+        group = arg(args, kwargs, group_i, "group")
+        peer = global_peer(patcher._c10d, group, arg(args, kwargs, peer_i, peer_param),
+                           arg(args, kwargs, group_peer_i, group_peer_param))
+        record = patcher._begin(op, api, group, lambda: tensor_meta(arg(args, kwargs, tensor_i, "tensor")), caller,
+                                peer=peer)
+        if record is None:
+            return original(*args, **kwargs)
+        record.p2p = (_tag(arg(args, kwargs, tag_i, "tag", 0)), None)
+        result = patcher._finish_on_error(record, original, *args, **kwargs)
+        patcher._complete_later_or_now(record, result if hasattr(result, "is_completed") else None)
+        return result
+
+    return patcher._outermost(original, body)
+
+
+def batch_wrapper(patcher, original):
+    """batch_isend_irecv: one record for the batch (the isend/irecv calls inside it are not recorded again), with
+    each op's direction, peer and tag; done when all its Works are."""
+    def body(args, kwargs, caller):
+        ops = args[0] if args else kwargs.get("p2p_op_list") or []
+        first = ops[0] if ops else None
+        record = patcher._begin("batch_p2p", catalogue.BATCH_P2P, getattr(first, "group", None),
+                                lambda: tensor_meta([getattr(p, "tensor", None) for p in ops]), caller, peer=-2)
+        if record is None:
+            return original(*args, **kwargs)
+        record.p2p = (None, batch_ops(patcher._c10d, ops))
+        works = patcher._finish_on_error(record, original, *args, **kwargs)
+        pending = [w for w in works or () if hasattr(w, "is_completed")]
+        patcher._complete_later_or_now(record, AllOf(pending) if pending else None)
+        return works
+
+    return patcher._outermost(original, body)
+
+
+def global_peer(c10d, group, peer, group_peer) -> int:
+    """The peer as a rank of the default group (`dst`/`src` are; `group_dst`/`group_src` number the group's own
+    ranks); -1 for "any source" (recv with no src). Never raises: a peer it cannot read is -1."""
+    try:
+        if peer is None and group_peer is not None:
+            if group is None:
+                return int(group_peer)
+            return int(c10d.get_global_rank(group, int(group_peer)))
+        return -1 if peer is None else int(peer)
+    except Exception:
+        return -1
+
+
+def batch_ops(c10d, ops) -> tuple:
+    """((op, global peer, tag), ...) of a batch_isend_irecv list, at most OPS_KEPT of them."""
+    described = []
+    for p2p_op in list(ops)[:OPS_KEPT]:
+        function = getattr(p2p_op, "op", None)
+        name = getattr(function, "__ddpwatch_original__", function)
+        kind = "recv" if getattr(name, "__name__", "").endswith("recv") else "send"
+        peer = global_peer(c10d, getattr(p2p_op, "group", None), getattr(p2p_op, "peer", None),
+                           getattr(p2p_op, "group_peer", None))
+        described.append((kind, peer, _tag(getattr(p2p_op, "tag", 0))))
+    return tuple(described)
+
+
+def _tag(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class AllOf:
+    """One handle over several Work objects (batch_isend_irecv): completed when all are."""
+
+    __slots__ = ("works",)
+
+    def __init__(self, works):
+        self.works = works
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self.works)

@@ -1,0 +1,140 @@
+"""Real point-to-point hangs and their benign look-alikes: `python p2p.py CASE`; lines tagged `# LINE:name`."""
+
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import ddpwatch
+
+
+def mark():
+    print(f"DDPWATCH-MARK hang-forms {time.time():.3f}", file=sys.stderr, flush=True)
+
+
+def send_first(rank, world):
+    """A halo exchange written send-then-recv: gloo's send waits for the matching recv."""
+    left, right = (rank - 1) % world, (rank + 1) % world
+    halo = torch.ones(4)
+    mark()
+    dist.send(halo, dst=right)  # LINE:send_first
+    dist.recv(halo, src=left)
+
+
+def recv_first(rank, world):
+    """Each rank waits on its irecv before it sends."""
+    other = 1 - rank
+    buf = torch.zeros(4)
+    mark()
+    request = dist.irecv(buf, src=other)  # LINE:recv_first
+    request.wait()
+    dist.send(torch.ones(4), dst=other)
+
+
+def wrong_tag(rank, world):
+    buf = torch.ones(4)
+    mark()
+    if rank == 0:
+        dist.send(buf, dst=1, tag=7)  # LINE:tag_send
+    else:
+        dist.recv(buf, src=0, tag=8)  # LINE:tag_recv
+    dist.barrier()
+
+
+def wrong_source(rank, world):
+    """Rank 1 waits for rank 2, but it is rank 0 that sends to it; rank 2 goes on to the barrier."""
+    buf = torch.ones(4)
+    mark()
+    if rank == 0:
+        dist.send(buf, dst=1)
+    elif rank == 1:
+        dist.recv(buf, src=2)  # LINE:source_recv
+    dist.barrier()
+
+
+def microbatches(rank, world):
+    """A two-stage pipeline whose stages disagree on the number of microbatches: stage 0 runs 4, stage 1 runs 3."""
+    count = 4 if rank == 0 else 3
+    activation = torch.ones(8)
+    for index in range(count):
+        if index == count - 1:
+            mark()
+        if rank == 0:
+            dist.send(activation, dst=1)  # LINE:stage_send
+        else:
+            dist.recv(activation, src=0)
+    dist.all_reduce(torch.ones(2))  # LINE:stage_all_reduce
+
+
+def batch_unpaired(rank, world):
+    """batch_isend_irecv lists that do not pair: rank 0 sends and receives, rank 1 only sends."""
+    ops = [dist.P2POp(dist.isend, torch.ones(4), 1 - rank)]
+    if rank == 0:
+        ops.append(dist.P2POp(dist.irecv, torch.zeros(4), 1))
+    mark()
+    requests = dist.batch_isend_irecv(ops)  # LINE:batch_call
+    for request in requests:
+        request.wait()
+    dist.barrier()
+
+
+# ---------------------------------------------------------------- benign look-alikes: they must finish, unreported
+
+def exchange_ok(rank, world):
+    """The halo exchange written right: irecv first, then send, then wait; and again with batch_isend_irecv."""
+    left, right = (rank - 1) % world, (rank + 1) % world
+    for _ in range(20):
+        buf = torch.zeros(4)
+        request = dist.irecv(buf, src=left)
+        dist.send(torch.ones(4), dst=right)
+        request.wait()
+        ops = [dist.P2POp(dist.isend, torch.ones(4), right), dist.P2POp(dist.irecv, torch.zeros(4), left)]
+        for request in dist.batch_isend_irecv(ops):
+            request.wait()
+    dist.barrier()
+
+
+def slow_stage(rank, world):
+    """Stage 1 computes for 3 s before it sends: stage 0 waits in recv, a straggler at most, never a deadlock."""
+    activation = torch.ones(8)
+    for _ in range(2):
+        if rank == 1:
+            time.sleep(3)
+            dist.send(activation, dst=0)
+        else:
+            dist.recv(activation, src=1)
+    dist.barrier()
+
+
+def prefetch(rank, world):
+    """Rank 0 posts an irecv, then computes for 3 s before the barrier; rank 1 waits in the barrier, then sends."""
+    buf = torch.zeros(4)
+    if rank == 0:
+        request = dist.irecv(buf, src=1)
+        time.sleep(3)
+        dist.barrier()
+        request.wait()
+    else:
+        dist.barrier()
+        dist.send(torch.ones(4), dst=0)
+    dist.barrier()
+
+
+CASES = {name: function for name, function in globals().items()
+         if callable(function) and name not in ("mark", "main") and not name.startswith("_")
+         and getattr(function, "__module__", None) == __name__}
+
+
+def main():
+    case = sys.argv[1]
+    torch.set_num_threads(1)
+    with ddpwatch.guard():
+        dist.init_process_group("gloo")
+        CASES[case](dist.get_rank(), dist.get_world_size())
+        dist.destroy_process_group()
+    print("rank finished cleanly", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()

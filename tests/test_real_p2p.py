@@ -1,0 +1,81 @@
+"""Real point-to-point hangs on 2-3 gloo ranks (hard time limits): the cycle, the culprit, the line and the fix; and
+the exchanges that only look like hangs stay silent."""
+
+import os
+
+import pytest
+
+from ranks import SCENARIOS, describe, hang_formed_at, load_only_report, reports, run_case, tagged_line
+
+P2P = os.path.join(SCENARIOS, "p2p.py")
+pytestmark = pytest.mark.timeout(120)
+
+
+def hang(tmp_path, case, nprocs=2):
+    results = run_case([P2P, case], nprocs, tmp_path, timeout=60, DDPWATCH_ACTION="abort")
+    assert all(r.returncode == 3 for r in results), describe(results)
+    incident = load_only_report(tmp_path)
+    assert [f["kind"] for f in incident["findings"]] == ["p2p_deadlock"], (incident["findings"], describe(results))
+    finding = incident["findings"][0]
+    assert incident["created_at"] - hang_formed_at(results) < 5.0  # proven, not timed out (300 s)
+    return finding
+
+
+def line(tag):
+    return tagged_line(P2P, tag)
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_every_rank_sending_first_is_a_send_cycle_through_all_of_them(tmp_path, nprocs):
+    finding = hang(tmp_path, "send_first", nprocs)
+    assert finding["ranks"] == list(range(nprocs))
+    assert finding["evidence"]["shape"] == "send_first"
+    assert [s["waits_for"] for s in finding["evidence"]["cycle"]] == [(r + 1) % nprocs for r in range(nprocs)]
+    assert finding["location"]["line"] == line("send_first")
+    assert "irecv" in finding["fix"] and "parity" in finding["fix"]
+
+
+def test_irecvs_waited_on_before_any_send_are_a_recv_cycle(tmp_path):
+    finding = hang(tmp_path, "recv_first")
+    assert (finding["ranks"], finding["evidence"]["shape"]) == ([0, 1], "recv_first")
+    assert finding["location"]["line"] == line("recv_first")
+    assert "irecv from rank 1, waited on" in finding["evidence"]["mismatched"][0]["description"]
+
+
+def test_a_recv_with_another_tag_is_the_unmatched_pair_named_at_the_recv(tmp_path):
+    finding = hang(tmp_path, "wrong_tag")
+    assert (finding["ranks"], finding["evidence"]["shape"]) == ([0, 1], "unmatched")
+    assert finding["location"]["line"] == line("tag_recv")
+    assert "tag 8" in finding["summary"] and "tag 7" in finding["fix"]
+
+
+def test_a_recv_from_the_wrong_source_names_the_sender_and_the_receiver(tmp_path):
+    finding = hang(tmp_path, "wrong_source", 3)
+    assert (finding["ranks"], finding["evidence"]["shape"]) == ([0, 1], "unmatched")
+    assert finding["location"]["line"] == line("source_recv")
+    assert [s["rank"] for s in finding["evidence"]["cycle"]] == [0, 1, 2]
+
+
+def test_a_stage_with_one_microbatch_more_than_its_peer_is_named_with_both_counts(tmp_path):
+    finding = hang(tmp_path, "microbatches")
+    assert (finding["ranks"], finding["evidence"]["shape"]) == ([0], "into_collective")
+    assert finding["location"]["line"] == line("stage_send")
+    assert "exchange #4 with rank 1, which made 3" in finding["summary"]
+    assert "microbatches" in finding["fix"]
+    collective = finding["evidence"]["cycle"][1]
+    assert (collective["rank"], collective["op"], collective["site"]["line"]) == (1, "all_reduce",
+                                                                                  line("stage_all_reduce"))
+
+
+def test_batch_isend_irecv_lists_that_do_not_pair_name_the_rank_left_with_a_send(tmp_path):
+    finding = hang(tmp_path, "batch_unpaired")
+    assert (finding["ranks"], finding["evidence"]["shape"]) == ([0], "into_collective")
+    assert finding["location"]["line"] == line("batch_call")
+    assert "batch_isend_irecv (send to rank 1, recv from rank 1)" in finding["evidence"]["mismatched"][0]["description"]
+
+
+@pytest.mark.parametrize("case,nprocs", [("exchange_ok", 3), ("slow_stage", 2), ("prefetch", 2)])
+def test_exchanges_that_only_look_like_hangs_finish_without_a_report(tmp_path, case, nprocs):
+    results = run_case([P2P, case], nprocs, tmp_path, timeout=60, DDPWATCH_ACTION="abort")
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert reports(tmp_path) == []
