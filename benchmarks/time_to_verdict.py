@@ -15,6 +15,7 @@ import time
 from . import _common as C
 
 HANGS = os.path.join(C.ROOT, "tests", "scenarios", "hangs.py")
+P2P = os.path.join(C.ROOT, "tests", "scenarios", "p2p.py")
 NATIVE = os.path.join(C.ROOT, "benchmarks", "seed_stall_native.py")
 TARGET_S = 1.0  # issue 19: a proven deadlock within 1 s of the last rank blocking (was 5 s, issue 12)
 STRAGGLER_TIMEOUT = 4
@@ -22,10 +23,13 @@ STRAGGLER_TIMEOUT = 4
 CASES = {
     "seed stall (ddp_forward_on_subset)": (["-m", "ddpwatch.examples.seed_stall", "--mark"], {}, True),
     "collective_on_subset": ([HANGS, "collective_on_subset"], {}, True),
+    "p2p send cycle (p2p_deadlock)": ([P2P, "send_first"], {}, True),
+    "pipeline microbatches (p2p_deadlock)": ([P2P, "pipeline_microbatches"], {}, True),
     f"straggler (busy:60, DDPWATCH_TIMEOUT={STRAGGLER_TIMEOUT})": (
         [HANGS, "busy:60"], {"DDPWATCH_TIMEOUT": STRAGGLER_TIMEOUT}, False),
 }
-REPEATS = {"full": {"seed stall (ddp_forward_on_subset)": 3, "collective_on_subset": 3}, "quick": {}}
+REPEATS = {"full": {"seed stall (ddp_forward_on_subset)": 3, "collective_on_subset": 3,
+                    "p2p send cycle (p2p_deadlock)": 3, "pipeline microbatches (p2p_deadlock)": 3}, "quick": {}}
 NATIVE_TIMEOUT = {"full": 20, "quick": 3}
 LIMIT_S = 90  # per run: far above any verdict, far below the 30-minute native default
 

@@ -74,7 +74,14 @@ def test_batch_isend_irecv_lists_that_do_not_pair_name_the_rank_left_with_a_send
     assert "batch_isend_irecv (send to rank 1, recv from rank 1)" in finding["evidence"]["mismatched"][0]["description"]
 
 
-@pytest.mark.parametrize("case,nprocs", [("exchange_ok", 3), ("slow_stage", 2), ("prefetch", 2)])
+def test_pipelining_stages_with_different_microbatch_counts_are_named_with_the_schedule_fix(tmp_path):
+    finding = hang(tmp_path, "pipeline_microbatches")
+    assert (finding["ranks"], finding["evidence"]["shape"]) == ([0, 1], "pipeline")
+    assert finding["location"]["line"] in (line("pipeline_step_first"), line("pipeline_step_last"))
+    assert "n_microbatches" in finding["fix"] and "torch.distributed.pipelining" in finding["summary"]
+
+
+@pytest.mark.parametrize("case,nprocs", [("exchange_ok", 3), ("slow_stage", 2), ("prefetch", 2), ("pipeline_ok", 2)])
 def test_exchanges_that_only_look_like_hangs_finish_without_a_report(tmp_path, case, nprocs):
     results = run_case([P2P, case], nprocs, tmp_path, timeout=60, DDPWATCH_ACTION="abort")
     assert all(r.returncode == 0 for r in results), describe(results)

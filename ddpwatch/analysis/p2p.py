@@ -17,6 +17,8 @@ RECV_FIRST = "recv_first"  # every rank of the cycle waits to receive first; nob
 UNMATCHED = "unmatched"  # a send and a recv between the same two ranks that differ in tag or source
 INTO_COLLECTIVE = "into_collective"  # a peer sits in a collective the sender (or receiver) never joins
 CROSSED = "crossed"  # sends and receives waited in an order that closes a cycle
+PIPELINE = "pipeline"  # the sends and receives of torch.distributed.pipelining's schedule: its stages disagree
+PIPELINING = "torch.distributed.pipelining"  # a record's origin when that library issued it
 
 
 class Pending(NamedTuple):
@@ -123,6 +125,8 @@ def _preferred_edge(edges: list, seen: dict) -> tuple:
 def cycle_shape(cycle: list, ops_by_rank: dict) -> tuple:
     """(shape, the unmatched pair or None) of a wait-for cycle."""
     kinds = {op.kind for _, op, _ in cycle}
+    if all(op.record.get("origin") == PIPELINING for _, op, _ in cycle if op.kind != COLLECTIVE):
+        return PIPELINE, None  # the schedule is the library's: its stages disagree, whatever the shape
     pair = _unmatched_pair(cycle, ops_by_rank)
     if pair:
         return UNMATCHED, pair

@@ -309,6 +309,11 @@ _P2P_FIXES = {
     "recv_first": ("Every rank of the cycle waits to receive before it sends. Let one side send first: order by rank "
                    "parity (even ranks send then receive, odd ranks receive then send), or post both halves at once "
                    "with `dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)])`."),
+    "pipeline": ("The stages of a torch.distributed.pipelining schedule disagree on how many microbatches a step "
+                 "has (or on the schedule): one stage still sends or waits for a microbatch the other has not or "
+                 "no longer will. Build every stage's schedule with the same `n_microbatches` and the same schedule "
+                 "class, and give every stage batches of the same size: a rank-local batch size, or a last batch "
+                 "that is smaller on some ranks, changes the microbatch count (drop the last batch, or pad it)."),
     "crossed": ("The ranks wait on their sends and receives in an order that closes a cycle. Post every receive of "
                 "a step first (`dist.irecv`) and wait on the Works only after the sends are posted, or issue each "
                 "step's sends and receives together with `dist.batch_isend_irecv`."),
@@ -346,6 +351,9 @@ def _p2p_deadlock(facts: dict, ranks_text=rank_list) -> tuple:
                "last one on every rank.")
     else:
         fix = _P2P_FIXES[shape]
+        if shape == "pipeline":
+            summary += (f" These are the sends and receives of torch.distributed.pipelining's schedule, run from "
+                        f"{S.short_site(facts['location'])}.")
     return summary, fix
 
 

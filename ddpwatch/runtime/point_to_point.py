@@ -29,7 +29,7 @@ def p2p_wrapper(patcher, original, api: str, op: str, peer_param: str):
                                 peer=peer)
         if record is None:
             return original(*args, **kwargs)
-        record.p2p = (_tag(arg(args, kwargs, tag_i, "tag", 0)), None)
+        record.p2p = (_tag(arg(args, kwargs, tag_i, "tag", 0)), None, origin_of(caller))
         result = patcher._finish_on_error(record, original, *args, **kwargs)
         patcher._complete_later_or_now(record, result if hasattr(result, "is_completed") else None)
         return result
@@ -47,13 +47,30 @@ def batch_wrapper(patcher, original):
                                 lambda: tensor_meta([getattr(p, "tensor", None) for p in ops]), caller, peer=-2)
         if record is None:
             return original(*args, **kwargs)
-        record.p2p = (None, batch_ops(patcher._c10d, ops))
+        record.p2p = (None, batch_ops(patcher._c10d, ops), origin_of(caller))
         works = patcher._finish_on_error(record, original, *args, **kwargs)
         pending = [w for w in works or () if hasattr(w, "is_completed")]
         patcher._complete_later_or_now(record, AllOf(pending) if pending else None)
         return works
 
     return patcher._outermost(original, body)
+
+
+# A library whose P2P schedule the user does not write: the report speaks of its schedule, not of send and recv.
+ORIGINS = (("/torch/distributed/pipelining/", "torch.distributed.pipelining"),)
+ORIGIN_DEPTH = 4  # frames looked at above the call (pipelining: _batch_p2p <- _step_microbatches <- step)
+
+
+def origin_of(caller) -> str | None:
+    """The library that issued this P2P op, from the few frames above it; None for the user's own send/recv."""
+    frame, depth = caller, 0
+    while frame is not None and depth < ORIGIN_DEPTH:
+        name = frame.f_code.co_filename.replace("\\", "/")
+        for marker, origin in ORIGINS:
+            if marker in name:
+                return origin
+        frame, depth = frame.f_back, depth + 1
+    return None
 
 
 def global_peer(c10d, group, peer, group_peer) -> int:

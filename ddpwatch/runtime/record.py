@@ -247,10 +247,12 @@ class Record:
     def _p2p_fields(self, waited: frozenset) -> dict:
         """tag, the batch's ops, whether the call returned a Work to the user (async) and whether a thread is
         blocked in that Work's wait() now: an isend left in flight while the rank computes is not a wait."""
-        tag, ops = getattr(self, "p2p", None) or (None, None)
+        tag, ops, origin = getattr(self, "p2p", None) or (None, None, None)
         fields: dict = {"tag": tag}
         if ops is not None:
             fields["ops"] = [{"op": op, "peer": peer, "tag": op_tag} for op, peer, op_tag in ops]
+        if origin:
+            fields["origin"] = origin
         if self.api in ASYNC_P2P:
             work = self.work
             parts = getattr(work, "works", None) or (work,)

@@ -79,7 +79,33 @@ def batch_unpaired(rank, world):
     dist.barrier()
 
 
+def _pipeline(rank, world, schedule, microbatches):
+    """torch.distributed.pipelining: one Linear stage per rank, `microbatches[rank]` microbatches on each."""
+    from torch.distributed import pipelining
+
+    stage = pipelining.PipelineStage(torch.nn.Linear(8, 8), rank, world, torch.device("cpu"))
+    count = microbatches[rank]
+    runner = getattr(pipelining, schedule)(stage, n_microbatches=count, loss_fn=lambda out, target: out.sum())
+    batch = torch.randn(2 * count, 8)
+    mark()  # with different counts the first step hangs
+    for _ in range(2):
+        if rank == 0:
+            runner.step(batch)  # LINE:pipeline_step_first
+        else:
+            runner.step(target=batch, losses=[])  # LINE:pipeline_step_last
+    dist.barrier()
+
+
+def pipeline_microbatches(rank, world):
+    """The stages build their schedules from a rank-local count: 4 microbatches on stage 0, 2 on stage 1."""
+    _pipeline(rank, world, "ScheduleGPipe", [4, 2])
+
+
 # ---------------------------------------------------------------- benign look-alikes: they must finish, unreported
+
+def pipeline_ok(rank, world):
+    _pipeline(rank, world, "Schedule1F1B", [4, 4])
+
 
 def exchange_ok(rank, world):
     """The halo exchange written right: irecv first, then send, then wait; and again with batch_isend_irecv."""
