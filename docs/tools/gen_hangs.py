@@ -19,6 +19,7 @@ HANGS = os.path.join(SCENARIOS, "hangs.py")
 CATALOGUE = os.path.join(SCENARIOS, "catalogue.py")
 FAULTS = os.path.join(SCENARIOS, "faults.py")
 FRAMEWORKS = os.path.join(SCENARIOS, "frameworks.py")
+P2P = os.path.join(SCENARIOS, "p2p.py")
 
 # kind, title, symptom, reproduction (file, function), command args, ranks, extra env, stop when a report exists
 SECTIONS = [
@@ -44,6 +45,17 @@ SECTIONS = [
     ("group_order", "Two process groups used in opposite orders",
      "Rank 0 all-reduces on group A then B, rank 1 on B then A.",
      (CATALOGUE, "group_order"), [CATALOGUE, "group_order"], 2, {}, False),
+    ("p2p_deadlock", "Point-to-point: every rank sends first",
+     "A halo exchange written send-then-recv: gloo's (and NCCL's) send waits for the matching recv.",
+     (P2P, "send_first"), [P2P, "send_first"], 3, {}, False),
+    ("p2p_deadlock", "Point-to-point: a recv that names another tag",
+     "Rank 0 sends with tag 7, rank 1 receives with tag 8.", (P2P, "wrong_tag"), [P2P, "wrong_tag"], 2, {}, False),
+    ("p2p_deadlock", "Point-to-point: a stage with one microbatch more",
+     "A hand-written two-stage pipeline: stage 0 sends 4 microbatches, stage 1 receives 3 and goes on to an "
+     "all_reduce.", (P2P, "microbatches"), [P2P, "microbatches"], 2, {}, False),
+    ("p2p_deadlock", "torch.distributed.pipelining: stages with different microbatch counts",
+     "Each stage builds its ScheduleGPipe with a rank-local `n_microbatches` (4 on stage 0, 2 on stage 1).",
+     (P2P, "_pipeline"), [P2P, "pipeline_microbatches"], 2, {}, False),
     ("straggler", "A rank that is merely slow",
      "Rank 0 works outside collectives for longer than the timeout (here 4 s) while rank 1 waits.",
      (HANGS, "busy"), [HANGS, "busy:60"], 2, {"DDPWATCH_TIMEOUT": 4}, False),
