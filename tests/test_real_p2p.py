@@ -1,6 +1,7 @@
 """Real point-to-point hangs on 2-3 gloo ranks (hard time limits): the cycle, the culprit, the line and the fix; and
 the exchanges that only look like hangs stay silent."""
 
+import json
 import os
 
 import pytest
@@ -19,6 +20,11 @@ def hang(tmp_path, case, nprocs=2):
     finding = incident["findings"][0]
     assert incident["created_at"] - hang_formed_at(results) < 5.0  # proven, not timed out (300 s)
     return finding
+
+
+def read_json(path):
+    with open(path) as handle:
+        return json.load(handle)
 
 
 def line(tag):
@@ -86,3 +92,11 @@ def test_exchanges_that_only_look_like_hangs_finish_without_a_report(tmp_path, c
     results = run_case([P2P, case], nprocs, tmp_path, timeout=60, DDPWATCH_ACTION="abort")
     assert all(r.returncode == 0 for r in results), describe(results)
     assert reports(tmp_path) == []
+
+
+def test_a_slow_pipeline_stage_is_a_straggler_after_the_timeout_never_a_deadlock(tmp_path):
+    results = run_case([P2P, "slow_stage"], 2, tmp_path, timeout=60, DDPWATCH_ACTION="report", DDPWATCH_TIMEOUT="2")
+    assert all(r.returncode == 0 for r in results), describe(results)
+    found = [read_json(path) for path in reports(tmp_path)]
+    assert found, "the 3 s stage outlasts the 2 s timeout: a straggler report"
+    assert {(f["kind"], tuple(f["ranks"])) for incident in found for f in incident["findings"]} == {("straggler", (1,))}
