@@ -70,19 +70,18 @@ def p2p_match(a: Pending, b: Pending) -> bool:
     return send.peer == recv.rank and recv.peer in (ANY_SOURCE, send.rank) and tags_agree
 
 
-def _collective_can_complete(op: Pending, ops_by_rank: dict, states: dict, world_size: int) -> bool:
-    """Every member of the group has this collective (group and position) in flight."""
+def _absent_from(op: Pending, ops_by_rank: dict, states: dict, world_size: int) -> list:
+    """The members of a collective's group that do not have it (its group and position) in flight."""
     group, seq = op.record.get("group"), op.record.get("seq")
-    for member in members(states, group, world_size):
-        if not any(o.kind == COLLECTIVE and o.record.get("group") == group and o.record.get("seq") == seq
-                   for o in ops_by_rank.get(member, ())):
-            return False
-    return True
+    return [member for member in members(states, group, world_size) if not any(
+        o.kind == COLLECTIVE and o.record.get("group") == group and o.record.get("seq") == seq
+        for o in ops_by_rank.get(member, ()))]
 
 
 def can_complete(op: Pending, ops_by_rank: dict, states: dict, world_size: int) -> bool:
+    """A collective: every member has it in flight; a send or recv: a pending op of another rank pairs with it."""
     if op.kind == COLLECTIVE:
-        return _collective_can_complete(op, ops_by_rank, states, world_size)
+        return not _absent_from(op, ops_by_rank, states, world_size)
     return any(p2p_match(op, other) for rank, others in ops_by_rank.items() if rank != op.rank for other in others)
 
 
@@ -90,10 +89,7 @@ def needs(op: Pending, ops_by_rank: dict, states: dict, world_size: int) -> list
     """The ranks this operation waits for: its peer, any rank for an any-source recv, or the group's members that
     are not in this collective at this position."""
     if op.kind == COLLECTIVE:
-        group, seq = op.record.get("group"), op.record.get("seq")
-        return [m for m in members(states, group, world_size) if m != op.rank and not any(
-            o.kind == COLLECTIVE and o.record.get("group") == group and o.record.get("seq") == seq
-            for o in ops_by_rank.get(m, ()))]
+        return [m for m in _absent_from(op, ops_by_rank, states, world_size) if m != op.rank]
     if op.peer == ANY_SOURCE:
         return sorted(r for r in ops_by_rank if r != op.rank)
     return [op.peer]
