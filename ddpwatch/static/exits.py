@@ -127,14 +127,27 @@ def _try_doc(node: ast.AST, lines: list) -> dict:
             "handlers": [{"line": h.lineno, "text": _header(lines, h.lineno), "then": _then(h)} for h in node.handlers]}
 
 
+def _rank_names(tree: ast.Module, function) -> set:
+    """The rank names in scope at `function` (the module's when None), computed once per tree and function."""
+    key = (id(tree), id(function))
+    cached = _names.get(key)
+    if cached is None or cached[0] is not tree:
+        if len(_names) > 256:
+            _names.clear()
+        names = module_rank_names(tree) if function is None else function_rank_names(function, _rank_names(tree, None))
+        cached = _names[key] = (tree, names)
+    return cached[1]
+
+
+_names: dict = {}  # (id(tree), id(function)) -> (tree, rank names): the tree is kept, so its ids name it
+
+
 def _around(tree: ast.Module, lines: list, line: int) -> dict:
     chain = _chain(tree, line)
     functions = [n for n in chain if isinstance(n, _FUNCTIONS)]
     function = functions[-1] if functions else None
     inside = chain[chain.index(function) + 1:] if function else chain
-    names = module_rank_names(tree)
-    if function is not None:
-        names = function_rank_names(function, names)
+    names = _rank_names(tree, function)
     loops = [n for n in inside if isinstance(n, _LOOPS) and _in_block(n.body, line)]
     tries = [n for n in inside if isinstance(n, _TRIES) and _in_block(n.body, line)]
     span = [function.lineno, function.end_lineno or function.lineno] if function else [1, max(len(lines), 1)]
