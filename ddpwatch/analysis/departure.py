@@ -1,5 +1,7 @@
-"""The rank whose control flow departed: it left a loop, or skipped part of an iteration, by a decision on a value of
-its own (local_decision) or by an exception it caught (caught_exception), while the others went on."""
+"""The rank whose control flow departed from the others': by a decision of its own, or by an exception it caught."""
+
+# local_decision: it left a loop (break, return) or skipped part of an iteration (continue) under a condition on a
+# value of its own; caught_exception: an except handler took it off the path the others went on along.
 
 from __future__ import annotations
 

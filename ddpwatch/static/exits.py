@@ -1,9 +1,8 @@
-"""What encloses a line of the user's source: its loops with their exits (and the `if` over each), the try around it.
+"""What encloses a line of the user's source: its loops with their exits (and the `if` over each), the try around it."""
 
-Read when an incident is taken (runtime, sources), kept in each rank's state as `code`, so that the analysis can tell
-a rank that left a loop by a `break`/`return`, skipped part of an iteration by a `continue`, or caught an exception,
-from one whose data ran out, without reading a file itself.
-"""
+# Read when an incident is taken, kept in each rank's state as `code`: the analysis tells a rank that left a loop by a
+# `break`/`return`, skipped part of an iteration by a `continue` or caught an exception from one whose data ran out,
+# without reading a file itself.
 
 from __future__ import annotations
 
