@@ -306,3 +306,114 @@ def p2p(seq, op, peer, tag=0, api=None, site=("halo.py", 12, "exchange"), age=3.
 def trace_send_cycle() -> Trace:
     """A halo exchange written send-then-recv: both ranks block in send to the other."""
     return _two([p2p(0, "send", 1)], [p2p(0, "send", 0)])
+
+
+# ---------------------------------------------------------------- control flow that departs (analysis/departure.py)
+
+def code_of(source: str, lines, file="train.py") -> dict:
+    """A rank state's `code` for `lines` of `source` (as static.exits reads them when an incident is taken)."""
+    from ddpwatch.static.exits import code_around_source
+
+    return {f"{as_site((file, 1, 'f'))['file']}:{line}": code_around_source(source, line) for line in lines}
+
+
+def grad_sync(seq, line, age=3.0, state="in_flight", file="train.py", function="train") -> dict:
+    return rec(seq, "all_reduce", api="DDP.backward_all_reduce", site=(file, line, function), age=age, state=state)
+
+
+def forward_sync(seq, line, age=3.0, state="in_flight", file="train.py", function="train") -> dict:
+    return ddp_broadcast(seq=seq, call_site=(file, line, function), age=age, state=state)
+
+
+def departed_state(rank, world_size, history, waiting, frames, code=None, epochs=None) -> dict:
+    """A rank with `history` (completed records), waiting in `waiting`, its main stack's user `frames` (outermost
+    first), and what the source and its DataLoaders said (`code`, `epochs`)."""
+    stack = main_stack(*frames, (TORCH_FILE, 2400, waiting["api"], True))
+    state = rank_state(rank, world_size, inflight=[waiting], recent=history, stacks=[stack])
+    if code is not None:
+        state["code"] = code
+    if epochs is not None:
+        state["epochs"] = epochs
+    return state
+
+
+EARLY_STOP_SOURCE = """def train(model, data, stopper):
+    for epoch in range(20):
+        for x, y in data:
+            loss = model(x).sum()
+            loss.backward()
+        if stopper.should_stop(local_val_loss()):
+            break
+    dist.barrier()
+"""
+
+
+def trace_early_stop(epochs=((2, [4, 4]), (3, [4, 4, 1])), source=EARLY_STOP_SOURCE, step=5,
+                     after=("train.py", 8, "train")) -> Trace:
+    """Rank 0 breaks out of the epoch loop on its own validation loss after 2 epochs of 4 steps (backward at line
+    `step`) and waits at `after`; rank 1 trains on."""
+    code = code_of(source, (step, after[1]))
+    history = [done(s, "all_reduce", api="DDP.backward_all_reduce", site=("train.py", step, "train"))
+               for s in range(2, 10)]
+    loaders = [None if e is None else [{"loader": 0, "epochs": e[0], "steps": list(e[1])}] for e in epochs]
+    main = ("main.py", 30, "main")
+    return Trace(states(
+        departed_state(0, 2, history, barrier(10, after), [main, after], code, loaders[0]),
+        departed_state(1, 2, history, grad_sync(10, step), [main, ("train.py", step, "train")], code, loaders[1])), 2)
+
+
+CAUGHT_SOURCE = """def train(model, data):
+    for x, y in data:
+        try:
+            loss = checked(model(x), y)
+        except ValueError:
+            continue
+        loss.backward()
+    dist.barrier()
+"""
+
+
+def _steps(count, forward_line, backward_line, file="train.py", function="train") -> list:
+    """`count` training steps: the forward's buffer broadcast, then the gradient all-reduce."""
+    out = []
+    for step in range(count):
+        out.append(forward_sync(2 * step, forward_line, age=30.0, state="completed", file=file, function=function))
+        out.append(grad_sync(2 * step + 1, backward_line, age=30.0, state="completed", file=file, function=function))
+    return out
+
+
+def trace_caught_exception(source=CAUGHT_SOURCE, forward_line=4, backward_line=7) -> Trace:
+    """Rank 1's forward raised after DDP broadcast the buffers; `except ValueError: continue` skipped backward."""
+    code = code_of(source, (forward_line, backward_line))
+    history = _steps(2, forward_line, backward_line) + [
+        forward_sync(4, forward_line, age=30.0, state="completed")]
+    main = ("main.py", 30, "main")
+    return Trace(states(
+        departed_state(0, 2, history, grad_sync(5, backward_line), [main, ("train.py", backward_line, "train")], code),
+        departed_state(1, 2, history, forward_sync(5, forward_line), [main, ("train.py", forward_line, "train")],
+                       code)), 2)
+
+
+NAN_RETURN_SOURCE = """def train_until_nan(model, data):
+    for x, y in data:
+        loss = model(x).sum()
+        if not torch.isfinite(loss):
+            return
+        loss.backward()
+
+
+def main():
+    train_until_nan(model, data)
+    dist.barrier()
+"""
+
+
+def trace_nan_return(source=NAN_RETURN_SOURCE) -> Trace:
+    """Rank 1 returns from its training function on a NaN loss, between forward and backward; rank 0 trains on."""
+    code = code_of(source, (3, 6, 10, 11))
+    history = _steps(2, 3, 6, function="train_until_nan") + [
+        forward_sync(4, 3, age=30.0, state="completed", function="train_until_nan")]
+    return Trace(states(
+        departed_state(0, 2, history, grad_sync(5, 6, function="train_until_nan"),
+                       [("train.py", 10, "main"), ("train.py", 6, "train_until_nan")], code),
+        departed_state(1, 2, history, barrier(5, ("train.py", 11, "main")), [("train.py", 11, "main")], code)), 2)

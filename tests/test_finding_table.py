@@ -180,6 +180,8 @@ TRACE_OF_KIND = {
     "collective_on_subset": F.trace_lone_barrier,
     "skipped_collective": F.trace_skip_after_matched_barrier,
     "uneven_inputs": F.trace_extra_training_step,
+    "local_decision": F.trace_early_stop,
+    "caught_exception": F.trace_caught_exception,
     "collective_mismatch": F.trace_different_collectives,
     "collective_stuck": F.trace_everyone_in_one_call,
     "straggler": F.trace_busy_peer,
@@ -320,7 +322,7 @@ def test_facts_give_the_same_words_with_tuples_in_memory_and_lists_read_back(kin
     [found] = run(trace).findings
     read_back = json.loads(json.dumps(found["facts"]))
     assert read_back != found["facts"] or kind in ("dead_rank", "unresponsive_rank", "straggler", "collective_stuck",
-                                                   "p2p_deadlock")
+                                                   "p2p_deadlock", "local_decision", "caught_exception")
     for ranks_text in (wording.rank_list, render.short_rank_list):
         sentences = wording.SENTENCES[kind]
         assert sentences(read_back, ranks_text) == sentences(found["facts"], ranks_text), ranks_text.__name__

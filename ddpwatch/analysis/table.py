@@ -6,6 +6,7 @@ from typing import Callable, NamedTuple
 
 from .passes import (collective_on_subset_or_mismatch, collective_stuck, ddp_forward_on_subset, group_order,
                      sequence_divergence, shape_mismatch, silent_ranks, skipped_by_exited, straggler)
+from .departure import departed
 from .p2p import p2p_deadlock
 
 DEADLOCK = "deadlock"
@@ -54,6 +55,9 @@ FINDING_PASSES = (
                                                       "skipped_collective", "uneven_inputs", "collective_mismatch")),
     FindingPass(shape_mismatch, STAGE_MISMATCH, ("shape_mismatch",)),
     FindingPass(ddp_forward_on_subset, STAGE_MISMATCH, ("ddp_forward_on_subset",)),
+    # a rank left the common path by a decision on a value of its own, or an exception it caught (its own history
+    # and the source read into its state say where); before the culprit rules, which would call it uneven data
+    FindingPass(departed, STAGE_MISMATCH, ("local_decision", "caught_exception")),
     # last: it always finds something (collective_mismatch when no rule names a culprit)
     FindingPass(collective_on_subset_or_mismatch, STAGE_MISMATCH,
                 ("collective_on_subset", "skipped_collective", "uneven_inputs", "collective_mismatch")),

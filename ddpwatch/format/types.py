@@ -111,6 +111,65 @@ class RankCondition(TypedDict):
     condition: Dict[str, Any]  # {"line", "text", "kind"}, from static.rankcond.rank_condition_at
 
 
+class CodeCondition(TypedDict):
+    """The innermost `if` over an exit (static.exits): its line, its header's text, whether it is a rank condition."""
+
+    line: int
+    text: str
+    rank: bool  # passed by some ranks only by construction (static.rankcond): the rank-condition rules' business
+    branch: str  # "if" (the exit is in its body) or "else"
+
+
+class CodeLine(TypedDict):
+    """A line of the user's source: an `except` line an exit sits in."""
+
+    line: int
+    text: str
+
+
+class CodeExit(TypedDict):
+    """A way out of a loop: a `break` or `continue` aimed at it, or a `return` inside it."""
+
+    line: int
+    kind: str  # "break", "continue", "return"
+    condition: Optional[CodeCondition]
+    handler: Optional[CodeLine]  # the `except` it sits in, inside the loop
+
+
+class CodeLoop(TypedDict):
+    line: int
+    end: int
+    text: str
+    endless: bool  # `while True:`: it ends by an exit only
+    exits: List[CodeExit]
+
+
+class CodeHandler(CodeLine):
+    then: str  # what it does last: continue, break, return, raise, pass, falls (goes on after the try)
+
+
+class CodeTry(TypedDict):
+    line: int
+    body_end: int
+    handlers: List[CodeHandler]
+
+
+class CodeAround(TypedDict):
+    """What encloses one line of the user's source (static.exits.code_around), read when the incident was taken."""
+
+    function: List[int]  # first and last line of the function holding it (the module: the whole file)
+    loops: List[CodeLoop]  # innermost first
+    tries: List[CodeTry]  # try blocks whose body holds the line, innermost first
+
+
+class LoaderEpochs(TypedDict):
+    """One DataLoader's epochs on a rank (runtime/loaders.py)."""
+
+    loader: int  # the order in which this rank first iterated it
+    epochs: int  # how many times it was iterated
+    steps: List[int]  # DDP training steps in each of its last epochs, oldest first; the last one runs until now
+
+
 class _RankStateBase(TypedDict):
     format_version: int
     rank: int
@@ -135,6 +194,8 @@ class RankState(_RankStateBase, total=False):
     ddp_steps: Optional[int]
     site_counts: Dict[str, int]
     rank_condition: Optional[RankCondition]
+    code: Dict[str, CodeAround]  # "file:line" -> what encloses it, for the lines this rank passed (full form)
+    epochs: List[LoaderEpochs]  # each DataLoader's epochs (full form)
     stacks: List[Stack]  # main thread first
     process: Optional[ProcessFacts]
     progress_bars: List[ProgressBar]

@@ -8,9 +8,9 @@ import threading
 import time
 
 from .. import analysis
-from ..static import rankcond
+from ..static import exits, rankcond
 from ..format import build as S
-from . import evidence, frameworks
+from . import evidence, frameworks, loaders
 from .record import is_internal_file, user_frame
 from .stacks import python_stacks
 
@@ -82,6 +82,10 @@ class RankState:
             doc["progress_bars"] = evidence.progress_bars()
             doc["flight_recorder"] = evidence.flight_recorder_tail()
             evidence.align_flight_recorder(doc)
+            doc["epochs"] = loaders.read()  # each DataLoader's epochs and the training steps in each
+            # the loops, exits and try blocks around the lines this rank passed (static.exits): the analysis reads
+            # no file, and tells a rank that left a loop by a decision from one whose data ran out with them
+            doc["code"] = exits.code_of_state(doc, user_file=lambda path: not is_internal_file(path))
         self._explain_wait(doc, full)
         return doc
 

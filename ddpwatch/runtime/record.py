@@ -295,6 +295,7 @@ class Recorder:
     progress = property(lambda self: self._progress, doc="How many times a record began or ended.")
     progress_mono = property(lambda self: self._progress_mono, doc="monotonic() when a record last began or ended.")
     busy = property(lambda self: frozenset(self._busy), doc="The threads now inside a patched call.")
+    ddp_steps = property(lambda self: self._ddp_steps, doc="How many grad-enabled DDP forwards ran (training steps).")
     failure_hook = property(lambda self: self._failure_hook, doc="Called with the error of a failed collective.")
 
     def runs_on_host(self, group: str) -> bool:

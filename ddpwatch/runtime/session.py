@@ -11,7 +11,7 @@ import sys
 import threading
 
 from .. import config as config_module
-from . import control as control_module
+from . import control as control_module, loaders
 from .patch import Patcher
 from .patches import Patches
 from .record import Recorder, configure_frames
@@ -35,6 +35,7 @@ class Session:
     def start(self) -> None:
         configure_frames(self.config.user_packages, self.config.library_packages)
         self.patcher.patch()
+        loaders.install(self.patcher.patches, lambda: self.recorder.ddp_steps)  # DataLoader epochs (once per epoch)
         self._wrap_lifecycle()
         self.arm()
 

@@ -20,6 +20,7 @@ CATALOGUE = os.path.join(SCENARIOS, "catalogue.py")
 FAULTS = os.path.join(SCENARIOS, "faults.py")
 FRAMEWORKS = os.path.join(SCENARIOS, "frameworks.py")
 P2P = os.path.join(SCENARIOS, "p2p.py")
+DEPARTURES = os.path.join(SCENARIOS, "departures.py")
 
 # kind, title, symptom, reproduction (file, function), command args, ranks, extra env, stop when a report exists
 SECTIONS = [
@@ -39,6 +40,19 @@ SECTIONS = [
     ("uneven_inputs", "Ranks with different numbers of batches",
      "Rank 0 has one batch more; its extra backward() all-reduces gradients that nobody else sends.",
      (CATALOGUE, "uneven"), [CATALOGUE, "uneven"], 2, {}, False),
+    ("local_decision", "A loop left by one rank's own decision: early stopping on a local loss",
+     "Each rank feeds its own validation loss to its own early-stopping monitor; rank 0 runs out of patience and "
+     "`break`s out of the epoch loop while rank 1 trains on. Not uneven data: every rank ran the same steps per "
+     "epoch (`EarlyStopping` and `local_val_loss` are in the same file).",
+     (DEPARTURES, "early_stop"), [DEPARTURES, "early_stop"], 2, {}, False),
+    ("local_decision", "... and a NaN check that returns on one rank",
+     "Rank 1's third batch holds a corrupt sample; its loss is not finite and `train_until_nan` returns between "
+     "forward and backward, while rank 0 goes on to backward (the caller then waits in a barrier).",
+     (DEPARTURES, "train_until_nan"), [DEPARTURES, "nan_return"], 2, {}, False),
+    ("caught_exception", "An exception caught on one rank skips backward",
+     "`try: ... except ValueError: continue` around the forward and the loss: rank 1's batch raises after DDP's "
+     "forward broadcast the buffers, so rank 1 skips backward's gradient all-reduce and runs the next forward.",
+     (DEPARTURES, "caught"), [DEPARTURES, "caught"], 2, {}, False),
     ("shape_mismatch", "Different tensor sizes in the same collective",
      "Rank 1 passes an empty tensor to all_reduce; on gloo it returns at once while rank 0 waits forever.",
      (CATALOGUE, "shape"), [CATALOGUE, "shape"], 2, {}, False),

@@ -1,0 +1,109 @@
+"""Each rank's own history: the positions it passed (did it ever go from here to there?) and its DataLoader epochs."""
+
+from __future__ import annotations
+
+from ..format import build as S
+from .reading import user_location
+
+NEW = "new"  # the rank's last move is one it never made before, from a position it knows
+FAMILIAR = "familiar"  # the rank made this very move before
+
+
+# ---------------------------------------------------------------- positions: the user's line and what was called there
+
+def position(record: dict) -> tuple:
+    site = user_location(record) or {}
+    return (site.get("file"), site.get("line"), record.get("api") or record.get("op"))
+
+
+def path(state: dict, current: dict) -> list:
+    """The records of the thread that waits in `current`, oldest first, ending with `current`."""
+    thread = current.get("thread")
+    done = [r for r in state.get("recent") or () if isinstance(r, dict) and not r.get("p2p")
+            and r.get("state") == S.COMPLETED and r.get("thread") == thread]
+    return done + [current]
+
+
+def _moves(records: list) -> set:
+    """Every move between two consecutive positions before the last one."""
+    keys = [position(r) for r in records[:-1]]
+    return set(zip(keys, keys[1:]))
+
+
+def turn(records: list) -> str | None:
+    """NEW, FAMILIAR, or None (too little history to say): whether the last move was made before."""
+    if len(records) < 3:
+        return None
+    last, now = position(records[-2]), position(records[-1])
+    if (last, now) in _moves(records):
+        return FAMILIAR
+    if any(position(r) == last for r in records[:-2]):
+        return NEW
+    return None
+
+
+def went_on_to(records: list, record: dict) -> bool:
+    """Whether, earlier, this rank went from its last finished position to where `record` was called."""
+    return (position(records[-2]), position(record)) in _moves(records) if len(records) >= 2 else False
+
+
+# ---------------------------------------------------------------- DataLoader epochs (runtime/loaders.py)
+
+def _training_loader(state: dict) -> dict | None:
+    """The DataLoader that ran the rank's training steps (the most of them), as its state has it."""
+    best = None
+    for entry in state.get("epochs") or ():
+        if not isinstance(entry, dict) or not _counts(entry):
+            continue
+        steps = entry["steps"]
+        if sum(steps) > 0 and (best is None or sum(steps) > sum(best["steps"])):
+            best = entry
+    return best
+
+
+def _counts(entry: dict) -> bool:
+    steps = entry.get("steps")
+    return (isinstance(entry.get("epochs"), int) and isinstance(steps, list) and 0 < len(steps) <= entry["epochs"]
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in steps))
+
+
+def _by_epoch(loader: dict) -> dict:
+    """{epoch number (from 1): DDP steps in it} for the epochs the state kept."""
+    first = loader["epochs"] - len(loader["steps"]) + 1
+    return {first + index: steps for index, steps in enumerate(loader["steps"])}
+
+
+def _began_more(mine: dict, theirs: list) -> dict | None:
+    """The others began an epoch this rank never began, after the same steps in every epoch both ran."""
+    own = _by_epoch(mine)
+    for other in theirs:
+        common = [e for e in _by_epoch(other) if e in own]
+        if other["epochs"] <= mine["epochs"] or not common or any(_by_epoch(other)[e] != own[e] for e in common):
+            return None
+    return {"rule": "began_more", "epochs": mine["epochs"], "steps": sorted(set(own.values())),
+            "others_epochs": min(o["epochs"] for o in theirs)}
+
+
+def _short_last_epoch(mine: dict, theirs: list) -> dict | None:
+    """The same epoch on every rank, the same steps in the earlier ones, and this rank's last one cut short."""
+    own = _by_epoch(mine)
+    last = mine["epochs"]
+    earlier = {own[e] for e in own if e < last}
+    if len(earlier) != 1 or own[last] >= min(earlier):
+        return None
+    for other in theirs:
+        theirs_by_epoch = _by_epoch(other)
+        if other["epochs"] != last or any(theirs_by_epoch.get(e, n) != n for e, n in own.items() if e < last):
+            return None
+    return {"rule": "short_last_epoch", "epochs": last, "steps": sorted(earlier), "last_steps": own[last]}
+
+
+def epochs_say_left_early(rank: int, others: list, states: dict) -> dict | None:
+    """What the DataLoader epochs say against data that ran out: the others began an epoch this rank did not, with
+    equal steps per epoch until then; or this rank's last epoch is shorter than its earlier ones (which match the
+    others'). None: no DataLoader, or the counts do not say it (different steps per epoch: uneven data)."""
+    mine = _training_loader(states[rank])
+    theirs = [_training_loader(states[r]) for r in others]
+    if mine is None or any(t is None for t in theirs):
+        return None
+    return _began_more(mine, theirs) or _short_last_epoch(mine, theirs)

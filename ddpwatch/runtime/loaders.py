@@ -1,0 +1,90 @@
+"""DataLoader epochs: how many times each DataLoader was iterated, and the DDP training steps run in each epoch."""
+
+# One wrapper on `DataLoader.__iter__`, which runs once per epoch (a lock, a dict lookup and an append: +1.1 us
+# measured); nothing runs per batch. The analysis compares the ranks' per-epoch step counts: equal counts until one
+# rank stops beginning epochs is a loop left by a decision, different counts within an epoch is data that ran out.
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+MAX_LOADERS = 16  # DataLoaders remembered (the newest); a program makes a few
+MAX_EPOCHS = 8  # epochs remembered per DataLoader (the last ones)
+
+
+class Epochs:
+    """Each DataLoader's epochs in this process; `steps()` says how many DDP training steps ran so far. Steps count
+    for the DataLoader iterated most recently: a validation loader iterated after each training epoch gets none."""
+
+    def __init__(self, steps):
+        self._steps = steps
+        self._lock = threading.Lock()
+        self._loaders: dict = {}  # id(loader) -> [weak reference, ordinal, epochs begun, steps in each epoch]
+        self._made = 0
+        self._latest: list | None = None  # the entry of the loader iterated last
+        self._mark = 0  # the step count when it was
+
+    def began(self, loader) -> None:
+        """`loader` was iterated: an epoch begins now."""
+        now = self._steps()
+        with self._lock:
+            if self._latest is not None:
+                self._latest[3][-1] += now - self._mark
+            entry = self._loaders.get(id(loader))
+            if entry is None or entry[0]() is not loader:
+                entry = self._loaders[id(loader)] = [weakref.ref(loader), self._made, 0, []]
+                self._made += 1
+                self._forget_old()
+            entry[2] += 1
+            entry[3] = entry[3][1 - MAX_EPOCHS:] + [0]
+            self._latest, self._mark = entry, now
+
+    def _forget_old(self) -> None:
+        if len(self._loaders) > MAX_LOADERS:
+            oldest = min(self._loaders, key=lambda key: self._loaders[key][1])
+            if self._loaders[oldest] is self._latest:
+                self._latest = None
+            del self._loaders[oldest]
+
+    def read(self) -> list:
+        """[{"loader": ordinal, "epochs": epochs begun, "steps": DDP steps in each of the last epochs}]: the last
+        epoch of the loader iterated last runs until now (a loop left early shows a short last epoch)."""
+        now = self._steps()
+        with self._lock:
+            entries = sorted((entry[1], entry[2], list(entry[3]) if entry is not self._latest
+                              else entry[3][:-1] + [entry[3][-1] + now - self._mark])
+                             for entry in self._loaders.values())
+        return [{"loader": ordinal, "epochs": epochs, "steps": steps} for ordinal, epochs, steps in entries]
+
+
+_current: list = [None]  # the session's Epochs while its patch is in place
+
+
+def install(patches, steps) -> None:
+    """Wrap DataLoader.__iter__ through `patches` (the session's one door; undone with the others)."""
+    try:
+        from torch.utils.data import DataLoader
+    except ImportError:
+        return
+    _current[0] = None
+    epochs = Epochs(steps)
+
+    def make_wrapper(original):
+        def __iter__(loader):
+            try:
+                epochs.began(loader)
+            except Exception:  # noqa: BLE001 - bookkeeping: never the user's problem
+                pass
+            return original(loader)
+
+        return __iter__
+
+    if patches.wrap(DataLoader, "__iter__", make_wrapper) is not None:
+        _current[0] = epochs
+
+
+def read() -> list:
+    """This process's DataLoader epochs (Epochs.read), [] when nothing is tracked."""
+    epochs = _current[0]
+    return epochs.read() if epochs is not None else []

@@ -1,0 +1,68 @@
+"""runtime/loaders.py: each DataLoader's epochs and the DDP steps in each, from one wrapper on DataLoader.__iter__."""
+
+import time
+
+from ddpwatch.runtime import loaders
+from ddpwatch.runtime.patches import Patches
+
+
+class Counter:
+    def __init__(self):
+        self.steps = 0
+
+    def __call__(self):
+        return self.steps
+
+
+def test_each_epoch_counts_the_training_steps_run_while_its_loader_was_the_last_iterated():
+    steps, train, val = Counter(), object.__new__(type("Loader", (), {})), object.__new__(type("Val", (), {}))
+    epochs = loaders.Epochs(steps)
+    for epoch in range(3):
+        epochs.began(train)
+        steps.steps += 4
+        epochs.began(val)  # validation under no_grad: no training step
+    epochs.began(train)
+    steps.steps += 1
+    assert epochs.read() == [{"loader": 0, "epochs": 4, "steps": [4, 4, 4, 1]},
+                             {"loader": 1, "epochs": 3, "steps": [0, 0, 0]}]
+
+
+def test_only_the_last_epochs_and_the_newest_loaders_are_kept():
+    steps = Counter()
+    epochs = loaders.Epochs(steps)
+    kept = [type(f"L{i}", (), {})() for i in range(loaders.MAX_LOADERS + 3)]
+    for _ in range(loaders.MAX_EPOCHS + 5):
+        epochs.began(kept[0])
+        steps.steps += 2
+    for loader in kept[1:]:
+        epochs.began(loader)
+    read = epochs.read()
+    assert len(read) == loaders.MAX_LOADERS and read[0]["loader"] == 3  # the oldest went first
+    assert epochs.read()  # still readable
+    first = loaders.Epochs(Counter())
+    first.began(kept[0])
+    assert first.read() == [{"loader": 0, "epochs": 1, "steps": [0]}]
+
+
+def test_the_wrapper_counts_real_dataloader_epochs_costs_about_a_microsecond_and_is_undone():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    steps, patches = Counter(), Patches()
+    original = DataLoader.__iter__
+    loaders.install(patches, steps)
+    try:
+        data = DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=2)
+        for _ in range(2):
+            for _batch in data:
+                steps.steps += 1
+        assert loaders.read() == [{"loader": 0, "epochs": 2, "steps": [4, 4]}]
+        epochs = loaders.Epochs(steps)
+        start = time.perf_counter()
+        for _ in range(10_000):
+            epochs.began(data)
+        per_epoch = (time.perf_counter() - start) / 10_000
+        assert per_epoch < 20e-6, per_epoch  # once per epoch, never per batch
+    finally:
+        patches.undo()
+    assert DataLoader.__iter__ is original

@@ -1,0 +1,109 @@
+"""static.exits: the loops around a line, each loop's exits with the `if` over them, and the try blocks around it."""
+
+import textwrap
+
+from ddpwatch.static.exits import code_around, code_around_source, code_of_state
+
+SOURCE = textwrap.dedent("""\
+    def train(model, data, rank):
+        for epoch in range(20):
+            for x, y in data:
+                loss = model(x).sum()
+                if not torch.isfinite(loss):  # a NaN check
+                    return
+                try:
+                    loss.backward()
+                except RuntimeError:
+                    continue
+                for micro in range(4):
+                    if micro == 2:
+                        break
+            if stopper.should_stop(loss):
+                break
+            elif rank == 0 and epoch == 3:
+                break
+            else:
+                continue
+
+            def helper():
+                return 1
+        while True:
+            if done():
+                break
+""")
+
+
+def exits(around, index):
+    return [(e["line"], e["kind"]) for e in around["loops"][index]["exits"]]
+
+
+def test_the_loops_around_a_line_innermost_first_with_their_headers():
+    around = code_around_source(SOURCE, 4)
+    assert around["function"] == [1, 25]
+    assert [(loop["line"], loop["end"], loop["text"]) for loop in around["loops"]] == [
+        (3, 13, "for x, y in data:"), (2, 22, "for epoch in range(20):")]
+    assert not any(loop["endless"] for loop in around["loops"])
+
+
+def test_a_loops_exits_are_its_own_breaks_and_continues_and_every_return_inside_it():
+    around = code_around_source(SOURCE, 4)
+    # the inner loop: the NaN return and the continue in the except handler; the micro-batch loop's break is its own
+    assert exits(around, 0) == [(6, "return"), (10, "continue")]
+    # the epoch loop: the return inside its inner loop, then its own breaks and continue; not the nested def's return
+    assert exits(around, 1) == [(6, "return"), (15, "break"), (17, "break"), (19, "continue")]
+
+
+def test_each_exit_carries_the_innermost_if_over_it_and_whether_it_is_a_rank_condition():
+    around = code_around_source(SOURCE, 4)
+    nan_return, caught = around["loops"][0]["exits"]
+    assert nan_return["condition"] == {"line": 5, "text": "if not torch.isfinite(loss):", "rank": False,
+                                       "branch": "if"}  # the comment is not the condition
+    assert nan_return["handler"] is None
+    assert caught["condition"] is None and caught["handler"] == {"line": 9, "text": "except RuntimeError:"}
+    _, stop, rank_break, otherwise = around["loops"][1]["exits"]
+    assert stop["condition"]["text"] == "if stopper.should_stop(loss):" and not stop["condition"]["rank"]
+    assert rank_break["condition"]["text"] == "elif rank == 0 and epoch == 3:" and rank_break["condition"]["rank"]
+    assert otherwise["condition"]["line"] == 16 and otherwise["condition"]["branch"] == "else"
+
+
+def test_the_try_blocks_whose_body_holds_the_line_and_what_each_handler_does_last():
+    assert code_around_source(SOURCE, 4)["tries"] == []
+    assert code_around_source(SOURCE, 8)["tries"] == [
+        {"line": 7, "body_end": 8, "handlers": [{"line": 9, "text": "except RuntimeError:", "then": "continue"}]}]
+    source = "for x in data:\n    try:\n        f(x)\n    except ValueError:\n        log(x)\n    except KeyError:\n" \
+             "        pass\n    except OSError:\n        raise\n"
+    [block] = code_around_source(source, 3)["tries"]
+    assert [h["then"] for h in block["handlers"]] == ["falls", "pass", "raise"]
+
+
+def test_while_true_is_endless_and_module_level_code_has_the_whole_file_as_its_function():
+    around = code_around_source(SOURCE, 25)
+    assert around["loops"][0]["endless"] and exits(around, 0) == [(25, "break")]
+    top = code_around_source("x = 1\nfor i in range(3):\n    f(i)\n", 3)
+    assert top["function"] == [1, 3] and top["loops"][0]["text"] == "for i in range(3):"
+
+
+def test_bad_input_is_no_answer_never_an_error(tmp_path):
+    assert code_around_source("def broken(:\n", 1) is None
+    assert code_around(str(tmp_path / "missing.py"), 3) is None
+    assert code_around(str(tmp_path / "missing.py"), True) is None
+    path = tmp_path / "train.py"
+    path.write_text(SOURCE)
+    assert code_around(str(path), 4) == code_around_source(SOURCE, 4)
+
+
+def test_a_rank_state_is_read_at_its_main_frames_and_its_records_user_lines(tmp_path):
+    path = str(tmp_path / "train.py")
+    open(path, "w").write(SOURCE)
+    state = {
+        "stacks": [{"main": True, "frames": [{"file": path, "line": 8, "function": "train", "internal": False},
+                                             {"file": "/torch/x.py", "line": 3, "function": "f", "internal": True}]},
+                   {"main": False, "frames": [{"file": path, "line": 25, "function": "train", "internal": False}]}],
+        "inflight": [{"site": {"file": path, "line": 4, "function": "train"},
+                      "region": {"kind": "ddp_forward", "site": {"file": path, "line": 4, "function": "train"}}}],
+        "recent": [{"site": {"file": "<stdin>", "line": 1, "function": "f"}},
+                   {"site": {"file": str(tmp_path / "gone.py"), "line": 1, "function": "f"}}],
+    }
+    code = code_of_state(state)
+    assert sorted(code) == [f"{path}:4", f"{path}:8"]  # not other threads, internal frames, <stdin> or missing files
+    assert code_of_state(state, user_file=lambda file: False) == {}
