@@ -77,22 +77,35 @@ def test_a_recv_from_the_wrong_source_is_the_pair_that_does_not_match():
     assert finding["location"]["line"] == 7
 
 
-def test_a_stage_sending_one_microbatch_more_than_its_peer_receives_is_the_culprit_with_both_counts():
-    sends = [F.done(i, "send", peer=1, site=("pipe.py", 20, "stage")) for i in range(3)]
-    recvs = [F.done(i, "recv", peer=0, site=("pipe.py", 22, "stage")) for i in range(3)]
-    finding = only_finding(*two([p2p(3, "send", 1, site=("pipe.py", 20, "stage"))],
-                                [rec(0, "all_reduce", site=("pipe.py", 30, "stage"))], recent0=sends, recent1=recvs))
-    assert (finding["evidence"]["shape"], finding["ranks"]) == ("into_collective", [0])
+def test_a_stage_sending_one_microbatch_more_than_its_peer_receives_names_both_sides_with_their_counts():
+    """Which side's count is wrong is the program's to say: both stages are named, with both counts."""
+    stage0, stage1 = two([p2p(3, "send", 1, site=("pipe.py", 20, "stage"))],
+                         [rec(0, "all_reduce", site=("pipe.py", 30, "stage"))])
+    stage0["p2p_counts"], stage1["p2p_counts"] = {"0:send:1": 4}, {"0:recv:0": 3}
+    finding = only_finding(stage0, stage1)
+    assert (finding["evidence"]["shape"], finding["ranks"]) == ("into_collective", [0, 1])
     assert finding["location"]["line"] == 20
-    assert "exchange #4 with rank 1, which made 3" in finding["summary"]
+    assert "send #4 to rank 1; rank 1 received 3" in finding["summary"]
+    assert "Rank 1 went on to a collective without the matching receive" in finding["summary"]
     assert "microbatches" in finding["fix"]
+
+
+def test_an_isend_waited_on_is_located_where_it_waits_and_said_where_it_was_issued():
+    waiting = rank_state(0, 2, inflight=[p2p(0, "send", 1, api="isend", waited=True, site=("x.py", 5, "f"))],
+                         stacks=[F.main_stack(("x.py", 1, "main"), ("x.py", 9, "f"), (F.TORCH_FILE, 10, "wait", True))])
+    other = rank_state(1, 2, inflight=[p2p(0, "send", 0, api="isend", waited=True, site=("x.py", 5, "f"))])
+    finding = only_finding(waiting, other)
+    assert finding["location"]["line"] == 9
+    assert "issued at x.py:5, waited on at x.py:9" in finding["summary"]
 
 
 def test_batch_isend_irecv_ops_are_matched_one_by_one():
     batch = p2p(0, "batch_p2p", -2, api="batch_isend_irecv", waited=True, ops=[("send", 1, 0), ("recv", 1, 0)])
     finding = only_finding(*two([batch], [rec(0, "barrier", site=("x.py", 9, "f"))]))
-    assert (finding["kind"], finding["ranks"], finding["evidence"]["shape"]) == ("p2p_deadlock", [0], "into_collective")
+    assert (finding["kind"], finding["ranks"], finding["evidence"]["shape"]) == ("p2p_deadlock", [0, 1],
+                                                                                  "into_collective")
     assert "batch_isend_irecv (send to rank 1, recv from rank 1)" in finding["evidence"]["mismatched"][0]["description"]
+    assert "lists must pair" in finding["fix"]
 
 
 # ---------------------------------------------------------------- not proven: it can still move, or it is not a wait

@@ -44,7 +44,8 @@ def test_every_rank_sending_first_is_a_send_cycle_through_all_of_them(tmp_path, 
 def test_irecvs_waited_on_before_any_send_are_a_recv_cycle(tmp_path):
     finding = hang(tmp_path, "recv_first")
     assert (finding["ranks"], finding["evidence"]["shape"]) == ([0, 1], "recv_first")
-    assert finding["location"]["line"] == line("recv_first")
+    assert finding["location"]["line"] == line("recv_wait")  # where it blocks; the irecv's line is said too
+    assert f"issued at p2p.py:{line('recv_first')}, waited on at p2p.py:{line('recv_wait')}" in finding["summary"]
     assert "irecv from rank 1, waited on" in finding["evidence"]["mismatched"][0]["description"]
 
 
@@ -64,19 +65,20 @@ def test_a_recv_from_the_wrong_source_names_the_sender_and_the_receiver(tmp_path
 
 def test_a_stage_with_one_microbatch_more_than_its_peer_is_named_with_both_counts(tmp_path):
     finding = hang(tmp_path, "microbatches")
-    assert (finding["ranks"], finding["evidence"]["shape"]) == ([0], "into_collective")
+    assert (finding["ranks"], finding["evidence"]["shape"]) == ([0, 1], "into_collective")
     assert finding["location"]["line"] == line("stage_send")
-    assert "exchange #4 with rank 1, which made 3" in finding["summary"]
+    assert "send #4 to rank 1; rank 1 received 3" in finding["summary"]
     assert "microbatches" in finding["fix"]
     collective = finding["evidence"]["cycle"][1]
     assert (collective["rank"], collective["op"], collective["site"]["line"]) == (1, "all_reduce",
                                                                                   line("stage_all_reduce"))
 
 
-def test_batch_isend_irecv_lists_that_do_not_pair_name_the_rank_left_with_a_send(tmp_path):
+def test_batch_isend_irecv_lists_that_do_not_pair_are_named_where_the_batch_is_waited_on(tmp_path):
     finding = hang(tmp_path, "batch_unpaired")
-    assert (finding["ranks"], finding["evidence"]["shape"]) == ([0], "into_collective")
-    assert finding["location"]["line"] == line("batch_call")
+    assert (finding["ranks"], finding["evidence"]["shape"]) == ([0, 1], "into_collective")
+    assert finding["location"]["line"] == line("batch_wait")
+    assert "lists must pair" in finding["fix"]
     assert "batch_isend_irecv (send to rank 1, recv from rank 1)" in finding["evidence"]["mismatched"][0]["description"]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .passes import finding
-from .reading import members, user_location
+from .reading import members, user_line_now, user_location
 
 SEND, RECV, COLLECTIVE = "send", "recv", "collective"
 ANY_SOURCE = -1  # a recv without `src`: any rank's send to this one matches it
@@ -160,35 +160,43 @@ def _near_miss(a: Pending, b: Pending) -> bool:
                                                            and send.tag != recv.tag)
 
 
-def exchanges_with(state: dict, peer: int, group) -> int | None:
-    """How many point-to-point ops this rank has issued with `peer` on `group` (the per-pair sequence, counted
-    from the records it published; None when none is in view)."""
-    seqs = [r.get("seq") for r in list(state.get("recent") or ()) + list(state.get("inflight") or ())
-            if r.get("p2p") and r.get("peer") == peer and r.get("group") == group and isinstance(r.get("seq"), int)]
-    return max(seqs) + 1 if seqs else None
+def count_of(state: dict, group, op: str, peer: int) -> int | None:
+    """How many sends to (op "send") or receives from (op "recv") `peer` this rank began on `group`, from its
+    published counters (a receive from any source counts as one from every peer); None when it published none."""
+    counts = state.get("p2p_counts")
+    if not isinstance(counts, dict):
+        return None
+    found = [counts.get(f"{group}:{op}:{peer}")] + ([counts.get(f"{group}:{op}:{ANY_SOURCE}")] if op == RECV else [])
+    return sum(n for n in found if isinstance(n, int))
 
 
-def culprits_of(shape: str, cycle: list, pair, states: dict) -> list:
-    """Who departed: the receiver of an unmatched pair and its sender; the point-to-point ranks waiting on a peer
-    that went on to a collective (they issued one exchange more); otherwise every rank of the cycle."""
+def culprits_of(shape: str, cycle: list, pair) -> list:
+    """The receiver of an unmatched pair and its sender; otherwise every rank of the cycle: for a peer gone on to a
+    collective, one side sent or asked for one message more than the other will handle, and which side's count is
+    wrong is the program's to say (the summary gives both counts)."""
     if shape == UNMATCHED:
         return sorted({pair[0].rank, pair[1].rank})
-    if shape == INTO_COLLECTIVE:
-        ahead = [rank for rank, op, _ in cycle if op.kind != COLLECTIVE]
-        return sorted(set(ahead)) or sorted({rank for rank, _, _ in cycle})
     return sorted({rank for rank, _, _ in cycle})
 
 
 def step_of(rank: int, op: Pending, peer: int, states: dict) -> dict:
-    """One step of the cycle as facts: who, in what, at which line, waiting for whom."""
-    record = op.record
+    """One step of the cycle as facts: who, in what, at which line (and, for an isend/irecv waited on, the line
+    where it waits), waiting for whom, and for a send or recv the counts on both sides."""
+    record, state = op.record, states.get(rank) or {}
     step = {"rank": rank, "kind": op.kind, "peer": op.peer, "tag": op.tag, "waits_for": peer,
             "op": record.get("op"), "api": record.get("api"), "group": record.get("group"), "seq": record.get("seq"),
-            "site": user_location(record), "wait_s": record.get("age_s")}
-    if op.kind != COLLECTIVE and peer in states:
-        step["exchanges"] = exchanges_with(states[rank], op.peer, record.get("group"))
-        step["peer_exchanges"] = exchanges_with(states[peer], rank, record.get("group"))
+            "site": user_location(record), "wait_s": record.get("age_s"), "batch": bool(record.get("ops")),
+            "wait_site": user_line_now(state) if record.get("waited") else None}
+    if op.kind != COLLECTIVE and op.peer != ANY_SOURCE and op.peer in states:
+        other = SEND if op.kind == RECV else RECV
+        step["count"] = count_of(state, record.get("group"), op.kind, op.peer)  # this one included
+        step["peer_count"] = count_of(states[op.peer], record.get("group"), other, rank)
     return step
+
+
+def _where(step: dict) -> dict | None:
+    """The line a person should look at for a step: where it waits, else where it was issued."""
+    return step.get("wait_site") or step["site"]
 
 
 def p2p_deadlock(waiting: dict, states: dict, world_size: int) -> dict | None:
@@ -206,19 +214,19 @@ def p2p_deadlock(waiting: dict, states: dict, world_size: int) -> dict | None:
     if not cycle or all(op.kind == COLLECTIVE for _, op, _ in cycle):
         return None  # collectives alone: group_order and the mismatch passes say it better
     shape, pair = cycle_shape(cycle, ops_by_rank)
-    culprits = culprits_of(shape, cycle, pair, states)
+    culprits = culprits_of(shape, cycle, pair)
     steps = [step_of(rank, op, peer, states) for rank, op, peer in cycle]
-    if pair:
-        location = user_location(pair[1].record)
+    pair_facts = None if not pair else [step_of(op.rank, op, op.peer, states) for op in pair]
+    if pair_facts:
+        location = _where(pair_facts[1])
     else:
-        location = next(s["site"] for s in steps if s["rank"] in culprits and s["kind"] != COLLECTIVE)
+        location = next(_where(s) for s in steps if s["kind"] != COLLECTIVE)
     side = [op.record for _, op, _ in cycle]
     rows = [{"ranks": [step["rank"]], "group": step["group"], "seq": step["seq"], "op": step["op"],
              "api": step["api"], "shapes": op.record.get("shapes"), "dtypes": op.record.get("dtypes"),
              "site": op.record.get("site"), "region": op.record.get("region"), "wait_s": step["wait_s"],
              "state": op.record.get("state"), "description": None}
             for step, (_, op, _) in zip(steps, cycle)]
-    pair_facts = None if not pair else [step_of(op.rank, op, op.peer, states) for op in pair]
     return finding("p2p_deadlock", culprits, location,
                    {"shape": shape, "cycle": steps, "mismatched": rows},
                    shape=shape, cycle=steps, pair=pair_facts, culprits=culprits, location=location, side=side)

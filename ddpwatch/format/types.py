@@ -53,7 +53,25 @@ class _RecordBase(TypedDict):
     thread: Optional[str]
 
 
-class RecordDoc(_RecordBase, total=False):
+class P2POpDoc(TypedDict):
+    """One send or receive of a batch_isend_irecv list."""
+
+    op: str  # "send" | "recv"
+    peer: int  # a rank of the default group
+    tag: Optional[int]
+
+
+# What point-to-point records add (functional form: `async` is a Python keyword).
+_P2PFields = TypedDict("_P2PFields", {
+    "tag": Optional[int],  # null: unknown (a Flight Recorder record, an unreadable tag)
+    "ops": List[P2POpDoc],  # batch_isend_irecv: its sends and receives
+    "async": bool,  # isend/irecv/batch_isend_irecv: the call returned a Work to the user
+    "waited": bool,  # a thread is blocked in that Work's wait() now
+    "origin": str,  # the library whose schedule issued it ("torch.distributed.pipelining")
+}, total=False)
+
+
+class RecordDoc(_RecordBase, _P2PFields, total=False):
     """One collective as a rank issued it (build.record(): record.Record.to_dict() and the Flight Recorder readers)."""
 
     via: Optional[Via]
@@ -193,6 +211,7 @@ class RankState(_RankStateBase, total=False):
     ops_recorded: Optional[float]  # a count
     ddp_steps: Optional[int]
     site_counts: Dict[str, int]
+    p2p_counts: Dict[str, int]  # "group:op:peer" -> sends to / receives from that peer so far (point-to-point)
     rank_condition: Optional[RankCondition]
     code: Dict[str, CodeAround]  # "file:line" -> what encloses it, for the lines this rank passed (full form)
     epochs: List[LoaderEpochs]  # each DataLoader's epochs (full form)

@@ -362,13 +362,32 @@ def _different_positions(facts: dict, ranks_text=rank_list) -> tuple:
     return summary, fix
 
 
+def _counted(step: dict) -> str:
+    """'send #4 to rank 1 (rank 1 received 3 from it)': this rank's count of the exchange and its peer's."""
+    text = _p2p_half(step["kind"], step["peer"], step["tag"])
+    if step.get("count") is None:
+        return text
+    text = text.replace(step["kind"], f"{step['kind']} #{step['count']}", 1)
+    if step.get("peer_count") is not None:
+        verb = "received" if step["kind"] == "send" else "sent"
+        text += f"; rank {step['peer']} {verb} {step['peer_count']}"
+    return text
+
+
 def _cycle_step(step: dict) -> str:
     if step["kind"] == "collective":
-        what = f"{step['op']} on group {step['group']} (seq {step['seq']})"
+        what = f"{step['op']} on group {step['group']} (seq {step['seq']}) at {S.short_site(step['site'])}"
     else:
-        what = _p2p_half(step["kind"], step["peer"], step["tag"])
-    return f"rank {step['rank']} ({what} at {S.short_site(step['site'])}) waits for rank {step['waits_for']}"
+        what = f"{'batch_isend_irecv: ' if step.get('batch') else ''}{_counted(step)}"
+        if step.get("api") in ("isend", "irecv", "batch_isend_irecv") and step.get("wait_site"):
+            what += f", issued at {S.short_site(step['site'])}, waited on at {S.short_site(step['wait_site'])}"
+        else:
+            what += f" at {S.short_site(step['site'])}"
+    return f"rank {step['rank']} ({what}) waits for rank {step['waits_for']}"
 
+
+_BATCHES_PAIR = (" Between two ranks the `batch_isend_irecv` lists must pair: every isend in one rank's list needs "
+                 "an irecv in its peer's list (same tag), and the other way round.")
 
 _P2P_FIXES = {
     "send_first": ("Every rank of the cycle sends first and nobody receives (gloo's and NCCL's send wait for the "
@@ -376,26 +395,30 @@ _P2P_FIXES = {
                    "`dist.send(...)`, then `req.wait()`; or exchange both in one "
                    "`dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)])`; or order by rank "
                    "parity (even ranks send then receive, odd ranks receive then send)."),
-    "recv_first": ("Every rank of the cycle waits to receive before it sends. Let one side send first: order by rank "
-                   "parity (even ranks send then receive, odd ranks receive then send), or post both halves at once "
-                   "with `dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)])`."),
+    "recv_first": ("Every rank of the cycle waits to receive before it sends. If both sides were meant to send here, "
+                   "let one side send first: order by rank parity (even ranks send then receive, odd ranks receive "
+                   "then send), or post both halves at once with `dist.batch_isend_irecv([P2POp(dist.isend, ...), "
+                   "P2POp(dist.irecv, ...)])`. If one side has sent all it meant to (the counts above differ), the "
+                   "two sides disagree on how many messages a step has (microbatches, chunks, iterations): compute "
+                   "that count the same way on every rank."),
+    "crossed": ("The ranks wait on their sends and receives in an order that closes a cycle. Post every receive of "
+                "a step first (`dist.irecv`) and wait on the Works only after the sends are posted, or issue each "
+                "step's sends and receives together with `dist.batch_isend_irecv`."),
     "pipeline": ("The stages of a torch.distributed.pipelining schedule disagree on how many microbatches a step "
                  "has (or on the schedule): one stage still sends or waits for a microbatch the other has not or "
                  "no longer will. Build every stage's schedule with the same `n_microbatches` and the same schedule "
                  "class, and give every stage batches of the same size: a rank-local batch size, or a last batch "
                  "that is smaller on some ranks, changes the microbatch count (drop the last batch, or pad it)."),
-    "crossed": ("The ranks wait on their sends and receives in an order that closes a cycle. Post every receive of "
-                "a step first (`dist.irecv`) and wait on the Works only after the sends are posted, or issue each "
-                "step's sends and receives together with `dist.batch_isend_irecv`."),
 }
 
 
 def _p2p_deadlock(facts: dict, ranks_text=rank_list) -> tuple:
-    shape, cycle, culprits = facts["shape"], facts["cycle"], facts["culprits"]
+    shape, cycle = facts["shape"], facts["cycle"]
     summary = (f"A point-to-point deadlock: {ranks_text([s['rank'] for s in cycle])} wait for one another in a "
-               "cycle: " + "; ".join(
-        _cycle_step(step) for step in cycle) + ". No send, receive or collective in flight can ever be matched.")
+               "cycle: " + "; ".join(_cycle_step(step) for step in cycle)
+               + ". No send, receive or collective in flight can ever be matched.")
     where = S.short_site(facts["location"])
+    batch = any(step.get("batch") for step in cycle)
     if shape == "unmatched":
         send, recv = facts["pair"]
         expected = _p2p_half("recv", recv["peer"], recv["tag"] or 0)
@@ -406,21 +429,16 @@ def _p2p_deadlock(facts: dict, ranks_text=rank_list) -> tuple:
                f"{send['tag'] or 0}), or the send name the ones the receiver expects; tags must be equal on both "
                "sides, and a recv with a `src` takes messages from that rank only.")
     elif shape == "into_collective":
-        ahead = [s for s in cycle if s["rank"] in culprits and s["kind"] != "collective"]
-        counts = "; ".join(
-            f"rank {s['rank']} is at its exchange #{s['exchanges']} with rank {s['peer']}"
-            + (f", which made {s['peer_exchanges']}" if s.get("peer_exchanges") is not None else "")
-            for s in ahead if s.get("exchanges") is not None)
-        summary += (f" {_sentence(ranks_text(culprits))} {_verb(culprits, 'waits', 'wait')} on a peer that has "
-                    "already gone on to a collective without the matching "
-                    + ("receive" if ahead and ahead[0]["kind"] == "send" else "send")
-                    + (f" ({counts})." if counts else "."))
+        stuck = [s for s in cycle if s["kind"] != "collective"]
+        waiting = "receive" if stuck and stuck[0]["kind"] == "send" else "send"
+        summary += (f" {_sentence(ranks_text([s['waits_for'] for s in stuck]))} went on to a collective without the "
+                    f"matching {waiting}: one side has one message more (or fewer) than the other expects.")
         fix = (f"Every send needs a matching recv on its peer before either side goes on: give both sides the same "
-               f"number of sends and receives (in a pipeline, the same number of microbatches on every stage), "
-               f"or remove the extra exchange at {where}; a collective after the exchanges must come after the "
-               "last one on every rank.")
+               f"number of sends and receives (in a pipeline, the same number of microbatches on every stage; in a "
+               f"loop, the same number of iterations), or remove the extra exchange at {where}; a collective after "
+               "the exchanges must come after the last one on every rank." + (_BATCHES_PAIR if batch else ""))
     else:
-        fix = _P2P_FIXES[shape]
+        fix = _P2P_FIXES[shape] + (_BATCHES_PAIR if batch and shape != "pipeline" else "")
         if shape == "pipeline":
             summary += (f" These are the sends and receives of torch.distributed.pipelining's schedule, run from "
                         f"{S.short_site(facts['location'])}.")

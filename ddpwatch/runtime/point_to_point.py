@@ -5,10 +5,12 @@ from __future__ import annotations
 import inspect
 
 from .. import catalogue
+from ..format import build
 from .arguments import arg, param_index
 from .tensors import tensor_meta
 
 OPS_KEPT = 64  # the ops of one batch_isend_irecv kept in its record: a pipeline's batch is a handful
+ASYNC_P2P = frozenset({"isend", "irecv", "batch_isend_irecv"})  # the P2P calls that return a Work to the user
 
 
 def p2p_wrapper(patcher, original, api: str, op: str, peer_param: str):
@@ -116,3 +118,21 @@ class AllOf:
 
     def is_completed(self) -> bool:
         return all(work.is_completed() for work in self.works)
+
+
+def p2p_fields(record, waited: frozenset) -> dict:
+    """What a point-to-point record adds to its plain data: tag, the batch's ops, where it came from, whether the
+    call returned a Work to the user (async) and whether a thread is blocked in that Work's wait() now: an isend
+    left in flight while the rank computes is not a wait. `waited`: ids of the Works threads wait on now."""
+    tag, ops, origin = getattr(record, "p2p", None) or (None, None, None)
+    fields: dict = {"tag": tag}
+    if ops is not None:
+        fields["ops"] = [{"op": op, "peer": peer, "tag": op_tag} for op, peer, op_tag in ops]
+    if origin:
+        fields["origin"] = origin
+    if record.api in ASYNC_P2P:
+        work = record.work
+        parts = getattr(work, "works", None) or (work,)
+        fields["async"] = True
+        fields["waited"] = record.state == build.IN_FLIGHT and any(id(part) in waited for part in parts)
+    return fields

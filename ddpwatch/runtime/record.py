@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from .. import frames
 from ..config import DEFAULTS
 from ..format import build
+from .point_to_point import p2p_fields
 from .tensors import describe_tensors, tensor_meta  # noqa: F401 - tensor_meta: what the wrappers keep of tensors
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
@@ -189,7 +190,7 @@ def _site_dict(raw) -> dict | None:
 
 _monotonic, _get_ident = time.monotonic, threading.get_ident  # bound once: called twice per collective
 _IN_FLIGHT, _COMPLETED = build.IN_FLIGHT, build.COMPLETED
-ASYNC_P2P = frozenset({"isend", "irecv", "batch_isend_irecv"})  # P2P calls that return a Work to the user
+P2P_COUNTS_KEPT = 64  # peers whose send/recv counts a snapshot carries (a ring or a pipeline has a few)
 # Wall clock = monotonic + offset: one clock read per record on the hot path, the other at formatting time.
 _WALL_OFFSET = time.time() - time.monotonic()
 # Thread ident -> name, refreshed whenever records are formatted (names are looked up then, not per op).
@@ -223,7 +224,7 @@ class Record:
         """Plain data; `waited`: ids of the Work objects some thread is blocked in wait() on now."""
         shapes, dtypes = describe_tensors(self.tensors)
         in_flight = self.state == build.IN_FLIGHT
-        more = self._p2p_fields(waited) if self.peer is not None else {}
+        more = p2p_fields(self, waited) if self.peer is not None else {}
         return build.record(
             self.seq, self.group, self.op,
             api=self.api,
@@ -244,21 +245,6 @@ class Record:
             **more,
         )
 
-    def _p2p_fields(self, waited: frozenset) -> dict:
-        """tag, the batch's ops, whether the call returned a Work to the user (async) and whether a thread is
-        blocked in that Work's wait() now: an isend left in flight while the rank computes is not a wait."""
-        tag, ops, origin = getattr(self, "p2p", None) or (None, None, None)
-        fields: dict = {"tag": tag}
-        if ops is not None:
-            fields["ops"] = [{"op": op, "peer": peer, "tag": op_tag} for op, peer, op_tag in ops]
-        if origin:
-            fields["origin"] = origin
-        if self.api in ASYNC_P2P:
-            work = self.work
-            parts = getattr(work, "works", None) or (work,)
-            fields["async"] = True
-            fields["waited"] = self.state == _IN_FLIGHT and any(id(part) in waited for part in parts)
-        return fields
 
 
 class Recorder:
@@ -268,7 +254,9 @@ class Recorder:
         self._ring = collections.deque(maxlen=ring_size)
         self._inflight_limit = ring_size
         self._inflight: dict = {}  # record -> record, in the order they began
-        self._next_seq: dict = {}  # group, or (group, peer) for p2p -> the sequence number its next op gets
+        # group, or (group, peer, op) for p2p -> the sequence number its next op gets: sends to a peer and receives
+        # from it are counted apart, as they pair (send #k to B with B's recv #k from this rank)
+        self._next_seq: dict = {}
         self._groups: dict = {}  # group name -> its ranks (None: the default group)
         self._host_sync: dict = {}  # group name -> whether its ops are done when their call returns (gloo)
         self._by_work: dict = {}  # id(Work) -> the record it completes (the record holds the Work: no id reuse)
@@ -306,6 +294,11 @@ class Recorder:
     def last_seq(self) -> dict:
         """Group -> the sequence number of its last collective (p2p pairs have their own counters)."""
         return {key: n - 1 for key, n in list(self._next_seq.items()) if n and not isinstance(key, tuple)}
+
+    def p2p_counts(self) -> dict:
+        """"group:op:peer" -> how many sends to / receives from that peer began (at most P2P_COUNTS_KEPT pairs)."""
+        counts = [(key, n) for key, n in list(self._next_seq.items()) if isinstance(key, tuple)]
+        return {f"{group}:{op}:{peer}": n for (group, peer, op), n in counts[:P2P_COUNTS_KEPT]}
 
     # --- what others tell it ---
     def note_group(self, name: str, ranks, runs_on_host: bool) -> None:
@@ -370,7 +363,7 @@ class Recorder:
         `caller` is the frame that called the collective; `ident` the calling thread's, when the caller has it.
         """
         record = Record()
-        key = group if peer is None else (group, peer)
+        key = group if peer is None else (group, peer, op)
         next_seq = self._next_seq
         record.seq = seq = next_seq.get(key, 0)
         next_seq[key] = seq + 1
@@ -505,7 +498,7 @@ class Recorder:
                 self._ring.remove(record)
             except ValueError:
                 pass
-        key = record.group if record.peer is None else (record.group, record.peer)
+        key = record.group if record.peer is None else (record.group, record.peer, record.op)
         # Give the sequence number back so positions stay aligned with peers that never called it.
         self._next_seq[key] = record.seq
 
@@ -554,6 +547,7 @@ class Recorder:
             "inflight": [r.to_dict(now, waited) for r in inflight],
             "recent": self._recent_docs(done, now),
             "last_seq": {str(k): v for k, v in self.last_seq.items()},
+            "p2p_counts": self.p2p_counts(),
             "groups": dict(self._groups),
             "ops_recorded": self._progress,
             "ddp_steps": self._ddp_steps,

@@ -28,7 +28,7 @@ def recv_first(rank, world):
     buf = torch.zeros(4)
     mark()
     request = dist.irecv(buf, src=other)  # LINE:recv_first
-    request.wait()
+    request.wait()  # LINE:recv_wait
     dist.send(torch.ones(4), dst=other)
 
 
@@ -75,7 +75,7 @@ def batch_unpaired(rank, world):
     mark()
     requests = dist.batch_isend_irecv(ops)  # LINE:batch_call
     for request in requests:
-        request.wait()
+        request.wait()  # LINE:batch_wait
     dist.barrier()
 
 
