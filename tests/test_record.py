@@ -19,7 +19,7 @@ HERE = os.path.abspath(__file__)
 RECORD_KEYS = {"seq", "group", "op", "api", "p2p", "peer", "shapes", "dtypes", "site", "via", "region", "start", "age_s",
                "duration_s", "state", "error", "thread"}
 SNAPSHOT_KEYS = {"progress", "idle_s", "inflight", "recent", "last_seq", "groups", "ops_recorded", "ddp_steps",
-                 "site_counts"}
+                 "site_counts", "p2p_counts"}
 
 
 class FakeDtype:
@@ -253,6 +253,18 @@ def test_poll_pending_completes_finished_work():
     assert {id(r) for r in rec.inflight.values()} == {id(pending), id(plain)}
     assert (finished.state, failed.state, failed.error) == (S.COMPLETED, S.FAILED, "RuntimeError: x")
     assert finished.work is None
+
+
+def test_sends_and_receives_are_counted_apart_per_peer_as_they_pair():
+    rec = Recorder()
+    rec.note_group("0", None, True)
+    sends = [begin(rec, op="send", peer=1) for _ in range(3)]
+    for record in sends:
+        rec.finish(record)
+    receive = begin(rec, op="recv", peer=1)
+    assert [r.seq for r in sends] == [0, 1, 2] and receive.seq == 0  # recv #1 from rank 1 pairs with its send #1
+    assert rec.snapshot()["p2p_counts"] == {"0:send:1": 3, "0:recv:1": 1}
+    assert rec.last_seq == {}  # collectives' positions only
 
 
 def test_snapshot_keys_and_contents():
