@@ -85,7 +85,7 @@ def test_a_stage_sending_one_microbatch_more_than_its_peer_receives_names_both_s
     finding = only_finding(stage0, stage1)
     assert (finding["evidence"]["shape"], finding["ranks"]) == ("into_collective", [0, 1])
     assert finding["location"]["line"] == 20
-    assert "send #4 to rank 1; rank 1 received 3" in finding["summary"]
+    assert "send #4 to rank 1 at pipe.py:20; rank 1 has received 3 from it" in finding["summary"]
     assert "Rank 1 went on to a collective without the matching receive" in finding["summary"]
     assert "microbatches" in finding["fix"]
 

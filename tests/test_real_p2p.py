@@ -67,7 +67,7 @@ def test_a_stage_with_one_microbatch_more_than_its_peer_is_named_with_both_count
     finding = hang(tmp_path, "microbatches")
     assert (finding["ranks"], finding["evidence"]["shape"]) == ([0, 1], "into_collective")
     assert finding["location"]["line"] == line("stage_send")
-    assert "send #4 to rank 1; rank 1 received 3" in finding["summary"]
+    assert f"send #4 to rank 1 at p2p.py:{line('stage_send')}; rank 1 has received 3 from it" in finding["summary"]
     assert "microbatches" in finding["fix"]
     collective = finding["evidence"]["cycle"][1]
     assert (collective["rank"], collective["op"], collective["site"]["line"]) == (1, "all_reduce",

@@ -362,27 +362,28 @@ def _different_positions(facts: dict, ranks_text=rank_list) -> tuple:
     return summary, fix
 
 
-def _counted(step: dict) -> str:
-    """'send #4 to rank 1 (rank 1 received 3 from it)': this rank's count of the exchange and its peer's."""
-    text = _p2p_half(step["kind"], step["peer"], step["tag"])
-    if step.get("count") is None:
-        return text
-    text = text.replace(step["kind"], f"{step['kind']} #{step['count']}", 1)
-    if step.get("peer_count") is not None:
-        verb = "received" if step["kind"] == "send" else "sent"
-        text += f"; rank {step['peer']} {verb} {step['peer_count']}"
-    return text
+def _counts(step: dict) -> str:
+    """'; rank 1 has received 3 from it': the peer's count of this exchange, when both published theirs."""
+    if step.get("count") is None or step.get("peer_count") is None:
+        return ""
+    verb = "received" if step["kind"] == "send" else "sent"
+    preposition = "from" if step["kind"] == "send" else "to"
+    return f"; rank {step['peer']} has {verb} {step['peer_count']} {preposition} it"
 
 
 def _cycle_step(step: dict) -> str:
     if step["kind"] == "collective":
         what = f"{step['op']} on group {step['group']} (seq {step['seq']}) at {S.short_site(step['site'])}"
     else:
-        what = f"{'batch_isend_irecv: ' if step.get('batch') else ''}{_counted(step)}"
+        half = _p2p_half(step["kind"], step["peer"], step["tag"])
+        if step.get("count") is not None:
+            half = half.replace(step["kind"], f"{step['kind']} #{step['count']}", 1)
+        what = ("batch_isend_irecv: " if step.get("batch") else "") + half
         if step.get("api") in ("isend", "irecv", "batch_isend_irecv") and step.get("wait_site"):
             what += f", issued at {S.short_site(step['site'])}, waited on at {S.short_site(step['wait_site'])}"
         else:
             what += f" at {S.short_site(step['site'])}"
+        what += _counts(step)
     return f"rank {step['rank']} ({what}) waits for rank {step['waits_for']}"
 
 
