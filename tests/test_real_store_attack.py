@@ -125,6 +125,8 @@ def test_forged_incidents_make_no_training_rank_read_its_native_stacks_and_get_o
     answered = {rank: [n for n in forger.numbers if read(store, f"incident/{n}/rank/{rank}")] for rank in (0, 1)}
     natives = [read(store, f"incident/{n}/native/{rank}") for rank in (0, 1) for n in answered[rank]]
     assert not [doc for doc in natives if doc and doc.get("threads")], natives  # py-spy never ran on a rank
+    answers = [read(store, f"incident/{n}/rank/{rank}") for rank in (0, 1) for n in answered[rank]]
+    assert not [doc for doc in answers if "flight_recorder" in doc]  # its tail: 84 of 93 ms an answer cost
     for rank in (0, 1):  # at most one answer a second (answers.ANSWER_EVERY_S), and still answering
         assert 2 <= len(answered[rank]) <= TRAIN_S + 3, (rank, answered, forger.numbers)
     assert reports(tmp_path) == []

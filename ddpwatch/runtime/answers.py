@@ -45,14 +45,16 @@ class Answers:
         self.job.contribute_native(number, self.rank, self._read_native())
 
     # ----- a peer's incident: bounded -----
-    def peer(self, number: int) -> bool:
+    def peer(self, number: int, costly: bool) -> bool:
         """Answer a peer's incident `number` unless this rank answered one within ANSWER_EVERY_S (then a later
-        look answers the newest, if it is still unanswered). True when it answered."""
+        look answers the newest, if it is still unanswered); `costly`: with the Flight Recorder's tail (this
+        rank's own view needs it). True when it answered."""
         now = self._clock()
         if number <= self.answered or now - self._last_answer < ANSWER_EVERY_S:
             return False
         self._last_answer = now
-        self.own(number)
+        self.answered = number
+        self.job.contribute(number, self.rank, self._state(full=True, costly=costly))
         return True
 
     def peer_native(self, number: int, needed: bool) -> None:

@@ -229,9 +229,10 @@ class Watchdog(threading.Thread):
         elif self._should_watch(waiting) or self._last_to_block:
             self.watch()
 
-    def state(self, full: bool = False) -> dict:
-        """This rank's state as published (full: with stacks and process facts, as an incident's answer)."""
-        return self.states.read(full)
+    def state(self, full: bool = False, costly: bool = True) -> dict:
+        """This rank's state as published (full: with stacks and process facts, as an incident's answer; `costly`:
+        with the Flight Recorder's tail too)."""
+        return self.states.read(full, flight_recorder=costly)
 
     def _publish_exit(self) -> None:
         if not self._store_ok:
@@ -304,9 +305,10 @@ class Watchdog(threading.Thread):
     def _answer_incidents(self, latest: int | None = None) -> None:
         """Answer the newest incident only (`latest`: its number, when this round read it already): anyone who
         reaches the store can raise the counter, so a rank reads each newest incident's info once (an abort verdict
-        may follow it) and answers at most one a second (answers.py), with native stacks only where its own view
-        says a verdict needs them: it is blocked, or has been outside collectives for `timeout` (the busy rank of
-        a straggler verdict). Whatever the incident claims to be, a rank that trains pays no py-spy for it."""
+        may follow it) and answers at most one a second (answers.py), with the costly parts (native stacks, the
+        Flight Recorder's tail) only where its own view says a verdict needs them: it is blocked, or has been
+        outside collectives for `timeout` (the busy rank of a straggler verdict). Whatever the incident claims to
+        be, a rank that trains answers with its Python stacks alone."""
         if latest is None:
             latest = self.job.latest_incident()
         if latest > self._seen:
@@ -316,9 +318,10 @@ class Watchdog(threading.Thread):
                 self.policy.consider(latest, self._info)
         if latest != self._seen or latest <= self.answers.answered or self._info.get("leader") == self.rank:
             return
-        if self.answers.peer(latest):
-            self.answers.peer_native(latest, self._native_needed())
+        needed = self._costly_answer_needed()
+        if self.answers.peer(latest, needed):
+            self.answers.peer_native(latest, needed)
 
-    def _native_needed(self) -> bool:
+    def _costly_answer_needed(self) -> bool:
         return (analysis.is_blocked(self.state(), self.config.grace)
                 or time.monotonic() - self.recorder.progress_mono >= self.config.timeout)
