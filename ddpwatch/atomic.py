@@ -3,12 +3,17 @@
 Every write goes through a folder's descriptor and creates its temp entry with O_EXCL | O_NOFOLLOW
 (private.write_new_file), so a link planted under a temp name is never written through; readers see the old
 content or the new, never half of it.
+
+A rename replaces only a regular file (or takes a new name). Anything else at the name is written through, as any
+Unix tool writes it: a device (`-o /dev/null`, `-o /dev/stdout`), a FIFO, or a symlink of this user or of root (the
+link stays, its target gets the bytes). A symlink of another user (planted in a shared folder) is never followed.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import stat
 
 from . import private
 
@@ -27,12 +32,18 @@ def umask() -> int:
     return mask
 
 
-def write_file(dir_fd: int, name: str, data: bytes, mode: int = 0o666, temp: str | None = None) -> None:
-    """Put `data` at `name` in the folder open at `dir_fd`, replacing what was there in one step.
+def write_file(dir_fd: int, name: str, data: bytes, mode: int = 0o666, temp: str | None = None,
+               wait: bool = False) -> None:
+    """Put `data` at `name` in the folder open at `dir_fd`, replacing what was there in one step, or writing through
+    what is there when it is no regular file (see the module's docstring; `wait`: a FIFO may make the open wait for
+    its reader, as for any tool on the command line; otherwise nothing waits: no reader is an error).
 
     `mode` goes through the umask, as for any file the user's program creates. `temp`: the caller's own temp name
     (one per process and thread), removed first in case a crashed writer left it; else a random one. A failed write
     (full disk, a signal) raises and leaves no temp file behind."""
+    if _written_through(dir_fd, name):
+        _write_through(dir_fd, name, data, mode, wait)
+        return
     if temp is None:
         temp = f".{name}.{secrets.token_hex(6)}.tmp"
     else:
@@ -45,12 +56,38 @@ def write_file(dir_fd: int, name: str, data: bytes, mode: int = 0o666, temp: str
         raise
 
 
+def _written_through(dir_fd: int, name: str) -> bool:
+    """Whether `name` holds something a rename must not replace: a device, a FIFO, a socket, or a symlink of this
+    user or root. Missing, a regular file, a folder (the rename fails, as it should), or someone else's link: no."""
+    try:
+        here = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(here.st_mode):
+        return here.st_uid in (0, os.geteuid())
+    return not (stat.S_ISREG(here.st_mode) or stat.S_ISDIR(here.st_mode))
+
+
+def _write_through(dir_fd: int, name: str, data: bytes, mode: int, wait: bool) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | (0 if wait else os.O_NONBLOCK)
+    fd = os.open(name, flags, mode, dir_fd=dir_fd)
+    try:
+        if not wait:
+            os.set_blocking(fd, True)  # O_NONBLOCK was for the open (a FIFO without a reader); the writes may wait
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
 def write_path(path: str, data: bytes) -> None:
-    """write_file for a path the user named (`-o FILE`): its folder is opened as it is, the file replaced whole."""
+    """write_file for a path the user named (`-o FILE`): its folder is opened as it is; a regular file is replaced
+    whole, a device, FIFO or symlink written through (a FIFO waits for its reader, as with any tool)."""
     folder, name = os.path.split(os.path.abspath(path))
     fd = private.open_folder(folder, create=False)
     try:
-        write_file(fd, name, data)
+        write_file(fd, name, data, wait=True)
     finally:
         os.close(fd)
 
@@ -96,10 +133,13 @@ def place_folder(base_fd: int, base: str, names, fill) -> str:
 
 def replace_files(folder_fd: int, files: dict) -> None:
     """Replace files of the folder open at `folder_fd`: all written into a private staging folder first, then each
-    moved over its old self in one step."""
+    moved over its old self in one step (what is no regular file there is written through, as write_file does)."""
+    through = {name for name in files if _written_through(folder_fd, name)}
+    for name in sorted(through):
+        _write_through(folder_fd, name, files[name], 0o666, wait=False)
     staging, staging_fd = private.make_private_dir(folder_fd, ".refresh-")
     try:
-        write_new_files(staging_fd, files)
+        write_new_files(staging_fd, {name: data for name, data in files.items() if name not in through})
         for entry in os.listdir(staging_fd):
             os.replace(entry, entry, src_dir_fd=staging_fd, dst_dir_fd=folder_fd)
     finally:

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
-import configparser
 import dataclasses
 import os
 import re
 import sys
 from typing import Any, Callable, Mapping, NamedTuple
 
-try:  # Python 3.11+
-    import tomllib
-except ImportError:  # pragma: no cover - Python < 3.11: the same parser, published as tomli
+
+
+def _toml():
+    """tomllib (3.11+), or tomli, its earlier name; None without either. Imported when a pyproject.toml is read,
+    not with this module: under DDPWATCH=1 with settings in the environment every Python process imports it."""
     try:
-        import tomli as tomllib
-    except ImportError:
-        tomllib = None
+        import tomllib
+    except ImportError:  # pragma: no cover - Python < 3.11: the same parser, published as tomli
+        try:
+            import tomli as tomllib
+        except ImportError:
+            return None
+    return tomllib
 
 
 class ConfigError(ValueError):
@@ -57,6 +62,34 @@ def _parse_seconds(text: str) -> float:
     value = float(text)
     if not value > 0 or value != value or value == float("inf"):
         raise ValueError("expected a positive number of seconds")
+    return value
+
+
+# Upper bounds: a value past them is a slip (a missing unit, 10**13), and some would break the watchdog (a lock's
+# timeout past threading.TIMEOUT_MAX raises; a ring of 10**13 records grows until memory runs out).
+DAY_S = 86400.0
+MAX_SECONDS = {"timeout": 30 * DAY_S, "grace": 3600.0, "interval": 60.0, "dead_after": DAY_S}
+MAX_RING_SIZE = 1_000_000  # records of about 0.3 KiB: at most a few hundred MB, where the default 2048 is 0.6 MB
+
+
+def _seconds(name: str) -> Callable[[str], float]:
+    """The parser of option `name`: a positive number of seconds, at most MAX_SECONDS[name]."""
+    def parse(text: str) -> float:
+        value = _parse_seconds(text)
+        if value > MAX_SECONDS[name]:
+            raise ValueError(f"at most {MAX_SECONDS[name]:g} seconds")
+        return value
+    return parse
+
+
+def _seconds_accepted(name: str) -> str:
+    return f"a positive number of seconds, at most {MAX_SECONDS[name]:g}"
+
+
+def _parse_ring_size(text: str) -> int:
+    value = _parse_positive_int(text)
+    if value > MAX_RING_SIZE:
+        raise ValueError(f"at most {MAX_RING_SIZE}")
     return value
 
 
@@ -115,18 +148,18 @@ OPTIONS = (
            "Install the guard in every Python process that starts (zero-code activation).", (bool, int)),
     Option("dir", "./ddpwatch-reports", str, "a directory path",
            "Where incident folders are written.", (os.PathLike,)),
-    Option("timeout", 300.0, _parse_seconds, "a positive number of seconds",
+    Option("timeout", 300.0, _seconds("timeout"), _seconds_accepted("timeout"),
            "How long a rank may wait in a collective, while a peer is busy elsewhere, before a straggler is reported.",
            (int, float)),
     Option("action", REPORT, _parse_action, " or ".join(row.name for row in ACTIONS),
            "What to do after a report: " + " or ".join(f"{row.does} ({row.name})" for row in ACTIONS) + "."),
-    Option("grace", 0.5, _parse_seconds, "a positive number of seconds",
+    Option("grace", 0.5, _seconds("grace"), _seconds_accepted("grace"),
            "How long every rank must be blocked with no progress before a deadlock counts as proven.", (int, float)),
-    Option("interval", 1.0, _parse_seconds, "a positive number of seconds",
+    Option("interval", 1.0, _seconds("interval"), _seconds_accepted("interval"),
            "How often each rank publishes its state and looks at its peers.", (int, float)),
-    Option("dead_after", 10.0, _parse_seconds, "a positive number of seconds",
+    Option("dead_after", 10.0, _seconds("dead_after"), _seconds_accepted("dead_after"),
            "How long a peer's heartbeat may stay still before it is taken for dead or unresponsive.", (int, float)),
-    Option("ring_size", 2048, _parse_positive_int, "a positive integer",
+    Option("ring_size", 2048, _parse_ring_size, f"a positive integer, at most {MAX_RING_SIZE}",
            "How many collective records each rank keeps (a bounded ring buffer).", (int,)),
     Option("exit_code", 3, _parse_exit_code, "an integer from 1 to 255",
            "The exit status of a rank ended by action=abort.", (int,)),
@@ -376,6 +409,8 @@ def _setup_cfg_section(path: str) -> dict | None:
     if undecodable:
         _unreadable(path, text, _SETUP_CFG_OURS, undecodable)
         return None
+    import configparser  # here, not at the top: see _toml()
+
     parser = configparser.ConfigParser(interpolation=None, default_section=_NO_DEFAULT_SECTION)
     try:
         parser.read_string(text, source=path)
@@ -391,6 +426,7 @@ def _setup_cfg_section(path: str) -> dict | None:
 def _pyproject_section(path: str) -> dict | None:
     """pyproject.toml's [tool.ddpwatch]; needs tomllib (3.11+) or tomli, else fails only when the section exists."""
     text, undecodable = _read_text(path)
+    tomllib = _toml()
     if tomllib is None:
         if _holds_ddpwatch_settings(text, _PYPROJECT_OURS):
             raise ConfigError(f"ddpwatch: {path} has a [tool.ddpwatch] section, but this Python "

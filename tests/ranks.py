@@ -47,3 +47,35 @@ def hang_formed_at(results):
 
 def describe(results):
     return "\n".join(f"--- rank {r.rank} exit {r.returncode}\n{r.stderr[-3000:]}" for r in results)
+
+
+def run_torchrun(args, nprocs, report_dir, timeout=90, **env_overrides):
+    """`python -m torch.distributed.run` (torchrun: its agent SIGTERMs the other workers once one fails) on `args`,
+    in a session of its own, killed whole at the limit: (exit status, its output and its workers', interleaved)."""
+    import subprocess
+    import tempfile
+
+    from ddpwatch.launch import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPWATCH", "TORCHELASTIC", "MASTER_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update({"DDPWATCH_DIR": str(report_dir), "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.update({k: str(v) for k, v in env_overrides.items()})
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nprocs), "--master-addr",
+               "127.0.0.1", "--master-port", str(free_port())] + [str(a) for a in args]
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            try:
+                os.killpg(proc.pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+        out.seek(0)
+        return proc.returncode, out.read()

@@ -145,6 +145,46 @@ def test_sitecustomize_activates_and_runs_the_users_own(tmp_path):
     assert done.stderr == ""
 
 
+STARTUP_PROBE = ("import sys, ddpwatch.bootstrap as b; print(b.activated_by, 'ddpwatch.config' in sys.modules, "
+                 "any(type(f).__name__ == '_PostImportFinder' for f in sys.meta_path))")
+
+
+def test_with_no_settings_to_read_start_up_imports_no_configuration(tmp_path):
+    """Issue 27: DDPWATCH=1 added ~42 ms to every Python start (the configuration module, dataclasses, tomllib):
+    with nothing but DDPWATCH to read, start-up glances at the environment and the folder and hooks the import.
+    (benchmarks/startup.py measures the time.)"""
+    done = python(STARTUP_PROBE, clean_env(DDPWATCH="1", PYTHONPATH=activation_path()), tmp_path)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    [via, config_loaded, hooked] = done.stdout.split()
+    assert via in ("pth", "sitecustomize") and (config_loaded, hooked) == ("False", "True")
+
+
+@pytest.mark.parametrize("setting", ["DDPWATCH_ACTION=abort", "ddpwatch_timout=5", "DDPWATCH=maybe", "setup.cfg",
+                                     "pyproject.toml"])
+def test_with_settings_to_read_start_up_reads_them(tmp_path, setting):
+    extra = {}
+    if "=" in setting:
+        name, value = setting.split("=")
+        extra[name] = value
+    else:
+        (tmp_path / setting).write_text("[tool.ddpwatch]\n" if setting == "pyproject.toml" else "[DdpWatch]\n")
+    env = clean_env(**dict({"DDPWATCH": "1", "PYTHONPATH": activation_path()}, **extra))
+    done = python(STARTUP_PROBE, env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[1:] == ["True", "True"], (done.stdout, done.stderr)
+
+
+@pytest.mark.parametrize("word", ["1", "true", "YES", " on ", "0", "false", "No", "off", "", "maybe", "2", "onn"])
+def test_the_start_up_glance_reads_DDPWATCH_as_the_enabled_option_does(word):
+    from ddpwatch import config
+
+    try:
+        expected = config.is_enabled_in({"DDPWATCH": word})
+    except config.ConfigError:
+        expected = None  # the configuration is read at start-up then, and says why
+    assert bootstrap._enabled_at_a_glance({"DDPWATCH": word}) is expected
+
+
 BAD_SETTINGS = {  # how each bad setting is made, and the reason its warning and its error must give
     "env": ({"DDPWATCH_GRACE": "0"}, None,
             "bad value '0' for grace (from environment variable DDPWATCH_GRACE): accepted: a positive number"),

@@ -112,14 +112,20 @@ def test_environment_variables(tmp_path):
 
 @pytest.mark.parametrize("var, value, option, accepted", [
     ("DDPWATCH_ACTION", "explode", "action", "report or abort"),
-    ("DDPWATCH_TIMEOUT", "-1", "timeout", "a positive number of seconds"),
-    ("DDPWATCH_TIMEOUT", "abc", "timeout", "a positive number of seconds"),
-    ("DDPWATCH_TIMEOUT", "0", "timeout", "a positive number of seconds"),
-    ("DDPWATCH_GRACE", "nan", "grace", "a positive number of seconds"),
-    ("DDPWATCH_INTERVAL", "inf", "interval", "a positive number of seconds"),
+    ("DDPWATCH_TIMEOUT", "-1", "timeout", "a positive number of seconds, at most 2.592e+06"),
+    ("DDPWATCH_TIMEOUT", "abc", "timeout", "a positive number of seconds, at most 2.592e+06"),
+    ("DDPWATCH_TIMEOUT", "0", "timeout", "a positive number of seconds, at most 2.592e+06"),
+    ("DDPWATCH_GRACE", "nan", "grace", "a positive number of seconds, at most 3600"),
+    ("DDPWATCH_INTERVAL", "inf", "interval", "a positive number of seconds, at most 60"),
     ("DDPWATCH", "maybe", "enabled", "1/0, true/false, yes/no, on/off"),
-    ("DDPWATCH_RING_SIZE", "0", "ring_size", "a positive integer"),
-    ("DDPWATCH_RING_SIZE", "2.5", "ring_size", "a positive integer"),
+    ("DDPWATCH_RING_SIZE", "0", "ring_size", "a positive integer, at most 1000000"),
+    ("DDPWATCH_RING_SIZE", "2.5", "ring_size", "a positive integer, at most 1000000"),
+    # issue 27: no upper bound before; 10**13 records grow until memory runs out, 1e300 s broke the loop's sleep
+    ("DDPWATCH_RING_SIZE", str(10**13), "ring_size", "a positive integer, at most 1000000"),
+    ("DDPWATCH_TIMEOUT", "1e300", "timeout", "a positive number of seconds, at most 2.592e+06"),
+    ("DDPWATCH_INTERVAL", "61", "interval", "a positive number of seconds, at most 60"),
+    ("DDPWATCH_GRACE", "3601", "grace", "a positive number of seconds, at most 3600"),
+    ("DDPWATCH_DEAD_AFTER", "1e10", "dead_after", "a positive number of seconds, at most 86400"),
     ("DDPWATCH_EXIT_CODE", "256", "exit_code", "an integer from 1 to 255"),
     ("DDPWATCH_EXIT_CODE", "0", "exit_code", "an integer from 1 to 255"),
 ])
@@ -224,6 +230,12 @@ def test_values_exactly_at_their_bounds_are_accepted(tmp_path):
     cfg = load({"interval": 0.05, "grace": 0.05, "dead_after": 0.15, "timeout": 0.05}, environ={},
                cwd=str(tmp_path))
     assert (cfg.interval, cfg.grace, cfg.dead_after, cfg.timeout) == (0.05, 0.05, 0.15, 0.05)
+
+
+def test_values_exactly_at_their_upper_bounds_are_accepted(tmp_path):
+    cfg = load({"interval": 60, "grace": 3600, "dead_after": 86400, "timeout": 30 * 86400, "ring_size": 10**6},
+               environ={}, cwd=str(tmp_path))
+    assert (cfg.interval, cfg.grace, cfg.dead_after, cfg.timeout, cfg.ring_size) == (60, 3600, 86400, 2592000, 10**6)
 
 
 def test_an_argument_below_its_bound_says_it_came_from_an_argument(tmp_path):

@@ -76,7 +76,7 @@ def test_pyproject_tool_that_is_not_a_table_is_ignored(tmp_path):
 
 
 def test_without_a_toml_parser_a_ddpwatch_section_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(config, "tomllib", None)  # Python < 3.11 without tomli
+    monkeypatch.setattr(config, "_toml", lambda: None)  # Python < 3.11 without tomli
     write(tmp_path, "pyproject.toml", "[tool.black]\nline-length = 100\n")
     assert load(environ={}, cwd=str(tmp_path)) == config.Config()  # nothing of ours there: no error
     pyproject = write(tmp_path, "pyproject.toml", "[tool.black]\nx = 1\n\n[ tool.ddpwatch ]\ntimeout = 5\n")

@@ -210,6 +210,17 @@ def test_a_damaged_dump_is_an_error_not_a_missing_rank(tmp_path, capsys):
     assert "fr_trace_1: unreadable Flight Recorder dump" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("keep", [0.5, 0.9, -1])
+def test_a_truncated_dump_says_so_never_an_empty_reason(tmp_path, capsys, keep):
+    """Issue 27: a truncated pickle gave "unreadable Flight Recorder dump ()" (EOFError() has no message)."""
+    folder = write_dumps(tmp_path / "fr", seed_dumps())
+    data = (folder / "fr_trace_1").read_bytes()
+    (folder / "fr_trace_1").write_bytes(data[:int(len(data) * keep)] if keep > 0 else data[:keep])
+    assert cli.main(["report", "--flight-recorder", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "fr_trace_1: unreadable Flight Recorder dump (it ends early (truncated" in err and "()" not in err, err
+
+
 def test_no_dumps_is_a_one_line_error(tmp_path, capsys):
     (tmp_path / "readme.txt").write_text("hello")
     assert cli.main(["report", "--flight-recorder", str(tmp_path)]) == 2

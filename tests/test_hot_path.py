@@ -1,6 +1,7 @@
 """The per-collective wrapper: generated with each collective's own signature, arguments passed on untouched."""
 
 import inspect
+import sys
 import traceback
 
 import pytest
@@ -180,3 +181,18 @@ def test_a_collective_with_a_parameter_in_the_wrappers_namespace_is_refused():
 
     with pytest.raises(ValueError, match="_w_"):
         _patcher_around(all_reduce)
+
+
+def test_a_warning_raised_inside_a_wrapped_collective_names_the_users_line(one_rank_group):
+    """Issue 27: torch's monitored_barrier warns with stacklevel=2 about a float timeout; the warning named
+    `<ddpwatch hot path: monitored_barrier>:32` instead of this file's line."""
+    import warnings
+
+    with ddpwatch.guard():
+        one_rank_group()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            line = sys._getframe().f_lineno + 1
+            dist.monitored_barrier(timeout=5.0)
+    [warning] = [w for w in caught if "timedelta" in str(w.message)]
+    assert (warning.filename, warning.lineno) == (__file__, line)

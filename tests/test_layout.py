@@ -163,7 +163,7 @@ def test_option_defaults_are_written_once_in_the_options_table():
 
 
 # The watchdog's parts (issue 20 point 1): the loop calls them, they never call back into it.
-WATCHDOG_PARTS = ("peers", "incident_writer", "abort", "rank_state")
+WATCHDOG_PARTS = ("peers", "incident_writer", "abort", "rank_state", "answers")
 
 
 def test_the_watchdogs_parts_never_import_the_watchdog():

@@ -6,7 +6,7 @@ import signal
 import pytest
 import torch
 
-from ranks import ROOT, SCENARIOS, describe, run_case
+from ranks import ROOT, SCENARIOS, describe, load_only_report, reports, run_case, run_torchrun
 
 import ddpwatch.bootstrap as bootstrap
 
@@ -14,8 +14,8 @@ SIGNALS = os.path.join(SCENARIOS, "signals.py")
 pytestmark = pytest.mark.timeout(150)
 
 
-def run_signalled(case, signum, folder, watched):
-    """Run `case` on 2 ranks; once both are ready, send `signum` to both at once. (results, checkpoints)."""
+def run_signalled(case, signum, folder, watched, ranks=(0, 1)):
+    """Run `case` on 2 ranks; once both are ready, send `signum` to `ranks` (both) at once. (results, checkpoints)."""
     ready_dir, ckpt_dir = folder / "ready", folder / "checkpoints"
     ready_dir.mkdir(parents=True)
     ckpt_dir.mkdir()
@@ -23,7 +23,7 @@ def run_signalled(case, signum, folder, watched):
 
     def signal_both_when_ready():
         if not sent and sorted(os.listdir(ready_dir)) == ["0.ready", "1.ready"]:
-            pids = [int((ready_dir / f"{rank}.ready").read_text()) for rank in (0, 1)]
+            pids = [int((ready_dir / f"{rank}.ready").read_text()) for rank in ranks]
             for pid in pids:
                 os.kill(pid, signum)
             sent.extend(pids)
@@ -38,7 +38,8 @@ def run_signalled(case, signum, folder, watched):
     assert armed == [True, True], describe(results)
     checkpoints = {}
     for name in sorted(os.listdir(ckpt_dir)):
-        checkpoints[name] = torch.load(ckpt_dir / name) if name.endswith(".pt") else None  # a .tmp: cut short
+        if not name.startswith("left"):  # when a rank left (term_one, peer_dies): not a checkpoint
+            checkpoints[name] = torch.load(ckpt_dir / name) if name.endswith(".pt") else None  # .tmp: cut short
     return results, checkpoints
 
 
@@ -75,3 +76,59 @@ def test_sigterm_without_a_handler_ends_a_rank_blocked_in_a_barrier_by_the_signa
     watched = outcome(*run_signalled("blocked", signal.SIGTERM, tmp_path / "watched", watched=True))
     assert plain == ([-signal.SIGTERM, -signal.SIGTERM], {}, [["SIGNALS rank 0 ready"], ["SIGNALS rank 1 ready"]])
     assert watched == plain
+
+
+# ----- a peer that leaves: the survivor's own `except` runs as without ddpwatch (issue 27 items 1 and 6) -----
+
+def activated(watched):
+    """DDPWATCH=1 the way `ddpwatch run` sets it up (the bootstrap folder first on PYTHONPATH), or nothing."""
+    return dict(DDPWATCH="1", PYTHONPATH=os.pathsep.join((bootstrap.BOOTSTRAP_DIR, ROOT))) if watched else {}
+
+
+def survivor_lines(text):
+    return sorted(line.split("SIGNALS ", 1)[1] for line in text.splitlines()
+                  if "SIGNALS rank" in line and "armed=" not in line)
+
+
+def test_the_survivors_emergency_checkpoint_is_written_when_its_peer_dies_under_torchrun(tmp_path):
+    """Rank 1 calls os._exit(5) while rank 0 waits in all_reduce inside `try: ... except RuntimeError: checkpoint;
+    raise`; torchrun then SIGTERMs rank 0. Plain torch: the checkpoint is written 0.01-0.03 s after rank 1 left.
+    Before (issue 27 item 1): ddpwatch held the failing collective up to 6 s for a report, torchrun's SIGTERM came
+    first: no checkpoint, in 3 runs of 3."""
+    seen = {}
+    for watched in (False, True):
+        folder = tmp_path / ("watched" if watched else "plain")
+        (folder / "checkpoints").mkdir(parents=True)
+        code, output = run_torchrun([SIGNALS, "peer_dies"], 2, folder / "reports", timeout=60,
+                                    CKPT_DIR=folder / "checkpoints", DDPWATCH_INTERVAL=0.2, **activated(watched))
+        assert f"SIGNALS rank 0 ddpwatch armed={int(watched)}" in output, output[-3000:]
+        checkpoints = sorted(name for name in os.listdir(folder / "checkpoints") if name.endswith(".pt"))
+        seen[watched] = (code, checkpoints, survivor_lines(output))
+    assert seen[False] == (1, ["rank0.pt"], ["rank 0 emergency checkpoint saved, heard promptly"]), seen
+    assert seen[True] == seen[False]
+
+
+def test_a_survivor_that_lingers_gets_its_except_at_once_and_a_dead_rank_report(tmp_path):
+    """The same without torchrun, the survivor living 3 s after its checkpoint: the except still runs at once, and
+    the watchdog, on its own thread, writes the dead_rank report meanwhile."""
+    folder = tmp_path / "run"
+    (folder / "checkpoints").mkdir(parents=True)
+    results = run_case([SIGNALS, "peer_dies"], 2, folder / "reports", timeout=60, CKPT_DIR=folder / "checkpoints",
+                       LINGER_S=3, DDPWATCH_INTERVAL=0.2, **activated(True))
+    assert [r.returncode for r in results] == [1, 5], describe(results)
+    assert "SIGNALS rank 0 emergency checkpoint saved, heard promptly" in results[0].stderr, describe(results)
+    [finding] = load_only_report(folder / "reports")["findings"]
+    assert (finding["kind"], finding["ranks"]) == ("dead_rank", [1])
+
+
+def test_a_rank_that_leaves_on_its_own_sigterm_handler_is_not_blamed_and_does_not_delay_the_other(tmp_path):
+    """Only rank 1 gets SIGTERM; its handler checkpoints and exits 0, while rank 0 waits for it in all_reduce.
+    Before (issue 27 item 6): a skipped_collective report blamed rank 1 ("an early `return`"), and rank 0's
+    failure came 3.7-7.5 s late (ddpwatch held it for a report)."""
+    plain = outcome(*run_signalled("term_one", signal.SIGTERM, tmp_path / "plain", watched=False, ranks=(1,)))
+    watched = outcome(*run_signalled("term_one", signal.SIGTERM, tmp_path / "watched", watched=True, ranks=(1,)))
+    codes, checkpoints, lines = plain
+    assert codes == [4, 0] and checkpoints == {"rank1.pt": {"rank": 1, "how": "sigterm"}}, plain
+    assert "SIGNALS rank 0 peer gone, heard promptly" in lines[0], plain
+    assert watched == plain
+    assert reports(tmp_path / "watched" / "reports") == []

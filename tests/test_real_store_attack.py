@@ -6,10 +6,11 @@ positions, then posts an incident and an abort verdict that agree with them, wit
 
 import datetime
 import json
+import time
 
 import pytest
 
-from ranks import SCENARIOS, describe, reports, run_case
+from ranks import SCENARIOS, describe, load_only_report, reports, run_case
 from ddpwatch.launch import free_port
 from ddpwatch.runtime import verdict as verdict_module
 from ddpwatch.runtime.store import INCIDENT_UNIT
@@ -81,3 +82,89 @@ def test_a_forged_abort_verdict_that_misplaces_a_rank_is_not_acted_on_under_acti
     assert [r.returncode for r in results] == [0, 0], describe(results)
     assert reports(tmp_path) == []
     assert "does not act on incident 1's abort verdict" in results[1].stderr, describe(results)
+
+
+def opened(store):
+    """The incident number the counter holds now (its high bits), read as ddpwatch reads it."""
+    from ddpwatch.runtime.store import ABSENT
+
+    raw = bytes(store.compare_set(f"{NAMESPACE}/counters", ABSENT, ABSENT))
+    return int(raw) // INCIDENT_UNIT if raw.isdigit() else 0
+
+
+class IncidentForger:
+    """stop_when: once both ranks have published, open an incident (trigger "dump": it asks for native stacks) every
+    `every` seconds, as anyone on the port can."""
+
+    def __init__(self, store, every=0.5):
+        self.store, self.every, self.numbers, self.last = store, every, [], 0.0
+
+    def __call__(self):
+        now = time.monotonic()
+        if now - self.last >= self.every and all(read(self.store, f"pos/{rank}") for rank in (0, 1)):
+            number = self.store.add(f"{NAMESPACE}/counters", INCIDENT_UNIT) // INCIDENT_UNIT
+            self.store.set(f"{NAMESPACE}/incident/{number}/info", json.dumps(
+                {"trigger": "dump", "leader": 2, "action": "report", "fingerprint": f"forged-{number}"}))  # no rank leads
+            self.numbers.append(number)
+            self.last = now
+        return False
+
+
+TRAIN_S = 12
+
+
+def test_forged_incidents_make_no_training_rank_read_its_native_stacks_and_get_one_answer_a_second(tmp_path):
+    """Issue 27 item 3: before, every forged incident made every rank run `py-spy dump --native` on itself (an
+    incident every 0.5 s cost 61% of the epochs; benchmarks/forged_incidents.py measures it)."""
+    port, store = host_store()
+    forger = IncidentForger(store)
+    results = run_case([FAULTS, f"train:{TRAIN_S}"], 2, tmp_path, timeout=90, stop_when=forger, STORE_PORT=port,
+                       DDPWATCH_GRACE=0.5, DDPWATCH_INTERVAL=0.2)
+    assert [r.returncode for r in results] == [0, 0], describe(results)
+    assert len(forger.numbers) >= TRAIN_S, describe(results)  # one every 0.5 s while the job trained
+    answered = {rank: [n for n in forger.numbers if read(store, f"incident/{n}/rank/{rank}")] for rank in (0, 1)}
+    natives = [read(store, f"incident/{n}/native/{rank}") for rank in (0, 1) for n in answered[rank]]
+    assert not [doc for doc in natives if doc and doc.get("threads")], natives  # py-spy never ran on a rank
+    answers = [read(store, f"incident/{n}/rank/{rank}") for rank in (0, 1) for n in answered[rank]]
+    assert not [doc for doc in answers if "flight_recorder" in doc]  # its tail: 84 of 93 ms an answer cost
+    for rank in (0, 1):  # at most one answer a second (answers.ANSWER_EVERY_S), and still answering
+        assert 2 <= len(answered[rank]) <= TRAIN_S + 3, (rank, answered, forger.numbers)
+    assert reports(tmp_path) == []
+
+
+class Poisoner:
+    """stop_when: once both ranks have published, open an incident whose info nests 100,000 levels deep, then write
+    a counter that is not a number, then tell the ranks (READY_DIR/poisoned) to form a real hang."""
+
+    def __init__(self, store, ready_dir):
+        self.store, self.ready_dir, self.step = store, ready_dir, 0
+
+    def __call__(self):
+        if self.step == 0 and all(read(self.store, f"pos/{rank}") for rank in (0, 1)):
+            number = self.store.add(f"{NAMESPACE}/counters", INCIDENT_UNIT) // INCIDENT_UNIT
+            self.store.set(f"{NAMESPACE}/incident/{number}/info", "[" * 100_000 + "]" * 100_000)
+            self.step, self.at = 1, time.monotonic()
+        elif self.step == 1 and time.monotonic() - self.at > 1.0:
+            self.store.set(f"{NAMESPACE}/counters", "not a number")
+            (self.ready_dir / "poisoned").write_text("")
+            self.step = 2
+        return False
+
+
+def test_a_poisoned_counter_and_deep_json_leave_the_next_real_hang_aborted_without_a_traceback(tmp_path):
+    """Issue 27 items 4 and 5: before, the counter's junk made TCPStore close each watchdog's connection, ddpwatch
+    took the store for gone, and the real hang that followed was never aborted (still hung after 30 s, where it is
+    aborted in about 3 s untouched); the deep JSON printed a RecursionError traceback on every rank."""
+    port, store = host_store()
+    (tmp_path / "ready").mkdir()
+    poisoner = Poisoner(store, tmp_path / "ready")
+    results = run_case([FAULTS, "poisoned_hang"], 2, tmp_path / "reports", timeout=60, stop_when=poisoner,
+                       STORE_PORT=port, READY_DIR=tmp_path / "ready", DDPWATCH_ACTION="abort", DDPWATCH_GRACE=0.5,
+                       DDPWATCH_INTERVAL=0.2)
+    assert poisoner.step == 2, describe(results)
+    assert [r.returncode for r in results] == [3, 3], describe(results)
+    [finding] = load_only_report(tmp_path / "reports")["findings"]
+    assert finding["kind"] in ("collective_mismatch", "skipped_collective", "collective_on_subset"), finding
+    for r in results:
+        assert "Traceback" not in r.stderr and "RecursionError" not in r.stderr, describe(results)
+        assert "stopped answering" not in r.stderr, describe(results)

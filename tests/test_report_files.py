@@ -11,6 +11,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import incident, seed_states  # noqa: E402
+from ranks import ROOT  # noqa: E402
 
 from ddpwatch import analysis, private
 from ddpwatch.render import report  # noqa: E402
@@ -268,3 +269,116 @@ def test_a_failed_output_file_leaves_no_temp_file_and_the_old_file_whole(tmp_pat
         atomic.write_path(str(target), b"new\n")
     assert os.listdir(tmp_path) == ["report.txt"]
     assert target.read_text() == "old\n"
+
+
+# ----- `-o PATH` and every file ddpwatch writes: a rename replaces only a regular file (issue 27 item 2) -----
+
+def written_report(tmp_path, temp_dir):
+    folder, _ = report.write_incident(str(tmp_path / "reports"), RUN_ID, seed_incident())
+    return folder
+
+
+def test_o_writes_through_a_symlink_and_keeps_it(tmp_path, temp_dir):
+    # Before: the temp file was renamed over the link; the link became a regular file, its target never written.
+    from ddpwatch import cli
+
+    folder = written_report(tmp_path, temp_dir)
+    target, link = tmp_path / "target.txt", tmp_path / "link.txt"
+    target.write_text("old")
+    link.symlink_to(target)
+    assert cli.main(["report", folder, "--format", "json", "-o", str(link)]) == 0
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert json.loads(target.read_text())["run_id"] == RUN_ID
+
+
+def test_o_writes_through_a_fifo_as_any_tool_does(tmp_path, temp_dir):
+    import threading
+
+    from ddpwatch import cli
+
+    folder = written_report(tmp_path, temp_dir)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
+    reader.start()
+    assert cli.main(["report", folder, "--format", "json", "-o", str(fifo)]) == 0
+    reader.join(10)
+    assert json.loads(got[0])["run_id"] == RUN_ID
+    assert stat_kind(fifo) == "fifo"
+
+
+def stat_kind(path):
+    import stat
+
+    mode = os.lstat(path).st_mode
+    return ("fifo" if stat.S_ISFIFO(mode) else "link" if stat.S_ISLNK(mode) else "char" if stat.S_ISCHR(mode)
+            else "regular" if stat.S_ISREG(mode) else "other")
+
+
+def test_o_to_a_link_to_standard_output_prints_the_report(tmp_path, temp_dir):
+    """What `-o /dev/stdout` is (a root-owned link to /proc/self/fd/1), made in a folder of the test's own."""
+    import subprocess
+
+    folder = written_report(tmp_path, temp_dir)
+    link = tmp_path / "stdout"
+    link.symlink_to("/proc/self/fd/1")
+    done = subprocess.run([sys.executable, "-m", "ddpwatch", "report", folder, "--format", "json", "-o", str(link)],
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["run_id"] == RUN_ID and stat_kind(link) == "link"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a device node needs root")
+def test_o_to_a_character_device_writes_to_the_device_and_keeps_it(tmp_path, temp_dir):
+    """A null device of the test's own (as root, `-o /dev/null` replaced the machine's /dev/null before)."""
+    import stat
+
+    from ddpwatch import cli
+
+    folder = written_report(tmp_path, temp_dir)
+    null = tmp_path / "null"
+    os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    assert cli.main(["report", folder, "-o", str(null)]) == 0
+    assert stat_kind(null) == "char" and os.stat(null).st_rdev == os.makedev(1, 3)
+
+
+def test_a_regular_file_or_a_new_name_is_still_replaced_whole(tmp_path, temp_dir):
+    from ddpwatch import atomic
+
+    path = tmp_path / "out.txt"
+    atomic.write_path(str(path), b"one")
+    inode = os.stat(path).st_ino
+    atomic.write_path(str(path), b"two")
+    assert path.read_bytes() == b"two" and os.stat(path).st_ino != inode  # a new file, renamed into place
+
+
+def test_the_watchdogs_files_never_wait_on_a_fifo(tmp_path):
+    from ddpwatch import atomic
+
+    os.mkfifo(tmp_path / "rank-0.json")  # no reader: the watchdog's write fails at once instead of waiting
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError):
+            atomic.write_file(fd, "rank-0.json", b"{}")
+        assert stat_kind(tmp_path / "rank-0.json") == "fifo"
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a symlink of another user needs root to make (lchown)")
+def test_a_symlink_of_another_user_is_replaced_never_followed(tmp_path):
+    """In a shared folder someone else's link under a name ddpwatch writes is theirs: its target is never written."""
+    from ddpwatch import atomic
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    link = tmp_path / "rank-0.json"
+    link.symlink_to(victim)
+    os.lchown(link, 65534, 65534)
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        atomic.write_file(fd, "rank-0.json", b"{}")
+    finally:
+        os.close(fd)
+    assert victim.read_text() == "precious" and stat_kind(link) == "regular" and link.read_bytes() == b"{}"

@@ -17,6 +17,11 @@ from ddpwatch.runtime.store import JobProtocol, StateStore
 WORLD = 4
 
 
+def rec(seq):
+    """A record as the store keeps it (what a reader needs of one: validate.REQUIRED["RecordDoc"])."""
+    return {"seq": seq, "group": "0", "op": "all_reduce", "state": "in_flight"}
+
+
 @pytest.fixture
 def job():
     import torch.distributed as dist
@@ -69,7 +74,7 @@ def test_a_round_takes_two_store_round_trips_on_every_rank_the_leader_included(j
     calls.clear()
     for dog in dogs:
         dog.tick()
-    assert sorted(calls) == ["add", "add", "multi_set", "multi_set"], calls
+    assert sorted(calls) == ["compare_set", "compare_set", "multi_set", "multi_set"], calls
 
 
 class _Counting:
@@ -91,10 +96,10 @@ class _Counting:
 
 
 def test_with_history_lays_each_view_over_that_ranks_last_whole_state(job):
-    job.publish(1, {"rank": 1, "beat": 3, "recent": [{"seq": 9}], "status": "running"})
+    job.publish(1, {"rank": 1, "beat": 3, "recent": [rec(9)], "status": "running"})
     job.publish(1, {"rank": 1, "beat": 5, "status": "running"}, whole=False)  # later positions only
     views = {1: {"rank": 1, "beat": 6, "status": "busy"}, 2: {"rank": 2, "beat": 1}}  # rank 2 never whole
-    assert job.with_history(views) == {1: {"rank": 1, "beat": 6, "status": "busy", "recent": [{"seq": 9}]},
+    assert job.with_history(views) == {1: {"rank": 1, "beat": 6, "status": "busy", "recent": [rec(9)]},
                                        2: {"rank": 2, "beat": 1}}
     assert job.with_history({}) == {}
 
@@ -207,13 +212,13 @@ def test_publish_writes_the_state_and_its_position_in_one_round_trip(job):
             return lambda *args: calls.append(name) or method(*args)
 
     job.store._store = Counting()
-    state = {"rank": 1, "beat": 3, "status": "running", "inflight": [{"seq": 4}], "recent": [{"seq": 3}],
+    state = {"rank": 1, "beat": 3, "status": "running", "inflight": [rec(4)], "recent": [rec(3)],
              "site_counts": {"a.py:1": 2}, "last_seq": {"0": 3}, "ops_recorded": 4, "rank_condition": None}
     job.publish(1, state)
     assert calls == ["multi_set"]
     job.store._store = store
     assert job.states() == {1: state}
-    assert job.positions() == {1: {"rank": 1, "beat": 3, "status": "running", "inflight": [{"seq": 4}],
+    assert job.positions() == {1: {"rank": 1, "beat": 3, "status": "running", "inflight": [rec(4)],
                                    "rank_condition": None}}
 
 
@@ -295,7 +300,7 @@ def test_a_value_that_would_build_too_much_is_left_out_before_parsing(job, monke
 
 
 def test_a_position_only_heartbeat_leaves_the_last_whole_state_standing(job):
-    whole = {"rank": 1, "beat": 3, "status": "running", "inflight": [], "recent": [{"seq": 3}]}
+    whole = {"rank": 1, "beat": 3, "status": "running", "inflight": [], "recent": [rec(3)]}
     job.publish(1, whole)
     job.publish(1, {"rank": 1, "beat": 4, "status": "running", "inflight": [], "recent": []}, whole=False)
     assert job.states() == {1: whole}
@@ -330,7 +335,7 @@ def test_a_rank_that_makes_progress_publishes_its_whole_state_every_few_seconds_
 
 def test_a_beat_alone_sends_the_last_position_again_with_the_new_beat(job):
     assert job.publish_beat(1, 5) is False  # no position yet: the caller publishes a whole heartbeat instead
-    job.publish(1, {"rank": 1, "beat": 4, "status": "running", "inflight": [], "recent": [{"seq": 3}]})
+    job.publish(1, {"rank": 1, "beat": 4, "status": "running", "inflight": [], "recent": [rec(3)]})
     assert job.publish_beat(2, 5) is False  # another rank's position is not this one's
     assert job.publish_beat(1, 5) is True
     assert job.positions() == {1: {"rank": 1, "status": "running", "inflight": [], "beat": 5}}
@@ -398,5 +403,128 @@ def test_a_healthy_watchdog_round_sends_the_beat_alone_and_reads_the_counter(job
         positions.append(job.positions()[1])
     assert len(reads) == 1  # the first round read the state; the second built nothing
     [(name, (keys, values)), (counter, _)] = ticked
-    assert name == "multi_set" and counter == "add" and keys == [job.store.key("pos", 1)]
+    assert name == "multi_set" and counter == "compare_set" and keys == [job.store.key("pos", 1)]
     assert positions[1] == dict(positions[0], beat=positions[0]["beat"] + 1) == json.loads(values[0])
+
+
+# ----- what arrives through the store is that value's problem, never the connection's (issue 27 items 4 and 5) -----
+
+@pytest.fixture
+def tcp_job():
+    """A JobProtocol on a real TCPStore client (a cloned one, as the watchdog's), and the server to forge with."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from ddpwatch.launch import free_port
+
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=10),
+                           wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=10)).clone()
+    return JobProtocol(StateStore(client, "test"), 2), server
+
+
+@pytest.mark.parametrize("bad", [b"not a number", b"99999999999999999999999", b"\xff\xfe", b""])
+def test_a_malformed_counter_reads_as_no_change_and_the_watchdog_keeps_its_store(tcp_job, bad):
+    # Before: TCPStore's add(key, 0) on the value closed the connection; ddpwatch took the store for gone and stopped
+    # for the rest of the job (a later real hang under action=abort was never aborted).
+    job, server = tcp_job
+    job.change_waiting(1)
+    job.open_incident({"trigger": "deadlock"})
+    assert job.counters() == (1, 1)
+    server.set(job.store.key("counters"), bad)
+    assert job.counters() == (1, 1)  # no change
+    job.publish(1, {"rank": 1, "beat": 2})
+    assert job.positions() == {1: {"rank": 1, "beat": 2}}  # the connection still works
+    assert job.change_waiting(1) == 2  # put back to the last good value, then added to
+    assert job.counters() == (2, 1) and job.open_incident({"trigger": "dump"}) == 2
+
+
+def test_an_add_that_fails_on_a_value_changed_meanwhile_reconnects_and_mends_it(tcp_job):
+    job, server = tcp_job
+    job.change_waiting(1)
+    job.counters()
+    server.set(job.store.key("counters"), "garbage")  # written after this rank's last read: its add meets it
+    assert job.change_waiting(1) == 2
+    assert job.counters() == (2, 0) and job.positions() == {}
+
+
+def test_a_malformed_incident_count_or_leader_beat_reads_as_nothing_new(tcp_job):
+    job, server = tcp_job
+    job.publish(0, {"rank": 0, "beat": 4})
+    assert job.leader_beat() == 4
+    server.set(job.store.key("leader_beat"), "x")
+    assert job.leader_beat() == 4
+    number = job.open_incident({"trigger": "deadlock"})
+    server.set(job.store.key("incident", number, "count"), "[1]")
+    assert job.collect(number, deadline=time.monotonic() + 0.2) == {}
+    server.set(job.store.key("incident", number, "acks"), "{}")
+    assert job.acks(number) == 0
+
+
+def test_json_nested_deeper_than_the_parser_is_left_out_without_a_traceback(job):
+    # Before: RecursionError escaped store._decode_all, and the watchdog printed its traceback on every rank.
+    for rank in range(WORLD):
+        job.publish(rank, {"rank": rank})
+    deep = "[" * 100_000 + "]" * 100_000
+    job.store._store.set(job.store.key("pos", 1), deep)
+    job.store._store.set(job.store.key("pos", 2), '{"a": ' * 50_000 + "1" + "}" * 50_000)
+    assert sorted(job.positions()) == [0, 3]
+
+
+JUNK_POSITIONS = [  # what someone on the store port may write where a rank's position or state goes
+    {"rank": "1"}, {"rank": [1]}, {"rank": 1.5}, {"rank": True}, {"rank": 9999}, {"rank": -1}, {"rank": 1, "inflight": "x"},
+    {"rank": 1, "inflight": [1, "a", None]}, {"rank": 1, "pid": "abc", "host": None}, {"rank": 1, "status": ["exited"]},
+    {"rank": 1, "beat": {}}, {"rank": 1, "idle_s": "a", "inflight": [{"group": 1, "seq": "x", "age_s": "y"}]},
+    {"rank": 1, "idle_s": 1e308, "inflight": [{"group": "0", "seq": 1, "age_s": 1e308, "op": ["x"], "api": {},
+                                               "shapes": "s", "site": [1], "region": 5}], "rank_condition": "c"},
+    {"rank": 1, "pid": 2**80, "host": "HOST"}, {"rank": 1, "stacks": "x", "process": [], "recent": {}},
+]
+JUNK_INCIDENT = [[], "x", {"leader": [1]}, {"leader": 0, "action": {}, "trigger": []}, {"leader": "0"}]
+JUNK_VERDICT = [[], {"positions": "x", "action": "abort"}, {"positions": {"0/1": "x"}, "action": "abort",
+                                                            "kinds": 5, "culprits": "x", "folder": []}]
+
+
+@pytest.mark.parametrize("blocked", [False, True])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_nothing_read_from_the_store_makes_the_watchdog_log_a_traceback(job, caplog, monkeypatch, rank, blocked):
+    """Issue 27: no traceback from anything read from the store. Every junk value at every key the watchdog reads,
+    on the leader and on a peer, running and blocked: rounds go on, and nothing is logged with a traceback."""
+    import logging
+    import socket
+
+    monkeypatch.setattr(abort, "end_process", lambda code: None)
+    recorder = Recorder()
+    dog = watchdog_module.Watchdog(recorder, Config(grace=0.5, action="abort", dead_after=1.5, interval=0.5),
+                                   rank, 2, None, "")
+    for part in (dog, getattr(dog, "answers", None), dog.policy, dog.writer):
+        if part is not None:
+            part.job = job
+    job.world_size = 2
+    monkeypatch.setattr(watchdog_module.evidence if hasattr(watchdog_module, "evidence") else abort.evidence,
+                        "native_stacks", lambda pid, *args, **kwargs: {"unavailable": "test"})
+    if blocked:
+        recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
+        recorder.age_progress(5.0)
+    raw = job.store._store
+    host = socket.gethostname()
+    caplog.set_level(logging.DEBUG, logger="ddpwatch")
+    for number, doc in enumerate(JUNK_POSITIONS, 1):
+        doc = {k: (host if v == "HOST" else v) for k, v in doc.items()}
+        other = 1 - rank
+        for kind in ("pos", "state"):
+            raw.set(job.store.key(kind, other), json.dumps(doc))
+        raw.set(job.store.key("counters"), str(store_module.INCIDENT_UNIT * number + 1))  # a waiting rank, an incident
+        raw.set(job.store.key("incident", number, "info"), json.dumps(JUNK_INCIDENT[number % len(JUNK_INCIDENT)]))
+        raw.set(job.store.key("incident", number, "verdict"), json.dumps(JUNK_VERDICT[number % len(JUNK_VERDICT)]))
+        raw.set(job.store.key("incident", number, "rank", other), json.dumps(doc))
+        raw.set(job.store.key("leader_beat"), json.dumps(doc))
+        dog.peers.beats.clear()
+        for _ in range(2):
+            dog.tick()
+            dog._answer_incidents()
+            dog.policy.check_posted(dog.state)
+            dog.peers.beats = {r: (beat, when - 10.0) for r, (beat, when) in dog.peers.beats.items()}  # silent now
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert not tracebacks, "\n".join(f"{r.getMessage()}: {r.exc_info[1]!r}" for r in tracebacks)

@@ -222,6 +222,7 @@ class RankState(_RankStateBase, total=False):
     native: Dict[str, Any]  # py-spy's dump
     stale: Optional[bool]
     store_lost: Optional[bool]
+    signal: Optional[str]  # an exited rank ended by this signal (SIGTERM, SIGINT, SIGHUP), its handler's or not
     source: Dict[str, Any]  # Flight Recorder input: the dump it came from
 
 

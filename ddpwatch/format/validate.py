@@ -371,3 +371,21 @@ def rank_snapshot(doc: dict, where: str, world_size: int | None = None) -> None:
 def incident(doc: dict, where: str) -> None:
     """A whole incident (report.json)."""
     _document_check("Incident", _world_size(doc, where, REQUIRED["Incident"]))(doc, where)
+
+
+@functools.lru_cache(maxsize=8)
+def _published_check(world_size: int):
+    from . import types as shapes
+
+    return _then(fields(_field_checks(shapes.RankState, world_size, {}), ("rank",)), _records_within_limit)
+
+
+def published_state(doc, world_size: int) -> bool:
+    """Whether a rank's state, position or incident answer read from the job's store may be used: every field
+    readers use has its type and bounds (a position leaves some out, so only `rank` is required). Anyone on the
+    store's port can write there; a doc that fails is left out, never half read."""
+    try:
+        _published_check(world_size)(doc, "")
+    except FormatError:
+        return False
+    return True

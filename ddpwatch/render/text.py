@@ -144,8 +144,13 @@ def _process_line(state: dict) -> list:
         if state.get("pid") is not None or state.get("host") is not None else ""
     text = (f"rank {state['rank']}: {where}"
             f"{state.get('ops_recorded', 0)} collective events, idle {state.get('idle_s') or 0:.1f} s"
-            + (" (exited)" if state.get("status") == S.EXITED else "") + _os_facts(state.get("process")))
+            + (_exit_words(state) if state.get("status") == S.EXITED else "") + _os_facts(state.get("process")))
     return _wrap(text, "  ", "    ")
+
+
+def _exit_words(state: dict) -> str:
+    ended_by = state.get("signal")
+    return f" (exited: ended by {ended_by})" if isinstance(ended_by, str) and ended_by else " (exited)"
 
 
 def _grouped_process_lines(states: list) -> list:

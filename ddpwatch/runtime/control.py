@@ -19,6 +19,9 @@ from ..render import visible
 log = logging.getLogger("ddpwatch")
 
 TERM_GRACE_S = 3.0  # the longest a SIGTERM waits for a report being written
+# Signals that end a process (by default, or through the program's own handler): a rank that exits after one was
+# ended by it, and says so when it publishes its exit (it skipped nothing: someone ended it).
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 # ----- the registry: <tempdir>/ddpwatch-<uid>/ranks/<pid>.json, one file per armed rank on this host -----
@@ -371,6 +374,10 @@ class LiveControl:
         comes just the same after the program installed its own handler (a checkpoint on SIGTERM, Lightning's,
         SIGINT's KeyboardInterrupt): that handler is the program's decision, and runs in the main thread as it
         would without ddpwatch."""
+        if signum in ENDING_SIGNALS:
+            watchdog = getattr(self.session, "watchdog", None)
+            if watchdog is not None:
+                watchdog.ending_signal = signal.Signals(signum).name  # published with this rank's exit
         if signum == signal.SIGTERM and self._ending_by_verdict():
             return  # not reached: the verdict ended this rank with ddpwatch's exit code, whatever handler is set
         if not self._handles(signum):

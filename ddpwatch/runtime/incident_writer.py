@@ -104,7 +104,7 @@ class IncidentWriter:
     and when the report is written (abort.AbortPolicy: torchrun's error file, the exit)."""
 
     def __init__(self, job, config, rank: int, world_size: int, host: str, run_tag: str, *, contribute,
-                 contribute_native, policy, log_once):
+                 contribute_native, policy, log_once, stopping=lambda: False):
         self.job = job
         self.config = config
         self.rank = rank
@@ -115,6 +115,7 @@ class IncidentWriter:
         self.contribute_native = contribute_native
         self.policy = policy
         self.log_once = log_once
+        self.stopping = stopping  # true once the process exits: no second pass for native stacks then
         self._frozen_stacks: dict = {}  # rank -> py-spy's read of it (once per peer)
 
     def read_frozen_stacks(self, silent: dict) -> None:
@@ -143,7 +144,7 @@ class IncidentWriter:
         number = self.job.open_incident({"trigger": assessment.verdict, "leader": self.rank, "action": action,
                                          "fingerprint": assessment.fingerprint})
         self.contribute(number)
-        contributions = self._collect(number)
+        contributions = self._collect(number, answering=self.world_size - len(silent or ()))
         final, busy = self._with_stand_ins(contributions, silent or {}, watched)
         incident = self._build(assessment, final, contributions, silent)
         if incident is None:
@@ -153,6 +154,7 @@ class IncidentWriter:
         folder = self._write_report_folder(incident)
         if folder is not None:
             self.policy.report_written(incident, action)
+        if folder is not None and not self.stopping():
             try:
                 self._add_native_stacks(number, folder, incident, busy)
             except StoreUnavailable:
@@ -238,9 +240,11 @@ class IncidentWriter:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         return f"{stamp}-{self.run_tag}" if self.run_tag else stamp
 
-    def _collect(self, number: int) -> dict:
+    def _collect(self, number: int, answering: int) -> dict:
+        """Every rank's answer, or what came by the deadline; `answering`: how many can answer (a silent rank,
+        gone or frozen, cannot: it is not waited for)."""
         deadline = time.monotonic() + COLLECT_S + self.world_size / 2000  # thousands of answers take longer
-        return self.job.collect(number, deadline)
+        return self.job.collect(number, deadline, answering)
 
     def write_local_dump(self, full: dict, record: dict) -> None:
         """The store is gone: this stuck rank's own dump, for `ddpwatch report` to merge later."""

@@ -307,7 +307,11 @@ class Patcher:
             # _World.default_pg is a Python property returning _default_pg: read the attribute, a call less per op.
             "_w_direct_default": hasattr(world, "_default_pg"),
         }
-        filename = f"<ddpwatch hot path: {original.__name__}>"  # "<...>": record.file_kind calls it internal
+        # "<...>": record.file_kind calls it internal. "importlib._bootstrap" in the name: warnings' frame walk skips
+        # frames whose file names both "importlib" and "_bootstrap" (CPython's is_internal_frame, 3.8-3.13), so a
+        # warning raised inside the original with stacklevel=2 names the user's line, as without the wrapper, at no
+        # cost to the call (skip_file_prefixes, the proper way, is 3.12+ and per call).
+        filename = f"<ddpwatch hot path: {original.__name__} (skipped by warnings, as importlib._bootstrap)>"
         exec(compile(source, filename, "exec"), namespace)
         # Tracebacks through the wrapper show its source, as for any other file (mtime None: never reloaded).
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)

@@ -6,7 +6,7 @@ import datetime
 import json
 import time
 
-from ..format import bounded, documents
+from ..format import bounded, documents, validate
 
 PREFIX = "ddpwatch/v1"
 MULTI_GET_SLICE = 512
@@ -15,6 +15,11 @@ MULTI_GET_SLICE = 512
 # 16,384-rank read of positions about 8 MiB (4.6 estimated bytes per byte); 25 MB of `{}` would build 1.3 GB.
 READ_BUILT_FLOOR = 64 * 2**20
 READ_BUILT_PER_BYTE = 12
+# compare_set(key, ABSENT, ABSENT) reads a key in one round trip without waiting for it and without changing it: the
+# value there, or ABSENT when there is none. A counter is read so, never with add(key, 0): TCPStore's add on a value
+# that is not an integer (anyone on the port can write one) closes the connection, which ended ddpwatch for the job.
+ABSENT = b"\x00ddpwatch: absent"
+COUNTER_RANGE = (-2**63, 2**63)  # what the store's add can hold (a 64-bit integer)
 
 
 class StoreUnavailable(RuntimeError):
@@ -25,25 +30,40 @@ def _within_budget(value: bytes) -> bool:
     return bounded.json_build_estimate(value) <= READ_BUILT_FLOOR + READ_BUILT_PER_BYTE * len(value)
 
 
+def _as_counter(raw) -> int | None:
+    """The integer a counter's raw value holds (0 when absent), or None when it is not one the store can add to."""
+    raw = bytes(raw)
+    if raw == ABSENT:
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if COUNTER_RANGE[0] <= value < COUNTER_RANGE[1] else None
+
+
 def _decode_all(keys: list, values: list) -> dict:
     """{key: doc}: the values decoded as one JSON array (one parser call instead of thousands), or one by one when
-    one of them is torn, foreign or would build too much, which is then left out rather than trusted."""
+    one of them is torn, foreign or would build too much, which is then left out rather than trusted. Every doc is
+    a JSON object: ddpwatch writes nothing else there, so anything else is someone else's and left out too."""
     raw = [bytes(value) for value in values]
     if len(raw) > 1 and _within_budget(b"".join(raw)):
         try:
             docs = json.loads(b"[" + b",".join(raw) + b"]")
             if len(docs) == len(keys) and all(isinstance(doc, dict) for doc in docs):  # else a value was foreign
                 return dict(zip(keys, docs))
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nesting deeper than the parser
             pass
     docs = {}
     for key, value in zip(keys, raw):
         if not _within_budget(value):
             continue
         try:
-            docs[key] = json.loads(value.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError):
+            doc = json.loads(value.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError, RecursionError):
             continue
+        if isinstance(doc, dict):
+            docs[key] = doc
     return docs
 
 
@@ -54,6 +74,9 @@ class StateStore:
         self._store = store
         self.namespace = f"{PREFIX}/{namespace}"
         self.stamp = ""
+        self._timeout_s = timeout_s
+        self._last_good: dict = {}  # key -> the last integer read there (what a malformed counter is put back to)
+        self._malformed: dict = {}  # key -> the raw value last read there that was not a counter
         try:
             store.set_timeout(datetime.timedelta(seconds=timeout_s))
         except Exception:
@@ -115,10 +138,47 @@ class StateStore:
                 self._call(self._store.set, key, value)
 
     def add(self, key: str, amount: int) -> int:
+        """The store's add, on a counter made sound first: a value someone wrote there that is not an integer is put
+        back to the last one read (TCPStore closes the connection of an add on it). Should the add fail all the same
+        (the value was changed meanwhile), this client reconnects once, mends the value and adds again."""
+        bad = self._malformed.pop(key, None)
+        if bad is not None:
+            self._mend(key, bad)
+        try:
+            return int(self._store.add(key, amount))
+        except Exception as exc:
+            failure = exc
+        self._reconnect(failure)
+        raw = self._call(self._store.compare_set, key, ABSENT, ABSENT)
+        if _as_counter(raw) is None:
+            self._mend(key, raw)
         return int(self._call(self._store.add, key, amount))
 
-    def counter(self, key: str) -> int:
-        return self.add(key, 0)
+    def counter(self, key: str) -> int | None:
+        """The integer at `key` (0 when absent), read without waiting and without failing on the value: None when
+        what is there is not a counter, which callers take as "no change"."""
+        raw = self._call(self._store.compare_set, key, ABSENT, ABSENT)
+        value = _as_counter(raw)
+        if value is None:
+            self._malformed[key] = bytes(raw)
+        else:
+            self._last_good[key] = value
+            self._malformed.pop(key, None)
+        return value
+
+    def _mend(self, key: str, bad: bytes) -> None:
+        """Put the counter at `key` back to its last good value, if it still holds `bad` (another rank may have)."""
+        self._call(self._store.compare_set, key, bad, str(self._last_good.get(key, 0)))
+
+    def _reconnect(self, failure: BaseException) -> None:
+        """A new client for this one, whose connection the store may have closed (clone: same address, same 5 s
+        timeout, so a store that is gone is known within it); StoreUnavailable when that fails too."""
+        try:
+            client = self._store.clone()
+            client.set_timeout(datetime.timedelta(seconds=self._timeout_s))
+        except Exception:
+            raise StoreUnavailable(f"{type(failure).__name__}: {failure}") from None
+        self._store = client
 
     def exists(self, key: str) -> bool:
         return bool(self._call(self._store.check, [key]))
@@ -148,9 +208,12 @@ class StateStore:
         return self.get_many([key]).get(key)
 
 
-def _by_rank(docs) -> dict:
-    """{rank: doc} from documents that name their rank; anything else is ignored (torn or foreign)."""
-    return {doc["rank"]: doc for doc in docs if isinstance(doc, dict) and "rank" in doc}
+def _by_rank(docs: dict, ranks: dict, world_size: int) -> dict:
+    """{rank: doc} of `docs` ({key: doc}) whose doc names the rank of its key (`ranks`: {key: rank}) and passes the
+    report format's checks of a rank state (validate.published_state); anything else, torn or someone else's, is
+    left out."""
+    return {ranks[key]: doc for key, doc in docs.items()
+            if doc.get("rank") == ranks[key] and validate.published_state(doc, world_size)}
 
 
 # What the leader reads of every rank each interval: a rank's state without its history (recent records, site counts).
@@ -202,6 +265,8 @@ class JobProtocol:
         self.world_size = world_size
         self._keys: dict = {}  # parts -> key, for the keys of every round: building them was a tenth of its work
         self._position = None  # (rank, the JSON text of its last published position without its beat and "}")
+        self._counters = (0, 0)  # the last (ranks waiting, latest incident) read: what a malformed counter reads as
+        self._leader_beat = 0
 
     @property
     def stamp(self) -> str:
@@ -262,11 +327,16 @@ class JobProtocol:
 
     def _read_by_rank(self, kind: str, ranks) -> dict:
         ranks = range(self.world_size) if ranks is None else ranks
-        return _by_rank(self.store.get_many([self._key(kind, r) for r in ranks]).values())
+        keys = {self._key(kind, r): r for r in ranks}
+        return _by_rank(self.store.get_many(list(keys)), keys, self.world_size)
 
     def counters(self) -> tuple:
-        """(ranks waiting, the latest incident's number), in one round trip."""
-        return _split_counters(self.store.counter(self._key("counters")))
+        """(ranks waiting, the latest incident's number), in one round trip; a value there that is not a counter
+        (someone else wrote it) reads as no change."""
+        value = self.store.counter(self._key("counters"))
+        if value is not None:
+            self._counters = _split_counters(value)
+        return self._counters
 
     def change_waiting(self, delta: int) -> int:
         """Add `delta` to the number of ranks waiting; returns the new number (one round trip either way)."""
@@ -276,8 +346,12 @@ class JobProtocol:
         return self.counters()[0]
 
     def leader_beat(self) -> int:
-        """Rank 0's last published beat number (0 before its first publish)."""
-        return self.store.counter(self._key("leader_beat"))
+        """Rank 0's last published beat number (0 before its first publish; the last one read while what is there
+        is not a number)."""
+        value = self.store.counter(self._key("leader_beat"))
+        if value is not None:
+            self._leader_beat = value
+        return self._leader_beat
 
     # ----- incidents -----
     def claim(self, fingerprint: str) -> bool:
@@ -302,13 +376,15 @@ class JobProtocol:
     def contribute_native(self, number: int, rank: int, doc: dict) -> None:
         self.store.put(self.store.key("incident", number, "native", rank), doc)
 
-    def collect(self, number: int, deadline: float) -> dict:
-        """{rank: answer} for incident `number`, once every rank has answered or at `deadline` (monotonic)."""
+    def collect(self, number: int, deadline: float, answering: int | None = None) -> dict:
+        """{rank: answer} for incident `number`, once `answering` ranks (default: every rank) have answered or at
+        `deadline` (monotonic)."""
         count = self.store.key("incident", number, "count")
-        while time.monotonic() < deadline and self.store.counter(count) < self.world_size:
+        answering = self.world_size if answering is None else answering
+        while time.monotonic() < deadline and (self.store.counter(count) or 0) < answering:
             time.sleep(self.POLL_S)
-        keys = [self.store.key("incident", number, "rank", r) for r in range(self.world_size)]
-        return _by_rank(self.store.get_many(keys).values())
+        keys = {self.store.key("incident", number, "rank", r): r for r in range(self.world_size)}
+        return _by_rank(self.store.get_many(list(keys)), keys, self.world_size)
 
     def natives(self, number: int, ranks) -> dict:
         """{rank: native stacks} of those of `ranks` whose py-spy answer for incident `number` is in."""
@@ -325,4 +401,4 @@ class JobProtocol:
         self.store.add(self.store.key("incident", number, "acks"), 1)
 
     def acks(self, number: int) -> int:
-        return self.store.counter(self.store.key("incident", number, "acks"))
+        return self.store.counter(self.store.key("incident", number, "acks")) or 0

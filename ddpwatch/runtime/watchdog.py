@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 import time
@@ -12,8 +11,8 @@ from .. import analysis
 from ..config import REPORT
 from ..format import build as S
 from ..logonce import log_once
-from . import evidence
 from .abort import AbortPolicy, Outcome, peer_gone
+from .answers import Answers
 from .incident_writer import IncidentWriter
 from .peers import PeerTracker
 from .rank_state import RankState
@@ -24,7 +23,7 @@ log = logging.getLogger("ddpwatch")
 FAST_S = 0.1  # between two looks for an incident while this rank is blocked (training waits: the GIL is free)
 MIN_PAUSE_S = 0.01  # the shortest sleep between two looks: a clock that jumps cannot make the thread spin
 ANSWER_FAST_S = 10.0  # how long after blocking a rank looks for incidents every FAST_S (bounded: store load)
-FAILURE_REPORT_S = 5.0  # how long a failed collective waits for the report before the user's error goes on
+FAILURE_REPORT_S = 4.0  # how long the watchdog looks for the peer that vanished after a collective failed
 
 
 class Watchdog(threading.Thread):
@@ -40,26 +39,27 @@ class Watchdog(threading.Thread):
         self.run_tag = run_tag
         self.host = socket.gethostname()
         self.registered_waiting = False
-        self.answered = 0
         self.reported: set = set()
         self._stop_event = threading.Event()
-        # Held until stop() releases it: the loop sleeps in one timed acquire of it, a single C call where
-        # Event.wait ran a Condition's Python code on every wake-up (2-3 a second).
-        self._stopping = threading.Lock()
-        self._stopping.acquire()
+        # Held except to wake the loop at once (stop(), a peer's failure): the loop sleeps in one timed acquire of
+        # it, a single C call where Event.wait ran a Condition's Python code on every wake-up (2-3 a second).
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._dump_requested = threading.Event()
         self.writing = threading.Event()  # set while a report is being written: SIGTERM waits for it (control.py)
         self._peer_failure = threading.Event()
-        self._failure_handled = threading.Event()
+        self.ending_signal = ""  # the name of a signal that came to end this process (control.py notes it)
         self._local_dumps: set = set()
         self._logged: set = set()
         self._store_ok = True
         self.states = RankState(recorder, config, rank, world_size, self.host, self._log_once)
         self.peers = PeerTracker(rank, world_size, self.host, config)
         self.policy = AbortPolicy(config, rank, world_size, self.job, self.writing, self._log_once)
+        self.answers = Answers(self.job, rank, self.state)
+        self._seen, self._info = 0, {}  # the newest incident whose info this rank has read, and that info
         self.writer = IncidentWriter(self.job, config, rank, world_size, self.host, run_tag,
-                                     contribute=self._contribute, contribute_native=self._contribute_native,
-                                     policy=self.policy, log_once=self._log_once)
+                                     contribute=self.answers.own, contribute_native=self.answers.own_native,
+                                     policy=self.policy, log_once=self._log_once, stopping=self._stop_event.is_set)
         self._watched_states: dict = {}  # the peers' states of the last look that started an incident
         self._blocked_since = 0.0  # monotonic time this rank registered as waiting
         self._last_to_block = False  # this round's registration made every rank waiting
@@ -68,13 +68,8 @@ class Watchdog(threading.Thread):
     def stop(self, timeout: float = 5.0) -> None:
         if not self.policy.armed:  # after an abort verdict the hook stays: a failing collective still ends the rank
             self.recorder.set_failure_hook(None)
-        self._failure_handled.set()  # a training thread waiting on a failure report must not wait on a stopped watchdog
-        if not self._stop_event.is_set():
-            self._stop_event.set()
-            try:
-                self._stopping.release()
-            except RuntimeError:  # released already by a stop() on another thread
-                pass
+        self._stop_event.set()
+        self.wake()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
         self._publish_exit()
@@ -94,7 +89,11 @@ class Watchdog(threading.Thread):
         rank to block proves a deadlock without waiting for anyone's round); and, while blocked, a look every FAST_S
         for an incident to answer (it slows nothing: training is waiting)."""
         due = time.monotonic() + self.config.interval
-        while not self._stopping.acquire(timeout=self._pause(time.monotonic(), due)):
+        while True:
+            self._wake.acquire(timeout=self._pause(time.monotonic(), due))
+            if self._stop_event.is_set():
+                self._last_words()
+                return
             now = time.monotonic()
             try:
                 if not self._store_ok:
@@ -113,9 +112,23 @@ class Watchdog(threading.Thread):
                                         "each rank now writes its own dump when it is stuck", exc)
             except Exception:
                 self._log_once("tick", "ddpwatch: watchdog error, continuing", exc_info=True)
-            finally:
-                if self._peer_failure.is_set() and not self._store_ok:
-                    self._failure_done()
+
+    def _last_words(self) -> None:
+        """Stopping (the process exits) with a peer's failure not yet looked at: one look, and its report."""
+        if not (self._peer_failure.is_set() and self._store_ok):
+            return
+        self._peer_failure.clear()
+        try:
+            self._report_peer_failure()
+        except Exception:
+            pass  # the process is on its way out; nothing to log to
+
+    def wake(self) -> None:
+        """Make the loop look now instead of at the end of its sleep (any thread; never blocks)."""
+        try:
+            self._wake.release()
+        except RuntimeError:  # released already and not yet taken: the loop wakes all the same
+            pass
 
     def _pause(self, now: float, due: float) -> float:
         """Seconds to sleep before the next look: sleep, do not poll, while nothing can have blocked yet."""
@@ -138,32 +151,25 @@ class Watchdog(threading.Thread):
 
     # ----- a peer's failure seen by the training thread (gloo: "Connection closed by peer") -----
     def on_collective_failure(self, error: BaseException) -> None:
-        """Called by the recorder when a collective fails: end the rank if the abort policy says so, else give the
-        watchdog a moment to report a vanished peer.
-
-        The training thread waits (bounded) and then re-raises the user's exception unchanged.
-        """
+        """Called by the recorder when a collective fails: end the rank if the abort policy says so; else ask the
+        watchdog to report a vanished peer, on its own thread, and return at once: the user's exception goes on
+        as it would without ddpwatch (the program's own `except` may be writing an emergency checkpoint)."""
         if self.policy.ends_on_failure(error):
             self.policy.end_on_failure(on_watchdog_thread=threading.current_thread() is self)
-        if threading.current_thread() is self or not self.is_alive() or not peer_gone(error):
+        if threading.current_thread() is self or not peer_gone(error):
             return
-        self._failure_handled.clear()
         self._peer_failure.set()
-        self._failure_handled.wait(FAILURE_REPORT_S + self.config.interval)
-
-    def _failure_done(self) -> None:
-        self._peer_failure.clear()
-        self._failure_handled.set()
+        self.wake()
 
     def _report_peer_failure(self) -> None:
-        """Find the rank that vanished (psutil on this host; a heartbeat that stops elsewhere) and report it."""
-        deadline = time.monotonic() + FAILURE_REPORT_S - 1.0
+        """Find the rank that vanished (psutil on this host; a heartbeat that stops elsewhere) and report it. Once
+        the watchdog is asked to stop (the process exits: the user's error ended it) one look is all it takes."""
+        deadline = time.monotonic() + FAILURE_REPORT_S
         silent: dict = {}
-        while time.monotonic() < deadline:
+        while True:
             silent = self.peers.vanished_peers(self.job.positions(), time.monotonic())  # positions: every round
-            if silent:
+            if silent or time.monotonic() >= deadline or self._stop_event.wait(self.config.interval):
                 break
-            time.sleep(self.config.interval)
         if not silent:
             return
         histories = self.job.with_history({rank: view["last_state"] for rank, view in silent.items()})
@@ -215,19 +221,18 @@ class Watchdog(threading.Thread):
         self._answer_incidents(latest)
         self.policy.check_posted(self.state)
         if self._peer_failure.is_set():
-            try:
-                self._report_peer_failure()
-            finally:
-                self._failure_done()
+            self._peer_failure.clear()
+            self._report_peer_failure()
         if self._dump_requested.is_set():
             self._dump_requested.clear()
             self.run_incident(analysis.Assessment(analysis.DUMP, [], f"dump-{self.rank}-{time.time():.3f}"))
         elif self._should_watch(waiting) or self._last_to_block:
             self.watch()
 
-    def state(self, full: bool = False) -> dict:
-        """This rank's state as published (full: with stacks and process facts, as an incident's answer)."""
-        return self.states.read(full)
+    def state(self, full: bool = False, costly: bool = True) -> dict:
+        """This rank's state as published (full: with stacks and process facts, as an incident's answer; `costly`:
+        with the Flight Recorder's tail too)."""
+        return self.states.read(full, flight_recorder=costly)
 
     def _publish_exit(self) -> None:
         if not self._store_ok:
@@ -235,6 +240,8 @@ class Watchdog(threading.Thread):
         try:
             doc = self.state()
             doc["status"] = S.EXITED
+            if self.ending_signal:
+                doc["signal"] = self.ending_signal  # ended by it, through the program's own handler or not
             self.job.publish(self.rank, doc)
             if self.registered_waiting:
                 self.job.change_waiting(-1)
@@ -297,26 +304,24 @@ class Watchdog(threading.Thread):
 
     def _answer_incidents(self, latest: int | None = None) -> None:
         """Answer the newest incident only (`latest`: its number, when this round read it already): anyone who
-        reaches the store can raise the counter, and a rank must not spend its time answering a thousand of them (an
-        older one still open is closed by its writer's deadline)."""
+        reaches the store can raise the counter, so a rank reads each newest incident's info once (an abort verdict
+        may follow it) and answers at most one a second (answers.py), with the costly parts (native stacks, the
+        Flight Recorder's tail) only where its own view says a verdict needs them: it is blocked, or has been
+        outside collectives for `timeout` (the busy rank of a straggler verdict). Whatever the incident claims to
+        be, a rank that trains answers with its Python stacks alone."""
         if latest is None:
             latest = self.job.latest_incident()
-        if latest <= self.answered:
+        if latest > self._seen:
+            self._seen = latest
+            self._info = self.job.incident_info(latest)
+            if self._info.get("leader") != self.rank:
+                self.policy.consider(latest, self._info)
+        if latest != self._seen or latest <= self.answers.answered or self._info.get("leader") == self.rank:
             return
-        self._contribute(latest)
-        info = self.job.incident_info(latest)
-        if info.get("leader") == self.rank:
-            return
-        self.policy.consider(latest, info)
-        self._contribute_native(latest)
+        needed = self._costly_answer_needed()
+        if self.answers.peer(latest, needed):
+            self.answers.peer_native(latest, needed)
 
-    def _contribute(self, number: int) -> None:
-        """This rank's full state and Python stacks for incident `number` (fast: no subprocess)."""
-        if number <= self.answered:
-            return
-        self.answered = number
-        self.job.contribute(number, self.rank, self.state(full=True))
-
-    def _contribute_native(self, number: int) -> None:
-        """py-spy's native stacks of this process, bounded in time; a refusal is recorded as one line of why."""
-        self.job.contribute_native(number, self.rank, evidence.native_stacks(os.getpid()))
+    def _costly_answer_needed(self) -> bool:
+        return (analysis.is_blocked(self.state(), self.config.grace)
+                or time.monotonic() - self.recorder.progress_mono >= self.config.timeout)

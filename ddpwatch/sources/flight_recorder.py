@@ -60,6 +60,17 @@ def _parse(path: str, data: bytes):
     raise NotADump(f"{path}: not a Flight Recorder dump (neither pickle nor JSON)")
 
 
+def _reason(exc: BaseException) -> str:
+    """Why a dump could not be parsed, never empty: a truncated pickle raises EOFError() with no message, and a cut
+    inside an opcode's argument struct.error's words about buffer sizes."""
+    if isinstance(exc, (EOFError, struct.error)):
+        return "it ends early (truncated: cut off while written or copied?)"
+    text = str(exc)
+    if isinstance(exc, (RecursionError, MemoryError)) or not text:
+        return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text
+
+
 def load_dump(path: str) -> dict:
     """One dump file, pickle (from _dump_fr_trace) or JSON (from _dump_fr_trace_json), checked (check_dump)."""
     with bounded.open_regular(path) as handle:
@@ -73,8 +84,7 @@ def load_dump(path: str) -> dict:
             IndexError, KeyError, RecursionError, MemoryError, OverflowError, struct.error) as exc:
         if isinstance(exc, FormatError):
             raise FlightRecorderError(str(exc)) from None
-        reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, (RecursionError, MemoryError)) else str(exc)
-        raise FlightRecorderError(f"{path}: unreadable Flight Recorder dump ({reason[:200]})") from None
+        raise FlightRecorderError(f"{path}: unreadable Flight Recorder dump ({_reason(exc)[:200]})") from None
     if not isinstance(dump, dict) or not isinstance(dump.get("entries"), (list, tuple)):
         raise NotADump(f"{path}: not a Flight Recorder dump (no 'entries' list)")
     try:

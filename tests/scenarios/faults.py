@@ -99,6 +99,40 @@ def internal_error(rank):
     print(f"RESULT {total.item()}", flush=True)
 
 
+def agreed(flag):
+    """Whether every rank says `flag` (an all_reduce of it): ranks leave a loop at the same step."""
+    value = torch.tensor([1.0 if flag else 0.0])
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return value.item() == 1.0
+
+
+def train(rank, seconds):
+    """DDP steps for `seconds`, ending on the same step on every rank: a job that trains and never waits long."""
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 1))
+    end = time.monotonic() + seconds
+    while not agreed(time.monotonic() >= end):
+        for _ in range(5):
+            model(torch.randn(8, 16)).sum().backward()
+    print(f"TRAINED {rank}", file=sys.stderr, flush=True)
+
+
+def poisoned_hang(rank):
+    """Steps until the test has written junk at ddpwatch's keys (the file READY_DIR/poisoned), two more seconds of
+    them (every watchdog reads the junk), then the seed stall: rank 0 in a barrier, rank 1 in an all_reduce."""
+    path = os.path.join(os.environ["READY_DIR"], "poisoned")
+    deadline = time.monotonic() + 40
+    while not agreed(os.path.exists(path) or time.monotonic() > deadline):
+        time.sleep(0.05)
+    end = time.monotonic() + 2.0
+    while not agreed(time.monotonic() >= end):
+        time.sleep(0.05)
+    print(f"DDPWATCH-MARK hang-forms {time.time():.3f}", file=sys.stderr, flush=True)
+    if rank == 0:
+        dist.barrier()  # LINE:poisoned_barrier
+    else:
+        dist.all_reduce(torch.ones(2))  # LINE:poisoned_all_reduce
+
+
 def init():
     if os.environ.get("STORE_PORT"):
         store = dist.TCPStore("127.0.0.1", int(os.environ["STORE_PORT"]), int(os.environ["WORLD_SIZE"]), False,
@@ -123,9 +157,11 @@ def main():
     if case.startswith("benign:"):
         _, seconds, epochs = case.split(":")
         benign(rank, float(seconds), int(epochs))
+    elif case.startswith("train:"):
+        train(rank, float(case.split(":")[1]))
     else:
         {"killed": killed, "stop_and_resume": stop_and_resume, "slow_transport": slow_transport,
-         "store_gone": store_gone, "internal_error": internal_error}[case](rank)
+         "store_gone": store_gone, "internal_error": internal_error, "poisoned_hang": poisoned_hang}[case](rank)
     dist.destroy_process_group()
     if guarded:
         ddpwatch.uninstall()

@@ -8,6 +8,11 @@ Cases:
 - term_before: the same handler, installed before init_process_group (ddpwatch chains to it).
 - interrupt: no handler; SIGINT's KeyboardInterrupt is caught around the loop: checkpoint, exit 130.
 - blocked: no handler; rank 0 waits in a barrier rank 1 never reaches (SIGTERM must end both by the signal).
+- term_one: term_after's handler, but only rank 1 is signalled: rank 0's all_reduce fails when rank 1 leaves, and
+  its `except` says whether that came promptly (within PROMPT_S of rank 1 leaving) and exits 4.
+- peer_dies: no signal; once stepping, rank 1 leaves with os._exit(5) while rank 0 waits in all_reduce inside
+  `try: ... except RuntimeError:`, which writes an emergency checkpoint (saying whether promptly), waits LINGER_S
+  (default 0) and re-raises.
 """
 
 import os
@@ -19,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 LIMIT_S = 60.0  # a rank never signalled gives up: exit 3, never a hang
+PROMPT_S = 2.0  # plain torch: 0.01-0.03 s from the peer leaving to the survivor's except; ddpwatch held it 3.7-7.5 s
 SAVING_S = 0.3  # a checkpoint takes a while to write: the window in which a second SIGTERM action would cut it
 
 
@@ -41,7 +47,22 @@ def save_checkpoint(how):
 
 def on_sigterm(signum, frame):
     save_checkpoint("sigterm")
+    leaving()
     sys.exit(0)
+
+
+def leaving():
+    """Note when this rank leaves, for the peer's `except` to say how soon it heard."""
+    path = os.path.join(os.environ["CKPT_DIR"], f"left{rank()}")
+    with open(path + ".tmp", "w") as handle:
+        handle.write(repr(time.time()))
+    os.replace(path + ".tmp", path)
+
+
+def heard(peer):
+    """'promptly' if this rank's collective failed within PROMPT_S of `peer` leaving, else 'late'."""
+    with open(os.path.join(os.environ["CKPT_DIR"], f"left{peer}")) as handle:
+        return "promptly" if time.time() - float(handle.read()) < PROMPT_S else "late"
 
 
 def ready():
@@ -60,6 +81,9 @@ def steps():
         try:
             dist.all_reduce(torch.ones(4))
         except RuntimeError:
+            if sys.argv[1] == "term_one":  # only the peer was signalled
+                say(f"peer gone, heard {heard(1)}")
+                sys.exit(4)
             # The peer ended by its own signal while this rank waited in the collective; this rank's signal
             # was sent at the same moment, and its handler runs as soon as Python does.
             time.sleep(10.0)
@@ -84,6 +108,26 @@ def blocked():
     sys.exit(3)
 
 
+def peer_dies():
+    for step in range(20):
+        dist.all_reduce(torch.ones(4))
+        time.sleep(0.02)
+    if rank() == 1:
+        time.sleep(1.0)  # rank 0 waits in its all_reduce meanwhile
+        leaving()
+        os._exit(5)
+    try:
+        dist.all_reduce(torch.ones(4))
+    except RuntimeError:
+        path = os.path.join(os.environ["CKPT_DIR"], f"rank{rank()}.pt")
+        torch.save({"rank": rank(), "how": "emergency"}, path)
+        say(f"emergency checkpoint saved, heard {heard(1)}")
+        time.sleep(float(os.environ.get("LINGER_S", "0")))
+        raise
+    say("the peer never left")
+    sys.exit(3)
+
+
 def main():
     case = sys.argv[1]
     torch.set_num_threads(1)
@@ -95,8 +139,10 @@ def main():
     dist.init_process_group("gloo")
     session = sys.modules.get("ddpwatch.runtime.session")
     say(f"ddpwatch armed={int(bool(session and session.current() is not None))}")
-    if case == "term_after":
+    if case in ("term_after", "term_one"):
         signal.signal(signal.SIGTERM, on_sigterm)
+    if case == "peer_dies":
+        peer_dies()
     if case == "blocked":
         blocked()
     try:
