@@ -187,12 +187,16 @@ class CodeAround(_CodeAroundBase, total=False):
     returns: List[CodeExit]  # the function's own `return`s (not nested functions'), with the `if` over each
 
 
-class LoaderEpochs(TypedDict):
-    """One DataLoader's epochs on a rank (runtime/loaders.py)."""
-
+class _LoaderEpochsBase(TypedDict):
     loader: int  # the order in which this rank first iterated it
     epochs: int  # how many times it was iterated
     steps: List[int]  # DDP training steps in each of its last epochs, oldest first; the last one runs until now
+
+
+class LoaderEpochs(_LoaderEpochsBase, total=False):
+    """One DataLoader's epochs on a rank (runtime/loaders.py)."""
+
+    length: int  # len(loader) when its last epoch began: the batches an epoch yields (absent: it has none)
 
 
 class _RankStateBase(TypedDict):
