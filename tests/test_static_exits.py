@@ -69,7 +69,8 @@ def test_each_exit_carries_the_innermost_if_over_it_and_whether_it_is_a_rank_con
 def test_the_try_blocks_whose_body_holds_the_line_and_what_each_handler_does_last():
     assert code_around_source(SOURCE, 4)["tries"] == []
     assert code_around_source(SOURCE, 8)["tries"] == [
-        {"line": 7, "body_end": 8, "handlers": [{"line": 9, "end": 10, "text": "except RuntimeError:", "then": "continue"}]}]
+        {"line": 7, "body_end": 8,
+         "handlers": [{"line": 9, "end": 10, "text": "except RuntimeError:", "then": "continue"}]}]
     source = "for x in data:\n    try:\n        f(x)\n    except ValueError:\n        log(x)\n    except KeyError:\n" \
              "        pass\n    except OSError:\n        raise\n"
     [block] = code_around_source(source, 3)["tries"]

@@ -82,7 +82,7 @@ def assess(states: dict[int, RankState], world_size: int, grace: float, timeout:
     """
     silent = silent or {}
     live = {r: s for r, s in states.items() if s.get("status") != S.EXITED and r not in silent}
-    exited = {r for r, s in states.items() if s.get("status") == S.EXITED}
+    exited = {r: s for r, s in states.items() if s.get("status") == S.EXITED}  # rank -> its last state
     blocked = {r for r, s in live.items() if is_blocked(s, grace)}
     if silent:  # nothing else is judged while a rank is silent: its last state may be stale
         found = stage_findings(STAGE_SILENT, silent, live, grace, passes=passes) if blocked else []
