@@ -417,3 +417,139 @@ def trace_nan_return(source=NAN_RETURN_SOURCE) -> Trace:
         departed_state(0, 2, history, grad_sync(5, 6, function="train_until_nan"),
                        [("train.py", 10, "main"), ("train.py", 6, "train_until_nan")], code),
         departed_state(1, 2, history, barrier(5, ("train.py", 11, "main")), [("train.py", 11, "main")], code)), 2)
+
+
+COUNTED_STOP_SOURCE = """def train(model, data, stopper):
+    for epoch in range(EPOCHS):
+        for step in range(8):
+            loss = model(next(data)).sum()
+            loss.backward()
+        if stopper.should_stop(local_val_acc()):
+            break
+    dist.barrier()
+"""
+
+
+def trace_counted_early_stop(source=COUNTED_STOP_SOURCE) -> Trace:
+    """Rank 0 breaks out of loops over `range()` (no DataLoader) on its own validation accuracy; rank 1 trains on."""
+    return trace_early_stop(epochs=(None, None), source=source)
+
+
+SKIPPED_SOURCE = """def train(model, optimizer):
+    for step in range(4):
+        for micro, x, lengths in micro_batches(step):
+            try:
+                anchors = sample_anchors(lengths)
+            except NoValidAnchorsError:
+                continue
+            model(x)[anchors].sum().backward()
+        optimizer.step()
+    dist.barrier()
+
+
+def micro_batches(step):
+    for micro in range(ACCUMULATION):
+        yield micro, load(step, micro), lengths_of(step, micro)
+"""
+
+
+def trace_skipped_iteration(source=SKIPPED_SOURCE, epochs=(None, None)) -> Trace:
+    """Rank 1 caught an exception in an earlier micro-batch and skipped its training step; both loops run as many
+    iterations on every rank, so rank 1 finished them one step short and waits in the barrier after them (line
+    10) while rank 0 runs its last step (line 8)."""
+    code = code_of(source, (8, 10))
+    history = _steps(3, 8, 8)
+    loaders = [None if e is None else [dict({"loader": 0, "epochs": e[0], "steps": list(e[1])}, **e[2])]
+               for e in epochs]
+    main = ("main.py", 30, "main")
+    return Trace(states(
+        departed_state(0, 2, history, forward_sync(6, 8), [main, ("train.py", 8, "train")], code, loaders[0]),
+        departed_state(1, 2, history, barrier(6, ("train.py", 10, "train")), [main, ("train.py", 10, "train")], code,
+                       loaders[1])), 2)
+
+
+HANDLER_SOURCE = """def train(model, rank):
+    for step in range(6):
+        loss = model(decode(step, rank)).sum()
+        loss.backward()
+
+
+def save_checkpoint(model):
+    names = [None]
+    dist.broadcast_object_list(names, src=0)
+
+
+def main():
+    try:
+        train(model, rank)
+    except Exception:
+        log("training failed; saving a checkpoint")
+        save_checkpoint(model)
+        raise
+"""
+
+
+def trace_handler_collective(source=HANDLER_SOURCE) -> Trace:
+    """Rank 1's step raised; main()'s `except Exception:` saves a checkpoint, whose broadcast_object_list rank 0,
+    still training inside the try, never joins. Two steps of history: too little for the history rule."""
+    code = code_of(source, (4, 9, 14, 17))
+    history = [grad_sync(1, 4, age=30.0, state="completed")]
+    bcast = rec(2, "broadcast", api="broadcast", site=("train.py", 9, "save_checkpoint"),
+                region=object_region(("train.py", 9, "save_checkpoint"), "broadcast_object_list"))
+    return Trace(states(
+        departed_state(0, 2, history, grad_sync(2, 4), [("train.py", 14, "main"), ("train.py", 4, "train")], code),
+        departed_state(1, 2, history, bcast, [("train.py", 17, "main"), ("train.py", 9, "save_checkpoint")],
+                       code)), 2)
+
+
+PASSED_BY_SOURCE = """def compute_epoch_metrics(metric, targets):
+    if len(targets) == 0:
+        return {}
+    return {"iou": metric.compute().item()}
+
+
+def main():
+    for epoch in range(2):
+        for _ in range(3):
+            model(batch()).sum().backward()
+        targets = validate(model)
+        results = compute_epoch_metrics(metric, targets)
+"""
+
+
+def trace_passed_by(source=PASSED_BY_SOURCE, epochs=(None, None)) -> Trace:
+    """Rank 1's validation shard is empty: compute_epoch_metrics() returns before the metric's sync, where rank 0
+    waits (line 4, called at 12); rank 1 is back in the next epoch's step (line 10), a move it made before."""
+    code = code_of(source, (4, 10, 12))
+    history = [grad_sync(s, 10, age=30.0, state="completed", function="main") for s in range(3)]
+    loaders = [None if e is None else [dict({"loader": 0, "epochs": e[0], "steps": list(e[1])}, **e[2])]
+               for e in epochs]
+    sync = rec(3, "barrier", site=("train.py", 4, "compute_epoch_metrics"))
+    return Trace(states(
+        departed_state(0, 2, history, sync, [("train.py", 12, "main"), ("train.py", 4, "compute_epoch_metrics")],
+                       code, loaders[0]),
+        departed_state(1, 2, history, grad_sync(3, 10, function="main"), [("train.py", 10, "main")], code,
+                       loaders[1])), 2)
+
+
+def trace_exited_after_early_stop(source=COUNTED_STOP_SOURCE) -> Trace:
+    """Rank 0 broke out of the counted loops on its own validation accuracy and exited the process (nothing after
+    the loop); rank 1 waits in its next step's gradient all-reduce."""
+    trace = trace_counted_early_stop(source.replace("    dist.barrier()\n", "    log('done')\n"))
+    gone = trace.states[0]
+    gone.update(status="exited", inflight=[], stacks=[])
+    del gone["code"]  # a rank's last state as it exits: no source read (the live ranks have it)
+    gone["recent"] = gone["recent"][-8:]
+    return trace
+
+
+def trace_departed_ahead() -> Trace:
+    """trace_caught_exception, but rank 1's next forward broadcast (seq 5) completed without rank 0 (on gloo: a
+    same-sized call, or an empty tensor): rank 1 waits at seq 6 while rank 0 waits at seq 5."""
+    trace = trace_caught_exception()
+    ahead = trace.states[1]
+    finished = dict(ahead["inflight"][0], state="completed", duration_s=0.001)
+    ahead["recent"] = ahead["recent"] + [finished]
+    ahead["inflight"] = [forward_sync(6, 4)]
+    ahead["last_seq"] = {"0": 6}
+    return trace

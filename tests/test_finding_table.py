@@ -191,6 +191,8 @@ TRACE_OF_KIND = {
 MORE_TRACES = {
     "collective_mismatch at different positions": (F.trace_different_positions, "collective_mismatch"),
     "skipped_collective by an exited rank": (F.trace_exited_peer, "skipped_collective"),
+    "local_decision of a rank that exited": (F.trace_exited_after_early_stop, "local_decision"),
+    "caught_exception of a rank at a later position": (F.trace_departed_ahead, "caught_exception"),
 }
 
 

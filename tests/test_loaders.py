@@ -56,7 +56,7 @@ def test_the_wrapper_counts_real_dataloader_epochs_costs_about_a_microsecond_and
         for _ in range(2):
             for _batch in data:
                 steps.steps += 1
-        assert loaders.read() == [{"loader": 0, "epochs": 2, "steps": [4, 4]}]
+        assert loaders.read() == [{"loader": 0, "epochs": 2, "steps": [4, 4], "length": 4}]  # len(data): 4 batches
         epochs = loaders.Epochs(steps)
         start = time.perf_counter()
         for _ in range(10_000):
@@ -66,3 +66,25 @@ def test_the_wrapper_counts_real_dataloader_epochs_costs_about_a_microsecond_and
     finally:
         patches.undo()
     assert DataLoader.__iter__ is original
+
+
+class Sized:
+    def __init__(self, length):
+        self.length = length
+
+    def __len__(self):
+        if isinstance(self.length, Exception):
+            raise self.length
+        return self.length
+
+
+def test_each_loader_says_its_length_when_its_last_epoch_began_and_none_when_it_has_none():
+    steps = Counter()
+    epochs = loaders.Epochs(steps)
+    sized, unsized, broken = Sized(5), object.__new__(type("Stream", (), {})), Sized(RuntimeError("no length"))
+    for loader in (sized, unsized, broken):
+        epochs.began(loader)
+    sized.length = 6  # a length read at each epoch's start: the last one is kept
+    epochs.began(sized)
+    assert epochs.read() == [{"loader": 0, "epochs": 2, "steps": [0, 0], "length": 6},
+                             {"loader": 1, "epochs": 1, "steps": [0]}, {"loader": 2, "epochs": 1, "steps": [0]}]

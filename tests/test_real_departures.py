@@ -1,5 +1,7 @@
 """Real 2-rank gloo runs of control flow that departs on one rank (tests/scenarios/departures.py): early stopping on a
-local validation loss, a NaN check that returns, an exception caught with `continue`. Hard time limits."""
+local validation loss (also without a DataLoader), a NaN check that returns (also in a helper), an
+exception caught with `continue` (also hidden until the loop ends), a crash handler that broadcasts, a metric helper
+that returns on an empty shard. Hard time limits."""
 
 import os
 
@@ -58,3 +60,53 @@ def test_an_exception_caught_with_continue_that_skips_backward_is_a_caught_excep
     assert finding["location"]["line"] == line("caught_except")
     assert f"backward() at departures.py:{line('caught_backward')}" in finding["summary"]
     assert finding["fix"].startswith("Skip together")
+
+
+def test_a_break_out_of_loops_over_range_without_a_dataloader_is_a_local_decision(tmp_path):
+    _, finding = finding_of(tmp_path, "counted_stop")
+    assert (finding["kind"], finding["ranks"]) == ("local_decision", [1])
+    assert finding["location"]["line"] == line("counted_break")
+    proof = finding["evidence"]["departure"]["proof"]
+    assert proof == {"rule": "counted", "loops": ["for step in range(3):", "for epoch in range(EPOCHS):"]}
+    assert "DistributedSampler" not in finding["fix"]
+
+
+def test_an_except_handler_that_broadcasts_on_the_failing_rank_is_a_caught_exception_at_the_except(tmp_path):
+    _, finding = finding_of(tmp_path, "handler")
+    assert (finding["kind"], finding["ranks"]) == ("caught_exception", [1])
+    assert finding["location"]["line"] == line("handler_except")
+    assert finding["evidence"]["departure"]["proof"]["rule"] == "in_handler"
+    assert "all_reduce a flag" in finding["fix"] and "every rank" in finding["fix"]
+
+
+def test_a_helper_returning_early_on_an_empty_shard_is_the_decision_of_the_rank_that_went_past_its_sync(tmp_path):
+    _, finding = finding_of(tmp_path, "empty_shard")
+    assert (finding["kind"], finding["ranks"]) == ("local_decision", [1])  # not rank 0, which waits in the sync
+    assert finding["location"]["line"] == line("empty_return")
+    assert finding["location"]["function"] == "epoch_metric"
+    assert finding["evidence"]["departure"]["proof"]["rule"] == "passed_by"
+
+
+def test_a_caught_exception_hidden_until_the_loop_ends_by_a_model_without_buffers_is_still_named(tmp_path):
+    _, finding = finding_of(tmp_path, "skip_unbuffered")
+    assert (finding["kind"], finding["ranks"]) == ("caught_exception", [1])
+    assert finding["location"]["line"] == line("unbuffered_except")
+    proof = finding["evidence"]["departure"]["proof"]
+    assert proof["rule"] == "equal_lengths" and proof["length"] == 4 and proof["skipped"] is True
+
+
+def test_a_continue_on_a_helpers_none_is_located_at_the_helpers_return(tmp_path):
+    _, finding = finding_of(tmp_path, "helper_none")
+    assert (finding["kind"], finding["ranks"]) == ("local_decision", [1])
+    assert finding["location"]["line"] == line("helper_return")
+    assert finding["location"]["function"] == "training_step"
+    departure = finding["evidence"]["departure"]
+    assert departure["exit"]["line"] == line("helper_continue")
+    assert departure["condition"]["line"] == line("helper_condition")
+
+
+def test_a_rank_that_broke_out_and_went_on_through_a_collective_it_completed_alone_is_still_named(tmp_path):
+    _, finding = finding_of(tmp_path, "stop_then_empty_reduce")
+    assert (finding["kind"], finding["ranks"]) == ("local_decision", [0])
+    assert finding["location"]["line"] == line("ahead_break")
+    assert finding["evidence"]["sequence"]["seq"] < finding["facts"]["record"]["seq"]

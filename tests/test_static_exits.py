@@ -69,7 +69,8 @@ def test_each_exit_carries_the_innermost_if_over_it_and_whether_it_is_a_rank_con
 def test_the_try_blocks_whose_body_holds_the_line_and_what_each_handler_does_last():
     assert code_around_source(SOURCE, 4)["tries"] == []
     assert code_around_source(SOURCE, 8)["tries"] == [
-        {"line": 7, "body_end": 8, "handlers": [{"line": 9, "text": "except RuntimeError:", "then": "continue"}]}]
+        {"line": 7, "body_end": 8,
+         "handlers": [{"line": 9, "end": 10, "text": "except RuntimeError:", "then": "continue"}]}]
     source = "for x in data:\n    try:\n        f(x)\n    except ValueError:\n        log(x)\n    except KeyError:\n" \
              "        pass\n    except OSError:\n        raise\n"
     [block] = code_around_source(source, 3)["tries"]
@@ -107,3 +108,111 @@ def test_a_rank_state_is_read_at_its_main_frames_and_its_records_user_lines(tmp_
     code = code_of_state(state)
     assert sorted(code) == [f"{path}:4", f"{path}:8"]  # not other threads, internal frames, <stdin> or missing files
     assert code_of_state(state, user_file=lambda file: False) == {}
+
+
+COUNTED = textwrap.dedent("""\
+    import itertools
+    EPOCHS = 3
+    steps = 4 * EPOCHS
+
+    def micro_batches(rank, step):
+        for micro in range(ACCUMULATION):
+            x = load(rank, step, micro)
+            yield micro, x
+
+    def filtered(data):
+        for x in range(10):
+            if x:
+                yield x
+
+    def train(model, data, epochs, rank):
+        n = len(data)
+        limit = 5 if rank == 0 else 7
+        for epoch in range(EPOCHS):
+            for step in range(steps):
+                pass
+            for i, x in enumerate(tqdm(range(0, 2 * steps, 2))):
+                pass
+            for micro, x in micro_batches(rank, epoch):
+                pass
+            for x in data:
+                pass
+            for x in range(n):
+                pass
+            for x in range(epochs):
+                pass
+            for x in range(limit):
+                pass
+            for x in filtered(data):
+                pass
+            for x in zip(range(3), data):
+                pass
+            for x in itertools.count():
+                pass
+""")
+
+
+def test_a_loop_is_counted_when_its_iterator_yields_as_many_items_on_every_rank():
+    loops = {}
+    for line in range(20, 39, 2):  # each inner loop's `pass`
+        loop = code_around_source(COUNTED, line)["loops"][0]
+        loops[loop["text"]] = (loop["counted"], loop["endless"])
+    assert loops == {
+        "for step in range(steps):": (True, False),  # a module constant times a literal
+        "for i, x in enumerate(tqdm(range(0, 2 * steps, 2))):": (True, False),  # wrappers keep the count
+        "for micro, x in micro_batches(rank, epoch):": (True, False),  # one yield per counted iteration
+        "for x in data:": (False, False),  # data: it may run out on one rank first
+        "for x in range(n):": (False, False),  # a length
+        "for x in range(epochs):": (False, False),  # a parameter: the caller may pass anything
+        "for x in range(limit):": (False, False),  # set from the rank
+        "for x in filtered(data):": (False, False),  # a yield under a condition
+        "for x in zip(range(3), data):": (False, False),  # zip ends with its shortest
+        "for x in itertools.count():": (False, True),  # ends only by an exit
+    }
+    assert code_around_source(COUNTED, 20)["loops"][1]["counted"]  # `for epoch in range(EPOCHS):`
+
+
+HELPER = textwrap.dedent("""\
+    def training_step(model, batch):
+        loss = model(batch)
+        if torch.isnan(loss):
+            return None
+        if rank == 0 and debug:
+            return 0
+        return loss
+
+    def metrics(targets):
+        if len(targets) == 0:
+            return {}
+        return {"iou": compute()}
+
+    def train(model, data):
+        for batch in data:
+            loss = training_step(model, batch)
+            if loss is None:
+                continue
+            m = metrics(batch)
+            if not m:
+                continue
+            if loss == 0:
+                continue
+            loss.backward()
+""")
+
+
+def test_an_exit_on_what_a_helper_returned_names_the_helpers_return_that_decided_it():
+    exits = code_around_source(HELPER, 24)["loops"][0]["exits"]
+    assert [(e["line"], e.get("decided_in", {}).get("line")) for e in exits] == [(18, 4), (21, 11), (23, 6)]
+    decided = exits[0]["decided_in"]
+    assert decided == {"line": 4, "function": "training_step", "text": "return None",
+                       "condition": {"line": 3, "text": "if torch.isnan(loss):", "rank": False, "branch": "if"}}
+    assert exits[2]["decided_in"]["condition"]["rank"]  # `return 0` under a rank condition: said so
+
+
+def test_a_functions_own_returns_with_the_if_over_each_and_a_handlers_last_line():
+    around = code_around_source(HELPER, 12)
+    assert [(r["line"], (r["condition"] or {}).get("text")) for r in around["returns"]] == [
+        (11, "if len(targets) == 0:"), (12, None)]
+    assert code_around_source("x = 1\n", 1)["returns"] == []
+    source = "def f():\n    try:\n        g()\n    except ValueError:\n        h()\n        k()\n    done()\n"
+    assert code_around_source(source, 3)["tries"][0]["handlers"][0]["end"] == 6

@@ -83,7 +83,8 @@ def assess(states: dict[int, RankState], world_size: int, grace: float, timeout:
     silent = silent or {}
     live = {r: s for r, s in states.items() if s.get("status") != S.EXITED and r not in silent}
     # A rank ended by a signal (its own handler checkpointed and left) skipped nothing: someone ended it.
-    exited = {r for r, s in states.items() if s.get("status") == S.EXITED and not s.get("signal")}
+    exited = {r: s for r, s in states.items()
+              if s.get("status") == S.EXITED and not s.get("signal")}  # rank -> its last state
     blocked = {r for r, s in live.items() if is_blocked(s, grace)}
     if silent:  # nothing else is judged while a rank is silent: its last state may be stale
         found = stage_findings(STAGE_SILENT, silent, live, grace, passes=passes) if blocked else []

@@ -17,10 +17,13 @@ def position(record: dict) -> tuple:
 
 
 def path(state: dict, current: dict) -> list:
-    """The records of the thread that waits in `current`, oldest first, ending with `current`."""
+    """The records of the thread that waits in `current`, oldest first, ending with `current`; a finished `current`
+    (where a rank that went on was at the others' position) ends it there."""
     thread = current.get("thread")
     done = [r for r in state.get("recent") or () if isinstance(r, dict) and not r.get("p2p")
             and r.get("state") == S.COMPLETED and r.get("thread") == thread]
+    if current in done:
+        done = done[:done.index(current)]
     return done + [current]
 
 
@@ -62,9 +65,10 @@ def _training_loader(state: dict) -> dict | None:
 
 
 def _counts(entry: dict) -> bool:
-    steps = entry.get("steps")
+    steps, length = entry.get("steps"), entry.get("length")
     return (isinstance(entry.get("epochs"), int) and isinstance(steps, list) and 0 < len(steps) <= entry["epochs"]
-            and all(isinstance(n, int) and not isinstance(n, bool) for n in steps))
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in steps)
+            and (length is None or isinstance(length, int) and not isinstance(length, bool)))
 
 
 def _by_epoch(loader: dict) -> dict:
@@ -98,12 +102,22 @@ def _short_last_epoch(mine: dict, theirs: list) -> dict | None:
     return {"rule": "short_last_epoch", "epochs": last, "steps": sorted(earlier), "last_steps": own[last]}
 
 
+def _equal_lengths(mine: dict, theirs: list) -> dict | None:
+    """Every rank's DataLoader yields as many batches per epoch, and every rank is in the same epoch: it cannot have
+    run out on this rank first."""
+    length = mine.get("length")
+    if length is None or any(o.get("length") != length or o["epochs"] != mine["epochs"] for o in theirs):
+        return None
+    return {"rule": "equal_lengths", "length": length, "epochs": mine["epochs"]}
+
+
 def epochs_say_left_early(rank: int, others: list, states: dict) -> dict | None:
     """What the DataLoader epochs say against data that ran out: the others began an epoch this rank did not, with
     equal steps per epoch until then; or this rank's last epoch is shorter than its earlier ones (which match the
-    others'). None: no DataLoader, or the counts do not say it (different steps per epoch: uneven data)."""
+    others'); or every rank's DataLoader has as many batches and they are in the same epoch. None: no DataLoader, or
+    the counts do not say it (different steps per epoch or lengths: uneven data)."""
     mine = _training_loader(states[rank])
     theirs = [_training_loader(states[r]) for r in others]
     if mine is None or any(t is None for t in theirs):
         return None
-    return _began_more(mine, theirs) or _short_last_epoch(mine, theirs)
+    return _began_more(mine, theirs) or _short_last_epoch(mine, theirs) or _equal_lengths(mine, theirs)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..format import build as S
-from .reading import (Partition, completed_at, condition_kind, familiar_to, is_blocked, members, partitions,
-                      rank_condition, ranks_of, record_at, shape_key, user_line_now, user_location, waiting_map,
+from .reading import (Partition, at_lowest, completed_at, condition_kind, familiar_to, is_blocked, members,
+                      partitions, rank_condition, ranks_of, shape_key, user_line_now, user_location, waiting_map,
                       waiting_record)
 
 
@@ -224,12 +224,7 @@ def sequence_divergence(parts: list, states: dict) -> dict | None:
         return None  # one position: the passes after this one compare the calls themselves
     group = parts[0].record["group"]  # one group's partitions (proven_mismatches)
     low = min(rec["seq"] for _, rec in parts)
-    at_low = {}
-    for ranks, rec in parts:
-        for rank in ranks:
-            at_low[rank] = rec if rec["seq"] == low else record_at(states[rank], group, low)
-    known = {r: rec for r, rec in at_low.items() if rec is not None}
-    regrouped = partitions(known) if len(known) == len(at_low) else []
+    regrouped = at_lowest(parts, states)
     if regrouped:
         found = shape_mismatch(regrouped, states)
         if found:

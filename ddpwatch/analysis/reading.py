@@ -121,6 +121,19 @@ def partitions(waiting: dict) -> list:
     return list(parts.values())
 
 
+def at_lowest(parts: list, states: dict) -> list:
+    """Ranks of one group at different positions, split by what each did at the lowest position any of them waits
+    at (the call in flight, or the one it finished there); [] when a rank's record of that position is gone."""
+    group = parts[0].record["group"]
+    low = min(rec["seq"] for _, rec in parts)
+    at_low = {}
+    for ranks, rec in parts:
+        for rank in ranks:
+            at_low[rank] = rec if rec["seq"] == low else record_at(states[rank], group, low)
+    known = {r: rec for r, rec in at_low.items() if rec is not None}
+    return partitions(known) if len(known) == len(at_low) else []
+
+
 def _site_key(site: dict | None):
     return (site["file"], site["line"]) if site else None
 

@@ -6,7 +6,7 @@ from typing import Callable, NamedTuple
 
 from .passes import (collective_on_subset_or_mismatch, collective_stuck, ddp_forward_on_subset, group_order,
                      sequence_divergence, shape_mismatch, silent_ranks, skipped_by_exited, straggler)
-from .departure import departed
+from .departure import departed, departed_ahead, departed_and_exited
 from .p2p import p2p_deadlock
 
 DEADLOCK = "deadlock"
@@ -50,7 +50,9 @@ FINDING_PASSES = (
     # first: a cycle through a send or recv is named as such, before group_order reads the same waits by group
     FindingPass(p2p_deadlock, STAGE_CROSSING, ("p2p_deadlock",)),
     FindingPass(group_order, STAGE_CROSSING, ("group_order",)),
-    # first: ranks at different positions are compared where they diverged, with the passes below
+    # a rank that departed and went on through a collective the others never joined: departed() where they diverged
+    FindingPass(departed_ahead, STAGE_MISMATCH, ("local_decision", "caught_exception")),
+    # then: ranks at different positions are compared where they diverged, with the passes below
     FindingPass(sequence_divergence, STAGE_MISMATCH, ("shape_mismatch", "ddp_forward_on_subset", "collective_on_subset",
                                                       "skipped_collective", "uneven_inputs", "collective_mismatch")),
     FindingPass(shape_mismatch, STAGE_MISMATCH, ("shape_mismatch",)),
@@ -61,6 +63,8 @@ FINDING_PASSES = (
     # last: it always finds something (collective_mismatch when no rule names a culprit)
     FindingPass(collective_on_subset_or_mismatch, STAGE_MISMATCH,
                 ("collective_on_subset", "skipped_collective", "uneven_inputs", "collective_mismatch")),
+    # an exited rank that left the loop by a decision of its own (or an exception it caught), read as departed() does
+    FindingPass(departed_and_exited, STAGE_EXITED, ("local_decision", "caught_exception")),
     FindingPass(skipped_by_exited, STAGE_EXITED, ("collective_on_subset", "skipped_collective")),
     FindingPass(collective_stuck, STAGE_TIMEOUT, ("collective_stuck",)),
     FindingPass(straggler, STAGE_TIMEOUT, ("straggler",)),

@@ -145,25 +145,46 @@ class CodeLine(TypedDict):
     text: str
 
 
-class CodeExit(TypedDict):
-    """A way out of a loop: a `break` or `continue` aimed at it, or a `return` inside it."""
+class CodeDecidedIn(TypedDict):
+    """The `return` of a helper whose constant value an exit's condition tests (`x = helper()`, `if x is None:`)."""
 
+    line: int
+    function: str
+    text: str
+    condition: CodeCondition
+
+
+class _CodeExitBase(TypedDict):
     line: int
     kind: str  # "break", "continue", "return"
     condition: Optional[CodeCondition]
     handler: Optional[CodeLine]  # the `except` it sits in, inside the loop
 
 
-class CodeLoop(TypedDict):
+class CodeExit(_CodeExitBase, total=False):
+    """A way out of a loop: a `break` or `continue` aimed at it, or a `return` inside it."""
+
+    decided_in: CodeDecidedIn  # where the value its condition tests was decided
+
+
+class _CodeLoopBase(TypedDict):
     line: int
     end: int
     text: str
-    endless: bool  # `while True:`: it ends by an exit only
+    endless: bool  # `while True:`, `for ... in itertools.count():`: it ends by an exit only
     exits: List[CodeExit]
 
 
-class CodeHandler(CodeLine):
+class CodeLoop(_CodeLoopBase, total=False):
+    counted: bool  # its iterator yields as many items on every rank (`range(10)`): it cannot run out on one first
+
+
+class _CodeHandlerBase(CodeLine):
     then: str  # what it does last: continue, break, return, raise, pass, falls (goes on after the try)
+
+
+class CodeHandler(_CodeHandlerBase, total=False):
+    end: int  # its last line
 
 
 class CodeTry(TypedDict):
@@ -172,20 +193,28 @@ class CodeTry(TypedDict):
     handlers: List[CodeHandler]
 
 
-class CodeAround(TypedDict):
-    """What encloses one line of the user's source (static.exits.code_around), read when the incident was taken."""
-
+class _CodeAroundBase(TypedDict):
     function: List[int]  # first and last line of the function holding it (the module: the whole file)
     loops: List[CodeLoop]  # innermost first
     tries: List[CodeTry]  # try blocks whose body holds the line, innermost first
 
 
-class LoaderEpochs(TypedDict):
-    """One DataLoader's epochs on a rank (runtime/loaders.py)."""
+class CodeAround(_CodeAroundBase, total=False):
+    """What encloses one line of the user's source (static.exits.code_around), read when the incident was taken."""
 
+    returns: List[CodeExit]  # the function's own `return`s (not nested functions'), with the `if` over each
+
+
+class _LoaderEpochsBase(TypedDict):
     loader: int  # the order in which this rank first iterated it
     epochs: int  # how many times it was iterated
     steps: List[int]  # DDP training steps in each of its last epochs, oldest first; the last one runs until now
+
+
+class LoaderEpochs(_LoaderEpochsBase, total=False):
+    """One DataLoader's epochs on a rank (runtime/loaders.py)."""
+
+    length: int  # len(loader) when its last epoch began: the batches an epoch yields (absent: it has none)
 
 
 class _RankStateBase(TypedDict):

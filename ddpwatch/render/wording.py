@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..format import build as S
+from .departures import Phrases, caught_exception_words, local_decision_words
 
 
 def describe_op(record: dict) -> str:
@@ -87,6 +88,11 @@ def _sentence(text: str) -> str:
 
 def _verb(ranks, one: str, many: str) -> str:
     return one if len(set(ranks)) == 1 else many
+
+
+# render/departures.py words local_decision and caught_exception; it imports nothing of this module (which imports
+# it), so it is handed the phrases it shares with every other kind.
+_PHRASES = Phrases(describe=describe_op, sentence=_sentence, verb=_verb)
 
 
 def _waits_text(parts, ranks_text=rank_list) -> str:
@@ -272,74 +278,12 @@ def _uneven_inputs(facts: dict, ranks_text=rank_list) -> tuple:
     return summary, fix
 
 
-def _exit_site(facts: dict) -> str:
-    return S.short_site(dict(facts["location"], line=facts["exit"]["line"]))
-
-
-def _what_it_did(facts: dict) -> str:
-    """'left the loop `for epoch in range(20):`', what taking the exit did."""
-    kind, loop = facts["exit"]["kind"], (facts.get("loop") or {}).get("text")
-    if kind == "break":
-        return f"left the loop `{loop}`"
-    if kind == "return":
-        return f"returned from {facts['location'].get('function')}() out of the loop `{loop}`"
-    return f"skipped the rest of that iteration of `{loop}`"
-
-
-def _not_data_running_out(facts: dict, ranks_text) -> str:
-    """Why the loop was not left by an iterator that ended (the facts' proof), as a sentence."""
-    proof, culprits = facts.get("proof") or {}, facts["culprits"]
-    rule = proof.get("rule")
-    if rule == "began_more":
-        return (f" Not data running out: every rank ran {' or '.join(map(str, proof['steps']))} training steps per "
-                f"epoch until then; {ranks_text(facts['others'])} began epoch {proof['epochs'] + 1}, "
-                f"{ranks_text(culprits)} did not.")
-    if rule == "short_last_epoch":
-        return (f" Not data running out: {ranks_text(culprits)} ran {proof['last_steps']} training steps in epoch "
-                f"{proof['epochs']}, where {_verb(culprits, 'its', 'their')} earlier epochs, like the other ranks', "
-                f"ran {' or '.join(map(str, proof['steps']))}.")
-    if rule == "endless":
-        return f" Not data running out: `{(facts.get('loop') or {}).get('text')}` ends only by an exit."
-    return (f" Not data running out: {_verb(culprits, 'it', 'they')} left mid-iteration, after "
-            f"{describe_op(facts['last'])}, where no data loader ends; in every earlier iteration "
-            f"{_verb(culprits, 'it', 'they')} went on from there to the call the others wait in.")
-
-
 def _local_decision(facts: dict, ranks_text=rank_list) -> tuple:
-    culprits, others, condition = facts["culprits"], facts["others"], facts["condition"] or {}
-    cond_where = S.short_site(dict(facts["location"], line=condition.get("line")))
-    branch = " (its else branch)" if condition.get("branch") == "else" else ""
-    summary = (f"{_sentence(ranks_text(culprits))} took the `{facts['exit']['kind']}` at {_exit_site(facts)} under "
-               f"`{condition.get('text')}` ({cond_where}){branch}, a decision on a value each rank computes for "
-               f"itself, and {_what_it_did(facts)}, while "
-               f"{ranks_text(others)} went on: {ranks_text(others)} {_verb(others, 'waits', 'wait')} in "
-               f"{describe_op(facts['waited'])}, which {ranks_text(culprits)} will never join, and "
-               f"{ranks_text(culprits)} {_verb(culprits, 'is', 'are')} now in {describe_op(facts['record'])}."
-               + _not_data_running_out(facts, ranks_text))
-    fix = (f"Make the decision collective, so that every rank takes the same branch: compute the flag behind "
-           f"`{condition.get('text')}` on every rank and all_reduce it (`flag = torch.tensor(float(stop)); "
-           "dist.all_reduce(flag, op=dist.ReduceOp.MAX)`, then test `flag.item() > 0`), or broadcast one rank's "
-           f"decision (`dist.broadcast(flag, src=0)`), and take the `{facts['exit']['kind']}` at {_exit_site(facts)} "
-           "on that shared flag.")
-    return summary, fix
+    return local_decision_words(facts, ranks_text, _PHRASES)
 
 
 def _caught_exception(facts: dict, ranks_text=rank_list) -> tuple:
-    culprits, others, handler = facts["culprits"], facts["others"], facts["handler"]
-    then = {"falls": "carried on after the try", "pass": "`pass`"}.get(facts["exit"]["kind"],
-                                                                        f"`{facts['exit']['kind']}`")
-    where = S.short_site(facts["location"])
-    summary = (f"{_sentence(ranks_text(culprits))} caught an exception at {where} (`{handler['text']}`, then "
-               f"{then}) after {describe_op(facts['last'])}, and so skipped {describe_op(facts['waited'])}, where "
-               f"{ranks_text(others)} {_verb(others, 'waits', 'wait')}; {ranks_text(culprits)} went on to "
-               f"{describe_op(facts['record'])}."
-               + (" In every earlier iteration it went from that call to the one the others wait in."
-                  if (facts.get("proof") or {}).get("rule") == "within" else _not_data_running_out(facts, ranks_text)))
-    fix = ("Skip together, or do not skip. Together: all_reduce a flag that says whether any rank's step failed "
-           "(`failed = torch.tensor(float(error)); dist.all_reduce(failed)`) and skip on every rank when it is set. "
-           "Or, on the rank that failed, keep its collectives: zero the loss instead of skipping (`loss = "
-           f"out.sum() * 0`), so that backward() still joins the gradient all-reduce (the handler at {where}).")
-    return summary, fix
+    return caught_exception_words(facts, ranks_text, _PHRASES)
 
 
 def _collective_mismatch(facts: dict, ranks_text=rank_list) -> tuple:

@@ -10,8 +10,9 @@ import ast
 import io
 import os
 import tokenize
+from typing import NamedTuple
 
-from .rankcond import function_rank_names, is_rank_condition, module_rank_names
+from .rankcond import dotted_name, function_rank_names, is_rank_condition, module_rank_names, scope_nodes
 from .source import parsed_file
 
 __all__ = ["code_around", "code_around_source", "code_of_state"]
@@ -72,9 +73,15 @@ def _header(lines: list, lineno: int) -> str:
     return text
 
 
-def _exits_of(loop: ast.AST, lines: list, names: set) -> list:
+def _exits_of(loop: ast.AST, scope: "_Scope") -> list:
     """The loop's exits: breaks and continues aimed at it, returns anywhere in it (nested functions excluded), each
     with the innermost `if` over it and the `except` it sits in, inside the loop."""
+    return _exits_in(loop.body, scope, in_loop=True)
+
+
+def _exits_in(body: list, scope: "_Scope", in_loop: bool) -> list:
+    """The exits of a block: with `in_loop`, its breaks and continues (outside nested loops) and every return; else
+    its returns only (a function's body). Each with the innermost `if` over it and the `except` it sits in."""
     found: list = []
 
     def visit(node, nested_loop: bool, condition, handler) -> None:
@@ -83,23 +90,27 @@ def _exits_of(loop: ast.AST, lines: list, names: set) -> list:
                 continue
             kind = _EXIT_KINDS.get(type(child))
             if kind and (kind == "return" or not nested_loop):
-                found.append({"line": child.lineno, "kind": kind, "condition": condition, "handler": handler})
-            inner_condition, inner_handler = condition, handler
-            if isinstance(child, ast.If):
-                inner_condition = _condition(child, lines, names)
+                exit_ = {"line": child.lineno, "kind": kind, "condition": condition and condition[0],
+                         "handler": handler}
+                decided = _decided_in(condition[1], condition[0]["branch"], scope) if condition else None
+                if decided:
+                    exit_["decided_in"] = decided
+                found.append(exit_)
+            inner_handler = handler
             if isinstance(child, ast.ExceptHandler):
-                inner_handler = {"line": child.lineno, "text": _header(lines, child.lineno)}
+                inner_handler = {"line": child.lineno, "text": _header(scope.lines, child.lineno)}
             if isinstance(child, ast.If):
-                visit_branches(child, nested_loop, inner_condition, handler)
+                visit_branches(child, nested_loop, handler)
             else:
-                visit(child, nested_loop or isinstance(child, _LOOPS), inner_condition, inner_handler)
+                visit(child, nested_loop or isinstance(child, _LOOPS), condition, inner_handler)
 
-    def visit_branches(node: ast.If, nested_loop: bool, condition, handler) -> None:
+    def visit_branches(node: ast.If, nested_loop: bool, handler) -> None:
+        doc = _condition(node, scope.lines, scope.names)
         for branch, taken in ((node.body, "if"), (node.orelse, "else")):
             holder = ast.Module(body=branch, type_ignores=[])
-            visit(holder, nested_loop, dict(condition, branch=taken), handler)
+            visit(holder, nested_loop, (dict(doc, branch=taken), node), handler)
 
-    visit(ast.Module(body=loop.body, type_ignores=[]), False, None, None)
+    visit(ast.Module(body=body, type_ignores=[]), not in_loop, None, None)
     return sorted(found, key=lambda e: e["line"])[:MAX_EXITS]
 
 
@@ -109,8 +120,10 @@ def _condition(node: ast.If, lines: list, names: set) -> dict:
 
 
 def _endless(loop: ast.AST) -> bool:
-    """`while True:` (or `while 1:`): it ends only by an exit."""
-    return isinstance(loop, ast.While) and isinstance(loop.test, ast.Constant) and bool(loop.test.value) is True
+    """`while True:` (or `while 1:`), `for ... in itertools.count():`: it ends only by an exit."""
+    if isinstance(loop, ast.While):
+        return isinstance(loop.test, ast.Constant) and bool(loop.test.value) is True
+    return isinstance(loop.iter, ast.Call) and dotted_name(loop.iter.func) in ("count", "itertools.count")
 
 
 def _then(handler: ast.ExceptHandler) -> str:
@@ -123,7 +136,8 @@ def _then(handler: ast.ExceptHandler) -> str:
 def _try_doc(node: ast.AST, lines: list) -> dict:
     body_end = max((getattr(s, "end_lineno", None) or s.lineno) for s in node.body)
     return {"line": node.lineno, "body_end": body_end,
-            "handlers": [{"line": h.lineno, "text": _header(lines, h.lineno), "then": _then(h)} for h in node.handlers]}
+            "handlers": [{"line": h.lineno, "end": h.end_lineno or h.lineno, "text": _header(lines, h.lineno),
+                          "then": _then(h)} for h in node.handlers]}
 
 
 def _rank_names(tree: ast.Module, function) -> set:
@@ -141,20 +155,270 @@ def _rank_names(tree: ast.Module, function) -> set:
 _names: dict = {}  # (id(tree), id(function)) -> (tree, rank names): the tree is kept, so its ids name it
 
 
+class _Scope(NamedTuple):
+    """Where the source is read: the parsed file, its lines, the function holding the line (None: the module) and
+    the rank names in scope there."""
+
+    tree: ast.Module
+    lines: list
+    function: object
+    names: set
+
+
 def _around(tree: ast.Module, lines: list, line: int) -> dict:
     chain = _chain(tree, line)
     functions = [n for n in chain if isinstance(n, _FUNCTIONS)]
     function = functions[-1] if functions else None
     inside = chain[chain.index(function) + 1:] if function else chain
-    names = _rank_names(tree, function)
+    scope = _Scope(tree, lines, function, _rank_names(tree, function))
     loops = [n for n in inside if isinstance(n, _LOOPS) and _in_block(n.body, line)]
     tries = [n for n in inside if isinstance(n, _TRIES) and _in_block(n.body, line)]
     span = [function.lineno, function.end_lineno or function.lineno] if function else [1, max(len(lines), 1)]
     return {"function": span,
             "loops": [{"line": loop.lineno, "end": loop.end_lineno or loop.lineno, "text": _header(lines, loop.lineno),
-                       "endless": _endless(loop), "exits": _exits_of(loop, lines, names)}
+                       "endless": _endless(loop), "counted": _counted(loop, scope), "exits": _exits_of(loop, scope)}
                       for loop in reversed(loops)][:MAX_LOOPS],
-            "tries": [_try_doc(node, lines) for node in reversed(tries)][:MAX_LOOPS]}
+            "tries": [_try_doc(node, lines) for node in reversed(tries)][:MAX_LOOPS],
+            "returns": _exits_in(function.body, scope, in_loop=False) if function else []}
+
+
+# ---------------------------------------------------------------- counted loops: as many iterations on every rank
+
+_SAME_ITEMS = frozenset({"enumerate", "tqdm", "reversed", "list", "tuple", "iter", "sorted"})  # f(x): x's count
+_NUMBER_CALLS = frozenset({"int", "min", "max", "abs", "round"})
+MAX_DEPTH = 8  # calls, names and generators followed from a loop's header
+
+
+def _counted(loop: ast.AST, scope: _Scope) -> bool:
+    """A `for` whose iterator yields as many items on every rank, so that it cannot run out on one rank first:
+    `range()` (or `trange()`) over numbers no rank or data sets, `enumerate`/`tqdm`/`zip` over such, or a
+    generator function of this file that yields once per iteration of such a loop."""
+    return isinstance(loop, (ast.For, ast.AsyncFor)) and _counted_iter(loop.iter, scope, 0)
+
+
+def _counted_iter(expr: ast.AST, scope: _Scope, depth: int) -> bool:
+    if not isinstance(expr, ast.Call) or depth > MAX_DEPTH:
+        return False
+    name = dotted_name(expr.func) or ""
+    last = name.split(".")[-1]
+    if last in ("range", "trange"):
+        return bool(expr.args) and all(_fixed(a, scope, depth + 1) for a in expr.args) and (
+            last == "trange" or not expr.keywords)
+    if last in _SAME_ITEMS:
+        return bool(expr.args) and _counted_iter(expr.args[0], scope, depth + 1)
+    if last == "zip":
+        return bool(expr.args) and all(_counted_iter(a, scope, depth + 1) for a in expr.args)
+    generator = _function_named(scope.tree, last) if last else None
+    return generator is not None and _yields_counted(generator, scope, depth + 1)
+
+
+def _function_named(tree: ast.Module, name: str):
+    """The one function (or method) of the file with this name; None when there is none or more than one."""
+    cached = _functions.get(id(tree))
+    if cached is None or cached[0] is not tree:
+        if len(_functions) > 64:
+            _functions.clear()
+        index: dict = {}
+        for node in ast.walk(tree):
+            if isinstance(node, _FUNCTIONS):
+                index.setdefault(node.name, []).append(node)
+        cached = _functions[id(tree)] = (tree, index)
+    found = cached[1].get(name) or ()
+    return found[0] if len(found) == 1 else None
+
+
+_functions: dict = {}  # id(tree) -> (tree, {name: [function nodes]}): the tree is kept, so its id names it
+
+
+def _yields_counted(function, scope: _Scope, depth: int) -> bool:
+    """A generator whose one `yield` stands unconditionally in the body of a counted `for` at its top level, a loop
+    that no break, continue or return leaves early, in a function with no return."""
+    nodes = scope_nodes(function.body)
+    yields = [n for n in nodes if isinstance(n, (ast.Yield, ast.YieldFrom))]
+    if len(yields) != 1 or isinstance(yields[0], ast.YieldFrom) or any(isinstance(n, ast.Return) for n in nodes):
+        return False
+    inner = _Scope(scope.tree, scope.lines, function, _rank_names(scope.tree, function))
+    for stmt in function.body:
+        if (isinstance(stmt, (ast.For, ast.AsyncFor)) and not stmt.orelse
+                and any(isinstance(s, ast.Expr) and s.value is yields[0] for s in stmt.body)):
+            return not _leaves(stmt) and _counted_iter(stmt.iter, inner, depth)
+    return False
+
+
+def _leaves(loop: ast.AST) -> bool:
+    """Whether a break or continue aims at this loop (not at a loop nested in it)."""
+    stack = list(loop.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Break, ast.Continue)):
+            return True
+        if not isinstance(node, _LOOPS + _SCOPES):
+            stack.extend(ast.iter_child_nodes(node))
+    return False
+
+
+def _fixed(expr: ast.AST, scope: _Scope, depth: int) -> bool:
+    """A number that is the same on every rank: literals, arithmetic on them, names bound only to such numbers
+    (UPPER_CASE names bound elsewhere count as constants), never a rank name, a length or any other call."""
+    if depth > MAX_DEPTH:
+        return False
+    if isinstance(expr, ast.Constant):
+        return isinstance(expr.value, (int, float))
+    if isinstance(expr, ast.UnaryOp):
+        return _fixed(expr.operand, scope, depth)
+    if isinstance(expr, ast.BinOp):
+        return _fixed(expr.left, scope, depth) and _fixed(expr.right, scope, depth)
+    if isinstance(expr, ast.Call):
+        return (isinstance(expr.func, ast.Name) and expr.func.id in _NUMBER_CALLS and not expr.keywords
+                and bool(expr.args) and all(_fixed(a, scope, depth) for a in expr.args))
+    if isinstance(expr, ast.Attribute):
+        return _constant_name(expr.attr) and dotted_name(expr) not in scope.names
+    if isinstance(expr, ast.Name) and expr.id not in scope.names:
+        values = _bound(expr.id, scope)
+        if values is None:
+            return _constant_name(expr.id)
+        return bool(values) and all(v is not None and _fixed(v, scope, depth + 1) for v in values)
+    return False
+
+
+def _constant_name(name: str) -> bool:
+    return name.isupper()
+
+
+def _bound(name: str, scope: _Scope):
+    """The values `name` is bound to in the function of `scope` (else the module): a list, with None for a binding
+    that is not a plain assignment (a parameter, a loop variable, `+=`, an import...); None when it is bound
+    nowhere in this file."""
+    for body, function in ((scope.function.body, scope.function) if scope.function else (None, None),
+                           (scope.tree.body, None)):
+        if body is None:
+            continue
+        values = []
+        if function is not None:
+            args = function.args
+            params = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+            values += [None for a in params if a is not None and a.arg == name]
+        for node in scope_nodes(body):
+            values += _bindings(node, name)
+        if values:
+            return values
+    return None
+
+
+def _bindings(node: ast.AST, name: str) -> list:
+    if isinstance(node, ast.Assign):
+        hits = [t for t in node.targets if isinstance(t, ast.Name) and t.id == name]
+        unpacked = [t for t in node.targets if not isinstance(t, ast.Name)
+                    and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(t))]
+        return [node.value] * len(hits) + [None] * len(unpacked)
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+        return [node.value]
+    if isinstance(node, (ast.AugAssign, ast.For, ast.AsyncFor, ast.With, ast.AsyncWith, ast.NamedExpr)):
+        targets = [getattr(node, "target", None)] + [getattr(i, "optional_vars", None)
+                                                     for i in getattr(node, "items", ())]
+        if any(t is not None and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(t)) for t in targets):
+            return [None]
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        if any((a.asname or a.name.split(".")[0]) == name for a in node.names):
+            return [None]
+    if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
+        return [None]
+    return []
+
+
+# ---------------------------------------------------------------- a condition that tests what a helper returned
+
+def _decided_in(node: ast.If, branch: str, scope: _Scope) -> dict | None:
+    """For `x = helper(...)` then `if x is None:` (or `not x`, `x == 0`...) over an exit: the one `return` of
+    `helper` (a function of this file) whose constant value takes that branch, under a condition of its own. The
+    decision was made there; the caller only passes it on."""
+    tested = _tested_name(node.test)
+    if tested is None or scope.function is None:
+        return None
+    calls = [value for line, value in _assigned_before(tested, node.lineno, scope)]
+    if len(calls) != 1 or not isinstance(calls[0], ast.Call):
+        return None
+    helper = _function_named(scope.tree, (dotted_name(calls[0].func) or "").split(".")[-1])
+    if helper is None or helper is scope.function:
+        return None
+    inner = _Scope(scope.tree, scope.lines, helper, _rank_names(scope.tree, helper))
+    taken = []
+    for ret in _exits_in(helper.body, inner, in_loop=False):
+        value = _returned(helper, ret["line"])
+        if value is not _UNKNOWN and ret["condition"] and _takes(node.test, tested, value) == (branch == "if"):
+            taken.append(ret)
+    if len(taken) != 1:
+        return None
+    ret = taken[0]
+    return {"line": ret["line"], "function": helper.name, "text": _header(scope.lines, ret["line"]),
+            "condition": ret["condition"]}
+
+
+_UNKNOWN = object()
+
+
+def _tested_name(test: ast.AST) -> str | None:
+    """The one name a test reads (`x is None`, `not x`, `x`, `x == 0`), compared with constants only."""
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+    return names.pop() if len(names) == 1 and _evaluable(test) else None
+
+
+def _evaluable(node: ast.AST) -> bool:
+    if isinstance(node, (ast.Name, ast.Constant)):
+        return True
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return _evaluable(node.operand)
+    if isinstance(node, ast.BoolOp):
+        return all(_evaluable(v) for v in node.values)
+    if isinstance(node, ast.Compare):
+        return (len(node.ops) == 1 and isinstance(node.ops[0], (ast.Is, ast.IsNot, ast.Eq, ast.NotEq))
+                and all(isinstance(v, (ast.Name, ast.Constant)) for v in (node.left, *node.comparators)))
+    return False
+
+
+def _takes(test: ast.AST, name: str, value) -> bool | None:
+    """The test's truth with `name` bound to `value` (None when it cannot be told)."""
+    try:
+        return bool(_evaluate(test, name, value))
+    except Exception:  # noqa: BLE001 - a value the test cannot be applied to: no answer
+        return None
+
+
+def _evaluate(node: ast.AST, name: str, value):
+    if isinstance(node, ast.Name):
+        return value
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.UnaryOp):
+        return not _evaluate(node.operand, name, value)
+    if isinstance(node, ast.BoolOp):
+        results = [bool(_evaluate(v, name, value)) for v in node.values]
+        return all(results) if isinstance(node.op, ast.And) else any(results)
+    left, right = _evaluate(node.left, name, value), _evaluate(node.comparators[0], name, value)
+    op = node.ops[0]
+    return {ast.Is: lambda: left is right, ast.IsNot: lambda: left is not right, ast.Eq: lambda: left == right,
+            ast.NotEq: lambda: left != right}[type(op)]()
+
+
+def _assigned_before(name: str, line: int, scope: _Scope) -> list:
+    """The last plain assignment `name = ...` above `line` in the function (as [(line, value)]), [] if none."""
+    found = [(node.lineno, node.value) for node in scope_nodes(scope.function.body)
+             if isinstance(node, ast.Assign) and node.lineno < line
+             and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
+    return [max(found, key=lambda pair: pair[0])] if found else []
+
+
+def _returned(function, line: int):
+    """The constant a `return` at `line` of `function` gives (None for a bare return), else _UNKNOWN."""
+    for node in scope_nodes(function.body):
+        if isinstance(node, ast.Return) and node.lineno == line:
+            if node.value is None:
+                return None
+            try:
+                return ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return _UNKNOWN
+    return _UNKNOWN
 
 
 def code_around_source(source: str, line: int) -> dict | None:

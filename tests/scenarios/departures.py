@@ -1,7 +1,9 @@
 """Ranks whose control flow departs on a rank-local value: `python departures.py CASE`; lines tagged `# LINE:`.
 
-Early stopping on a local validation loss, a NaN check that returns, a caught exception that skips backward; none
-of them is uneven data (every rank has the same number of batches per epoch).
+Early stopping on a local validation loss (over a DataLoader, or loops over range()), a NaN
+check that returns (in the loop, or in a helper whose None the caller skips on), a caught exception that skips
+backward (at once, or with no buffers only at the loop's end), a crash handler that broadcasts, a metric helper that
+returns on an empty shard; none of them is uneven data (every rank has the same number of batches per epoch).
 """
 
 import sys
@@ -93,7 +95,123 @@ def caught(rank):
     dist.barrier()
 
 
-CASES = {"early_stop": early_stop, "nan_return": nan_return, "caught": caught}
+EPOCHS = 10
+
+
+def local_accuracy(rank):
+    """Rank 1's validation shard holds only easy samples."""
+    return 0.95 if rank == 1 else 0.5
+
+
+def counted_stop(rank):
+    """No DataLoader: loops over range() of constants, a break on a rank-local validation accuracy."""
+    model = bn_model()
+    generator = torch.Generator().manual_seed(rank)
+    for epoch in range(EPOCHS):
+        for step in range(3):
+            model(torch.randn(8, 4, generator=generator)).sum().backward()  # LINE:counted_step
+        val_acc = local_accuracy(rank)  # each rank's own validation shard
+        if val_acc > 0.9:  # LINE:counted_condition
+            break  # LINE:counted_break
+    dist.barrier()
+
+
+def decode(step, rank):
+    if rank == 1 and step == 2:
+        raise ValueError("could not decode sample: truncated record")
+    return torch.randn(8, 4)
+
+
+def train_steps(model, rank):
+    for step in range(6):
+        model(decode(step, rank)).sum().backward()  # LINE:handler_step
+
+
+def save_checkpoint():
+    names = [None]
+    dist.broadcast_object_list(names, src=0)  # LINE:handler_broadcast
+
+
+def handler(rank):
+    """A crash checkpoint: the rank whose step raised saves, and the save broadcasts a file name."""
+    model = DistributedDataParallel(nn.Linear(4, 1))
+    try:
+        train_steps(model, rank)  # LINE:handler_try
+    except ValueError:  # LINE:handler_except
+        save_checkpoint()
+        raise
+
+
+def epoch_metric(values):
+    if len(values) == 0:  # LINE:empty_condition
+        return None  # LINE:empty_return
+    dist.barrier()  # LINE:empty_sync
+    total = torch.tensor([sum(values)])
+    dist.all_reduce(total)
+    return total.item()
+
+
+def empty_shard(rank):
+    """Rank 1's validation shard is empty: its metric helper returns before the metric's sync (a barrier, as
+    torchmetrics' gather begins)."""
+    model = DistributedDataParallel(nn.Linear(4, 1))
+    generator = torch.Generator().manual_seed(rank)
+    validation = [0.5]  # one validation sample: the second rank's shard is empty
+    for epoch in range(3):
+        for step in range(2):
+            model(torch.randn(8, 4, generator=generator)).sum().backward()  # LINE:empty_step
+        epoch_metric(validation[rank::2])  # LINE:empty_call
+
+
+def skip_unbuffered(rank):
+    """No buffers: the skipped backward lets the next steps pair up, and the hang forms after the loop."""
+    model = DistributedDataParallel(nn.Linear(4, 1))
+    for x, y in loader(rank, bad_batch=1 if rank == 1 else None):
+        try:
+            loss = checked_loss(model(x), y)
+        except ValueError:  # LINE:unbuffered_except
+            continue
+        loss.backward()
+    dist.barrier()
+
+
+def training_step(model, x, y):
+    loss = ((model(x) - y) ** 2).mean()
+    if torch.isnan(loss):  # LINE:helper_condition
+        return None  # LINE:helper_return
+    return loss
+
+
+def helper_none(rank):
+    """training_step returns None on a NaN loss; the caller skips backward on that None."""
+    model = bn_model()
+    for x, y in loader(rank, bad_batch=2 if rank == 1 else None):
+        loss = training_step(model, x, y)
+        if loss is None:
+            continue  # LINE:helper_continue
+        loss.backward()
+    dist.barrier()
+
+
+def stop_then_empty_reduce(rank):
+    """The counted early stop, then a reduction of what this rank gathered after its last epoch: nothing, an empty
+    tensor, which gloo completes alone. The rank that broke is a position ahead when the hang forms."""
+    model = DistributedDataParallel(nn.Linear(4, 1))
+    generator = torch.Generator().manual_seed(rank)
+    for epoch in range(EPOCHS):
+        for step in range(3):
+            model(torch.randn(8, 4, generator=generator)).sum().backward()
+        if local_val_loss(rank, epoch) > 1.5:  # LINE:ahead_condition
+            break  # LINE:ahead_break
+    pending = torch.zeros(0)  # the samples this rank held back when it stopped: none
+    dist.all_reduce(pending)
+    dist.barrier()
+
+
+CASES = {"early_stop": early_stop, "nan_return": nan_return, "caught": caught, "counted_stop": counted_stop,
+         "handler": handler, "empty_shard": empty_shard,
+         "skip_unbuffered": skip_unbuffered, "helper_none": helper_none,
+         "stop_then_empty_reduce": stop_then_empty_reduce}
 
 
 def main():
