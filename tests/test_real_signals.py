@@ -126,6 +126,8 @@ def test_a_rank_that_leaves_on_its_own_sigterm_handler_is_not_blamed_and_does_no
     Before (issue 27 item 6): a skipped_collective report blamed rank 1 ("an early `return`"), and rank 0's
     failure came 3.7-7.5 s late (ddpwatch held it for a report)."""
     plain = outcome(*run_signalled("term_one", signal.SIGTERM, tmp_path / "plain", watched=False, ranks=(1,)))
+    if plain[0][0] == -6:  # seen once on a loaded machine: gloo aborted rank 0 instead of raising (torch, no ddpwatch)
+        plain = outcome(*run_signalled("term_one", signal.SIGTERM, tmp_path / "plain2", watched=False, ranks=(1,)))
     watched = outcome(*run_signalled("term_one", signal.SIGTERM, tmp_path / "watched", watched=True, ranks=(1,)))
     codes, checkpoints, lines = plain
     assert codes == [4, 0] and checkpoints == {"rank1.pt": {"rank": 1, "how": "sigterm"}}, plain
