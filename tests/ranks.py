@@ -52,9 +52,6 @@ def describe(results):
 def run_torchrun(args, nprocs, report_dir, timeout=90, **env_overrides):
     """`python -m torch.distributed.run` (torchrun: its agent SIGTERMs the other workers once one fails) on `args`,
     in a session of its own, killed whole at the limit: (exit status, its output and its workers', interleaved)."""
-    import subprocess
-    import tempfile
-
     from ddpwatch.launch import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPWATCH", "TORCHELASTIC", "MASTER_"))
@@ -64,9 +61,18 @@ def run_torchrun(args, nprocs, report_dir, timeout=90, **env_overrides):
     env.update({k: str(v) for k, v in env_overrides.items()})
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nprocs), "--master-addr",
                "127.0.0.1", "--master-port", str(free_port())] + [str(a) for a in args]
+    return run_job(command, env, None, timeout)
+
+
+def run_job(command, env, cwd, timeout):
+    """Run a whole job (torchrun and its workers) in its own session; kill that session whatever happens:
+    (exit status, its output and its workers', interleaved)."""
+    import subprocess
+    import tempfile
+
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(command, env=env, cwd=None if cwd is None else str(cwd), stdout=out,
+                                stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from ranks import ROOT, SCENARIOS, describe, run_case, tagged_line
+from ranks import ROOT, SCENARIOS, describe, run_case, run_job, tagged_line
 
 import ddpwatch.bootstrap as bootstrap
 from ddpwatch.runtime import control
@@ -62,22 +62,6 @@ def activation_path(*first):
 def python(code, env, cwd, timeout=30):
     return subprocess.run([sys.executable, "-c", code], env=env, cwd=str(cwd), capture_output=True, text=True,
                           timeout=timeout, start_new_session=True)
-
-
-def run_job(command, env, cwd, timeout):
-    """Run a whole job (torchrun and its workers) in its own session; kill that session whatever happens."""
-    with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(command, env=env, cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT, text=True,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            _killpg(proc.pid)
-            proc.wait()
-        out.seek(0)
-        return proc.returncode, out.read()
 
 
 def _killpg(pgid):
