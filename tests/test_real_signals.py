@@ -50,6 +50,16 @@ def outcome(results, checkpoints):
     return [r.returncode for r in results], checkpoints, lines
 
 
+def after_its_except(result):
+    """Rank 0 of term_one runs its except, says "peer gone" and calls sys.exit(4); torch then tears down the broken
+    gloo group at interpreter exit and aborts (-6) in 2 of 3 plain runs, with or without ddpwatch. That abort comes
+    after everything the program did, so it reads as the program's own exit code 4."""
+    codes, checkpoints, lines = result
+    if codes[0] == -6 and any(line.startswith("SIGNALS rank 0 peer gone") for line in lines[0]):
+        codes = [4] + codes[1:]
+    return codes, checkpoints, lines
+
+
 @pytest.mark.parametrize("case", ["term_after", "term_before"])
 def test_the_programs_sigterm_handler_runs_as_without_ddpwatch(tmp_path, case):
     """Issue 18: a handler installed after ddpwatch armed was raced by ddpwatch's default action (exit -15)."""
@@ -125,10 +135,10 @@ def test_a_rank_that_leaves_on_its_own_sigterm_handler_is_not_blamed_and_does_no
     """Only rank 1 gets SIGTERM; its handler checkpoints and exits 0, while rank 0 waits for it in all_reduce.
     Before (issue 27 item 6): a skipped_collective report blamed rank 1 ("an early `return`"), and rank 0's
     failure came 3.7-7.5 s late (ddpwatch held it for a report)."""
-    plain = outcome(*run_signalled("term_one", signal.SIGTERM, tmp_path / "plain", watched=False, ranks=(1,)))
-    if plain[0][0] == -6:  # seen once on a loaded machine: gloo aborted rank 0 instead of raising (torch, no ddpwatch)
-        plain = outcome(*run_signalled("term_one", signal.SIGTERM, tmp_path / "plain2", watched=False, ranks=(1,)))
-    watched = outcome(*run_signalled("term_one", signal.SIGTERM, tmp_path / "watched", watched=True, ranks=(1,)))
+    plain = after_its_except(outcome(*run_signalled("term_one", signal.SIGTERM, tmp_path / "plain", watched=False,
+                                                    ranks=(1,))))
+    watched = after_its_except(outcome(*run_signalled("term_one", signal.SIGTERM, tmp_path / "watched", watched=True,
+                                                      ranks=(1,))))
     codes, checkpoints, lines = plain
     assert codes == [4, 0] and checkpoints == {"rank1.pt": {"rank": 1, "how": "sigterm"}}, plain
     assert "SIGNALS rank 0 peer gone, heard promptly" in lines[0], plain
