@@ -352,16 +352,19 @@ class Patcher:
 
         def wait(work, *args, **kwargs):
             # Which Work this thread is blocked on: a rank whose isend/irecv is merely in flight while it computes
-            # is not waiting, and a P2P deadlock is proven only over ranks that are.
-            ident = _get_ident()
-            in_wait[ident] = work
+            # is not waiting, and a P2P deadlock is proven only over ranks that are. Only a Work handed to the user
+            # (in by_work) is noted: the waits inside a synchronous collective pay one lookup, no store.
+            ident = _get_ident() if id(work) in by_work else None
+            if ident is not None:
+                in_wait[ident] = work
             try:
                 result = original(work, *args, **kwargs)
             except BaseException as exc:
                 _note_wait(work, exc)
                 raise
             finally:
-                in_wait.pop(ident, None)
+                if ident is not None:
+                    in_wait.pop(ident, None)
             if by_work or issuing:  # else no recorded op waits on this Work
                 _note_wait(work, None)
             return result
