@@ -1,1 +1,1 @@
-"""ddpwatch's benchmarks: overhead, time to verdict, scale and memory; `python -m benchmarks [--quick]` runs them all."""
+"""ddpwatch's benchmarks: overhead, time to verdict, scale, memory; `python -m benchmarks [--quick]` runs them all."""

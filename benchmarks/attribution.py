@@ -336,8 +336,10 @@ def snapshot_cost(mode: str) -> None:
     calls = 2000 if mode == "full" else 200
     rows = []
     for recent in (8, 0):
-        best = min(timed_block(lambda: recorder.snapshot(recent), calls, None)["thread"] for _ in range(5))
-        rows.append([f"Recorder.snapshot(recent={recent}), {len(recorder.ring)} records in the ring", best / calls * 1e6])
+        best = min(timed_block(lambda: recorder.snapshot(recent), calls, None)["thread"]  # noqa: B023 (called at once)
+                   for _ in range(5))
+        rows.append([f"Recorder.snapshot(recent={recent}), {len(recorder.ring)} records in the ring",
+                     best / calls * 1e6])
     C.print_table("The watchdog round's snapshot (no ranks: a Recorder filled in this process; thread CPU, best of 5 "
                   f"blocks of {calls})", ["call", "us per call"], rows)
 

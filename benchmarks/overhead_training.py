@@ -1,4 +1,4 @@
-"""Step-time overhead of the guard on a small DDP loop (2 gloo ranks), next to Flight Recorder on/off and DEBUG=DETAIL."""
+"""Step-time overhead of the guard on a small DDP loop (2 gloo ranks), beside Flight Recorder on/off, DEBUG=DETAIL."""
 
 from __future__ import annotations
 
@@ -329,7 +329,8 @@ def main(argv=None) -> None:
     on_off = [summarize(run) for run in runs if run["name"].startswith("Flight Recorder")]
     if len(on_off) == 2 and all(on_off):
         print(f"Flight Recorder on vs off, without the guard (two launches, so noisier than the A/B/B/A ratios): "
-              f"{on_off[0]['off']:.2f} vs {on_off[1]['off']:.2f} ms/step, ratio {on_off[0]['off'] / on_off[1]['off']:.3f}")
+              f"{on_off[0]['off']:.2f} vs {on_off[1]['off']:.2f} ms/step, "
+              f"ratio {on_off[0]['off'] / on_off[1]['off']:.3f}")
     run_interleaved(mode)
     if opts.quick:
         print("(quick mode skips: " + ", ".join(n for n in CONFIGS if n not in names) + ")")

@@ -354,7 +354,8 @@ def leader_rows(results: list) -> list:
             rows.append([r["ranks"], name, p["states"], f"{p['mib']:.1f}", f"{t['gather']:.3f}",
                          f"{t['transfer']:.3f}", f"{t['chunked']:.3f}", f"{t['assess']:.3f}",
                          f"{t['positions']:.3f}", f"{t['render']:.3f}",
-                         f"{analysis_s:.3f}", f"{total:.3f}" + (" (< 1 s)" if total < TARGET_S else " (>= 1 s)"), f"{p['held_mib']:.0f}", f"{p['peak_rss_mib']:.0f}", p["lines"],
+                         f"{analysis_s:.3f}", f"{total:.3f}" + (" (< 1 s)" if total < TARGET_S else " (>= 1 s)"),
+                         f"{p['held_mib']:.0f}", f"{p['peak_rss_mib']:.0f}", p["lines"],
                          ", ".join(p["kinds"]) or p["verdict"] or "none"])
         rows.append([r["ranks"], "contributions to the incident, all ranks", "-", "-", f"{r['contribute_s']:.3f}",
                      "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
@@ -393,7 +394,8 @@ def main(argv=None) -> None:
                   "render_text; memory: RSS growth while the states are held, and the process's peak RSS so far",
                   ["ranks", "what", "states", "MiB in the store", "gather (s)", "of which multi_get (s)",
                    f"multi_get in slices of {CHUNK} (s)", "assess (s)", "positions (s)", "render_text (s)",
-                   "analysis (s)", "total (s)", "RSS growth (MiB)", "peak RSS (MiB)", "report lines", "finding"], leader_rows(results))
+                   "analysis (s)", "total (s)", "RSS growth (MiB)", "peak RSS (MiB)", "report lines", "finding"],
+                  leader_rows(results))
     for r in results:
         if opts.show_report == r["ranks"]:
             print(r["full"]["text"])

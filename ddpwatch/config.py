@@ -198,7 +198,7 @@ class Config:
 
 
 def _coerce(option: Option, raw: Any, source: str) -> Any:
-    """Parse one raw value, or raise a ConfigError naming the option, the value, where it came from and what is accepted."""
+    """Parse one raw value, or raise a ConfigError naming the option, the value, its source and what is accepted."""
     text = _as_text(option, raw, source)
     if isinstance(text, bool):
         return text

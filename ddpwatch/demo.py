@@ -40,7 +40,8 @@ def run_demo(fixed: bool = False, report_dir: str | None = None, nprocs: int = 2
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "ddpwatch.examples.seed_stall"] + (["--fixed"] if fixed else [])
-    what = "the fixed loop (model.module(x) in validation)" if fixed else "the seed stall (DDP wrapper in rank-0 validation)"
+    what = ("the fixed loop (model.module(x) in validation)" if fixed
+            else "the seed stall (DDP wrapper in rank-0 validation)")
     print(f"ddpwatch demo: {nprocs} CPU ranks on gloo run {what}; reports go to {report_dir}", file=sys.stderr)
     started = time.monotonic()
     results = run_ranks(command, nprocs, env=env, timeout=DEMO_TIMEOUT_S, capture=False)

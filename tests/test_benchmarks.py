@@ -9,8 +9,9 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCHMARKS = ["overhead_ops", "attribution", "overhead_training", "time_to_verdict", "scale", "soak", "startup", "step_cost",
-              "flight_recorder", "forged_incidents"]  # memory: runner; hot_path_instructions: its cases below (valgrind takes 45 s)
+# memory: runner; hot_path_instructions: its cases below (valgrind takes 45 s)
+BENCHMARKS = ["overhead_ops", "attribution", "overhead_training", "time_to_verdict", "scale", "soak", "startup",
+              "step_cost", "flight_recorder", "forged_incidents"]
 LIMIT_S = 150  # hard limit per quick run; each takes 5-25 s here
 TABLE_ROW = re.compile(r"^\|.*\|$", re.MULTILINE)
 TABLE_RULE = re.compile(r"^\|-[-|]*\|$", re.MULTILINE)

@@ -1,4 +1,4 @@
-"""Busy vs frozen (issue 13 point 3, issue 18 point 3): a silent peer's psutil facts decide; hand-built facts, no processes, no torch."""
+"""Busy vs frozen (issue 13 point 3, issue 18 point 3): a silent peer's psutil facts decide; hand-built, no process."""
 
 import os
 import sys

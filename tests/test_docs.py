@@ -108,7 +108,7 @@ def test_the_interface_lists_exactly_the_finding_kinds_of_the_table():
 def test_readme_zero_code_command_catches_an_unmodified_script_and_report_rerenders_it(tmp_path):
     shutil.copy(os.path.join(SCENARIOS, "plain_seed.py"), tmp_path / "train.py")
     env = dict(user_env(tmp_path), DDPWATCH_ACTION="abort")
-    [line] = [l for l in tagged("zero-code").splitlines() if l.strip()]
+    [line] = [text for text in tagged("zero-code").splitlines() if text.strip()]
     code, out, err = run_shell(line, tmp_path, env)
     assert code != 0 and reports(tmp_path / "ddpwatch-reports"), err[-3000:]
     assert "[ddp_forward_on_subset] culprit: rank 0" in err

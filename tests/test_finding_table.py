@@ -17,7 +17,6 @@ sys.path.insert(0, os.path.dirname(__file__))
 import factory as F  # noqa: E402
 
 from ddpwatch import analysis
-from ddpwatch.format import build as S
 from ddpwatch.analysis import incident, passes
 from ddpwatch import render
 from ddpwatch.format import validate

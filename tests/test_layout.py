@@ -68,7 +68,8 @@ def _cycle(graph: dict):
 def test_the_import_graph_of_ddpwatch_has_no_cycle():
     modules = _modules()
     graph = {module: _imports(module, path, modules) for module, path in modules.items()}
-    assert "ddpwatch.sources.merge" in graph["ddpwatch.sources.command"]  # the reader sees function-level and package imports
+    # the reader sees function-level and package imports
+    assert "ddpwatch.sources.merge" in graph["ddpwatch.sources.command"]
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
 
 

@@ -375,7 +375,8 @@ def test_folders_skip_hidden_venvs_and_pycache(tmp_path, capsys):
 
 
 def test_python_dash_m_runs_the_linter():
-    result = subprocess.run([sys.executable, "-m", "ddpwatch.lint", "--no-hints", "tests/lint_fixtures/seed_trainer.py"],
+    result = subprocess.run([sys.executable, "-m", "ddpwatch.lint", "--no-hints",
+                             "tests/lint_fixtures/seed_trainer.py"],
                             cwd=REPO, capture_output=True, text=True, timeout=60,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 1, result.stderr

@@ -17,7 +17,7 @@ class Counter:
 def test_each_epoch_counts_the_training_steps_run_while_its_loader_was_the_last_iterated():
     steps, train, val = Counter(), object.__new__(type("Loader", (), {})), object.__new__(type("Val", (), {}))
     epochs = loaders.Epochs(steps)
-    for epoch in range(3):
+    for _ in range(3):
         epochs.began(train)
         steps.steps += 4
         epochs.began(val)  # validation under no_grad: no training step

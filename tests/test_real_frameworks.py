@@ -2,8 +2,8 @@
 
 Each hang runs on 2 gloo ranks (tests/scenarios/frameworks.py); the report must name the right kind, the culprit
 rank, the user's own line (tagged `# LINE:` there, never a site-packages frame) and a fix in the framework's terms.
-The benign runs of each framework must give no report. What each case reported before the fixes of issue 12 (the library of
-commit c05745e) is in tests/scenarios/frameworks_measured.md.
+The benign runs of each framework must give no report. What each case reported before the fixes of issue 12 (the
+library of commit c05745e) is in tests/scenarios/frameworks_measured.md.
 """
 
 import importlib.util

@@ -1,4 +1,4 @@
-"""A real incident reanalysed on "another machine": the user's sources gone, its report is the live one, byte for byte."""
+"""A real incident reanalysed on "another machine": the user's sources gone, its report is the live one, to the byte."""
 
 import os
 import shutil

@@ -104,7 +104,8 @@ class IncidentForger:
         if now - self.last >= self.every and all(read(self.store, f"pos/{rank}") for rank in (0, 1)):
             number = self.store.add(f"{NAMESPACE}/counters", INCIDENT_UNIT) // INCIDENT_UNIT
             self.store.set(f"{NAMESPACE}/incident/{number}/info", json.dumps(
-                {"trigger": "dump", "leader": 2, "action": "report", "fingerprint": f"forged-{number}"}))  # no rank leads
+                {"trigger": "dump", "leader": 2, "action": "report",  # no rank leads
+                 "fingerprint": f"forged-{number}"}))
             self.numbers.append(number)
             self.last = now
         return False

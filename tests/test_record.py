@@ -16,7 +16,8 @@ from ddpwatch.runtime.record import Recorder, is_internal_file, tensor_meta, use
 from ddpwatch.runtime.stacks import python_stacks  # noqa: E402
 
 HERE = os.path.abspath(__file__)
-RECORD_KEYS = {"seq", "group", "op", "api", "p2p", "peer", "shapes", "dtypes", "site", "via", "region", "start", "age_s",
+RECORD_KEYS = {"seq", "group", "op", "api", "p2p", "peer", "shapes", "dtypes", "site", "via", "region", "start",
+               "age_s",
                "duration_s", "state", "error", "thread"}
 SNAPSHOT_KEYS = {"progress", "idle_s", "inflight", "recent", "last_seq", "groups", "ops_recorded", "ddp_steps",
                  "site_counts", "p2p_counts"}
@@ -288,7 +289,8 @@ def test_snapshot_keys_and_contents():
     assert snap["idle_s"] >= 0
     snap["groups"]["2"] = None
     assert "2" not in rec.snapshot()["groups"]  # a copy
-    assert documents.load_json_text(documents.dumps({"format_version": 1, **snap}), "snap")["inflight"] == snap["inflight"]
+    loaded = documents.load_json_text(documents.dumps({"format_version": 1, **snap}), "snap")
+    assert loaded["inflight"] == snap["inflight"]
 
 
 def test_snapshot_inflight_sorted_oldest_first():

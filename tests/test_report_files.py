@@ -202,7 +202,8 @@ def test_no_tensor_contents_reach_any_file(tmp_path, temp_dir):
         with open(os.path.join(folder, name), encoding="utf-8") as handle:
             text = handle.read()
         assert "0.1234" not in text, name
-    assert documents.load_incident(folder)["ranks"][0]["inflight"][0]["oops"] == "<FakeTensor shape=[2, 3] dtype=float32>"
+    oops = documents.load_incident(folder)["ranks"][0]["inflight"][0]["oops"]
+    assert oops == "<FakeTensor shape=[2, 3] dtype=float32>"
 
 
 def test_load_incident_refuses_a_rank_snapshot(tmp_path, temp_dir):

@@ -474,7 +474,8 @@ def test_json_nested_deeper_than_the_parser_is_left_out_without_a_traceback(job)
 
 
 JUNK_POSITIONS = [  # what someone on the store port may write where a rank's position or state goes
-    {"rank": "1"}, {"rank": [1]}, {"rank": 1.5}, {"rank": True}, {"rank": 9999}, {"rank": -1}, {"rank": 1, "inflight": "x"},
+    {"rank": "1"}, {"rank": [1]}, {"rank": 1.5}, {"rank": True}, {"rank": 9999}, {"rank": -1},
+    {"rank": 1, "inflight": "x"},
     {"rank": 1, "inflight": [1, "a", None]}, {"rank": 1, "pid": "abc", "host": None}, {"rank": 1, "status": ["exited"]},
     {"rank": 1, "beat": {}}, {"rank": 1, "idle_s": "a", "inflight": [{"group": 1, "seq": "x", "age_s": "y"}]},
     {"rank": 1, "idle_s": 1e308, "inflight": [{"group": "0", "seq": 1, "age_s": 1e308, "op": ["x"], "api": {},

@@ -89,7 +89,7 @@ def main(argv=None):
         torch.distributed.init_process_group("gloo")
         Trainer(args.fixed, args.mark).train(args.epochs)
         torch.distributed.destroy_process_group()
-    print(f"rank finished cleanly", file=sys.stderr, flush=True)
+    print("rank finished cleanly", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The named shapes of the plain data passed between stages: what a record, a rank state, a finding and an incident hold.
+"""The named shapes of the plain data passed between stages: what a record, a rank state, a finding, an incident hold.
 
 JSON-native TypedDicts (no torch, no runtime cost): the stages pass these dicts, files hold them, and validate.py
 derives its checks of files from them, so each field is defined here only. A type says what a stage may be handed:
@@ -256,7 +256,7 @@ class RankState(_RankStateBase, total=False):
 
 
 class MismatchRow(TypedDict):
-    """One distinct call in a mismatch, side by side with the others (analysis.passes._side_by_side; its description from render/wording.py)."""
+    """One distinct call in a mismatch, beside the others (analysis.passes._side_by_side; words: render/wording.py)."""
 
     ranks: List[int]
     group: str

@@ -1,4 +1,4 @@
-"""Control of a live job: a registry of the armed local ranks, SIGUSR1 for a report now, SIGTERM that lets one finish."""
+"""Control of a live job: a registry of the armed local ranks, SIGUSR1 for a report now, SIGTERM that lets one end."""
 
 from __future__ import annotations
 

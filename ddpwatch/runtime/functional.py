@@ -123,7 +123,8 @@ def _waitable_outputs(result) -> list:
     outputs = []
     for item in items:
         elem = getattr(item, "elem", None)
-        if elem is not None and type(item).__name__ == "AsyncCollectiveTensor" and not getattr(item, "completed", False):
+        if (elem is not None and type(item).__name__ == "AsyncCollectiveTensor"
+                and not getattr(item, "completed", False)):
             outputs.append(elem)
     return outputs
 

@@ -14,7 +14,6 @@ from .. import catalogue
 from ..format import build
 from ..logonce import log_once
 from . import point_to_point
-from .arguments import arg as _arg, param_index as _param_index
 from .patches import PATCH_MARKER, Patches
 from .record import Recorder
 from .tensors import tensor_meta
@@ -423,7 +422,7 @@ class Patcher:
         self.recorder.issued(record, handle)  # isend/irecv/batch: completes when the peer matches it
 
     def _group_first_wrapper(self, original, api: str, op: str):
-        """DDP's C++ helpers (`_broadcast_coalesced(pg, tensors, ...)`): blocking calls whose first argument is the group."""
+        """DDP's C++ helpers (`_broadcast_coalesced(pg, tensors, ...)`): blocking calls taking the group first."""
 
         def body(args, kwargs, caller):
             group = args[0] if args else kwargs.get("process_group")

@@ -109,7 +109,8 @@ def via_site(frame) -> tuple | None:
         return None
     code = frame.f_code
     name = getattr(code, "co_qualname", code.co_name)
-    package = installed_package(os.path.abspath(code.co_filename)) or (frame.f_globals.get("__name__") or "?").split(".")[0]
+    package = (installed_package(os.path.abspath(code.co_filename))
+               or (frame.f_globals.get("__name__") or "?").split(".")[0])
     return (code.co_filename, frame.f_lineno, name, package)
 
 

@@ -1,4 +1,4 @@
-"""The session behind guard(): one per process, shared by nested guards; patches, and arms a watchdog per default group."""
+"""The session behind guard(): one per process, shared by nested guards; patches, arms a watchdog per default group."""
 
 from __future__ import annotations
 

@@ -398,7 +398,7 @@ def _unmatched_tail(to_decide: dict, records_by_rank: dict, members_of) -> None:
     oldest: dict = {}
     for (rank, group, seq) in calls:
         oldest[(rank, group)] = min(seq, oldest.get((rank, group), seq))
-    for rank, records in to_decide.items():
+    for records in to_decide.values():
         for record in records:
             record["state"] = S.COMPLETED  # p2p positions are per pair of ranks: left to the collectives' evidence
             if record["p2p"] or record["seq"] is None:

@@ -82,7 +82,7 @@ def load_rank_files(files: list) -> dict:
 def common_world_size(chosen: dict) -> int:
     """The one world_size every rank file states; different ones mean files of different jobs."""
     sizes: dict = {}
-    for rank, (doc, path) in sorted(chosen.items()):
+    for _rank, (doc, path) in sorted(chosen.items()):
         sizes.setdefault(doc.get("world_size"), path)
     if len(sizes) != 1:
         described = ", ".join(f"{size} ({path})" for size, path in sizes.items())

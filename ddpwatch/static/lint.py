@@ -10,7 +10,7 @@ import sys
 from typing import Iterable, Sequence
 
 from .lint_checker import _ModuleChecker
-from .lint_model import CHECKS, COLLECTIVES, PARSE_ERROR, _RELEVANT_MARKERS, _SKIPPED_DIRS, LintFinding
+from .lint_model import CHECKS, COLLECTIVES, PARSE_ERROR, _RELEVANT_MARKERS, _SKIPPED_DIRS, LintFinding  # noqa: F401
 from .lint_walker import _suppressed
 from .source import read_source
 

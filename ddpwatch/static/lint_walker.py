@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Iterator
+from typing import Any, Iterator
 
 from .rankcond import is_rank_condition, rank_guarded_exit
 from .lint_model import _LOOPS, _MATCH, _NOQA, _TRY, LintFinding, _EarlyExit, _Guard, _Loop, _Scope, _Site, _calls_in
@@ -52,7 +52,7 @@ def _paired(target: ast.AST, value: ast.AST | None, line: int) -> Iterator[tuple
 class _ScopeWalker:
     """Walks one scope's statements, recording each call with its innermost rank condition and loops."""
 
-    def __init__(self, checker: _ModuleChecker, scope: _Scope):  # lint_checker's, named only (no import cycle)
+    def __init__(self, checker: Any, scope: _Scope):  # lint_checker._ModuleChecker: not imported (no import cycle)
         self.checker = checker
         self.scope = scope
         self.names = scope.rank_names

@@ -355,7 +355,7 @@ def skip_after_checkpoint_backward():
     skip_after_checkpoint(nn.Linear(4, 4))
 
 
-CASES = {case.__name__: case for case in (ops_rank0, 
+CASES = {case.__name__: case for case in (ops_rank0,
     lightning_log_sync_rank0, lightning_barrier_rank0, lightning_rank_zero_only, lightning_fit_benign,
     accelerate_wait_rank0, accelerate_gather_rank0, accelerate_on_main_process, accelerate_benign,
     fsdp2_eval_rank0, fsdp2_benign, funcol_rank0, funcol_benign, dtensor_rank0, dtensor_benign,
