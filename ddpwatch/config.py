@@ -17,7 +17,7 @@ def _toml():
         import tomllib
     except ImportError:  # pragma: no cover - Python < 3.11: the same parser, published as tomli
         try:
-            import tomli as tomllib
+            import tomli as tomllib  # type: ignore[no-redef]
         except ImportError:
             return None
     return tomllib

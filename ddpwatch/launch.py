@@ -25,7 +25,9 @@ class RankResult:
     stderr: str
 
 
-def _kill_group(pgid: int) -> None:
+def _kill_group(pgid: int | None) -> None:
+    if pgid is None:
+        return
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -47,7 +49,7 @@ def run_ranks(command: list, nprocs: int, env: dict | None = None, timeout: floa
     try:
         for rank in range(nprocs):
             rank_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-            kwargs = {"process_group": 0 if pgid is None else pgid}
+            kwargs: dict = {"process_group": 0 if pgid is None else pgid}
             # Files, not pipes: a rank blocked on a full pipe nobody reads would look like a hang.
             streams = (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) if capture else (None, None)
             files.append(streams)

@@ -16,7 +16,7 @@ from .table import (DEADLOCK, DUMP, FINDING_KINDS, FINDING_PASSES, SILENT, STAGE
                     declared, kinds_of)
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from ..shapes import Finding, RankState
+    from ..format.types import Finding, RankState
 
 
 @dataclasses.dataclass

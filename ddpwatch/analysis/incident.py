@@ -11,7 +11,7 @@ from ..format.version import FORMAT_VERSION
 from . import conditions
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from ..shapes import Incident, RankState
+    from ..format.types import Incident, RankState
 
 # The values an incident written without them (older files) was analysed with: the configuration's defaults.
 DEFAULT_GRACE, DEFAULT_TIMEOUT = DEFAULTS["grace"], DEFAULTS["timeout"]

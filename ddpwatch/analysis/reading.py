@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from ..format import build as S
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from ..shapes import RankState, RecordDoc
+    from ..format.types import RankState, RecordDoc
 
 
 class Partition(NamedTuple):

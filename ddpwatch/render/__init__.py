@@ -58,7 +58,7 @@ def short_rank_list(ranks) -> str:
     if len(full) <= RANKS_TEXT_BUDGET:
         return full
     parts = full[len("ranks "):].split(",")
-    head = []
+    head: list = []
     for part in parts[:-1]:
         if len(",".join(head + [part])) > RANKS_TEXT_BUDGET // 2:
             break

@@ -172,7 +172,7 @@ def _record_indexes(states: dict) -> dict:
     """id(record) -> where it sits in the embedded JSON: recent first, then inflight (what the script looks up).
 
     Worked out once for all records: a search per box made a rank with many records quadratic (minutes)."""
-    indexes = {}
+    indexes: dict = {}
     for state in states.values():
         everything = list(state.get("recent") or ()) + list(state.get("inflight") or ())
         indexes.update((id(record), index) for index, record in enumerate(everything))

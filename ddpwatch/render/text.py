@@ -64,7 +64,7 @@ def _verdict_lines(incident: dict) -> list:
     if not findings:
         trigger = incident.get("trigger", "dump")
         return _wrap(f"No hang proven ({trigger}); the state of every rank follows.")
-    lines = []
+    lines: list = []
     for finding in findings:
         if lines:
             lines.append("")
@@ -97,7 +97,7 @@ def _shapes_text(row: dict) -> str:
 
 
 def _mismatch_lines(incident: dict) -> list:
-    lines = []
+    lines: list = []
     for finding in incident.get("findings") or ():
         rows = (finding.get("evidence") or {}).get("mismatched")
         if not rows:

@@ -95,7 +95,9 @@ def _signature_source(signature: inspect.Signature) -> tuple:
     Defaults are passed by name, never by repr: the generated function gets the very same default objects.
     """
     P = inspect.Parameter
-    params, call, defaults = [], [], {}
+    params: list = []
+    call: list = []
+    defaults: dict = {}
     for name, param in signature.parameters.items():
         default = ""
         if param.default is not P.empty:

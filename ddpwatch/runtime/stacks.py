@@ -16,7 +16,7 @@ def python_stacks(skip_thread: int | None = None, limit: int = 60) -> list:
     for ident, frame in sys._current_frames().items():
         if ident == skip_thread:
             continue
-        frames = []
+        frames: list = []
         while frame is not None and len(frames) < limit:
             code = frame.f_code
             kind = code_kind(frame)

@@ -22,7 +22,8 @@ class MergeError(FormatError):
 def _walk_rank_files(folder: str) -> tuple:
     """(rank files under folder, folders holding a report.json); hidden folders (half-written staging) and what is not
     a regular file (a FIFO would block the read) skipped."""
-    files, incidents = [], []
+    files: list = []
+    incidents: list = []
     for root, dirs, names in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         if documents.REPORT_JSON in names:

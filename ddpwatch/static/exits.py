@@ -52,7 +52,8 @@ def _children(node: ast.AST) -> list:
 
 def _chain(tree: ast.Module, line: int) -> list:
     """The compound statements and except handlers holding `line`, outermost first."""
-    chain, nodes = [], list(tree.body)
+    chain: list = []
+    nodes = list(tree.body)
     while True:
         holder = next((n for n in nodes if isinstance(n, (ast.stmt, ast.ExceptHandler)) and _contains(n, line)), None)
         if holder is None:

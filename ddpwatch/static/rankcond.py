@@ -295,7 +295,7 @@ def function_rank_names(function: ast.FunctionDef | ast.AsyncFunctionDef, rank_n
 
 
 def _loop_variables(nodes: Iterable[ast.AST]) -> set[str]:
-    variables = set()
+    variables: set = set()
     for node in nodes:
         if isinstance(node, (ast.For, ast.AsyncFor)):
             variables.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
