@@ -1,14 +1,80 @@
-"""Shared test fixtures: every test must leave no ddpwatch patch, thread or child process behind."""
+"""Shared test fixtures: every test must leave no ddpwatch patch, thread or child process behind; the test tiers."""
 
+import multiprocessing.process
 import os
+import subprocess
 import sys
 import threading
+import time
 import types
 import warnings
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+# ----- test tiers -----
+# `real`: the test starts a process (ranks, torchrun, the CLI, a benchmark, a browser) or sleeps. Every test of a
+# test_real_*.py file is real; elsewhere a test says so with @pytest.mark.real (a whole file with `pytestmark`).
+# The fast tier is everything else: `python -m pytest -m "not real"`, no process and no sleep, under a minute.
+# (The marker is declared in setup.cfg's [tool:pytest], which runs with --strict-markers.)
+# A test outside the tier that starts a process or sleeps fails, naming what it started.
+REAL_FILE_PREFIX = "test_real_"
+
+# The fuzz tests' example count (tests/test_crafted_input.py): a small default sized to the suite's time budget,
+# `--hypothesis-profile=long` for a longer hunt (HYPOTHESIS_PROFILE=long works too).
+settings.register_profile("ddpwatch", max_examples=100)
+settings.register_profile("long", max_examples=5000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ddpwatch"))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name.startswith(REAL_FILE_PREFIX):
+            item.add_marker(pytest.mark.real)
+
+
+@pytest.fixture(autouse=True)
+def fast_tier_starts_no_process(request):
+    """Outside the `real` tier: fail a test that starts a process or sleeps on the test's thread (it runs all the
+    same, so that the failure names everything it did)."""
+    if request.node.get_closest_marker("real"):
+        yield
+        return
+    seen = []
+    popen_init, fork, start, sleep = (subprocess.Popen.__init__, os.fork, multiprocessing.process.BaseProcess.start,
+                                      time.sleep)
+    test_thread = threading.current_thread()
+
+    def noted_popen_init(self, args, *more, **kwargs):
+        seen.append(f"started a process: {args!r}"[:300])
+        popen_init(self, args, *more, **kwargs)
+
+    def noted_fork():
+        seen.append("called os.fork()")
+        return fork()
+
+    def noted_start(self):
+        seen.append(f"started a multiprocessing process: {self!r}")
+        return start(self)
+
+    def noted_sleep(seconds):
+        if threading.current_thread() is test_thread:
+            seen.append(f"slept (time.sleep({seconds!r}))")
+        return sleep(seconds)
+
+    subprocess.Popen.__init__, os.fork, time.sleep = noted_popen_init, noted_fork, noted_sleep
+    multiprocessing.process.BaseProcess.start = noted_start
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__, os.fork, time.sleep = popen_init, fork, sleep
+        multiprocessing.process.BaseProcess.start = start
+    if seen:
+        pytest.fail(f"{request.node.nodeid} is in the fast tier but {seen[0]}"
+                    + (f" (and {len(seen) - 1} more)" if len(seen) > 1 else "")
+                    + ": mark it @pytest.mark.real (tests/conftest.py)", pytrace=False)
 
 
 @pytest.fixture

@@ -25,6 +25,27 @@ def reports(report_dir):
     return sorted(glob.glob(os.path.join(str(report_dir), "*", "report.json")))
 
 
+def reported_and_exited(report_dir, rank):
+    """A `stop_when` for a job one of whose ranks stays alive on purpose (asleep, outside any collective) past the
+    verdict: true once a report is written and `rank` (its pid read from the report) has exited."""
+    import psutil
+
+    def stop():
+        found = reports(report_dir)
+        if not found:
+            return False
+        try:
+            with open(found[0]) as handle:
+                [pid] = [state["pid"] for state in json.load(handle)["ranks"] if state.get("rank") == rank]
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
+    return stop
+
+
 def load_only_report(report_dir):
     found = reports(report_dir)
     assert len(found) == 1, f"expected exactly one report, found {found}"

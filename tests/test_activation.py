@@ -85,6 +85,7 @@ def only_report(folder):
 
 # ----- start-up of a bare interpreter -----
 
+@pytest.mark.real
 def test_unset_imports_nothing_of_ddpwatch(tmp_path):
     installed_pth()
     for env in (clean_env(), clean_env(DDPWATCH="")):
@@ -92,6 +93,7 @@ def test_unset_imports_nothing_of_ddpwatch(tmp_path):
         assert done.returncode == 0 and json.loads(done.stdout) == [], done.stderr
 
 
+@pytest.mark.real
 def test_set_activates_at_startup_without_importing_torch(tmp_path):
     installed_pth()
     code = ("import sys, ddpwatch.bootstrap as b; print(b.activated_by, 'torch' in sys.modules, "
@@ -100,6 +102,7 @@ def test_set_activates_at_startup_without_importing_torch(tmp_path):
     assert (done.returncode, done.stdout.split(), done.stderr) == (0, ["pth", "False", "True"], "")
 
 
+@pytest.mark.real
 def test_the_pth_line_itself(tmp_path):
     """The checkout's .pth line, run by hand: nothing unless DDPWATCH is set, then activation once site.py is done."""
     with open(PTH) as handle:
@@ -117,6 +120,7 @@ def test_the_pth_line_itself(tmp_path):
     assert on.returncode == 0 and on.stdout.split("\n")[1] == "pth", on.stderr
 
 
+@pytest.mark.real
 def test_sitecustomize_activates_and_runs_the_users_own(tmp_path):
     user = tmp_path / "user"
     user.mkdir()
@@ -133,6 +137,7 @@ STARTUP_PROBE = ("import sys, ddpwatch.bootstrap as b; print(b.activated_by, 'dd
                  "any(type(f).__name__ == '_PostImportFinder' for f in sys.meta_path))")
 
 
+@pytest.mark.real
 def test_with_no_settings_to_read_start_up_imports_no_configuration(tmp_path):
     """Issue 27: DDPWATCH=1 added ~42 ms to every Python start (the configuration module, dataclasses, tomllib):
     with nothing but DDPWATCH to read, start-up glances at the environment and the folder and hooks the import.
@@ -143,6 +148,7 @@ def test_with_no_settings_to_read_start_up_imports_no_configuration(tmp_path):
     assert via in ("pth", "sitecustomize") and (config_loaded, hooked) == ("False", "True")
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("setting", ["DDPWATCH_ACTION=abort", "ddpwatch_timout=5", "DDPWATCH=maybe", "setup.cfg",
                                      "pyproject.toml"])
 def test_with_settings_to_read_start_up_reads_them(tmp_path, setting):
@@ -207,6 +213,7 @@ def assert_runs_as_without_ddpwatch(args, env, cwd, reason, **kwargs):
     assert "inactive in this process" in lines[0] and "init_process_group will raise" in lines[0]
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("setting, program", [("env", "python -c"), ("env", "pip --version"),
                                               ("file", "python -c"), ("enabled", "python -c"),
                                               ("broken file", "pip --version")])
@@ -216,6 +223,7 @@ def test_a_bad_setting_is_one_warning_and_the_program_runs_as_without_ddpwatch(t
     assert_runs_as_without_ddpwatch(PROGRAMS[program], env, tmp_path, reason)
 
 
+@pytest.mark.real
 def test_the_warning_is_said_once_per_process_and_not_at_all_without_DDPWATCH(tmp_path):
     code = ("import ddpwatch, ddpwatch.bootstrap as b, ddpwatch.config, _ddpwatch_startup as s; "
             "print(b.process_startup(), s.start(), b.activated_by)")
@@ -229,6 +237,7 @@ def test_the_warning_is_said_once_per_process_and_not_at_all_without_DDPWATCH(tm
         assert (done.returncode, done.stdout, done.stderr) == (0, "RAN\n", "")
 
 
+@pytest.mark.real
 def test_an_explicit_guard_still_raises_the_config_error_on_entry(tmp_path):
     code = ("import ddpwatch\n"
             "try:\n    ddpwatch.guard().__enter__()\n"
@@ -272,6 +281,7 @@ def unreadable_pyproject(tmp_path):
     path.chmod(0o644)
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("program", sorted(PROGRAMS))
 def test_an_unreadable_unrelated_pyproject_is_one_warning_and_the_program_runs(tmp_path, unreadable_pyproject,
                                                                              program):
@@ -280,6 +290,7 @@ def test_an_unreadable_unrelated_pyproject_is_one_warning_and_the_program_runs(t
     assert_runs_as_without_ddpwatch(PROGRAMS[program], env, tmp_path, f"cannot read {path}", preexec_fn=preexec)
 
 
+@pytest.mark.real
 def test_a_failing_activation_is_one_warning_line_and_the_program_runs(tmp_path):
     broken = tmp_path / "shadow" / "ddpwatch"
     broken.mkdir(parents=True)
@@ -291,6 +302,7 @@ def test_a_failing_activation_is_one_warning_line_and_the_program_runs(tmp_path)
     assert len(lines) == 1 and lines[0].startswith("ddpwatch: ") and "broken on purpose" in lines[0], done.stderr
 
 
+@pytest.mark.real
 def test_ddpwatch_run_sets_the_environment_and_checks_the_settings_first(tmp_path):
     def run(*args, **env):
         return subprocess.run([sys.executable, "-m", "ddpwatch", "run"] + list(args),
@@ -337,6 +349,7 @@ def isolated_registry(tmp_path, monkeypatch):
     return control.registry_dir()
 
 
+@pytest.mark.real
 @pytest.mark.timeout(60)
 def test_first_init_installs_and_arms_and_sigusr1_dumps(tmp_path, monkeypatch, isolated_registry):
     import torch.distributed as dist
@@ -419,6 +432,7 @@ def _wait_for(predicate, limit=5.0):
     return predicate()
 
 
+@pytest.mark.real
 def test_sigusr1_reaches_the_watchdog_once_and_chains_to_the_programs_handler(live_control):
     make, _ = live_control
     theirs = []
@@ -460,6 +474,7 @@ def test_no_handlers_outside_the_main_thread(live_control):
     assert results == [False] and signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
 
 
+@pytest.mark.real
 def test_sigterm_waits_for_a_report_being_written_then_dies_by_the_signal(live_control):
     make, deaths = live_control
     live = make()
@@ -474,6 +489,7 @@ def test_sigterm_waits_for_a_report_being_written_then_dies_by_the_signal(live_c
     assert 0.45 <= deaths[0][1] - started < 2.5
 
 
+@pytest.mark.real
 def test_sigterm_waits_at_most_the_grace(live_control, monkeypatch):
     monkeypatch.setattr(control, "TERM_GRACE_S", 0.3)
     make, deaths = live_control
@@ -484,6 +500,7 @@ def test_sigterm_waits_at_most_the_grace(live_control, monkeypatch):
     assert deaths and 0.25 <= deaths[0][1] - started < 1.5
 
 
+@pytest.mark.real
 def test_sigterm_without_a_report_dies_at_once_and_a_programs_handler_decides(live_control):
     make, deaths = live_control
     live = make()
@@ -519,6 +536,7 @@ def from_reader(live, signum):
     return thread
 
 
+@pytest.mark.real
 def test_a_sigterm_handler_installed_after_ours_is_the_programs_alone(live_control):
     """Issue 18: the reader thread still gets the byte, and used to end the process under the program's handler."""
     live, deaths = started(live_control)
@@ -585,6 +603,7 @@ def test_sigint_stays_keyboardinterrupt_and_is_never_acted_on(live_control):
         signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.real
 def test_sigusr1_under_a_handler_installed_after_ours_asks_no_report(live_control):
     live, _ = started(live_control)
     theirs = []
@@ -609,6 +628,7 @@ def test_report_in_progress_is_the_watchdogs_writing_event():
     assert control.report_in_progress(Watchdog)
 
 
+@pytest.mark.real
 def test_registry_lists_live_ranks_and_removes_stale_ones(isolated_registry):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -624,6 +644,7 @@ def test_registry_lists_live_ranks_and_removes_stale_ones(isolated_registry):
     assert os.listdir(isolated_registry) == [f"{os.getpid()}.json"]
 
 
+@pytest.mark.real
 def test_dump_chooses_one_job_or_says_why_not(isolated_registry, capsys):
     assert control.dump(wait=0.1) == 1
     assert "no armed ddpwatch rank" in capsys.readouterr().err
@@ -648,6 +669,7 @@ def test_dump_chooses_one_job_or_says_why_not(isolated_registry, capsys):
 
 # ----- real jobs -----
 
+@pytest.mark.real
 @pytest.mark.timeout(120)
 def test_torchrun_with_DDPWATCH_catches_the_unmodified_seed_and_aborts(tmp_path):
     """DDPWATCH=1 python -m torch.distributed.run: the .pth file guards each worker; abort keeps torchrun's ways."""
@@ -665,6 +687,7 @@ def test_torchrun_with_DDPWATCH_catches_the_unmodified_seed_and_aborts(tmp_path)
     assert any("ddp_forward_on_subset" in open(path).read() for path in error_files), error_files
 
 
+@pytest.mark.real
 @pytest.mark.timeout(120)
 def test_torchrun_without_DDPWATCH_is_plain_torch(tmp_path):
     env = clean_env(DDPWATCH_DIR=tmp_path / "reports", PLAIN_SEED_PG_TIMEOUT="5", TMPDIR=tmp_path)
@@ -677,6 +700,7 @@ def test_torchrun_without_DDPWATCH_is_plain_torch(tmp_path):
     assert not os.path.exists(tmp_path / "reports")
 
 
+@pytest.mark.real
 @pytest.mark.timeout(120)
 def test_ddpwatch_run_guards_torchrun_workers(tmp_path):
     env = clean_env(PYTHONPATH=ROOT, DDPWATCH_DIR=tmp_path / "reports", DDPWATCH_ACTION="abort",
@@ -690,6 +714,7 @@ def test_ddpwatch_run_guards_torchrun_workers(tmp_path):
     assert "traceback : ddpwatch: collective_on_subset" in output[output.rfind("Root Cause"):], output[-4000:]
 
 
+@pytest.mark.real
 @pytest.mark.timeout(120)
 def test_a_job_with_a_bad_setting_fails_at_init_process_group_with_the_reason(tmp_path):
     """Each rank of an unmodified program starts (one warning), then its init_process_group raises the ConfigError."""
@@ -708,6 +733,7 @@ def test_a_job_with_a_bad_setting_fails_at_init_process_group_with_the_reason(tm
     assert not os.path.exists(tmp_path / "reports")
 
 
+@pytest.mark.real
 @pytest.mark.timeout(120)
 def test_spawned_ranks_are_armed_and_forked_dataloader_workers_are_not(tmp_path):
     env = clean_env(DDPWATCH="1", PYTHONPATH=activation_path(), DDPWATCH_DIR=tmp_path / "reports")
@@ -726,6 +752,7 @@ def test_spawned_ranks_are_armed_and_forked_dataloader_workers_are_not(tmp_path)
     assert not os.path.exists(tmp_path / "reports")
 
 
+@pytest.mark.real
 @pytest.mark.timeout(120)
 def test_dump_a_live_job_then_sigterm_ends_each_rank_as_torch_would(tmp_path):
     """`ddpwatch dump` on a job that is alive (rank 0 busy, rank 1 blocked in a barrier inside C++)."""

@@ -19,6 +19,7 @@ def _run(args, tmp_path, timeout=180):
                           timeout=timeout, env=env, cwd=str(tmp_path), start_new_session=True)
 
 
+@pytest.mark.real
 def test_demo_catches_the_seed_stall_and_report_rerenders_it(tmp_path):
     out = tmp_path / "reports"
     done = _run(["demo", "--dir", str(out)], tmp_path)
@@ -39,6 +40,7 @@ def test_demo_catches_the_seed_stall_and_report_rerenders_it(tmp_path):
     assert again.returncode == 0 and '"kind": "ddp_forward_on_subset"' in again.stdout
 
 
+@pytest.mark.real
 def test_demo_fixed_finishes_cleanly_without_report(tmp_path):
     out = tmp_path / "reports"
     done = _run(["demo", "--fixed", "--dir", str(out)], tmp_path)
@@ -48,6 +50,7 @@ def test_demo_fixed_finishes_cleanly_without_report(tmp_path):
     assert reports(out) == []
 
 
+@pytest.mark.real
 def test_report_on_a_missing_or_foreign_folder_is_a_clear_error(tmp_path):
     missing = _run(["report", str(tmp_path / "nope")], tmp_path, timeout=60)
     assert missing.returncode == 2 and "ddpwatch report:" in missing.stderr
@@ -56,6 +59,7 @@ def test_report_on_a_missing_or_foreign_folder_is_a_clear_error(tmp_path):
     assert foreign.returncode == 2 and "format_version 99" in foreign.stderr
 
 
+@pytest.mark.real
 def test_version_prints_the_package_version():
     import ddpwatch
 

@@ -201,6 +201,7 @@ def test_known_and_unrelated_variables_give_no_warning(tmp_path, warnings_seen):
     assert warnings_seen() == []
 
 
+@pytest.mark.real
 def test_the_warning_reaches_stderr_once_in_a_real_process(tmp_path):
     code = "import ddpwatch.config as c; c.load(); c.load(); print('RAN')"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDPWATCH")}
@@ -285,6 +286,7 @@ def activation_env(**extra):
     return env
 
 
+@pytest.mark.real
 def test_every_python_process_still_runs_under_ddpwatch_1_next_to_a_broken_unrelated_pyproject(tmp_path):
     write(tmp_path, "pyproject.toml", "[project\nname = 'x'\n")
     done = subprocess.run([sys.executable, "-c", "import ddpwatch.bootstrap as b; print('RAN', bool(b.activated_by))"],

@@ -117,6 +117,7 @@ def test_the_table_prints_every_case_and_the_totals():
 
 # ---------------------------------------------------------------- one real run (processes, up to 60 s)
 
+@pytest.mark.real
 @pytest.mark.timeout(120)
 def test_real_one_benign_case_runs_clean_through_the_runner():
     """REAL: 2 gloo ranks under DDPWATCH=1 run the DDP join() case; no report, exit 0 (run_ranks kills at 60 s)."""

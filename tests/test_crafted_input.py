@@ -103,6 +103,7 @@ def broken_incidents():
             rank_outside_the_world, huge_time, huge_world, row_junk]
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("damage", broken_incidents(), ids=lambda f: f.__name__)
 def test_a_damaged_report_json_is_one_line_and_exit_2(tmp_path, damage):
     doc = seed_incident()
@@ -112,6 +113,7 @@ def test_a_damaged_report_json_is_one_line_and_exit_2(tmp_path, damage):
         assert_one_line_error(report_cli(path, "--format", fmt), str(path))
 
 
+@pytest.mark.real
 def test_a_summary_naming_a_hundred_billion_ranks_still_renders(tmp_path):
     doc = seed_incident()
     del doc["findings"][0]["facts"]  # as a report.json written before facts were kept: its summary shown as stored
@@ -122,6 +124,7 @@ def test_a_summary_naming_a_hundred_billion_ranks_still_renders(tmp_path):
     assert "Ranks 0-99999999999,1,2,3,4,5,6,7,8,9,10,11,12 wait." in done_run.stdout
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
 def test_nan_is_refused(tmp_path, token):
     text = json.dumps(seed_incident()).replace('"created_at": 1700000200.0', f'"created_at": {token}')
@@ -130,6 +133,7 @@ def test_nan_is_refused(tmp_path, token):
     assert_one_line_error(report_cli(path), f"{token} is not a JSON number")
 
 
+@pytest.mark.real
 def test_deeply_nested_json_is_an_error_not_a_recursion_error(tmp_path):
     depth = 200_000
     text = '{"format_version": 1, "ranks": [], "findings": [], "x": ' + "[" * depth + "]" * depth + "}"
@@ -140,6 +144,7 @@ def test_deeply_nested_json_is_an_error_not_a_recursion_error(tmp_path):
     assert_one_line_error(report_cli(path), "nested more than")
 
 
+@pytest.mark.real
 def test_rank_files_claiming_a_billion_ranks_are_refused(tmp_path):
     for state in seed_states(2).values():
         state["world_size"] = 10**9
@@ -147,6 +152,7 @@ def test_rank_files_claiming_a_billion_ranks_are_refused(tmp_path):
     assert_one_line_error(report_cli(tmp_path / "ranks", "--format", "html"), "world_size", "outside")
 
 
+@pytest.mark.real
 def test_a_very_large_report_is_refused_before_it_is_parsed(tmp_path):
     path = tmp_path / "report.json"
     with open(path, "wb") as handle:  # sparse: no disk used; only its size matters
@@ -154,6 +160,7 @@ def test_a_very_large_report_is_refused_before_it_is_parsed(tmp_path):
     assert_one_line_error(report_cli(path), "larger than")
 
 
+@pytest.mark.real
 def test_a_74_mb_report_of_two_ranks_is_refused_quickly(tmp_path):
     """The issue's 74 MB input: two ranks with about 110,000 records each (HTML took minutes)."""
     doc = seed_incident()
@@ -165,6 +172,7 @@ def test_a_74_mb_report_of_two_ranks_is_refused_quickly(tmp_path):
     assert_one_line_error(report_cli(path, "--format", "html"), f"at most {validate.MAX_RECORDS}")
 
 
+@pytest.mark.real
 def test_the_largest_accepted_rank_still_renders_as_html(tmp_path):
     """At the record limit the page is still made in one pass (the lookup per box used to be linear)."""
     doc = seed_incident()
@@ -176,6 +184,7 @@ def test_the_largest_accepted_rank_still_renders_as_html(tmp_path):
     assert done_run.returncode == 0, done_run.stderr[-3000:]
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("option", ["--grace", "--timeout"])
 @pytest.mark.parametrize("value", ["nan", "inf", "-1"])
 def test_non_finite_or_negative_analysis_settings_are_refused(tmp_path, option, value):
@@ -210,17 +219,20 @@ def fr_folder(tmp_path, data, rank=0):
     return folder
 
 
+@pytest.mark.real
 def test_a_pickle_allocating_8_gb_through_bytes_is_refused(tmp_path):
     data = pickle.dumps({"entries": [], "x": Reduce(bytes, (8 * 10**9,))}, protocol=2)
     assert_one_line_error(report_cli("--flight-recorder", fr_folder(tmp_path, data)), "refused")
 
 
+@pytest.mark.real
 def test_a_pickle_with_a_huge_memo_index_allocates_nothing(tmp_path):
     data = b"\x80\x04}r" + struct.pack("<I", 2**31) + b"."  # LONG_BINPUT 2**31: the C unpickler sizes its memo
     folder = fr_folder(tmp_path, data)
     assert_one_line_error(report_cli("--flight-recorder", folder), str(folder))  # an empty dict: no dump there
 
 
+@pytest.mark.real
 def test_a_pickle_sharing_one_entry_a_million_times_is_refused(tmp_path):
     frames = [{"name": "f", "filename": "/u/train.py", "line": 1}] * 100_000
     entry = dict(seed_dumps()[1]["entries"][-1], frames=frames)
@@ -229,6 +241,7 @@ def test_a_pickle_sharing_one_entry_a_million_times_is_refused(tmp_path):
     assert_one_line_error(report_cli("--flight-recorder", fr_folder(tmp_path, data)), "fr_trace_0")
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("data", [
     b"\x80\x02c__builtin__\nbytes\nJ\x00\x00\x00\x7f\x85R.",           # bytes(2130706432)
     b"\x80\x02c__builtin__\nstr\nJ\x00\x00\x00\x7f\x85R.",             # not an allocation, still not data
@@ -256,6 +269,7 @@ def test_the_spellings_torch_writes_pass_the_checks(tmp_path, kind):
     assert [f["ranks"] for f in incident_doc["findings"]] == [[0]]
 
 
+@pytest.mark.real
 def test_mixed_record_id_types_are_one_line(tmp_path):
     dumps = seed_dumps()
     dumps[0]["entries"][0]["record_id"] = "first"
@@ -263,18 +277,21 @@ def test_mixed_record_id_types_are_one_line(tmp_path):
     assert_one_line_error(report_cli("--flight-recorder", folder), "record_id")
 
 
+@pytest.mark.real
 def test_a_group_of_a_billion_ranks_is_refused(tmp_path):
     dumps = seed_dumps()
     dumps[0]["pg_config"][""]["ranks"] = json.dumps([0, 10**9])
     assert_one_line_error(report_cli("--flight-recorder", write_dumps(tmp_path / "fr", dumps)), "ranks")
 
 
+@pytest.mark.real
 def test_a_rank_number_of_a_billion_in_a_file_name_is_refused(tmp_path):
     dumps = seed_dumps()
     folder = write_dumps(tmp_path / "fr", {0: dumps[0], 10**9: dumps[1]})
     assert_one_line_error(report_cli("--flight-recorder", folder), "rank")
 
 
+@pytest.mark.real
 def test_a_nan_in_a_json_dump_is_refused(tmp_path):
     folder = write_dumps(tmp_path / "fr", seed_dumps(), "json")
     path = folder / "fr_trace_0"
@@ -339,8 +356,9 @@ def loads_or_format_error(load):
     render_everything(result)
 
 
-# 300 examples per loader: a few seconds each in CI; FUZZ_EXAMPLES=5000 for a longer hunt by hand.
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")), deadline=None, database=None,
+# Examples per loader from the Hypothesis profile (tests/conftest.py): 100 by default (about a second each here),
+# `--hypothesis-profile=long` (5000) for a longer hunt by hand.
+FUZZ = settings(deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
 
 

@@ -104,6 +104,7 @@ def test_the_interface_lists_exactly_the_finding_kinds_of_the_table():
     assert sorted(re.findall(r"`(\w+)`", listed)) == sorted(analysis.FINDING_KINDS)
 
 
+@pytest.mark.real
 @pytest.mark.timeout(200)
 def test_readme_zero_code_command_catches_an_unmodified_script_and_report_rerenders_it(tmp_path):
     shutil.copy(os.path.join(SCENARIOS, "plain_seed.py"), tmp_path / "train.py")
@@ -120,6 +121,7 @@ def test_readme_zero_code_command_catches_an_unmodified_script_and_report_rerend
     assert (tmp_path / "incident.html").read_text().startswith("<!DOCTYPE html>")
 
 
+@pytest.mark.real
 @pytest.mark.timeout(200)
 def test_readme_guard_example_runs_clean(tmp_path):
     (tmp_path / "train.py").write_text(tagged("guard"))

@@ -345,6 +345,7 @@ def _tagged(path, tag):
         return next(n for n, line in enumerate(handle, 1) if f"# LINE:{tag}" in line)
 
 
+@pytest.mark.real
 @pytest.mark.timeout(150)
 def test_real_gloo_seed_stall_dumps_name_rank0(tmp_path, capsys):
     pytest.importorskip("torch")

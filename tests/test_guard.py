@@ -146,6 +146,7 @@ def test_tens_of_thousands_of_ops_keep_memory_bounded(one_rank_group):
     assert grown < 2 * 2**20, f"memory grew by {grown} bytes over 30,000 ops"
 
 
+@pytest.mark.real
 def test_py_spy_missing_or_refused_is_one_line_and_python_stacks_remain(monkeypatch, tmp_path):
     from ddpwatch.runtime import evidence
 

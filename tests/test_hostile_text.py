@@ -161,6 +161,7 @@ def surrogate_report(tmp_path):
     return path
 
 
+@pytest.mark.real
 def test_report_command_prints_a_report_json_holding_a_lone_surrogate(surrogate_report):
     done_run = report_cli(str(surrogate_report))
     assert done_run.returncode == 0, done_run.stderr.decode(errors="replace")[-3000:]
@@ -169,6 +170,7 @@ def test_report_command_prints_a_report_json_holding_a_lone_surrogate(surrogate_
     assert b"\x1b" not in done_run.stdout
 
 
+@pytest.mark.real
 def test_hostile_facts_are_worded_and_shown_escaped(tmp_path):
     """The summary people read is worded from the facts in report.json: text from outside in them is made visible
     as any other."""
@@ -184,6 +186,7 @@ def test_hostile_facts_are_worded_and_shown_escaped(tmp_path):
     assert b"\x1b" not in done_run.stdout
 
 
+@pytest.mark.real
 def test_report_command_under_an_ascii_terminal_escapes_what_it_cannot_encode(surrogate_report):
     doc = json.loads(surrogate_report.read_text())
     doc["findings"][0]["summary"] = "r\u00e9sum\u00e9 \ud800"
@@ -213,6 +216,7 @@ def test_report_command_writes_output_file_with_surrogates(tmp_path, surrogate_r
 
 # ---------------------------------------------------------------- a real job run from a folder named b'caf\xe9'
 
+@pytest.mark.real
 @pytest.mark.timeout(200)
 def test_a_deadlock_in_a_script_under_an_undecodable_folder_name_aborts_with_the_verdict(tmp_path):
     """Before: writing report.txt raised UnicodeEncodeError on the script's path; no verdict, no abort, a hang."""

@@ -228,6 +228,7 @@ def test_many_positions_keep_the_divergence_in_view():
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+@pytest.mark.real
 @pytest.mark.skipif(BROWSER is None, reason="no `chromium` on PATH (Debian package `chromium`): the page's script "
                                             "is checked in a real headless browser only where one is installed")
 @pytest.mark.timeout(90)
@@ -252,6 +253,7 @@ def test_page_script_runs_in_a_headless_browser(tmp_path):
     assert shot.exists() and shot.stat().st_size > 10_000  # a picture, saved under the test's temp dir
 
 
+@pytest.mark.real
 @pytest.mark.skipif(BROWSER is None, reason="no `chromium` on PATH (Debian package `chromium`)")
 @pytest.mark.timeout(90)
 def test_a_hostile_report_runs_no_injected_script_in_a_browser(tmp_path):
@@ -315,6 +317,7 @@ def run_page_script(page, tmp_path) -> dict:
     return json.loads(run.stdout)
 
 
+@pytest.mark.real
 @pytest.mark.skipif(NODE is None, reason="no `node` on PATH: the page's script is run against a fake DOM only there")
 def test_page_script_shows_details_and_switches_views(tmp_path):
     result = run_page_script(render_html(seed_incident(3)), tmp_path)
@@ -327,6 +330,7 @@ def test_page_script_shows_details_and_switches_views(tmp_path):
     assert result["timeShown"] is True
 
 
+@pytest.mark.real
 @pytest.mark.skipif(NODE is None, reason="no `node` on PATH: the page's script is run against a fake DOM only there")
 def test_page_script_folds_ddpwatch_own_frames_in_the_details(tmp_path):
     result = run_page_script(render_html(wrapped_incident()), tmp_path)

@@ -374,6 +374,7 @@ def test_folders_skip_hidden_venvs_and_pycache(tmp_path, capsys):
     assert main([str(tmp_path)]) == 0
 
 
+@pytest.mark.real
 def test_python_dash_m_runs_the_linter():
     result = subprocess.run([sys.executable, "-m", "ddpwatch.lint", "--no-hints",
                              "tests/lint_fixtures/seed_trainer.py"],

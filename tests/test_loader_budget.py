@@ -32,6 +32,7 @@ QUICK_S = 30  # a FIFO read blocks forever; far longer than refusing one takes o
 
 # ---------------------------------------------------------------- (b) only regular files
 
+@pytest.mark.real
 def test_a_fifo_named_rank_0_json_is_refused_not_read(tmp_path):
     fifo = tmp_path / "rank-0.json"
     os.mkfifo(fifo)
@@ -41,6 +42,7 @@ def test_a_fifo_named_rank_0_json_is_refused_not_read(tmp_path):
     assert_one_line_error(report_cli(fifo, real, timeout=QUICK_S), "a FIFO, not a regular file")  # merge's path
 
 
+@pytest.mark.real
 def test_a_symlink_to_a_device_is_refused_not_read(tmp_path):
     """A symlink is followed (people link files into place); what it points to must still be a regular file."""
     link = tmp_path / "report.json"
@@ -48,6 +50,7 @@ def test_a_symlink_to_a_device_is_refused_not_read(tmp_path):
     assert_one_line_error(report_cli(link, timeout=QUICK_S), "a character device, not a regular file")
 
 
+@pytest.mark.real
 def test_a_fifo_found_by_a_folder_scan_is_skipped_and_said(tmp_path):
     folder = tmp_path / "ranks"
     folder.mkdir()
@@ -60,6 +63,7 @@ def test_a_fifo_found_by_a_folder_scan_is_skipped_and_said(tmp_path):
     assert json.loads(done.stdout)["world_size"] == 2
 
 
+@pytest.mark.real
 def test_a_fifo_flight_recorder_dump_is_skipped_and_said(tmp_path):
     folder = write_dumps(tmp_path / "fr", seed_dumps())
     os.mkfifo(folder / "fr_trace_2")
@@ -138,6 +142,7 @@ def load_in_a_subprocess(kind, path):
     return result["error"], result["peak_mib"]
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("name", ["str_of_a_gigabyte", "str_of_a_terabyte", "refused_call_with_huge_args"])
 def test_an_allowed_call_is_refused_before_it_builds_something_huge(tmp_path, name):
     path = tmp_path / "fr_trace_0"
@@ -148,6 +153,7 @@ def test_an_allowed_call_is_refused_before_it_builds_something_huge(tmp_path, na
     assert peak_mib < 200, (peak_mib, error[:300])
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("name", ["empty_sets", "marks", "memo_entries"])
 def test_four_mib_of_one_byte_opcodes_stop_at_the_budget(tmp_path, name):
     path = tmp_path / "fr_trace_0"
@@ -159,6 +165,7 @@ def test_four_mib_of_one_byte_opcodes_stop_at_the_budget(tmp_path, name):
     assert peak_mib < budget_mib + 150, (peak_mib, budget_mib)  # the sets built until then, and the interpreter
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("name", sorted(HOSTILE_JSON))
 def test_25_mb_of_empty_json_containers_are_refused_before_parsing(tmp_path, name):
     path = tmp_path / "report.json"
@@ -168,6 +175,7 @@ def test_25_mb_of_empty_json_containers_are_refused_before_parsing(tmp_path, nam
     assert peak_mib < 150, peak_mib  # the 25 MB read, nothing parsed
 
 
+@pytest.mark.real
 def test_the_budget_error_reaches_the_command_as_one_line(tmp_path):
     path = tmp_path / "report.json"
     path.write_bytes(HOSTILE_JSON["empty_objects"])
@@ -218,6 +226,7 @@ open(sys.argv[1], "wb").write(data)
 """
 
 
+@pytest.mark.real
 @pytest.mark.timeout(180)
 def test_torchs_own_2000_entry_dump_loads_within_the_per_byte_allowance(tmp_path, no_floor):
     """The calibration of PICKLE_BUILT_PER_BYTE: torch's own dump, frames and all, from the per-byte part alone."""

@@ -4,12 +4,12 @@ import os
 
 import pytest
 
-from ranks import SCENARIOS, describe, load_only_report, reports, run_case, tagged_line
+from ranks import SCENARIOS, describe, load_only_report, reported_and_exited, reports, run_case, tagged_line
 
 CATALOGUE = os.path.join(SCENARIOS, "catalogue.py")
 PROBES = os.path.join(SCENARIOS, "fakenccl.py")
 ABORT = {"DDPWATCH_ACTION": "abort"}
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.real]  # every test starts gloo ranks
 
 
 class Case:
@@ -43,6 +43,8 @@ CASES = [
 
 def run_on_fakenccl(case, report_dir):
     stop_when = (lambda: bool(reports(report_dir))) if case.exits is None else None  # a stopped rank stays hung
+    if case.name == "dead":  # rank 2 sleeps 60 s, alive outside collectives: stopped once rank 0 has exited
+        stop_when = reported_and_exited(report_dir, 0)
     return run_case([CATALOGUE, case.name], case.ranks, report_dir, timeout=60, stop_when=stop_when,
                     CATALOGUE_BACKEND="fakenccl", **case.env)
 

@@ -8,7 +8,7 @@ import pytest
 from ranks import SCENARIOS, describe, run_case
 
 PROBES = os.path.join(SCENARIOS, "fakenccl.py")
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.real]  # every test starts gloo ranks
 
 
 def facts_of(result):

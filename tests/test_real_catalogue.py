@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from ranks import SCENARIOS, describe, load_only_report, reports, run_case, tagged_line
+from ranks import SCENARIOS, describe, load_only_report, reported_and_exited, reports, run_case, tagged_line
 
 CATALOGUE = os.path.join(SCENARIOS, "catalogue.py")
 pytestmark = pytest.mark.timeout(120)
@@ -97,7 +97,9 @@ def test_a_stopped_rank_is_unresponsive_with_its_process_state(tmp_path):
 
 
 def test_a_vanished_rank_is_dead(tmp_path):
-    results = run_case([CATALOGUE, "dead"], 3, tmp_path, timeout=60, DDPWATCH_ACTION="abort", DDPWATCH_DEAD_AFTER=4)
+    # Rank 2 sleeps 60 s, alive outside collectives: the job is stopped once rank 0 has acted on the verdict.
+    results = run_case([CATALOGUE, "dead"], 3, tmp_path, timeout=60, stop_when=reported_and_exited(tmp_path, 0),
+                       DDPWATCH_ACTION="abort", DDPWATCH_DEAD_AFTER=4)
     assert results[1].returncode == 1 and results[0].returncode == 3, describe(results)
     _, finding = finding_of(tmp_path, results)
     assert finding["kind"] == "dead_rank"

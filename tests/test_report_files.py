@@ -227,6 +227,7 @@ def test_every_readable_version_has_an_upgrade_path():
         assert version == FORMAT_VERSION or version in upgrade.UPGRADES, version
 
 
+@pytest.mark.real
 def test_the_report_modules_import_no_torch():
     """A saved incident is re-rendered anywhere, torch installed or not."""
     import subprocess
@@ -317,6 +318,7 @@ def stat_kind(path):
             else "regular" if stat.S_ISREG(mode) else "other")
 
 
+@pytest.mark.real
 def test_o_to_a_link_to_standard_output_prints_the_report(tmp_path, temp_dir):
     """What `-o /dev/stdout` is (a root-owned link to /proc/self/fd/1), made in a folder of the test's own."""
     import subprocess

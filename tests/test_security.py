@@ -75,6 +75,7 @@ def still_running(proc):
 
 # ---------------------------------------------------------------- the registry
 
+@pytest.mark.real
 def test_a_world_writable_registry_is_refused_and_nothing_is_signalled(temp_dir, victim, capsys):
     root = user_root(temp_dir)
     root.mkdir()
@@ -90,6 +91,7 @@ def test_a_world_writable_registry_is_refused_and_nothing_is_signalled(temp_dir,
     assert os.listdir(root / "ranks") == [planted.name]
 
 
+@pytest.mark.real
 @as_root
 def test_a_registry_folder_owned_by_another_user_is_refused(temp_dir, victim, capsys):
     root = user_root(temp_dir)
@@ -139,6 +141,7 @@ def test_an_own_folder_left_readable_is_made_private(temp_dir):
         control.unregister(path)
 
 
+@pytest.mark.real
 def test_entries_forged_or_stale_are_not_signalled(temp_dir, victim, capsys):
     """In the user's own private registry: only an entry whose start time AND command match is signalled."""
     ranks = user_root(temp_dir) / "ranks"
@@ -154,6 +157,7 @@ def test_entries_forged_or_stale_are_not_signalled(temp_dir, victim, capsys):
         assert not (ranks / f"{victim.pid}.json").exists()  # ours, and stale: removed
 
 
+@pytest.mark.real
 def test_only_files_ddpwatch_wrote_are_read_or_removed(temp_dir, tmp_path, victim):
     ranks = user_root(temp_dir) / "ranks"
     control.live_ranks()
@@ -169,6 +173,7 @@ def test_only_files_ddpwatch_wrote_are_read_or_removed(temp_dir, tmp_path, victi
     assert not stale.exists()
 
 
+@pytest.mark.real
 @as_root
 def test_an_entry_file_of_another_user_is_neither_signalled_nor_removed(temp_dir, victim):
     ranks = user_root(temp_dir) / "ranks"
@@ -179,6 +184,7 @@ def test_an_entry_file_of_another_user_is_neither_signalled_nor_removed(temp_dir
     assert still_running(victim) and planted.exists()
 
 
+@pytest.mark.real
 def test_a_sigkilled_ranks_entry_never_signals_the_process_that_reused_its_pid(temp_dir, victim):
     """The rank is SIGKILLed (no unregister); a new process gets its pid: dump must leave the newcomer alone."""
     ranks = user_root(temp_dir) / "ranks"
@@ -210,6 +216,7 @@ def test_the_registry_entry_keeps_no_arguments(temp_dir):
         control.unregister(path)
 
 
+@pytest.mark.real
 def test_a_real_entry_is_found_and_signalled(temp_dir):
     """The checks let the genuine case through: a process that registered itself is listed and signalled."""
     code = ("import os, signal, sys, time; from ddpwatch.runtime import control\n"
@@ -389,6 +396,7 @@ print(incident_writer._write_rank_dump(sys.argv[1], doc))
 """
 
 
+@pytest.mark.real
 def test_a_failed_rank_dump_leaves_no_temp_file(tmp_path, temp_dir):
     folder = tmp_path / "local-x"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -132,6 +132,7 @@ def test_an_incident_from_opening_to_acks(job):
     assert job.acks(1) == 2
 
 
+@pytest.mark.real
 def test_collect_returns_what_came_by_the_deadline(job):
     number = job.open_incident({"trigger": "deadlock"})
     job.contribute(number, 1, {"rank": 1})
@@ -450,6 +451,7 @@ def test_an_add_that_fails_on_a_value_changed_meanwhile_reconnects_and_mends_it(
     assert job.counters() == (2, 0) and job.positions() == {}
 
 
+@pytest.mark.real
 def test_a_malformed_incident_count_or_leader_beat_reads_as_nothing_new(tcp_job):
     job, server = tcp_job
     job.publish(0, {"rank": 0, "beat": 4})
