@@ -87,12 +87,13 @@ class AbortPolicy:
         """The verdict is on stderr: torchrun's summary names the first rank to exit, so under a rank-ending action
         its error file must hold the verdict before any rank can exit, and only then may a failing collective end
         this rank."""
+        if action_row(action).ends_rank or _names_a_crash(incident):
+            write_error_file(incident, self.log_once)  # a peer the backend aborted: torchrun names this rank too
         if action_row(action).ends_rank:
-            write_error_file(incident, self.log_once)
             self.arm()
 
     def report_written(self, incident: dict, action: str) -> None:
-        if action_row(action).ends_rank:
+        if action_row(action).ends_rank or _names_a_crash(incident):
             write_error_file(incident, self.log_once)  # now with the report's folder
 
     def act(self, action: str, outcome: Outcome) -> None:
@@ -141,6 +142,11 @@ class AbortPolicy:
             while self.writing.is_set() and time.monotonic() < deadline:
                 time.sleep(0.05)
         end_process(self.exit_code)
+
+
+def _names_a_crash(incident: dict) -> bool:
+    """A peer the backend aborted on a mismatch: torchrun's summary should carry this rank's verdict too."""
+    return any(f.get("kind") == "mismatch_crash" for f in incident.get("findings") or ())
 
 
 def peer_gone(error: BaseException) -> bool:

@@ -11,7 +11,7 @@ import sys
 import threading
 
 from .. import config as config_module
-from . import control as control_module, loaders
+from . import control as control_module, crashes, loaders
 from .patch import Patcher
 from .patches import Patches
 from .record import Recorder, configure_frames
@@ -31,6 +31,7 @@ class Session:
         self.users = 0
         self.held = False  # zero-code activation holds one install() until the process exits
         self.pid = os.getpid()
+        self.faults = None  # crashes.FaultFile: where faulthandler writes this rank's stacks if the backend aborts it
 
     def start(self) -> None:
         configure_frames(self.config.user_packages, self.config.library_packages)
@@ -63,6 +64,7 @@ class Session:
             store = StateStore.from_default_group(run_tag or "job", world_size)
             self.watchdog = Watchdog(self.recorder, self.config, dist.get_rank(), world_size, store, run_tag)
             self.watchdog.start()
+            self.faults = crashes.FaultFile.arm(store.stamp, self.watchdog.rank)
         except Exception:
             log.warning("ddpwatch: could not start the watchdog; training continues unwatched", exc_info=True)
             self.watchdog = None
@@ -84,6 +86,9 @@ class Session:
             log.warning("ddpwatch: could not install the SIGUSR1/SIGTERM handlers; no on-demand dumps", exc_info=True)
 
     def disarm(self) -> None:
+        watchdog = self.watchdog
+        if watchdog is not None and control_module.report_in_progress(watchdog):
+            watchdog.stop()  # first, while ddpwatch's SIGTERM handler, which waits for that report, is installed
         control, self.control = self.control, None
         if control is not None:
             try:
@@ -93,6 +98,9 @@ class Session:
         watchdog, self.watchdog = self.watchdog, None
         if watchdog is not None:
             watchdog.stop()
+        faults, self.faults = self.faults, None
+        if faults is not None:
+            faults.disarm()
 
     def request_dump(self) -> None:
         """A report now, from every rank, without stopping the job; safe from a signal handler or another thread."""
