@@ -555,6 +555,17 @@ def job_id(environ: Mapping[str, str] | None = None) -> str:
     return ""
 
 
+def run_tag(environ: Mapping[str, str] | None = None) -> str:
+    """The launcher's job id and, under torchrun, the attempt (TORCHELASTIC_RESTART_COUNT): a restarted job is a new
+    run, with its own keys in the store (which torchrun's agent keeps from one attempt to the next) and its own
+    incident folders, and the previous attempt's report stays where it is."""
+    environ = os.environ if environ is None else environ
+    job, attempt = job_id(environ), environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    if not attempt.isdigit():
+        return job
+    return f"{job}-attempt{int(attempt)}" if job else f"attempt{int(attempt)}"
+
+
 def torchelastic_error_file(environ: Mapping[str, str] | None = None) -> str:
     """Where torchrun's agent reads a worker's failure reason (TORCHELASTIC_ERROR_FILE), or ''."""
     environ = os.environ if environ is None else environ

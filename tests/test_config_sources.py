@@ -310,6 +310,13 @@ def test_activation_environ_puts_the_bootstrap_first_once():
     assert config.activation_environ("/boot", {})["PYTHONPATH"] == "/boot"
 
 
+def test_the_run_tag_names_torchruns_attempt_so_that_a_restart_is_a_new_run():
+    assert config.run_tag({"TORCHELASTIC_RUN_ID": "j1", "TORCHELASTIC_RESTART_COUNT": "2"}) == "j1-attempt2"
+    assert config.run_tag({"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0"}) == "attempt0"
+    assert config.run_tag({"SLURM_JOB_ID": "77"}) == "77" == config.job_id({"SLURM_JOB_ID": "77"})
+    assert config.run_tag({"TORCHELASTIC_RESTART_COUNT": "../x"}) == ""  # only digits reach a folder's name
+
+
 def test_rendezvous_address():
     assert config.rendezvous_address({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}) == "10.0.0.1:29500"
     assert config.rendezvous_address({}) == ""
