@@ -170,6 +170,9 @@ def keep_waiting(policy: AbortPolicy, outcome: Outcome) -> None:
 def end_rank(policy: AbortPolicy, outcome: Outcome) -> None:
     """End this rank. Peers acknowledge first, so the writer (who may host the store) leaves last."""
     policy.arm()
+    if outcome.leader:  # one line for the job: a line per rank came in whatever order the ranks happened to end in
+        say(f"ddpwatch: ending every rank with exit code {policy.exit_code} (action={policy.config.action}); "
+            f"report: {outcome.folder or '(none could be written)'}\n")
     try:
         if outcome.leader:
             deadline = time.monotonic() + 4 * policy.config.interval + 1.0
@@ -179,6 +182,4 @@ def end_rank(policy: AbortPolicy, outcome: Outcome) -> None:
             policy.job.ack(outcome.number)
     except StoreUnavailable:
         pass
-    say(f"ddpwatch: rank {policy.rank} ending with exit code {policy.exit_code} (action={policy.config.action}); "
-        f"report: {outcome.folder or '(none could be written)'}\n")
     os._exit(policy.exit_code)

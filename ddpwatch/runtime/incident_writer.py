@@ -16,7 +16,7 @@ from ..format import documents
 from ..render import report, wording
 from ..render.text import render_text
 from ..static import rankcond
-from . import evidence, verdict
+from . import alerts, evidence, verdict
 from .record import is_internal_file
 from .store import StoreUnavailable
 
@@ -154,6 +154,7 @@ class IncidentWriter:
         folder = self._write_report_folder(incident)
         if folder is not None:
             self.policy.report_written(incident, action)
+        alerts.announce(self.config, incident, folder)  # returns at once: the hook runs on a thread of its own
         if folder is not None and not self.stopping():
             try:
                 self._add_native_stacks(number, folder, incident, busy)

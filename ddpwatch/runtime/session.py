@@ -60,7 +60,7 @@ class Session:
             from .watchdog import Watchdog
 
             world_size = dist.get_world_size()
-            run_tag = config_module.job_id()
+            run_tag = config_module.run_tag()  # the job, and torchrun's attempt: a restart is a new run
             store = StateStore.from_default_group(run_tag or "job", world_size)
             self.watchdog = Watchdog(self.recorder, self.config, dist.get_rank(), world_size, store, run_tag)
             self.watchdog.start()
@@ -69,15 +69,15 @@ class Session:
             log.warning("ddpwatch: could not start the watchdog; training continues unwatched", exc_info=True)
             self.watchdog = None
             return
-        self._start_control(self.watchdog.rank, world_size, run_tag)
+        self._start_control(self.watchdog.rank, world_size, config_module.job_id())
 
-    def _start_control(self, rank: int, world_size: int, run_tag: str) -> None:
+    def _start_control(self, rank: int, world_size: int, job: str) -> None:
         """SIGUSR1 -> a report now; SIGTERM -> a report being written may finish; an entry for `ddpwatch dump`."""
         if not self.config.signals:
             return
         try:
             control = control_module.LiveControl(self)
-            entry = {"pid": self.pid, "rank": rank, "world_size": world_size, "job": run_tag,
+            entry = {"pid": self.pid, "rank": rank, "world_size": world_size, "job": job,
                      "master": config_module.rendezvous_address(), "dir": os.path.abspath(self.config.dir),
                      "program": _program_name()}
             if control.start(entry):
