@@ -33,7 +33,7 @@ def test_a_float_tensor_against_an_int_tensor_of_the_same_bytes_is_a_silent_mism
     sides = {tuple(s["ranks"]): s for s in finding["facts"]["sides"]}
     assert sides[(0,)]["dtypes"] == ["float32"] and sides[(1,)]["dtypes"] == ["int32"]
     assert "explicit dtype" in finding["fix"]
-    assert after < 2.5, after  # the position was published and compared within the watchdog's rounds
+    assert after < 2.0, after  # published, compared and said within the watchdog's rounds (issue 28: 2 s)
     assert sum("[silent_mismatch]" in r.stderr for r in results) == 1  # said once, by the rank that claimed it
 
 
@@ -43,7 +43,7 @@ def test_helpers_called_in_another_order_are_crossed_collectives_naming_both_lin
     orders = {tuple(o["ranks"]): [s["line"] for s in o["sites"]] for o in finding["facts"]["orders"]}
     assert orders == {(0,): [line("loss"), line("hist")], (1,): [line("hist"), line("loss")]}
     assert finding["facts"]["positions"] == 2 and "sorted" in finding["fix"]
-    assert after < 2.5, after
+    assert after < 2.0, after
 
 
 def test_a_reduce_op_from_rank_local_configuration_is_a_silent_mismatch_on_three_ranks(tmp_path):
