@@ -54,6 +54,16 @@ def test_a_reduce_op_from_rank_local_configuration_is_a_silent_mismatch_on_three
     assert finding["location"]["line"] == line("reduce")
 
 
+def test_a_size_mismatch_a_backend_lets_through_is_a_silent_mismatch_of_counts(tmp_path):
+    """torch's fake process group completes every op without looking at sizes, as NCCL does not either."""
+    results, incident, finding, after = mismatch(tmp_path, "sizes", SILENT_BACKEND="fake")
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert finding["kind"] == "silent_mismatch" and finding["facts"]["differs"] == ["count"]
+    sides = {tuple(s["ranks"]): (s["counts"], s["site"]["function"]) for s in finding["facts"]["sides"]}
+    assert sides == {(0,): ([8], "log_hist"), (1,): ([4], "log_loss")}
+    assert after < 2.0, after
+
+
 def test_action_abort_ends_the_job_on_a_silent_mismatch(tmp_path):
     results, incident, finding, _ = mismatch(tmp_path, "float_against_int", DDPWATCH_ACTION="abort")
     assert all(r.returncode == 3 for r in results), describe(results)

@@ -4,6 +4,7 @@ Lines tagged `# LINE:name`. Each case ends with a few seconds of work outside co
 compare the ranks' published positions meanwhile), then every rank checks out through a barrier.
 """
 
+import importlib
 import os
 import sys
 import threading
@@ -156,7 +157,15 @@ def main():
 
         nccl_like.register()
     with ddpwatch.guard():
-        dist.init_process_group(backend)
+        if backend == "fake":  # torch's fake process group: every op completes at once, nothing checks sizes (as
+            # on NCCL, where a size mismatch is not caught either); a real store for ddpwatch to publish in
+            importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers "fake"
+
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world)
+        else:
+            dist.init_process_group(backend)
         CASES[case](dist.get_rank(), dist.get_world_size())
         dist.barrier()
         if backend == "fakenccl":
