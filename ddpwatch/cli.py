@@ -97,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="re-render a saved incident, or merge rank dumps / Flight Recorder dumps")
     rep.add_argument("path", nargs="*", help="an incident folder or report.json; or rank-<r>.json files and folders "
                      "holding them (searched recursively) to merge")
-    rep.add_argument("--format", choices=report_formats(), default="text")
+    rep.add_argument("--format", choices=report_formats(), default="text",
+                     help="text (report.txt, the default), json (report.json), html (report.html, one self-contained "
+                     "page) or trace (trace.json, for Perfetto)")
     rep.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
     rep.add_argument("--reanalyze", action="store_true", help="run the analysis again on the saved rank states")
     rep.add_argument("--flight-recorder", metavar="DIR", action="append", help="read PyTorch Flight Recorder "

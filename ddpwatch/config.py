@@ -119,6 +119,11 @@ def _parse_codes(text: str) -> tuple:
     return tuple(code.strip().upper() for code in str(text).split(",") if code.strip())
 
 
+def _parse_command(text: str) -> str | None:
+    """A shell command line; empty means none (a file or variable can switch an inherited one off)."""
+    return text.strip() or None
+
+
 def _parse_packages(text: str) -> tuple:
     names = tuple(name.strip() for name in str(text).split(",") if name.strip())
     bad = [name for name in names if not name.isidentifier()]
@@ -136,6 +141,8 @@ class Option:
     help: str
     # Besides text: the TOML / Python types this option takes from a file or an argument (a list is never str()ed).
     takes: tuple = ()
+    # Whether a guard()/install() argument may be a callable, kept as it is (on_incident); never from text.
+    callable_ok: bool = False
 
     @property
     def env_var(self) -> str:
@@ -174,7 +181,15 @@ OPTIONS = (
     Option("signals", True, _parse_bool, "1/0, true/false, yes/no, on/off",
            "While armed, SIGUSR1 asks for a report now (`ddpwatch dump`) and SIGTERM lets a report being written "
            "finish (at most 3 s) before the process ends as it would have.", (bool, int)),
+    Option("on_incident", None, _parse_command, "a shell command line (guard()/install(): also a callable)",
+           "Run once per incident by the rank that writes the report, with the report's folder and a one-line "
+           "summary in its environment (DDPWATCH_INCIDENT_DIR, DDPWATCH_INCIDENT_SUMMARY); killed after 30 s, "
+           "its failure logged, never raised.", callable_ok=True),
 )
+# What the on_incident command finds in its environment: set by ddpwatch for the hook, not options to warn about.
+INCIDENT_VARIABLES = ("DDPWATCH_INCIDENT_DIR", "DDPWATCH_INCIDENT_SUMMARY", "DDPWATCH_INCIDENT_KIND",
+                      "DDPWATCH_INCIDENT_CULPRITS")
+ON_INCIDENT_TIMEOUT_S = 30.0  # the longest an on_incident hook may run before it is killed (a command) or left
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
 DEFAULTS = {option.name: option.default for option in OPTIONS}  # each default is written once, in OPTIONS
 
@@ -194,11 +209,14 @@ class Config:
     user_packages: tuple = DEFAULTS["user_packages"]
     library_packages: tuple = DEFAULTS["library_packages"]
     signals: bool = DEFAULTS["signals"]
+    on_incident: Any = DEFAULTS["on_incident"]
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
 
 def _coerce(option: Option, raw: Any, source: str) -> Any:
     """Parse one raw value, or raise a ConfigError naming the option, the value, its source and what is accepted."""
+    if option.callable_ok and callable(raw) and source.startswith("argument"):
+        return raw  # a function handed to guard(): called as it is
     text = _as_text(option, raw, source)
     if isinstance(text, bool):
         return text
@@ -330,7 +348,8 @@ def _warn_unknown_variables(environ: Mapping[str, str]) -> None:
     known = {option.env_var for option in OPTIONS}
     for name in environ:
         upper = name.upper()
-        if name in known or not (upper == "DDPWATCH" or upper.startswith("DDPWATCH_")):
+        if name in known or name in INCIDENT_VARIABLES or not (upper == "DDPWATCH"
+                                                               or upper.startswith("DDPWATCH_")):
             continue
         suffix = upper[len("DDPWATCH_"):].lower() if upper != "DDPWATCH" else "enabled"
         nearest = _SPELT_OTHERWISE.get(suffix) or _did_you_mean(suffix, OPTIONS_BY_NAME)
@@ -536,6 +555,17 @@ def job_id(environ: Mapping[str, str] | None = None) -> str:
     return ""
 
 
+def run_tag(environ: Mapping[str, str] | None = None) -> str:
+    """The launcher's job id and, under torchrun, the attempt (TORCHELASTIC_RESTART_COUNT): a restarted job is a new
+    run, with its own keys in the store (which torchrun's agent keeps from one attempt to the next) and its own
+    incident folders, and the previous attempt's report stays where it is."""
+    environ = os.environ if environ is None else environ
+    job, attempt = job_id(environ), environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    if not attempt.isdigit():
+        return job
+    return f"{job}-attempt{int(attempt)}" if job else f"attempt{int(attempt)}"
+
+
 def torchelastic_error_file(environ: Mapping[str, str] | None = None) -> str:
     """Where torchrun's agent reads a worker's failure reason (TORCHELASTIC_ERROR_FILE), or ''."""
     environ = os.environ if environ is None else environ
@@ -556,3 +586,14 @@ def activation_environ(bootstrap_dir: str, environ: Mapping[str, str] | None = N
     rest = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != bootstrap_dir]
     env["PYTHONPATH"] = os.pathsep.join([bootstrap_dir] + rest)
     return env
+
+
+def incident_hook_environ(values, environ: Mapping[str, str] | None = None) -> dict:
+    """The environment of the on_incident command: this rank's, less ddpwatch's own settings (the hook is not a
+    rank to guard), plus `values` in INCIDENT_VARIABLES' order (folder, summary, kind, culprits)."""
+    env = {k: v for k, v in (os.environ if environ is None else environ).items() if k not in _OPTION_VARIABLES}
+    env.update(zip(INCIDENT_VARIABLES, values))
+    return env
+
+
+_OPTION_VARIABLES = frozenset(option.env_var for option in OPTIONS)

@@ -11,6 +11,7 @@ from . import private
 from .launch import run_ranks
 
 DEMO_TIMEOUT_S = 180.0
+NO_NUMPY_WARNING = "ignore:Failed to initialize NumPy:UserWarning"
 
 
 def demo_report_dir(explicit: str | None, settings) -> str | None:
@@ -37,6 +38,12 @@ def run_demo(fixed: bool = False, report_dir: str | None = None, nprocs: int = 2
     before = set(glob.glob(os.path.join(report_dir, "*", "report.json")))
     env = dict(os.environ, DDPWATCH_DIR=report_dir, DDPWATCH_ACTION="abort")
     env.pop("DDPWATCH", None)  # the script guards itself; keep zero-code activation from doubling up
+    # numpy is not a dependency: without it, torch warns at import that it could not initialise NumPy, twice, in
+    # words a newcomer takes for a broken install. The demo never touches numpy; a user's own filters stay first.
+    env["PYTHONWARNINGS"] = ",".join(p for p in (env.get("PYTHONWARNINGS"), NO_NUMPY_WARNING) if p)
+    # The stall leaves validation's progress bar at 0% above the report, as if it were still coming; tqdm (4.66+)
+    # shows none for a loop that ends within this delay, while ddpwatch still reads the bar into the report.
+    env.setdefault("TQDM_DELAY", "5")
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "ddpwatch.examples.seed_stall"] + (["--fixed"] if fixed else [])

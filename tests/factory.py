@@ -553,3 +553,59 @@ def trace_departed_ahead() -> Trace:
     ahead["inflight"] = [forward_sync(6, 4)]
     ahead["last_seq"] = {"0": 6}
     return trace
+
+
+# ---------------------------------------------------------------- collectives that completed without matching
+
+def signature(op="all_reduce", reduce="sum", dtypes=("float32",), counts=(4,), site=DEFAULT_SITE, region=None):
+    """One fingerprint as runtime/fingerprints.py publishes it."""
+    return {"op": op, "reduce": reduce, "dtypes": list(dtypes), "counts": list(counts), "site": as_site(site),
+            "region": region}
+
+
+def fingerprints(rank, signatures, first=0, group="0", step=12, epoch=2) -> dict:
+    """A rank's published positions: `signatures` at seqs first, first + 1, ..."""
+    table = {str(i): sig for i, sig in enumerate(signatures)}
+    return {"v": 1, "n": 1, "rank": rank,
+            "groups": {group: {"first": first, "ids": list(range(len(signatures))), "steps": [step] * len(signatures),
+                               "epoch": epoch}},
+            "signatures": table}
+
+
+def trace_completed(per_rank: dict) -> Trace:
+    """Running ranks (no collective in flight) carrying their fingerprints: {rank: [signature, ...]}."""
+    world = len(per_rank)
+    built = {}
+    for rank, signatures in per_rank.items():
+        state = rank_state(rank, world, recent=[done(len(signatures) - 1, "all_reduce")], idle=0.1)
+        state["fingerprints"] = fingerprints(rank, signatures)
+        built[rank] = state
+    return Trace(built, world)
+
+
+LOSS, HIST = ("metrics.py", 10, "log_loss"), ("metrics.py", 14, "log_hist")
+
+
+def trace_float_against_int() -> Trace:
+    """Rank 1 all_reduced 4 int32 where rank 0 all_reduced 4 float32 (same bytes: gloo let it through)."""
+    return trace_completed({0: [signature(), signature(site=LOSS)],
+                            1: [signature(), signature(dtypes=("int32",), site=LOSS)]})
+
+
+def trace_crossed_metrics() -> Trace:
+    """Rank 0 reduced loss then hist; rank 1 hist then loss: same shapes, values exchanged."""
+    return trace_completed({0: [signature(), signature(site=LOSS), signature(site=HIST)],
+                            1: [signature(), signature(site=HIST), signature(site=LOSS)]})
+
+
+def trace_mismatch_crash() -> Trace:
+    """Rank 0 aborted by gloo inside all_reduce at log_loss (its fault file); rank 1's all_reduce of 8 failed."""
+    survivor = rank_state(1, 2, recent=[done(2, "all_reduce"),
+                                        rec(3, "all_reduce", site=HIST, state="failed", shapes=[[8]],
+                                            error="RuntimeError: Connection reset by peer")], idle=0.2)
+    stack = main_stack(("train.py", 30, "<module>"), LOSS, (PATCH_FILE, 33, "all_reduce", True),
+                       (TORCH_FILE, 3252, "all_reduce", True))
+    last = rank_state(0, 2, recent=[done(2, "all_reduce")], idle=0.1, stacks=[stack])
+    view = {"silent_s": 0.0, "last_state": last, "process": {"exists": False},
+            "fault": {"error": "Aborted", "file": "/tmp/ddpwatch-0/faults/job-rank-0.txt"}}
+    return Trace(states(survivor), 2, {0: view})

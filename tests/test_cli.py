@@ -119,3 +119,24 @@ def test_demo_with_a_bad_setting_stops_with_status_2(monkeypatch, tmp_path, caps
     monkeypatch.setenv("DDPWATCH_DIR", "/dev/null")
     assert cli.main(["demo", "--fixed"]) == 2
     assert "bad value '/dev/null' for dir" in capsys.readouterr().err
+
+
+def _parsers():
+    """Every argparse parser of the command line: the top one, each subcommand's, and lint's own."""
+    import argparse
+
+    from ddpwatch import cli
+    from ddpwatch.static import lint as lint_cli
+
+    top = cli.build_parser()
+    found = [("ddpwatch", top)]
+    for action in top._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found += [(f"ddpwatch {name}", parser) for name, parser in action.choices.items()]
+    return found + [("ddpwatch lint", lint_cli._parser())]
+
+
+def test_every_option_of_every_command_has_help():
+    missing = [(name, action.option_strings or action.dest) for name, parser in _parsers()
+               for action in parser._actions if not (action.help or "").strip() and action.dest != "command"]
+    assert missing == []

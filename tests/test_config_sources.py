@@ -93,13 +93,14 @@ def test_tomli_is_the_fallback_parser():
 def test_environment_variable_of_every_option(tmp_path):
     raw = {"enabled": "yes", "dir": "/r", "timeout": "9", "action": "abort", "grace": "1.5", "interval": "0.25",
            "dead_after": "4", "ring_size": "16", "exit_code": "9", "lint_ignore": "ddp001", "signals": "off",
-           "user_packages": "mylab, other", "library_packages": "trainkit"}
+           "user_packages": "mylab, other", "library_packages": "trainkit", "on_incident": "notify hang"}
     assert set(raw) == set(config.OPTIONS_BY_NAME), "a new option needs a row here"
     environ = {config.OPTIONS_BY_NAME[name].env_var: value for name, value in raw.items()}
     cfg = load(environ=environ, cwd=str(tmp_path))
     assert (cfg.enabled, cfg.dir, cfg.timeout, cfg.action, cfg.grace, cfg.interval, cfg.dead_after, cfg.ring_size,
-            cfg.exit_code, cfg.lint_ignore, cfg.signals, cfg.user_packages, cfg.library_packages) == (
-        True, "/r", 9.0, "abort", 1.5, 0.25, 4.0, 16, 9, ("DDP001",), False, ("mylab", "other"), ("trainkit",))
+            cfg.exit_code, cfg.lint_ignore, cfg.signals, cfg.user_packages, cfg.library_packages, cfg.on_incident) == (
+        True, "/r", 9.0, "abort", 1.5, 0.25, 4.0, 16, 9, ("DDP001",), False, ("mylab", "other"), ("trainkit",),
+        "notify hang")
     assert all(cfg.sources[name] == config.OPTIONS_BY_NAME[name].env_var for name in raw)
 
 
@@ -193,7 +194,7 @@ def test_each_unknown_variable_is_warned_about_once_per_process(tmp_path, warnin
 def test_known_and_unrelated_variables_give_no_warning(tmp_path, warnings_seen):
     raw = {"enabled": "0", "dir": "/tmp", "timeout": "300", "action": "report", "grace": "2", "interval": "0.5",
            "dead_after": "10", "ring_size": "64", "exit_code": "3", "lint_ignore": "", "signals": "1",
-           "user_packages": "mylab", "library_packages": ""}
+           "user_packages": "mylab", "library_packages": "", "on_incident": ""}
     assert set(raw) == set(config.OPTIONS_BY_NAME), "a new option needs a value here"
     environ = {config.OPTIONS_BY_NAME[name].env_var: value for name, value in raw.items()}
     environ.update({"DDPWATCHX": "1", "MY_DDPWATCH_TIMEOUT": "1", "PATH": "/bin"})
@@ -311,6 +312,13 @@ def test_activation_environ_puts_the_bootstrap_first_once():
     assert config.activation_environ("/boot", {})["PYTHONPATH"] == "/boot"
 
 
+def test_the_run_tag_names_torchruns_attempt_so_that_a_restart_is_a_new_run():
+    assert config.run_tag({"TORCHELASTIC_RUN_ID": "j1", "TORCHELASTIC_RESTART_COUNT": "2"}) == "j1-attempt2"
+    assert config.run_tag({"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0"}) == "attempt0"
+    assert config.run_tag({"SLURM_JOB_ID": "77"}) == "77" == config.job_id({"SLURM_JOB_ID": "77"})
+    assert config.run_tag({"TORCHELASTIC_RESTART_COUNT": "../x"}) == ""  # only digits reach a folder's name
+
+
 def test_rendezvous_address():
     assert config.rendezvous_address({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}) == "10.0.0.1:29500"
     assert config.rendezvous_address({}) == ""
@@ -326,6 +334,6 @@ def test_every_option_is_documented_with_its_variable_and_default():
         row = [cell.strip().strip("`") for cell in rows[option.name].split("|")[1:-1]]
         assert row[1] == option.env_var
         default = option.default
-        shown = {False: "off", True: "on", (): "none"}.get(default, default) if not isinstance(default, (int, float)) \
-            or isinstance(default, bool) else f"{default:g}"
+        shown = {False: "off", True: "on", (): "none", None: "none"}.get(default, default) \
+            if not isinstance(default, (int, float)) or isinstance(default, bool) else f"{default:g}"
         assert row[2] == str(shown), (option.name, row[2], shown)

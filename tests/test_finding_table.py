@@ -185,6 +185,9 @@ TRACE_OF_KIND = {
     "collective_stuck": F.trace_everyone_in_one_call,
     "straggler": F.trace_busy_peer,
     "p2p_deadlock": F.trace_send_cycle,
+    "silent_mismatch": F.trace_float_against_int,
+    "crossed_collectives": F.trace_crossed_metrics,
+    "mismatch_crash": F.trace_mismatch_crash,
 }
 # Rows the traces above do not reach first, and a trace that does.
 MORE_TRACES = {
@@ -323,7 +326,8 @@ def test_facts_give_the_same_words_with_tuples_in_memory_and_lists_read_back(kin
     [found] = run(trace).findings
     read_back = json.loads(json.dumps(found["facts"]))
     assert read_back != found["facts"] or kind in ("dead_rank", "unresponsive_rank", "straggler", "collective_stuck",
-                                                   "p2p_deadlock", "local_decision", "caught_exception")
+                                                   "p2p_deadlock", "local_decision", "caught_exception",
+                                                   "silent_mismatch", "crossed_collectives", "mismatch_crash")
     for ranks_text in (wording.rank_list, render.short_rank_list):
         sentences = wording.SENTENCES[kind]
         assert sentences(read_back, ranks_text) == sentences(found["facts"], ranks_text), ranks_text.__name__

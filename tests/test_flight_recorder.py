@@ -460,3 +460,37 @@ def test_live_pairing_with_the_flight_recorder_names_ops_as_the_catalogue_does(f
     state = {"flight_recorder": {"entries": [evidence._compact_fr_entry(entry)]}, "inflight": [record]}
     evidence.align_flight_recorder(state)
     assert record["flight_recorder"]["seq"] == 7
+
+
+def _reduce_frames(line, function="log_metrics"):
+    return [frame("all_reduce", f"{TORCH}/distributed/distributed_c10d.py", 3252), frame(function, USER, line),
+            frame("<module>", USER, 99)]
+
+
+def test_collectives_that_completed_with_different_dtypes_are_found_in_the_dumps(tmp_path, capsys):
+    """Issue 28: every op completed, so nothing hangs; the dumps still show rank 1 reduced int32 where rank 0
+    reduced float32, and where."""
+    common = [entry(1, "barrier", barrier_frames(80))]
+    dumps = {0: dump(common + [entry(2, "all_reduce", _reduce_frames(20), sizes=[(4,)], dtypes=["Float"])]),
+             1: dump(common + [entry(2, "all_reduce", _reduce_frames(20), sizes=[(4,)], dtypes=["Int"])])}
+    report = report_json(capsys, "--flight-recorder", str(write_dumps(tmp_path / "fr", dumps)))
+    [finding] = report["findings"]
+    assert report["trigger"] == "mismatch" and finding["kind"] == "silent_mismatch"
+    assert finding["facts"]["differs"] == ["dtype"] and finding["location"]["line"] == 20
+
+
+def test_the_same_lines_in_another_order_in_the_dumps_are_crossed_collectives(tmp_path, capsys):
+    def ops(lines):
+        return [entry(2 + i, "all_reduce", _reduce_frames(line), sizes=[(1,)], dtypes=["Float"])
+                for i, line in enumerate(lines)]
+    dumps = {0: dump([entry(1, "barrier", barrier_frames(80))] + ops([30, 31])),
+             1: dump([entry(1, "barrier", barrier_frames(80))] + ops([31, 30]))}
+    [finding] = report_json(capsys, "--flight-recorder", str(write_dumps(tmp_path / "fr", dumps)))["findings"]
+    assert finding["kind"] == "crossed_collectives" and finding["facts"]["seqs"] == [2, 3]
+
+
+def test_matching_dumps_without_a_hang_give_no_finding(tmp_path, capsys):
+    same = [entry(1, "barrier", barrier_frames(80)),
+            entry(2, "all_reduce", _reduce_frames(20), sizes=[(4,)], dtypes=["Float"])]
+    report = report_json(capsys, "--flight-recorder", str(write_dumps(tmp_path / "fr", {0: dump(same), 1: dump(same)})))
+    assert report["findings"] == []

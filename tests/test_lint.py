@@ -64,8 +64,9 @@ def test_seed_is_flagged_at_the_validation_call():
     assert finding.line == line_of(path, "outputs = self.encoder(input)")
     assert "`self.encoder`" in finding.message
     call_site = line_of(path, "self.validation()")
-    assert f"validation() is called under `if torch.distributed.get_rank() == 0:` at line {call_site}" \
-        in finding.message
+    condition = line_of(path, "if torch.distributed.get_rank() == 0:")
+    assert (f"validation() is called at line {call_site}, under `if torch.distributed.get_rank() == 0:` "
+            f"(line {condition})") in finding.message
     assert "self.encoder.module(...)" in finding.hint
 
 

@@ -175,6 +175,7 @@ def abort_watchdog(monkeypatch, action="report"):
     return dog, recorder, codes
 
 
+@pytest.mark.real
 def test_a_failing_collective_after_an_abort_verdict_ends_the_rank(monkeypatch):
     dog, recorder, codes = abort_watchdog(monkeypatch)
     failing = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
@@ -403,9 +404,14 @@ def test_a_healthy_watchdog_round_sends_the_beat_alone_and_reads_the_counter(job
         ticked = list(calls)
         positions.append(job.positions()[1])
     assert len(reads) == 1  # the first round read the state; the second built nothing
-    [(name, (keys, values)), (counter, _)] = ticked
-    assert name == "multi_set" and counter == "compare_set" and keys == [job.store.key("pos", 1)]
+    # the beat, with this rank's completed positions (a new one this round) in the same put; then the counter;
+    # then the partner's positions (rank 0's, not published here: checked for, never waited on)
+    [(name, (keys, values)), (counter, _), *partner] = ticked
+    assert name == "multi_set" and counter == "compare_set"
+    assert keys == [job.store.key("pos", 1), job.store.key("fp", 1)]
     assert positions[1] == dict(positions[0], beat=positions[0]["beat"] + 1) == json.loads(values[0])
+    assert json.loads(values[1])["groups"]["0"]["ids"] == [0, 0]  # both all_reduces, one fingerprint
+    assert partner and all(call == "check" and args == ([job.store.key("fp", 0)],) for call, args in partner)
 
 
 # ----- what arrives through the store is that value's problem, never the connection's (issue 27 items 4 and 5) -----

@@ -11,9 +11,9 @@ from ..format import build as S
 # and the passes the finding-table tests reorder.
 from .passes import collective_on_subset_or_mismatch, ddp_forward_on_subset, shape_mismatch  # noqa: F401
 from .reading import is_blocked, partitions, shape_key, user_line_now, waiting_map, waiting_record  # noqa: F401
-from .table import (DEADLOCK, DUMP, FINDING_KINDS, FINDING_PASSES, SILENT, STAGE_CROSSING,  # noqa: F401
-                    STAGE_EXITED, STAGE_MISMATCH, STAGE_SILENT, STAGE_TIMEOUT, STAGES, TIMEOUT, FindingPass, Stage,
-                    declared, kinds_of)
+from .table import (DEADLOCK, DUMP, FINDING_KINDS, FINDING_PASSES, MISMATCH, SILENT,  # noqa: F401
+                    STAGE_COMPLETED, STAGE_CROSSING, STAGE_EXITED, STAGE_MISMATCH, STAGE_SILENT, STAGE_TIMEOUT,
+                    STAGES, TIMEOUT, FindingPass, Stage, declared, kinds_of)
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..format.types import Finding, RankState
@@ -87,7 +87,9 @@ def assess(states: dict[int, RankState], world_size: int, grace: float, timeout:
               if s.get("status") == S.EXITED and not s.get("signal")}  # rank -> its last state
     blocked = {r for r, s in live.items() if is_blocked(s, grace)}
     if silent:  # nothing else is judged while a rank is silent: its last state may be stale
-        found = stage_findings(STAGE_SILENT, silent, live, grace, passes=passes) if blocked else []
+        # a peer the backend aborted left its stack (crashes.py): evidence enough without anyone blocked
+        faulted = any(view.get("fault") for view in silent.values())
+        found = stage_findings(STAGE_SILENT, silent, live, grace, passes=passes) if blocked or faulted else []
         return _verdict(STAGE_SILENT, found, live) if found else Assessment(None, [])
     if len(states) < world_size:
         return Assessment(None, [])  # a rank we cannot see may be the one that will unblock the rest
@@ -109,7 +111,25 @@ def assess(states: dict[int, RankState], world_size: int, grace: float, timeout:
             found = stage_findings(STAGE_TIMEOUT, live, blocked, timeout, passes=passes)
             if found:
                 return _verdict(STAGE_TIMEOUT, found, live)
-    return Assessment(None, [])
+    return completed_mismatches(states, world_size, passes)
+
+
+def completed_mismatches(states: dict, world_size: int, passes: tuple | None = None) -> Assessment:
+    """Positions the ranks completed without matching, from the fingerprints their states carry (an incident's
+    answers do; a heartbeat's position does not, so the watchdog's looks for hangs never run this)."""
+    docs = {rank: state["fingerprints"] for rank, state in states.items() if state.get("fingerprints")}
+    if len(docs) < 2:
+        return Assessment(None, [])
+    found = stage_findings(STAGE_COMPLETED, docs, world_size, passes=passes)
+    return Assessment(MISMATCH, found, mismatch_fingerprint(found)) if found else Assessment(None, [])
+
+
+def mismatch_fingerprint(findings: list) -> str:
+    """One incident per mismatch: its kind, group and first position (the same mismatch read again is not new)."""
+    first = findings[0]
+    facts = first["facts"]
+    seq = facts.get("seq", (facts.get("seqs") or [None])[0])
+    return f"mismatch-{first['kind']}-{facts.get('group')}-{seq}"
 
 
 def analyze(states: dict[int, RankState], world_size: int, grace: float, timeout: float,

@@ -8,11 +8,13 @@ from .passes import (collective_on_subset_or_mismatch, collective_stuck, ddp_for
                      sequence_divergence, shape_mismatch, silent_ranks, skipped_by_exited, straggler)
 from .departure import departed, departed_ahead, departed_and_exited
 from .p2p import p2p_deadlock
+from .silent import crossed_collectives, mismatch_crash, silent_mismatch
 
 DEADLOCK = "deadlock"
 TIMEOUT = "timeout"
 DUMP = "dump"
 SILENT = "silent_rank"
+MISMATCH = "mismatch"  # collectives completed without matching: nothing hangs, the numbers are wrong
 
 
 class Stage(NamedTuple):
@@ -30,7 +32,9 @@ STAGE_CROSSING = Stage("crossing", "waiting, live, world_size", DEADLOCK)  # eve
 STAGE_MISMATCH = Stage("mismatch", "parts, states", DEADLOCK)  # one group's calls can never match (classify)
 STAGE_EXITED = Stage("exited", "live, exited, grace, world_size", DEADLOCK, "-exited")  # ranks gone, others wait
 STAGE_TIMEOUT = Stage("timeout", "live, blocked, timeout", TIMEOUT)  # a wait outlasted the timeout
-STAGES = (STAGE_SILENT, STAGE_CROSSING, STAGE_MISMATCH, STAGE_EXITED, STAGE_TIMEOUT)
+# positions every rank completed, compared by fingerprint (analysis/silent.py): no rank needs to be blocked
+STAGE_COMPLETED = Stage("completed", "fingerprints, world_size", MISMATCH, "-completed")
+STAGES = (STAGE_SILENT, STAGE_CROSSING, STAGE_MISMATCH, STAGE_EXITED, STAGE_TIMEOUT, STAGE_COMPLETED)
 
 
 class FindingPass(NamedTuple):
@@ -46,6 +50,8 @@ class FindingPass(NamedTuple):
 # A pass that builds on others (sequence_divergence, skipped_by_exited) lists every kind it may hand on; so does
 # collective_on_subset_or_mismatch, whose culprit rules end in one of four kinds (the rule decides which).
 FINDING_PASSES = (
+    # a peer the backend aborted inside a collective a survivor's call failed in: both lines (silent.py)
+    FindingPass(mismatch_crash, STAGE_SILENT, ("mismatch_crash",)),
     FindingPass(silent_ranks, STAGE_SILENT, ("dead_rank", "unresponsive_rank")),
     # first: a cycle through a send or recv is named as such, before group_order reads the same waits by group
     FindingPass(p2p_deadlock, STAGE_CROSSING, ("p2p_deadlock",)),
@@ -68,6 +74,9 @@ FINDING_PASSES = (
     FindingPass(skipped_by_exited, STAGE_EXITED, ("collective_on_subset", "skipped_collective")),
     FindingPass(collective_stuck, STAGE_TIMEOUT, ("collective_stuck",)),
     FindingPass(straggler, STAGE_TIMEOUT, ("straggler",)),
+    # a wrong dtype, count, reduce op or collective is named before a crossing (which needs all of those equal)
+    FindingPass(silent_mismatch, STAGE_COMPLETED, ("silent_mismatch",)),
+    FindingPass(crossed_collectives, STAGE_COMPLETED, ("crossed_collectives",)),
 )
 
 

@@ -105,8 +105,9 @@ def _mismatch_lines(incident: dict) -> list:
         if not lines:
             lines.append("Mismatched collectives, side by side:")
         for row in rows:
-            lines.extend(_wrap(f"{short_rank_list(row['ranks'])}: group {row['group']} seq {row['seq']}: {row['op']}"
-                               f" [{row.get('api')}] shapes {_shapes_text(row)}", "  ", "      "))
+            call = row["op"] if "counts" in row else f"{row['op']} [{row.get('api')}] shapes {_shapes_text(row)}"
+            lines.extend(_wrap(f"{short_rank_list(row['ranks'])}: group {row['group']} seq {row['seq']}: {call}",
+                               "  ", "      "))
             if row.get("description"):
                 lines.extend(_wrap(row["description"], "      "))
     return lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..format import build as S
+from .mismatch_words import crossed_collectives, mismatch_crash, side_text, silent_mismatch
 from .departures import Phrases, caught_exception_words, local_decision_words
 
 
@@ -431,6 +432,9 @@ SENTENCES = {
     "collective_stuck": _collective_stuck,
     "straggler": _straggler,
     "p2p_deadlock": _p2p_deadlock,
+    "silent_mismatch": silent_mismatch,
+    "crossed_collectives": crossed_collectives,
+    "mismatch_crash": mismatch_crash,
 }
 
 
@@ -451,7 +455,10 @@ def _rank_condition_text(evidence: dict | None) -> str:
 def _described_evidence(evidence: dict, facts: dict) -> dict:
     """The evidence with its words filled in: each mismatched row's description, where a silent rank was, ..."""
     filled = dict(evidence)
-    if "mismatched" in filled and facts.get("side") is not None:
+    if "mismatched" in filled and facts.get("sides") is not None:  # silent_mismatch: the completed calls
+        filled["mismatched"] = [dict(row, description=side_text(side))
+                                for row, side in zip(filled["mismatched"], facts["sides"])]
+    elif "mismatched" in filled and facts.get("side") is not None:
         filled["mismatched"] = [dict(row, description=describe_op(record))
                                 for row, record in zip(filled["mismatched"], facts["side"])]
     if "last_seen" in filled:

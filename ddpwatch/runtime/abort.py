@@ -87,12 +87,13 @@ class AbortPolicy:
         """The verdict is on stderr: torchrun's summary names the first rank to exit, so under a rank-ending action
         its error file must hold the verdict before any rank can exit, and only then may a failing collective end
         this rank."""
+        if action_row(action).ends_rank or _names_a_crash(incident):
+            write_error_file(incident, self.log_once)  # a peer the backend aborted: torchrun names this rank too
         if action_row(action).ends_rank:
-            write_error_file(incident, self.log_once)
             self.arm()
 
     def report_written(self, incident: dict, action: str) -> None:
-        if action_row(action).ends_rank:
+        if action_row(action).ends_rank or _names_a_crash(incident):
             write_error_file(incident, self.log_once)  # now with the report's folder
 
     def act(self, action: str, outcome: Outcome) -> None:
@@ -143,6 +144,11 @@ class AbortPolicy:
         end_process(self.exit_code)
 
 
+def _names_a_crash(incident: dict) -> bool:
+    """A peer the backend aborted on a mismatch: torchrun's summary should carry this rank's verdict too."""
+    return any(f.get("kind") == "mismatch_crash" for f in incident.get("findings") or ())
+
+
 def peer_gone(error: BaseException) -> bool:
     return any(marker in str(error) for marker in PEER_FAILURE_MARKERS)
 
@@ -164,6 +170,9 @@ def keep_waiting(policy: AbortPolicy, outcome: Outcome) -> None:
 def end_rank(policy: AbortPolicy, outcome: Outcome) -> None:
     """End this rank. Peers acknowledge first, so the writer (who may host the store) leaves last."""
     policy.arm()
+    if outcome.leader:  # one line for the job: a line per rank came in whatever order the ranks happened to end in
+        say(f"ddpwatch: ending every rank with exit code {policy.exit_code} (action={policy.config.action}); "
+            f"report: {outcome.folder or '(none could be written)'}\n")
     try:
         if outcome.leader:
             deadline = time.monotonic() + 4 * policy.config.interval + 1.0
@@ -173,6 +182,4 @@ def end_rank(policy: AbortPolicy, outcome: Outcome) -> None:
             policy.job.ack(outcome.number)
     except StoreUnavailable:
         pass
-    say(f"ddpwatch: rank {policy.rank} ending with exit code {policy.exit_code} (action={policy.config.action}); "
-        f"report: {outcome.folder or '(none could be written)'}\n")
     os._exit(policy.exit_code)

@@ -16,13 +16,16 @@ from ..format import documents
 from ..render import report, wording
 from ..render.text import render_text
 from ..static import rankcond
-from . import evidence, verdict
+from . import alerts, evidence, verdict
 from .record import is_internal_file
 from .store import StoreUnavailable
 
 log = logging.getLogger("ddpwatch")
 
 COLLECT_S = 2.0  # how long the writer waits for every rank's stacks before it writes what it has
+# ... for collectives that completed without matching: the ranks run on, their stacks say little, and the verdict
+# is due within 2 s of the position; a rank that has not answered by then stands in with its positions
+MISMATCH_COLLECT_S = 0.3
 MAX_OUTSIDE_READS = 4  # busy local ranks whose native stacks the writer reads itself (py-spy, up to 3 s each)
 NOWHERE = "(nowhere: no writable directory)"
 
@@ -144,7 +147,8 @@ class IncidentWriter:
         number = self.job.open_incident({"trigger": assessment.verdict, "leader": self.rank, "action": action,
                                          "fingerprint": assessment.fingerprint})
         self.contribute(number)
-        contributions = self._collect(number, answering=self.world_size - len(silent or ()))
+        contributions = self._collect(number, answering=self.world_size - len(silent or ()),
+                                      wait=MISMATCH_COLLECT_S if assessment.verdict == analysis.MISMATCH else COLLECT_S)
         final, busy = self._with_stand_ins(contributions, silent or {}, watched)
         incident = self._build(assessment, final, contributions, silent)
         if incident is None:
@@ -154,6 +158,7 @@ class IncidentWriter:
         folder = self._write_report_folder(incident)
         if folder is not None:
             self.policy.report_written(incident, action)
+        alerts.announce(self.config, incident, folder)  # returns at once: the hook runs on a thread of its own
         if folder is not None and not self.stopping():
             try:
                 self._add_native_stacks(number, folder, incident, busy)
@@ -167,7 +172,8 @@ class IncidentWriter:
         self.job.post_verdict(number, {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]],
                                        "action": action, "culprits": first.get("ranks"),
                                        "summary": first.get("summary"),
-                                       "positions": verdict.positions(final, self.world_size, self.config.grace)})
+                                       "positions": verdict.positions(final, self.world_size, self.config.grace),
+                                       **verdict.mismatch_claim(first)})
         return folder, number
 
     def _with_stand_ins(self, contributions: dict, silent: dict, watched: dict) -> tuple:
@@ -240,10 +246,10 @@ class IncidentWriter:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         return f"{stamp}-{self.run_tag}" if self.run_tag else stamp
 
-    def _collect(self, number: int, answering: int) -> dict:
+    def _collect(self, number: int, answering: int, wait: float = COLLECT_S) -> dict:
         """Every rank's answer, or what came by the deadline; `answering`: how many can answer (a silent rank,
         gone or frozen, cannot: it is not waited for)."""
-        deadline = time.monotonic() + COLLECT_S + self.world_size / 2000  # thousands of answers take longer
+        deadline = time.monotonic() + wait + self.world_size / 2000  # thousands of answers take longer
         return self.job.collect(number, deadline, answering)
 
     def write_local_dump(self, full: dict, record: dict) -> None:

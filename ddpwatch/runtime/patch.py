@@ -65,7 +65,7 @@ def {name}({params}):
             _w_record = None  # never the user's problem
         if _w_record is None:
             return _w_original({call})
-        _w_host = _w_entry[2]
+        {reduce}_w_host = _w_entry[2]
         _w_async = {async_op}
         if _w_async or not _w_host:
             _w_hook_wait()  # once: from now on Work.wait() tells when such ops are done
@@ -293,6 +293,8 @@ class Patcher:
             metas = f"(({t}.shape, {t}.dtype),) if type({t}) is _w_tensor_type else _w_meta({t})"
         source = _HOT_PATH.format(name=original.__name__, params=params, call=call, metas=metas,
                                   group="group" if "group" in names else "None",
+                                  # the reduce op, kept raw (an enum member): one attribute store per op
+                                  reduce="_w_record.reduce = op\n        " if "op" in names else "",
                                   async_op="async_op" if "async_op" in names else "False")
         recorder, world = self.recorder, self._c10d._world
         busy, mark_busy, unmark_busy, issuing, _ = recorder.hot_path_parts()

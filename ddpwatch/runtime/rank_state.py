@@ -39,6 +39,7 @@ class RankState:
         self._round_progress = None  # the recorder's progress at the last heartbeat
         self._whole_at = float("-inf")  # monotonic time of the last whole heartbeat
         self._published_running = False  # the last heartbeat's state was running, not blocked
+        self.fingerprints = None  # the FingerprintLog whose positions an incident's answer carries (the watchdog's)
 
     def heartbeat(self, now: float) -> tuple:
         """(this round's state, whether it is whole): whole when the rank made no progress since the last round, or
@@ -84,6 +85,9 @@ class RankState:
                 doc["flight_recorder"] = evidence.flight_recorder_tail()
                 evidence.align_flight_recorder(doc)
             doc["epochs"] = loaders.read()  # each DataLoader's epochs and the training steps in each
+            if self.fingerprints is not None:  # the positions completed: an incident compares them (silent.py)
+                self.fingerprints.collect()
+                doc["fingerprints"] = dict(self.fingerprints.document(), rank=self.rank)
             # the loops, exits and try blocks around the lines this rank passed (static.exits): the analysis reads
             # no file, and tells a rank that left a loop by a decision from one whose data ran out with them
             doc["code"] = exits.code_of_state(doc, user_file=lambda path: not is_internal_file(path))

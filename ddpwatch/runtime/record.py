@@ -217,9 +217,10 @@ class Record:
     """One collective as this rank issued it. Slots, raw values: formatting waits until someone reads it."""
 
     # `p2p`: (tag, batch ops) of a point-to-point record, set by its wrapper after begin(); never set on a
-    # collective's record (read with getattr), so the collectives' hot path stores nothing more.
+    # collective's record (read with getattr), so the collectives' hot path stores nothing more. `reduce`: the
+    # reduce op of a collective that takes one, set by its wrapper (the fingerprint compares it; read with getattr).
     __slots__ = ("seq", "group", "op", "api", "peer", "tensors", "site", "via", "region",
-                 "start_mono", "end_mono", "state", "error", "work", "thread", "p2p")
+                 "start_mono", "end_mono", "state", "error", "work", "thread", "p2p", "reduce")
 
     def to_dict(self, now_mono: float, waited: frozenset = frozenset()) -> RecordDoc:
         """Plain data; `waited`: ids of the Work objects some thread is blocked in wait() on now."""
@@ -286,6 +287,7 @@ class Recorder:
     busy = property(lambda self: frozenset(self._busy), doc="The threads now inside a patched call.")
     ddp_steps = property(lambda self: self._ddp_steps, doc="How many grad-enabled DDP forwards ran (training steps).")
     failure_hook = property(lambda self: self._failure_hook, doc="Called with the error of a failed collective.")
+    groups = property(lambda self: types.MappingProxyType(self._groups), doc="Group name -> its ranks (None: all).")
 
     def runs_on_host(self, group: str) -> bool:
         """Whether the group's ops are done when their call returns (gloo), as note_group was told."""

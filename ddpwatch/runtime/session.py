@@ -11,7 +11,7 @@ import sys
 import threading
 
 from .. import config as config_module
-from . import control as control_module, loaders
+from . import control as control_module, crashes, loaders
 from .patch import Patcher
 from .patches import Patches
 from .record import Recorder, configure_frames
@@ -31,6 +31,7 @@ class Session:
         self.users = 0
         self.held = False  # zero-code activation holds one install() until the process exits
         self.pid = os.getpid()
+        self.faults = None  # crashes.FaultFile: where faulthandler writes this rank's stacks if the backend aborts it
 
     def start(self) -> None:
         configure_frames(self.config.user_packages, self.config.library_packages)
@@ -59,23 +60,24 @@ class Session:
             from .watchdog import Watchdog
 
             world_size = dist.get_world_size()
-            run_tag = config_module.job_id()
+            run_tag = config_module.run_tag()  # the job, and torchrun's attempt: a restart is a new run
             store = StateStore.from_default_group(run_tag or "job", world_size)
             self.watchdog = Watchdog(self.recorder, self.config, dist.get_rank(), world_size, store, run_tag)
             self.watchdog.start()
+            self.faults = crashes.FaultFile.arm(store.stamp, self.watchdog.rank)
         except Exception:
             log.warning("ddpwatch: could not start the watchdog; training continues unwatched", exc_info=True)
             self.watchdog = None
             return
-        self._start_control(self.watchdog.rank, world_size, run_tag)
+        self._start_control(self.watchdog.rank, world_size, config_module.job_id())
 
-    def _start_control(self, rank: int, world_size: int, run_tag: str) -> None:
+    def _start_control(self, rank: int, world_size: int, job: str) -> None:
         """SIGUSR1 -> a report now; SIGTERM -> a report being written may finish; an entry for `ddpwatch dump`."""
         if not self.config.signals:
             return
         try:
             control = control_module.LiveControl(self)
-            entry = {"pid": self.pid, "rank": rank, "world_size": world_size, "job": run_tag,
+            entry = {"pid": self.pid, "rank": rank, "world_size": world_size, "job": job,
                      "master": config_module.rendezvous_address(), "dir": os.path.abspath(self.config.dir),
                      "program": _program_name()}
             if control.start(entry):
@@ -84,6 +86,9 @@ class Session:
             log.warning("ddpwatch: could not install the SIGUSR1/SIGTERM handlers; no on-demand dumps", exc_info=True)
 
     def disarm(self) -> None:
+        watchdog = self.watchdog
+        if watchdog is not None and control_module.report_in_progress(watchdog):
+            watchdog.stop()  # first, while ddpwatch's SIGTERM handler, which waits for that report, is installed
         control, self.control = self.control, None
         if control is not None:
             try:
@@ -93,6 +98,9 @@ class Session:
         watchdog, self.watchdog = self.watchdog, None
         if watchdog is not None:
             watchdog.stop()
+        faults, self.faults = self.faults, None
+        if faults is not None:
+            faults.disarm()
 
     def request_dump(self) -> None:
         """A report now, from every rank, without stopping the job; safe from a signal handler or another thread."""

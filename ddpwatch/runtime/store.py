@@ -204,6 +204,12 @@ class StateStore:
                 values.extend(self._call(self._store.get, key) for key in found)
         return _decode_all(present, values)
 
+    def get_existing(self, keys: list) -> dict:
+        """get_many() for keys known to exist (a multi_get would wait for a missing one): one round trip."""
+        if not hasattr(self._store, "multi_get"):
+            return self.get_many(keys)
+        return _decode_all(list(keys), self._call(self._store.multi_get, list(keys)))
+
     def get(self, key: str):
         return self.get_many([key]).get(key)
 
@@ -267,13 +273,14 @@ class JobProtocol:
         self._position = None  # (rank, the JSON text of its last published position without its beat and "}")
         self._counters = (0, 0)  # the last (ranks waiting, latest incident) read: what a malformed counter reads as
         self._leader_beat = 0
+        self._fp_seen: set = set()  # the fingerprint keys seen to exist: read without a check from then on
 
     @property
     def stamp(self) -> str:
         return self.store.stamp
 
     # ----- heartbeats -----
-    def publish(self, rank: int, state: dict, whole: bool = True) -> None:
+    def publish(self, rank: int, state: dict, whole: bool = True, fingerprints: dict | None = None) -> None:
         """This rank's position, and its state when `whole` (else the last whole state stands), in one round trip;
         rank 0's carries its beat number to leader_beat too (an integer: an add of 0 reads it). The position's text
         is kept: publish_beat() sends it again with a new beat."""
@@ -284,19 +291,39 @@ class JobProtocol:
         docs = {self._key("pos", rank): _with_beat(body, beat)}
         if whole:
             docs[self._key("state", rank)] = state
+        self._add_fingerprints(docs, rank, fingerprints)
         self._add_leader_beat(docs, rank, beat)
         self.store.put_many(docs)
 
-    def publish_beat(self, rank: int, beat: int) -> bool:
+    def publish_beat(self, rank: int, beat: int, fingerprints: dict | None = None) -> bool:
         """The last position this rank published, again, with a new beat: one round trip, nothing built or encoded.
         For a rank that runs (see RankState.beat_is_enough): its position says where a blocked rank stands, and of a
         running one only that it runs, which still holds. False when this rank has published no position yet."""
         if self._position is None or self._position[0] != rank:
             return False
         docs = {self._key("pos", rank): _with_beat(self._position[1], beat)}
+        self._add_fingerprints(docs, rank, fingerprints)
         self._add_leader_beat(docs, rank, beat)
         self.store.put_many(docs)
         return True
+
+    def _add_fingerprints(self, docs: dict, rank: int, fingerprints: dict | None) -> None:
+        """The rank's completed positions (runtime/fingerprints.py), in the round's one put, when they changed."""
+        if fingerprints is not None:
+            docs[self._key("fp", rank)] = fingerprints
+
+    def fingerprints(self, ranks) -> dict:
+        """{rank: fingerprint document} of `ranks`; a document that does not name its own rank is left out. One
+        round trip once every key was seen (a published key stays), two before (get_many checks first)."""
+        keys = {self._key("fp", r): r for r in ranks}
+        if not keys:
+            return {}
+        if self._fp_seen.issuperset(keys):
+            docs = self.store.get_existing(list(keys))
+        else:
+            docs = self.store.get_many(list(keys))
+            self._fp_seen.update(docs)
+        return {keys[key]: doc for key, doc in docs.items() if doc.get("rank") == keys[key]}
 
     def _add_leader_beat(self, docs: dict, rank: int, beat) -> None:
         if rank == LEADER and type(beat) is int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -12,7 +13,9 @@ from ..config import REPORT
 from ..format import build as S
 from ..logonce import log_once
 from .abort import AbortPolicy, Outcome, peer_gone
+from . import crashes
 from .answers import Answers
+from .fingerprints import FingerprintLog, MismatchCheck
 from .incident_writer import IncidentWriter
 from .peers import PeerTracker
 from .rank_state import RankState
@@ -23,7 +26,6 @@ log = logging.getLogger("ddpwatch")
 FAST_S = 0.1  # between two looks for an incident while this rank is blocked (training waits: the GIL is free)
 MIN_PAUSE_S = 0.01  # the shortest sleep between two looks: a clock that jumps cannot make the thread spin
 ANSWER_FAST_S = 10.0  # how long after blocking a rank looks for incidents every FAST_S (bounded: store load)
-FAILURE_REPORT_S = 4.0  # how long the watchdog looks for the peer that vanished after a collective failed
 
 
 class Watchdog(threading.Thread):
@@ -56,6 +58,8 @@ class Watchdog(threading.Thread):
         self.peers = PeerTracker(rank, world_size, self.host, config)
         self.policy = AbortPolicy(config, rank, world_size, self.job, self.writing, self._log_once)
         self.answers = Answers(self.job, rank, self.state)
+        self.states.fingerprints = log = FingerprintLog(recorder)
+        self.mismatches = MismatchCheck(log, rank, world_size, lambda: recorder.groups)
         self._seen, self._info = 0, {}  # the newest incident whose info this rank has read, and that info
         self.writer = IncidentWriter(self.job, config, rank, world_size, self.host, run_tag,
                                      contribute=self.answers.own, contribute_native=self.answers.own_native,
@@ -84,10 +88,9 @@ class Watchdog(threading.Thread):
         super().start()
 
     def run(self) -> None:
-        """A full round every `interval`; between rounds a look, costing a few attribute reads, at the first moment
-        this rank can have been blocked for `grace`, so that a rank that has just blocked publishes at once (the last
-        rank to block proves a deadlock without waiting for anyone's round); and, while blocked, a look every FAST_S
-        for an incident to answer (it slows nothing: training is waiting)."""
+        """A full round every `interval`; between rounds a look (a few attribute reads) when this rank can first have
+        been blocked for `grace`, so a rank just blocked publishes at once (the last to block proves a deadlock
+        itself); while blocked, a look every FAST_S for an incident to answer (training waits: it slows nothing)."""
         due = time.monotonic() + self.config.interval
         while True:
             self._wake.acquire(timeout=self._pause(time.monotonic(), due))
@@ -118,17 +121,13 @@ class Watchdog(threading.Thread):
         if not (self._peer_failure.is_set() and self._store_ok):
             return
         self._peer_failure.clear()
-        try:
+        with contextlib.suppress(Exception):  # the process is on its way out; nothing to log to
             self._report_peer_failure()
-        except Exception:
-            pass  # the process is on its way out; nothing to log to
 
     def wake(self) -> None:
         """Make the loop look now instead of at the end of its sleep (any thread; never blocks)."""
-        try:
+        with contextlib.suppress(RuntimeError):  # released already and not yet taken: the loop wakes all the same
             self._wake.release()
-        except RuntimeError:  # released already and not yet taken: the loop wakes all the same
-            pass
 
     def _pause(self, now: float, due: float) -> float:
         """Seconds to sleep before the next look: sleep, do not poll, while nothing can have blocked yet."""
@@ -158,30 +157,22 @@ class Watchdog(threading.Thread):
             self.policy.end_on_failure(on_watchdog_thread=threading.current_thread() is self)
         if threading.current_thread() is self or not peer_gone(error):
             return
+        if self._store_ok:  # torchrun's SIGTERM, sent once the peer's exit is seen, waits for the report
+            self.writing.set()
         self._peer_failure.set()
         self.wake()
 
     def _report_peer_failure(self) -> None:
-        """Find the rank that vanished (psutil on this host; a heartbeat that stops elsewhere) and report it. Once
-        the watchdog is asked to stop (the process exits: the user's error ended it) one look is all it takes."""
-        deadline = time.monotonic() + FAILURE_REPORT_S
-        silent: dict = {}
-        while True:
-            silent = self.peers.vanished_peers(self.job.positions(), time.monotonic())  # positions: every round
-            if silent or time.monotonic() >= deadline or self._stop_event.wait(self.config.interval):
-                break
-        if not silent:
-            return
-        histories = self.job.with_history({rank: view["last_state"] for rank, view in silent.items()})
-        for rank, view in silent.items():
-            view["last_state"] = histories[rank]  # the report shows its records too, from its last whole state
-        findings = analysis.stage_findings(analysis.STAGE_SILENT, silent, {}, self.config.grace)
-        fingerprint = "peer-failure-" + "-".join(str(r) for r in sorted(silent))
-        if fingerprint in self.reported or not self.job.claim(fingerprint):
-            return
-        self.reported.add(fingerprint)
-        self.run_incident(analysis.Assessment(analysis.SILENT, findings, fingerprint), silent,
-                          action=REPORT)  # the user's exception follows; torchrun decides what to do
+        """Find the rank that vanished (psutil here, a stopped heartbeat elsewhere; crashes.py) and report it."""
+        try:
+            silent, findings = crashes.vanished(self.peers, self.job, self.config, self._stop_event, self.state)
+            fingerprint = "peer-failure-" + "-".join(str(r) for r in sorted(silent))
+            if silent and fingerprint not in self.reported and self.job.claim(fingerprint):
+                self.reported.add(fingerprint)
+                self.run_incident(analysis.Assessment(analysis.SILENT, findings, fingerprint), silent,
+                                  action=REPORT)  # the user's exception follows; torchrun decides what to do
+        finally:
+            self.writing.clear()  # set by on_collective_failure: a SIGTERM meanwhile waited for this report
 
     # ----- without the store: each rank dumps itself -----
     def tick_local(self) -> None:
@@ -200,10 +191,8 @@ class Watchdog(threading.Thread):
         self.writer.write_local_dump(full, record)
 
     def request_dump(self) -> None:
-        """Ask for a report now, from every rank, without stopping the job (SIGUSR1, `ddpwatch dump`).
-
-        Safe from a signal handler: it only sets an event; the watchdog thread does the work on its next round.
-        """
+        """Ask for a report now, from every rank, without stopping the job (SIGUSR1, `ddpwatch dump`); safe from a
+        signal handler: it only sets an event, the watchdog thread does the work on its next round."""
         self._dump_requested.set()
 
     def _log_once(self, key: str, message: str, *args, **kwargs) -> None:
@@ -212,10 +201,11 @@ class Watchdog(threading.Thread):
     # ----- one round -----
     def tick(self) -> None:
         self.recorder.poll_pending()
-        now, state = time.monotonic(), None
-        if not (self.states.beat_is_enough(now) and self.job.publish_beat(self.rank, self.states.beat_round())):
+        now, state, positions = time.monotonic(), None, self.mismatches.outgoing()
+        if not (self.states.beat_is_enough(now)
+                and self.job.publish_beat(self.rank, self.states.beat_round(), positions)):
             state, whole = self.states.heartbeat(now)
-            self.job.publish(self.rank, state, whole)
+            self.job.publish(self.rank, state, whole, positions)
         waiting, latest = self.job.counters()  # two round trips a round in all: the publish and this
         waiting = self._update_waiting(state, waiting)
         self._answer_incidents(latest)
@@ -228,10 +218,17 @@ class Watchdog(threading.Thread):
             self.run_incident(analysis.Assessment(analysis.DUMP, [], f"dump-{self.rank}-{time.time():.3f}"))
         elif self._should_watch(waiting) or self._last_to_block:
             self.watch()
+        self._look_for_mismatch()
+
+    def _look_for_mismatch(self) -> None:
+        """Collectives completed without matching (silent.py): reported once, by the first rank to claim it."""
+        found = self.mismatches.look(self.job, self.reported)
+        if found is not None and self.job.claim(found[0].fingerprint):
+            self._watched_states = found[1]  # each compared rank's positions, should it be too busy to answer
+            self.run_incident(found[0])
 
     def state(self, full: bool = False, costly: bool = True) -> dict:
-        """This rank's state as published (full: with stacks and process facts, as an incident's answer; `costly`:
-        with the Flight Recorder's tail too)."""
+        """This rank's state as published (full: with stacks, process facts, as an answer; costly: with FR's tail)."""
         return self.states.read(full, flight_recorder=costly)
 
     def _publish_exit(self) -> None:
@@ -250,10 +247,9 @@ class Watchdog(threading.Thread):
             pass  # the store may already be gone at shutdown; nothing to save
 
     def _update_waiting(self, state: dict, waiting: int) -> int:
-        """Register this rank as waiting (or no longer), and return the number of ranks waiting now (`waiting`: as
-        read this round). The rank whose registration completes the count is the last to block: it looks for a
-        deadlock itself, at once, instead of leaving it to the leader's next round. `state` None: a round that sent
-        its beat alone, which only a running rank does."""
+        """Register this rank as waiting (or no longer); returns the ranks waiting now (`waiting`: as read this
+        round). The rank whose registration completes the count is the last to block: it looks for a deadlock at
+        once, not at the leader's next round. `state` None: a round that sent its beat alone (a running rank)."""
         blocked = state is not None and analysis.is_blocked(state, self.config.grace)
         self._last_to_block = False
         if blocked != self.registered_waiting:
@@ -266,12 +262,10 @@ class Watchdog(threading.Thread):
 
     # ----- who watches: rank 0, or the lowest rank whose peers below it have gone silent -----
     def _should_watch(self, waiting: int) -> bool:
-        if self.world_size < 2:
+        if self.world_size < 2 or (self.rank != LEADER and not self.registered_waiting):
             return False
         if self.rank == LEADER:  # its publish wrote its beat number, which the waiting ranks read
             return waiting > 0
-        if not self.registered_waiting:
-            return False
         # Normally rank 0 watches: read its heartbeat counter only, the others' states only once it has gone silent.
         return self.peers.leader_silent(self.job.leader_beat(), lambda: self.job.positions(range(1, self.rank)),
                                         time.monotonic())
@@ -303,12 +297,10 @@ class Watchdog(threading.Thread):
             self.policy.act(action, Outcome(number, folder, leader=True))
 
     def _answer_incidents(self, latest: int | None = None) -> None:
-        """Answer the newest incident only (`latest`: its number, when this round read it already): anyone who
-        reaches the store can raise the counter, so a rank reads each newest incident's info once (an abort verdict
-        may follow it) and answers at most one a second (answers.py), with the costly parts (native stacks, the
-        Flight Recorder's tail) only where its own view says a verdict needs them: it is blocked, or has been
-        outside collectives for `timeout` (the busy rank of a straggler verdict). Whatever the incident claims to
-        be, a rank that trains answers with its Python stacks alone."""
+        """Answer the newest incident only (`latest`: its number, if read this round), at most one a second
+        (answers.py: anyone can raise the counter), with the costly parts (native stacks, the Flight Recorder's
+        tail) only where this rank's own view says a verdict needs them (blocked, or outside collectives for
+        `timeout`); a rank that trains answers with its Python stacks alone, whatever the incident claims."""
         if latest is None:
             latest = self.job.latest_incident()
         if latest > self._seen:
@@ -323,5 +315,5 @@ class Watchdog(threading.Thread):
             self.answers.peer_native(latest, needed)
 
     def _costly_answer_needed(self) -> bool:
-        return (analysis.is_blocked(self.state(), self.config.grace)
-                or time.monotonic() - self.recorder.progress_mono >= self.config.timeout)
+        idle = time.monotonic() - self.recorder.progress_mono
+        return analysis.is_blocked(self.state(), self.config.grace) or idle >= self.config.timeout

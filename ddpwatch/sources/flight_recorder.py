@@ -9,7 +9,7 @@ import re
 import struct
 
 from .. import catalogue, frames as classifier  # frames: the one frame classifier
-from ..analysis import incident
+from ..analysis import incident, silent
 from ..format import bounded, build as S, validate
 from ..format.version import FormatError
 from ..static import rankcond
@@ -487,10 +487,11 @@ def _snapshot(rank: int, world_size: int, records: list, dump: dict, path: str, 
             last_seq[r["group"]] = max(last_seq.get(r["group"], -1), r["seq"])
     stacks = _stacks(records)
     groups = _groups_field(records, members, world_size)
+    fingerprints = silent.fingerprints_of_records(done, rank)  # collectives completed without matching, too
     for r in records:
         r["fr"].pop("frames", None)  # the stack section carries them once; records stay small
         r["fr"].pop("desc", None)
-    return S.rank_state(
+    state = S.rank_state(
         rank, world_size, pid=None, host=None, beat=0, published_at=now, status=S.RUNNING,
         progress=len(records) + len(done), idle_s=round(max(0.0, now - max(events, default=now)), 4),
         inflight=sorted(inflight, key=lambda r: r["start"]), recent=done[-RECENT_KEPT:],
@@ -499,6 +500,8 @@ def _snapshot(rank: int, world_size: int, records: list, dump: dict, path: str, 
         source={"kind": "flight_recorder", "file": os.path.abspath(path), "fr_version": dump.get("version"),
                 "in_flight_rule": rule},
     )
+    state["fingerprints"] = fingerprints
+    return state
 
 
 def _dump_time(path: str, entries: list) -> float:

@@ -85,13 +85,15 @@ class _Guard:
         return self.node.lineno
 
     def describe(self, line: int | None = None) -> str:
-        """Where a call runs, relative to this guard; `line` names the call site instead of the guard."""
-        at = f"at line {self.line if line is None else line}"
+        """Where a call runs, relative to this guard; `line`: the call site, said first, with the guard's own line
+        after it (a single 'at line' after the guard's text read as the guard's line)."""
         if self.kind == "else":
-            return f"in the else branch of `{self.text}` {at}"
-        if self.kind == "early_exit":
-            return f"after the early exit `{self.text}` {at}"
-        return f"under `{self.text}` {at}"
+            where = f"in the else branch of `{self.text}`"
+        elif self.kind == "early_exit":
+            where = f"after the early exit `{self.text}`"
+        else:
+            where = f"under `{self.text}`"
+        return f"{where} at line {self.line}" if line is None else f"at line {line}, {where} (line {self.line})"
 
 
 

@@ -21,6 +21,7 @@ FAULTS = os.path.join(SCENARIOS, "faults.py")
 FRAMEWORKS = os.path.join(SCENARIOS, "frameworks.py")
 P2P = os.path.join(SCENARIOS, "p2p.py")
 DEPARTURES = os.path.join(SCENARIOS, "departures.py")
+SILENT = os.path.join(SCENARIOS, "silent.py")
 
 # kind, title, symptom, reproduction (file, function), command args, ranks, extra env, stop when a report exists
 SECTIONS = [
@@ -70,6 +71,17 @@ SECTIONS = [
     ("p2p_deadlock", "torch.distributed.pipelining: stages with different microbatch counts",
      "Each stage builds its ScheduleGPipe with a rank-local `n_microbatches` (4 on stage 0, 2 on stage 1).",
      (P2P, "_pipeline"), [P2P, "pipeline_microbatches"], 2, {}, False),
+    ("silent_mismatch", "Collectives that completed with different dtypes (nothing hangs)",
+     "A counter kept as int32 on rank 1 and float32 on rank 0: the same bytes, so gloo lets it through and rank 1 "
+     "reads floats as integers. Reported within about 2 s of the position; the job goes on (action=report).",
+     (SILENT, "float_against_int"), [SILENT, "float_against_int"], 2, {}, False),
+    ("crossed_collectives", "Metric helpers called in a rank-dependent order (nothing hangs)",
+     "Rank 0 reduces the loss then the histogram, rank 1 the other way round: same shapes, so the values are "
+     "exchanged between the variables.", (SILENT, "crossed"), [SILENT, "crossed"], 2, {}, False),
+    ("mismatch_crash", "A size mismatch the backend aborts",
+     "Per-rank logging helpers meet at one position: 8 floats in `log_hist()` on rank 0, 4 in `log_loss()` on rank "
+     "1. gloo aborts rank 1 (SIGABRT, no Python traceback); its fault file gives its stack to the survivor.",
+     (SILENT, "sizes"), [SILENT, "sizes"], 2, {}, False),
     ("straggler", "A rank that is merely slow",
      "Rank 0 works outside collectives for longer than the timeout (here 4 s) while rank 1 waits.",
      (HANGS, "busy"), [HANGS, "busy:60"], 2, {"DDPWATCH_TIMEOUT": 4}, False),

@@ -1,0 +1,146 @@
+"""A rank that the backend aborts (gloo's size check, a C++ terminate) leaves its Python stack behind, via faulthandler.
+
+An abort in C++ gives Python no chance to run: no except, no atexit, no watchdog round. faulthandler can still
+write every thread's Python stack from its signal handler, so each rank points it at a file of its own in this
+user's private temp folder (`<tmp>/ddpwatch-<uid>/faults/<job>-rank-<r>.txt`), removed when the rank ends normally
+(no file in the user's report folder for a run that never fails). A surviving rank whose
+collective failed because that peer vanished reads the file into the dead rank's view (with its last published
+positions), and analysis/silent.py names both lines: the one the dead rank died in and the survivor's own.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import re
+import time
+
+from .. import analysis, private
+
+from .record import is_internal_file
+
+log = logging.getLogger("ddpwatch")
+
+FOLDER = "faults"
+MAX_BYTES = 256 * 1024  # a fault file is a few KiB; anything bigger is not faulthandler's
+_FATAL = re.compile(r"^Fatal Python error: (.+)$", re.M)
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.I)
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
+
+
+def fault_path(stamp: str, rank: int) -> str:
+    """This rank's fault file for the job `stamp` (the store's): every rank of the job on a host finds its peers'."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", stamp or "job")[:80]
+    return os.path.join(private.private_path(FOLDER), f"{name}-rank-{rank}.txt")
+
+
+class FaultFile:
+    """faulthandler writing this rank's stacks to its own file while armed; nothing when the user set it up."""
+
+    def __init__(self, path: str | None, handle):
+        self.path = path
+        self._handle = handle
+
+    @classmethod
+    def arm(cls, stamp: str, rank: int) -> "FaultFile":
+        if faulthandler.is_enabled():
+            return cls(None, None)  # the program's own faulthandler (or python -X faulthandler) stays as it is
+        try:
+            path = fault_path(stamp, rank)
+            handle = open(path, "w", encoding="utf-8")
+            faulthandler.enable(file=handle, all_threads=True)
+        except (OSError, ValueError, RuntimeError, private.UnsafeFolder) as exc:
+            log.info("ddpwatch: no fault file for this rank (%s); a crash will leave no Python stack", exc)
+            return cls(None, None)
+        return cls(path, handle)
+
+    def disarm(self) -> None:
+        """The rank ends normally: faulthandler off, its empty file gone."""
+        if self._handle is None:
+            return
+        try:
+            faulthandler.disable()
+            self._handle.close()
+            os.remove(self.path)
+        except OSError:
+            pass  # removed already: nothing to keep
+        self._handle = None
+
+
+def read_fault(path: str) -> dict | None:
+    """{"error": "Aborted", "stacks": [...]} from a fault file faulthandler wrote, or None (empty, missing, other)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read(MAX_BYTES)
+    except OSError:
+        return None
+    fatal = _FATAL.search(text)
+    if fatal is None:
+        return None
+    return {"error": fatal.group(1).strip(), "stacks": _stacks(text), "file": path}
+
+
+def _stacks(text: str) -> list:
+    """faulthandler's threads (innermost frame first) as ddpwatch stacks (innermost last); the main thread is the
+    one whose outermost frame is the program's module level."""
+    threads: list = []
+    for line in text.splitlines():
+        head = _THREAD.match(line)
+        if head:
+            threads.append({"thread": head.group(2), "frames": []})
+            continue
+        frame = _FRAME.match(line)
+        if frame and threads:
+            threads[-1]["frames"].append({"file": frame.group(1), "line": int(frame.group(2)),
+                                          "function": frame.group(3).strip(),
+                                          "internal": is_internal_file(frame.group(1))})
+    stacks = []
+    for thread in threads:
+        frames = thread["frames"][::-1]
+        main = bool(frames) and frames[0]["function"] == "<module>"
+        stacks.append({"thread": "MainThread" if main else thread["thread"], "main": main, "frames": frames})
+    stacks.sort(key=lambda stack: not stack["main"])
+    return stacks
+
+
+def add_crash_evidence(silent: dict, job) -> None:
+    """Into each vanished peer's view (peers.vanished_peers): the stacks its fault file holds and its last published
+    positions, when it died on this host and left one."""
+    for rank, view in silent.items():
+        if (view.get("process") or {}).get("exists") is not False:
+            continue
+        try:
+            fault = read_fault(fault_path(job.stamp, rank))
+        except (OSError, private.UnsafeFolder):
+            fault = None
+        if fault is None:
+            continue
+        last = dict(view.get("last_state") or {"rank": rank}, stacks=fault["stacks"])
+        fingerprints = job.fingerprints([rank]).get(rank)
+        if fingerprints:
+            last["fingerprints"] = fingerprints
+        view["last_state"] = last
+        view["fault"] = {"error": fault["error"], "file": fault["file"]}
+
+
+FAILURE_REPORT_S = 4.0  # how long the watchdog looks for the peer that vanished after a collective failed
+
+
+def vanished(peers, job, config, stopping, own_state) -> tuple:
+    """({rank: view} of the peers gone after a collective failed, their findings): looked for during
+    FAILURE_REPORT_S, once only when `stopping` (the process exits: the user's error ended it); each view with the
+    peer's history and, when the backend aborted it here, its fault file's stacks (mismatch_crash names both lines)."""
+    deadline = time.monotonic() + FAILURE_REPORT_S
+    while True:
+        silent = peers.vanished_peers(job.positions(), time.monotonic())  # positions: every round
+        if silent or time.monotonic() >= deadline or stopping.wait(config.interval):
+            break
+    if not silent:
+        return {}, []
+    histories = job.with_history({rank: view["last_state"] for rank, view in silent.items()})
+    for rank, view in silent.items():
+        view["last_state"] = histories[rank]  # the report shows its records too, from its last whole state
+    add_crash_evidence(silent, job)
+    own = own_state()
+    return silent, analysis.stage_findings(analysis.STAGE_SILENT, silent, {own["rank"]: own}, config.grace)

@@ -1,0 +1,204 @@
+"""Each completed collective's fingerprint (op, reduce op, dtypes, sizes, call site), per position, off the hot path.
+
+The watchdog thread reads the recorder's ring once a round and files every collective completed since the last
+round under its (group, sequence number); the training thread does nothing more than it did (the wrapper stores
+the reduce op on the record, one attribute). Published in a compact form (a table of distinct fingerprints, then
+one index per position), the ranks' logs are compared by analysis/silent.py: collectives that completed but did
+not match (a float32 against an int32 of the same byte size, SUM against MAX, two tensors exchanged between
+variables) leave no hang behind, only wrong numbers.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+
+from .. import analysis
+from ..format import build as S
+from . import loaders
+from .record import resolve_site
+
+FORMAT = 1  # the published document's own version: analysis reads `v` and refuses others
+KEEP = 2048  # positions kept per group (this rank's own log): a peer that publishes late is still compared
+PUBLISH = 96  # positions per group a round publishes: the newest; more than most jobs complete in a round
+MAX_GROUPS = 64  # groups followed (a job that makes a group per step must not grow this forever)
+MAX_SIGNATURES = 4096  # distinct fingerprints remembered; past it the table starts again (the log keeps its ids)
+
+
+def _reduce_name(op) -> str | None:
+    """'sum' for ReduceOp.SUM / RedOpType.SUM; None when the collective takes no reduce op."""
+    if op is None:
+        return None
+    name = getattr(op, "name", None) or str(op)
+    return str(name).rsplit(".", 1)[-1].lower()
+
+
+def _count(shape) -> int:
+    n = 1
+    for dim in shape:
+        n *= int(dim)
+    return n
+
+
+def signature_of(record) -> tuple:
+    """What must agree across ranks at one position, from a record: (op, reduce op, dtypes, element counts, raw
+    site, region kind). Built on the watchdog thread; the record's values are the raw ones the wrapper kept."""
+    tensors = record.tensors or ()
+    dtypes = tuple(str(dtype).replace("torch.", "") for _, dtype in tensors)
+    counts = tuple(_count(shape) for shape, _ in tensors)
+    region = record.region[0] if record.region else None
+    return (record.op, _reduce_name(getattr(record, "reduce", None)), dtypes, counts, record.site, region)
+
+
+class FingerprintLog:
+    """This rank's completed positions, per group: seq -> (fingerprint id, DDP step, epoch)."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+        self._log: dict = {}  # group -> OrderedDict(seq -> (signature id, step, epoch))
+        self._ids: dict = {}  # signature -> id
+        self._signatures: dict = {}  # id -> signature
+        self._next_id = itertools.count()
+        self._waiting: list = []  # records in flight at the last round: filed once they complete
+        self._progress = -1
+        self._documents = 0
+        self.changed = False  # a position was filed since the last publish
+
+    def collect(self) -> None:
+        """File every collective completed since the last round (the ring's newest records and the ones that were
+        in flight then); never blocks the training thread (the ring is read as the watchdog reads it anyway)."""
+        recorder = self.recorder
+        progress = recorder.progress
+        if progress == self._progress and not self._waiting:
+            return
+        walk = len(recorder.ring) if self._progress < 0 else progress - self._progress + 1
+        self._progress = progress
+        newest = list(itertools.islice(reversed(recorder.ring), min(walk, len(recorder.ring))))
+        step, epoch = recorder.ddp_steps, _epoch()
+        pending = []
+        for record in self._waiting + newest[::-1]:
+            if record.peer is not None or record.state == S.UNTRACKED:
+                continue  # point-to-point pairs are matched by analysis/p2p.py; an untracked op never ends
+            if record.state == S.IN_FLIGHT:
+                pending.append(record)
+            elif record.state == S.COMPLETED:
+                self._file(record, step, epoch)
+        self._waiting = list(dict.fromkeys(pending))[-64:]
+
+    def group_names(self) -> list:
+        return list(self._log)
+
+    def _file(self, record, step: int, epoch) -> None:
+        group = self._log.get(record.group)
+        if group is None:
+            if len(self._log) >= MAX_GROUPS:
+                return
+            group = self._log[record.group] = collections.OrderedDict()
+        if record.seq in group:
+            return
+        group[record.seq] = (self._id_of(signature_of(record)), step, epoch)
+        if len(group) > KEEP:
+            group.popitem(last=False)
+        self.changed = True
+
+    def _id_of(self, signature: tuple) -> int:
+        found = self._ids.get(signature)
+        if found is None:
+            if len(self._ids) >= MAX_SIGNATURES:
+                self._forget_signatures()
+            found = self._ids[signature] = next(self._next_id)
+            self._signatures[found] = signature
+        return found
+
+    def _forget_signatures(self) -> None:
+        """Keep only the signatures the log still names (ids are never reused: a counter hands them out)."""
+        named = {entry[0] for group in self._log.values() for entry in group.values()}
+        self._signatures = {i: sig for i, sig in self._signatures.items() if i in named}
+        self._ids = {sig: i for i, sig in self._signatures.items()}
+
+    def document(self, per_group: int = PUBLISH) -> dict:
+        """The newest `per_group` positions of each group, as plain data (see analysis/silent.py for the reading):
+        {"v", "groups": {group: {"first": seq, "ids": [...], "steps": [...], "epochs": [...]}}, "signatures": {id:
+        {op, reduce, dtypes, counts, site, region}}}; positions missing from a run (a voided record) are -1."""
+        self._documents += 1  # its number: a peer's document read again unchanged is not compared again
+        groups, used = {}, set()
+        for name, log in list(self._log.items()):
+            seqs = list(itertools.islice(reversed(log), per_group))[::-1]
+            if not seqs:
+                continue
+            first = seqs[0]
+            ids, steps, epochs = [-1] * (seqs[-1] - first + 1), [None] * (seqs[-1] - first + 1), []
+            for seq in seqs:
+                sig, step, epoch = log[seq]
+                ids[seq - first], steps[seq - first] = sig, step
+                epochs.append(epoch)
+                used.add(sig)
+            groups[name] = {"first": first, "ids": ids, "steps": steps, "epoch": epochs[-1]}
+        return {"v": FORMAT, "n": self._documents, "groups": groups,
+                "signatures": {str(i): self._signature_doc(i) for i in sorted(used)}}
+
+    def _signature_doc(self, sig_id: int) -> dict:
+        op, reduce, dtypes, counts, raw_site, region = self._signatures[sig_id]
+        site = resolve_site(raw_site)
+        return {"op": op, "reduce": reduce, "dtypes": list(dtypes), "counts": list(counts),
+                "site": site and S.site(*site), "region": region}
+
+
+def _epoch():
+    """The epoch the loader iterated last is in (1-based), or None when no DataLoader is tracked."""
+    try:
+        read = loaders.read()
+    except Exception:
+        return None
+    return max((entry["epochs"] for entry in read), default=None)
+
+
+class MismatchCheck:
+    """The watchdog's part for collectives that completed without matching: once a round, file this rank's new
+    positions, hand their document to the round's publish, and compare it with the one peer each group is compared
+    with (its lowest other rank: one store read a round, for any number of ranks)."""
+
+    def __init__(self, log: FingerprintLog, rank: int, world_size: int, groups):
+        self.log = log
+        self.rank = rank
+        self.world_size = world_size
+        self.groups = groups  # () -> {group name: its ranks, None for the default group}
+        self._mine: dict | None = None  # this rank's document as last published
+        self._compared: tuple = ()  # (mine, theirs) of the last comparison: nothing new, nothing to compare
+
+    def outgoing(self) -> dict | None:
+        """This round's document, when a position was filed since the last one (else None: the last one stands)."""
+        self.log.collect()
+        if not self.log.changed:
+            return None
+        self.log.changed = False
+        self._mine = dict(self.log.document(), rank=self.rank)
+        return self._mine
+
+    def partners(self) -> list:
+        """The lowest other rank of each group this rank completed positions in (ranks unknown: the whole world)."""
+        found, groups = set(), self.groups()
+        for ranks in [groups.get(name) for name in self.log.group_names()]:
+            members = range(self.world_size) if ranks is None else ranks
+            others = [r for r in members if r != self.rank]
+            if others:
+                found.add(min(others))
+        return sorted(found)
+
+    def look(self, job, reported: set):
+        """(an Assessment of a completed mismatch not in `reported`, which it joins, and {rank: a stand-in state
+        holding that rank's positions}) or None; reads the partners' documents."""
+        if self._mine is None or self.world_size < 2:
+            return None
+        docs = job.fingerprints(self.partners())
+        key = (self._mine.get("n"), tuple(sorted((r, d.get("n")) for r, d in docs.items() if isinstance(d, dict))))
+        if not docs or key == self._compared:
+            return None
+        self._compared = key
+        docs[self.rank] = self._mine
+        assessment = analysis.completed_mismatches({r: {"fingerprints": d} for r, d in docs.items()},
+                                                   self.world_size)
+        if assessment.verdict is None or assessment.fingerprint in reported:
+            return None
+        reported.add(assessment.fingerprint)
+        return assessment, {rank: {"rank": rank, "fingerprints": doc} for rank, doc in docs.items()}

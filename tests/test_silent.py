@@ -1,0 +1,222 @@
+"""Collectives that complete without matching, on hand-built fingerprints and a live Recorder (no processes)."""
+
+import sys
+
+import pytest
+
+import factory as F
+from ddpwatch import analysis
+from ddpwatch.analysis import silent
+from ddpwatch.render import wording
+from ddpwatch.runtime import crashes, verdict
+from ddpwatch.runtime.fingerprints import FingerprintLog, MismatchCheck
+from ddpwatch.runtime.record import Recorder
+
+A, B, C = ("train.py", 10, "step"), ("train.py", 20, "step"), ("train.py", 30, "step")
+
+
+def compare(per_rank: dict) -> list:
+    docs = {rank: F.fingerprints(rank, sigs) for rank, sigs in per_rank.items()}
+    return silent.silent_mismatch(docs, len(docs)) + silent.crossed_collectives(docs, len(docs))
+
+
+def kinds(found):
+    return [f["kind"] for f in found]
+
+
+# ---------------------------------------------------------------- what is a mismatch, and what is not
+
+@pytest.mark.parametrize("other, differs", [
+    (F.signature(dtypes=("int32",)), ["dtype"]),
+    (F.signature(counts=(8,)), ["count"]),
+    (F.signature(reduce="max"), ["reduce"]),
+    (F.signature(op="broadcast", reduce=None), ["collective"]),
+    (F.signature(dtypes=("float16",), counts=(2,)), ["dtype", "count"]),
+])
+def test_each_field_that_must_agree_is_named(other, differs):
+    [found] = compare({0: [F.signature()], 1: [other]})
+    assert found["kind"] == "silent_mismatch" and found["facts"]["differs"] == differs
+    assert found["ranks"] == [1] and found["facts"]["seq"] == 0
+
+
+def test_equal_fingerprints_from_the_same_lines_are_silent():
+    assert compare({0: [F.signature(site=A), F.signature(site=B)], 1: [F.signature(site=A), F.signature(site=B)]}) == []
+
+
+def test_a_rank_conditional_branch_reaching_one_collective_from_two_lines_is_not_crossed():
+    assert compare({0: [F.signature(site=A)] * 3, 1: [F.signature(site=B)] * 3}) == []
+
+
+def test_the_same_lines_in_another_order_are_crossed_with_each_ranks_order():
+    [found] = compare({0: [F.signature(site=A), F.signature(site=B)], 1: [F.signature(site=B), F.signature(site=A)]})
+    assert found["kind"] == "crossed_collectives" and found["facts"]["positions"] == 2
+    assert [[s["line"] for s in o["sites"]] for o in found["facts"]["orders"]] == [[10, 20], [20, 10]]
+    assert "sorted" in wording.worded(found)["fix"]
+
+
+def test_one_line_shared_by_a_crossing_and_a_branch_is_not_crossed():
+    """Rank 0 passes A then B, rank 1 B then C: different lines, not the same lines reordered."""
+    assert compare({0: [F.signature(site=A), F.signature(site=B)], 1: [F.signature(site=B), F.signature(site=C)]}) == []
+
+
+def test_all_to_all_and_object_collectives_may_differ_in_counts():
+    uneven = compare({0: [F.signature(op="all_to_all", reduce=None, counts=(2,))],
+                      1: [F.signature(op="all_to_all", reduce=None, counts=(3,))]})
+    objects = compare({0: [F.signature(op="all_gather", reduce=None, counts=(40,), region="object_collective")],
+                       1: [F.signature(op="all_gather", reduce=None, counts=(90,), region="object_collective")]})
+    assert uneven == [] and objects == []
+
+
+def test_only_the_positions_both_ranks_published_are_compared():
+    docs = {0: F.fingerprints(0, [F.signature()] * 4, first=0),
+            1: F.fingerprints(1, [F.signature(reduce="max")], first=10)}
+    assert silent.silent_mismatch(docs, 2) == []
+    docs[1] = F.fingerprints(1, [F.signature(reduce="max")], first=3)
+    [found] = silent.silent_mismatch(docs, 2)
+    assert found["facts"]["seq"] == 3
+
+
+def test_three_ranks_are_grouped_by_what_they_called_and_the_minority_is_the_culprit():
+    [found] = compare({0: [F.signature()], 1: [F.signature(reduce="max")], 2: [F.signature(reduce="max")]})
+    assert [side["ranks"] for side in found["facts"]["sides"]] == [[0], [1, 2]] and found["ranks"] == [0]
+
+
+@pytest.mark.parametrize("doc", [None, [], {"v": 2, "groups": {}}, {"v": 1, "groups": {"0": "x"}},
+                                 {"v": 1, "groups": {"0": {"first": 0, "ids": ["a", None, 7]}}, "signatures": {}},
+                                 {"v": 1, "groups": {"0": {"first": 0, "ids": [0]}}, "signatures": {"0": "x"}}])
+def test_a_malformed_document_compares_as_nothing(doc):
+    docs = {0: F.fingerprints(0, [F.signature()]), 1: doc}
+    assert silent.silent_mismatch(docs, 2) == [] and silent.crossed_collectives(docs, 2) == []
+
+
+def test_the_incident_says_when_it_formed_and_reanalysis_finds_it_again():
+    trace = F.trace_float_against_int()
+    assessment = analysis.assess(trace.states, 2, 0.5, 300.0)
+    assert assessment.verdict == analysis.MISMATCH and assessment.fingerprint == "mismatch-silent_mismatch-0-1"
+    summary = wording.worded(assessment.findings[0])["summary"]
+    assert "12 DDP steps in epoch 2" in summary and "int32" in summary and "float32" in summary
+
+
+def test_a_hang_is_still_the_verdict_when_the_ranks_also_carry_fingerprints():
+    trace = F.trace_lone_barrier()
+    for rank, state in trace.states.items():
+        state["fingerprints"] = F.fingerprints(rank, [F.signature(reduce="max" if rank else "sum")])
+    assert analysis.assess(trace.states, trace.world_size, 0.5, 300.0).verdict == analysis.DEADLOCK
+
+
+# ---------------------------------------------------------------- the live side: the log the watchdog keeps
+
+def _complete(recorder, op="all_reduce", group="0", shape=(4,), dtype="torch.float32", reduce=None):
+    record = recorder.begin(op, op, group, ((shape, dtype),), sys._getframe())
+    if reduce is not None:
+        record.reduce = reduce
+    recorder.finish(record)
+    return record
+
+
+def test_the_log_files_completed_positions_once_and_waits_for_those_in_flight():
+    recorder = Recorder()
+    log = FingerprintLog(recorder)
+    _complete(recorder)
+    pending = recorder.begin("all_reduce", "all_reduce", "0", (((4,), "torch.float32"),), sys._getframe())
+    recorder.begin("send", "send", "0", (), sys._getframe(), peer=1)  # point-to-point: analysis/p2p.py's
+    log.collect()
+    assert log.document()["groups"]["0"]["ids"] == [0]
+    recorder.finish(pending)
+    for _ in range(40):
+        _complete(recorder, shape=(8,))
+    log.collect()
+    doc = log.document()
+    group = doc["groups"]["0"]
+    assert group["first"] == 0 and len(group["ids"]) == 42  # the one in flight filed once it completed
+    assert [doc["signatures"][str(i)]["counts"] for i in group["ids"][:2]] == [[4], [4]]
+    assert doc["signatures"][str(group["ids"][-1])]["counts"] == [8]
+    assert doc["signatures"]["0"]["site"]["function"] == "_complete"  # the line that called the collective
+
+
+def test_the_reduce_op_kept_on_the_record_is_published_by_name():
+    import torch.distributed as dist
+
+    recorder = Recorder()
+    _complete(recorder, reduce=dist.ReduceOp.MAX)
+    log = FingerprintLog(recorder)
+    log.collect()
+    assert log.document()["signatures"]["0"]["reduce"] == "max"
+
+
+class _Job:
+    def __init__(self, docs):
+        self.docs, self.asked = docs, []
+
+    def fingerprints(self, ranks):
+        self.asked.append(list(ranks))
+        return {r: self.docs[r] for r in ranks if r in self.docs}
+
+
+def test_the_check_reads_one_partner_per_group_and_reports_a_mismatch_once():
+    recorder = Recorder()
+    recorder.note_group("0", None, True)
+    recorder.note_group("evens", [0, 2], True)
+    _complete(recorder)
+    _complete(recorder, group="evens")
+    check = MismatchCheck(FingerprintLog(recorder), 2, 4, lambda: recorder.groups)
+    assert check.outgoing() is not None and check.outgoing() is None  # nothing new: the last one stands
+    assert check.partners() == [0]  # the lowest other rank of "0" and of "evens"
+    theirs = F.fingerprints(0, [F.signature(dtypes=("int32",), counts=(4,), reduce=None)])
+    job, reported = _Job({0: theirs}), set()
+    assessment, stand_ins = check.look(job, reported)
+    assert assessment.findings[0]["kind"] == "silent_mismatch" and stand_ins[0]["fingerprints"] is theirs
+    assert check.look(job, reported) is None  # the same documents: not compared again, not said again
+
+
+def test_a_peer_acts_on_an_abort_for_a_mismatch_only_if_it_completed_that_position():
+    claim = verdict.mismatch_claim({"kind": "silent_mismatch", "facts": {"group": "0", "seq": 5}})
+    posted = dict(claim, positions={})
+    assert verdict.why_not_act(posted, "abort", {"last_seq": {"0": 7}}, 1, 0.5, 300.0) is None
+    assert "not completed" in verdict.why_not_act(posted, "abort", {"last_seq": {"0": 4}}, 1, 0.5, 300.0)
+    assert "does not say" in verdict.why_not_act({"mismatch": {"seq": "x"}}, "abort", {}, 1, 0.5, 300.0)
+    assert verdict.mismatch_claim({"kind": "dead_rank", "facts": {}}) == {}
+
+
+# ---------------------------------------------------------------- the crash: a fault file read back
+
+FAULT = '''Fatal Python error: Aborted
+
+Thread 0x00007f92963106c0 (most recent call first):
+  File "/opt/venv/lib/python3.11/site-packages/ddpwatch/runtime/watchdog.py", line 97 in run
+  File "/usr/lib/python3.11/threading.py", line 1045 in _bootstrap_inner
+
+Thread 0x00007f92b9aadb80 (most recent call first):
+  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "/u/metrics.py", line 10 in log_loss
+  File "/u/train.py", line 30 in <module>
+
+Extension modules: torch._C (total: 1)
+'''
+
+
+def test_a_fault_file_reads_back_as_stacks_with_the_main_thread_first(tmp_path):
+    path = tmp_path / "job-rank-0.txt"
+    path.write_text(FAULT)
+    fault = crashes.read_fault(str(path))
+    assert fault["error"] == "Aborted"
+    main = fault["stacks"][0]
+    assert main["main"] and [f["function"] for f in main["frames"]] == ["<module>", "log_loss", "all_reduce"]
+    (tmp_path / "empty.txt").write_text("")
+    assert crashes.read_fault(str(tmp_path / "empty.txt")) is None
+    assert crashes.read_fault(str(tmp_path / "missing.txt")) is None
+
+
+def test_the_crash_names_both_lines_and_says_the_dead_ranks_sizes_are_unknown():
+    trace = F.trace_mismatch_crash()
+    [found] = analysis.assess(trace.states, 2, 0.5, 300.0, trace.silent).findings
+    words = wording.worded(found)
+    assert found["kind"] == "mismatch_crash" and found["location"]["function"] == "log_loss"
+    assert "log_hist()" in words["summary"] and "8 float32" in words["summary"] and "not known" in words["summary"]
+
+
+def test_without_a_fault_file_a_vanished_rank_is_a_dead_rank_as_before():
+    trace = F.trace_mismatch_crash()
+    del trace.silent[0]["fault"]
+    trace.states[1].update(inflight=[F.rec(4, "barrier", age=20.0)], idle_s=20.0)
+    assert kinds(analysis.assess(trace.states, 2, 0.5, 300.0, trace.silent).findings) == ["dead_rank"]
