@@ -201,4 +201,7 @@ class MismatchCheck:
         if assessment.verdict is None or assessment.fingerprint in reported:
             return None
         reported.add(assessment.fingerprint)
+        # Every rank's positions, read once now: a rank that does not answer within the incident's short wait
+        # still stands in with them, so the report groups all ranks by what they called, not only the pair compared
+        docs.update({rank: doc for rank, doc in job.fingerprints(range(self.world_size)).items() if rank != self.rank})
         return assessment, {rank: {"rank": rank, "fingerprints": doc} for rank, doc in docs.items()}
