@@ -432,6 +432,14 @@ def tcp_job():
     return JobProtocol(StateStore(client, "test"), 2), server
 
 
+def forge(server, key: str, value) -> None:
+    """Write `value` at `key` from another connection and wait until the store holds it: TCPStore's set does not
+    wait for the store's answer, so without the read after it a later call on the job's connection could arrive
+    first (CI: the add meant to meet the garbage ran before it, and the read after met it instead)."""
+    server.set(key, value)
+    server.get(key)
+
+
 @pytest.mark.parametrize("bad", [b"not a number", b"99999999999999999999999", b"\xff\xfe", b""])
 def test_a_malformed_counter_reads_as_no_change_and_the_watchdog_keeps_its_store(tcp_job, bad):
     # Before: TCPStore's add(key, 0) on the value closed the connection; ddpwatch took the store for gone and stopped
@@ -440,7 +448,7 @@ def test_a_malformed_counter_reads_as_no_change_and_the_watchdog_keeps_its_store
     job.change_waiting(1)
     job.open_incident({"trigger": "deadlock"})
     assert job.counters() == (1, 1)
-    server.set(job.store.key("counters"), bad)
+    forge(server, job.store.key("counters"), bad)
     assert job.counters() == (1, 1)  # no change
     job.publish(1, {"rank": 1, "beat": 2})
     assert job.positions() == {1: {"rank": 1, "beat": 2}}  # the connection still works
@@ -452,7 +460,7 @@ def test_an_add_that_fails_on_a_value_changed_meanwhile_reconnects_and_mends_it(
     job, server = tcp_job
     job.change_waiting(1)
     job.counters()
-    server.set(job.store.key("counters"), "garbage")  # written after this rank's last read: its add meets it
+    forge(server, job.store.key("counters"), "garbage")  # written after this rank's last read: its add meets it
     assert job.change_waiting(1) == 2
     assert job.counters() == (2, 0) and job.positions() == {}
 
@@ -462,12 +470,12 @@ def test_a_malformed_incident_count_or_leader_beat_reads_as_nothing_new(tcp_job)
     job, server = tcp_job
     job.publish(0, {"rank": 0, "beat": 4})
     assert job.leader_beat() == 4
-    server.set(job.store.key("leader_beat"), "x")
+    forge(server, job.store.key("leader_beat"), "x")
     assert job.leader_beat() == 4
     number = job.open_incident({"trigger": "deadlock"})
-    server.set(job.store.key("incident", number, "count"), "[1]")
+    forge(server, job.store.key("incident", number, "count"), "[1]")
     assert job.collect(number, deadline=time.monotonic() + 0.2) == {}
-    server.set(job.store.key("incident", number, "acks"), "{}")
+    forge(server, job.store.key("incident", number, "acks"), "{}")
     assert job.acks(number) == 0
 
 
