@@ -175,7 +175,7 @@ def hot_path_parts(iterations: int) -> dict:
     import torch
 
     import ddpwatch
-    from ddpwatch.runtime import record
+    from ddpwatch.capture import record
 
     session = ddpwatch.install()
     recorder, patcher, tensor = session.recorder, session.patcher, torch.ones(1)

@@ -91,7 +91,7 @@ class _Meta:
 def healthy_recorder():
     """A recorder after LOOP training iterations (all_reduce, barrier, broadcast), as the patch layer fills it."""
     from ddpwatch.config import Config
-    from ddpwatch.runtime.record import Recorder, tensor_meta
+    from ddpwatch.capture.record import Recorder, tensor_meta
 
     recorder = Recorder(Config().ring_size)
     grads, metric = tensor_meta(_Meta((1024,))), tensor_meta(_Meta((1,)))
@@ -104,7 +104,7 @@ def healthy_recorder():
 def block(recorder, leader: bool) -> None:
     """The hang: rank 0 inside DDP.forward's buffer broadcast, every other rank in the next barrier, 10 s ago."""
     from ddpwatch.format import build as S
-    from ddpwatch.runtime.record import frame_site, tensor_meta, user_frame
+    from ddpwatch.capture.record import frame_site, tensor_meta, user_frame
 
     if leader:
         site = frame_site(user_frame(sys._getframe()))
@@ -120,7 +120,7 @@ def block(recorder, leader: bool) -> None:
 def watchdogs(ranks, world_size: int, store, recorder) -> list:
     """One ddpwatch Watchdog per simulated rank (threads never started: this process ticks them in turn)."""
     from ddpwatch.config import Config
-    from ddpwatch.runtime.watchdog import Watchdog
+    from ddpwatch.watch.watchdog import Watchdog
 
     config = Config(grace=GRACE, timeout=TIMEOUT, interval=INTERVAL)
     return [Watchdog(recorder, config, rank, world_size, store, "bench") for rank in ranks]
@@ -128,7 +128,7 @@ def watchdogs(ranks, world_size: int, store, recorder) -> list:
 
 def client(port: int, namespace: str):
     import torch.distributed as dist
-    from ddpwatch.runtime.store import StateStore
+    from ddpwatch.watch.store import StateStore
 
     raw = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=60))
     counting = CountingStore(raw)

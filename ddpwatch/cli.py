@@ -66,7 +66,7 @@ def _cmd_run(rest) -> int:
 
 
 def _cmd_dump(args) -> int:
-    from .runtime import control
+    from .watch import control
 
     if args.list:
         return control.list_ranks()

@@ -8,13 +8,13 @@ import os
 
 import pytest
 
-import ddpwatch.runtime.watchdog as watchdog_module
+import ddpwatch.watch.watchdog as watchdog_module
 from ddpwatch import analysis, config
 from ddpwatch.config import ABORT, REPORT, Action, Config
-from ddpwatch.runtime import abort, evidence, verdict
-from ddpwatch.runtime.abort import AbortPolicy, Outcome
-from ddpwatch.runtime.record import Recorder
-from ddpwatch.runtime.store import JobProtocol, StateStore
+from ddpwatch.watch import abort, evidence, verdict
+from ddpwatch.watch.abort import AbortPolicy, Outcome
+from ddpwatch.capture.record import Recorder
+from ddpwatch.watch.store import JobProtocol, StateStore
 
 RUNTIME = os.path.join(os.path.dirname(abort.__file__), "*.py")
 
@@ -118,7 +118,7 @@ class Exited(BaseException):  # not an Exception: nothing on the way may swallow
 def test_a_sigterm_after_the_verdict_ends_the_rank_with_the_policys_exit_code(monkeypatch):
     """torchrun SIGTERMs the ranks still running once the first exits: after the verdict, control.py ends this one
     quietly with the abort policy's exit code (before it, the program's own handler runs)."""
-    from ddpwatch.runtime import control
+    from ddpwatch.watch import control
 
     class Session:
         watchdog = watchdog_module.Watchdog(Recorder(), Config(action=ABORT, exit_code=9), 0, 2, None, "")

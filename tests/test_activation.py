@@ -21,8 +21,8 @@ import pytest
 from ranks import ROOT, SCENARIOS, describe, run_case, run_job, tagged_line
 
 import ddpwatch.bootstrap as bootstrap
-from ddpwatch.runtime import control
-from ddpwatch.runtime import session as session_module
+from ddpwatch.watch import control
+from ddpwatch import session as session_module
 from ddpwatch.launch import free_port
 
 PTH = os.path.join(ROOT, bootstrap.PTH_NAME)

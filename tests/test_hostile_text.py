@@ -20,7 +20,7 @@ from ranks import SCENARIOS, describe, load_only_report, run_case  # noqa: E402
 from ddpwatch import analysis, cli, config, render  # noqa: E402
 from ddpwatch.render import report  # noqa: E402
 from ddpwatch.render.text import render_text  # noqa: E402
-from ddpwatch.runtime import control  # noqa: E402
+from ddpwatch.watch import control  # noqa: E402
 from ddpwatch.sources import command  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

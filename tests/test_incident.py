@@ -108,7 +108,7 @@ def _keys(shape) -> set:
 
 def test_the_named_shapes_say_what_the_stages_really_pass():
     from ddpwatch.format import types
-    from ddpwatch.runtime.record import Recorder
+    from ddpwatch.capture.record import Recorder
 
     doc = live(seed_with_condition(), 2)
     assert set(doc) <= _keys(types.Incident) and set(types.Incident.__required_keys__) <= set(doc)

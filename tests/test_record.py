@@ -9,11 +9,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from ddpwatch.runtime import record as R
+from ddpwatch.capture import record as R
 from ddpwatch import frames  # noqa: E402
 from ddpwatch.format import build as S, documents  # noqa: E402
-from ddpwatch.runtime.record import Recorder, is_internal_file, tensor_meta, user_frame  # noqa: E402
-from ddpwatch.runtime.stacks import python_stacks  # noqa: E402
+from ddpwatch.capture.record import Recorder, is_internal_file, tensor_meta, user_frame  # noqa: E402
+from ddpwatch.capture.stacks import python_stacks  # noqa: E402
 
 HERE = os.path.abspath(__file__)
 RECORD_KEYS = {"seq", "group", "op", "api", "p2p", "peer", "shapes", "dtypes", "site", "via", "region", "start",
@@ -211,7 +211,7 @@ def test_region_is_left_when_the_call_raises():
 
 
 def test_outermost_records_only_the_outer_call():
-    from ddpwatch.runtime.patch import Patcher
+    from ddpwatch.capture.patch import Patcher
 
     rec = Recorder()
     patcher = Patcher(rec)

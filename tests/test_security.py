@@ -20,9 +20,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from factory import incident, seed_states  # noqa: E402
 
 from ddpwatch import analysis, demo
-from ddpwatch.runtime import control
+from ddpwatch.watch import control
 from ddpwatch.render import report  # noqa: E402
-from ddpwatch.runtime import incident_writer  # noqa: E402
+from ddpwatch.watch import incident_writer  # noqa: E402
 
 OTHER_UID = 54321
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user (chown) needs root")
@@ -219,7 +219,7 @@ def test_the_registry_entry_keeps_no_arguments(temp_dir):
 @pytest.mark.real
 def test_a_real_entry_is_found_and_signalled(temp_dir):
     """The checks let the genuine case through: a process that registered itself is listed and signalled."""
-    code = ("import os, signal, sys, time; from ddpwatch.runtime import control\n"
+    code = ("import os, signal, sys, time; from ddpwatch.watch import control\n"
             "got = []\nsignal.signal(signal.SIGUSR1, lambda *a: got.append(1))\n"
             "path = control.register({'pid': os.getpid(), 'rank': 0, 'world_size': 1, 'job': 'j', 'dir': sys.argv[1],"
             " 'program': 'x'})\nprint(path, flush=True)\n"
@@ -389,7 +389,7 @@ FULL_DISK = r"""
 import os, resource, signal, sys, tempfile
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, as on a full disk
 tempfile.tempdir = sys.argv[2]
-from ddpwatch.runtime import incident_writer
+from ddpwatch.watch import incident_writer
 doc = {"format_version": 1, "rank": 0, "world_size": 2, "padding": "x" * 100000}
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 print(incident_writer._write_rank_dump(sys.argv[1], doc))

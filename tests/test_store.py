@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-import ddpwatch.runtime.store as store_module
-import ddpwatch.runtime.watchdog as watchdog_module
-from ddpwatch.runtime import abort, incident_writer, peers
+import ddpwatch.watch.store as store_module
+import ddpwatch.watch.watchdog as watchdog_module
+from ddpwatch.watch import abort, incident_writer, peers
 from ddpwatch.config import Config
-from ddpwatch.runtime.record import Recorder
-from ddpwatch.runtime.store import JobProtocol, StateStore
+from ddpwatch.capture.record import Recorder
+from ddpwatch.watch.store import JobProtocol, StateStore
 
 WORLD = 4
 
@@ -282,7 +282,7 @@ def test_a_rank_that_has_just_blocked_wants_a_round_now_without_touching_the_sto
 
 
 def test_a_value_that_would_build_too_much_is_left_out_before_parsing(job, monkeypatch):
-    import ddpwatch.runtime.store as store_module
+    import ddpwatch.watch.store as store_module
 
     for rank in range(WORLD):
         job.publish(rank, {"rank": rank})
@@ -310,7 +310,7 @@ def test_a_position_only_heartbeat_leaves_the_last_whole_state_standing(job):
 
 
 def test_a_rank_that_makes_progress_publishes_its_whole_state_every_few_seconds_one_that_stops_every_round():
-    from ddpwatch.runtime import rank_state
+    from ddpwatch.watch import rank_state
 
     recorder = Recorder()
     states = rank_state.RankState(recorder, Config(), 0, 2, "node0", lambda *a, **k: None)
@@ -357,7 +357,7 @@ def test_a_beat_is_appended_as_the_last_key_of_valid_json(body, beat, text):
 
 def test_a_running_rank_sends_its_beat_alone_until_it_stops_or_its_whole_state_is_due():
     from ddpwatch import analysis
-    from ddpwatch.runtime import rank_state
+    from ddpwatch.watch import rank_state
 
     recorder = Recorder()
     states = rank_state.RankState(recorder, Config(grace=0.5), 0, 2, "node0", lambda *a, **k: None)

@@ -7,7 +7,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import barrier, rank_state, seed_states, states  # noqa: E402
 
-from ddpwatch.runtime import verdict  # noqa: E402
+from ddpwatch.watch import verdict  # noqa: E402
 
 GRACE, TIMEOUT = 2.0, 300.0
 

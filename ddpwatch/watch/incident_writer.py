@@ -17,7 +17,7 @@ from ..render import report, wording
 from ..render.text import render_text
 from ..static import rankcond
 from . import alerts, evidence, verdict
-from .record import is_internal_file
+from ..capture.record import is_internal_file
 from .store import StoreUnavailable
 
 log = logging.getLogger("ddpwatch")

@@ -10,11 +10,12 @@ import os
 import sys
 import threading
 
-from .. import config as config_module
-from . import control as control_module, crashes, loaders
-from .patch import Patcher
-from .patches import Patches
-from .record import Recorder, configure_frames
+from . import config as config_module
+from .watch import control as control_module, crashes
+from .capture import loaders
+from .capture.patch import Patcher
+from .capture.patches import Patches
+from .capture.record import Recorder, configure_frames
 
 log = logging.getLogger("ddpwatch")
 
@@ -56,8 +57,8 @@ class Session:
 
             if not (dist.is_available() and dist.is_initialized()):
                 return
-            from .store import StateStore
-            from .watchdog import Watchdog
+            from .watch.store import StateStore
+            from .watch.watchdog import Watchdog
 
             world_size = dist.get_world_size()
             run_tag = config_module.run_tag()  # the job, and torchrun's attempt: a restart is a new run

@@ -308,7 +308,7 @@ class JobProtocol:
         return True
 
     def _add_fingerprints(self, docs: dict, rank: int, fingerprints: dict | None) -> None:
-        """The rank's completed positions (runtime/fingerprints.py), in the round's one put, when they changed."""
+        """The rank's completed positions (watch/fingerprints.py), in the round's one put, when they changed."""
         if fingerprints is not None:
             docs[self._key("fp", rank)] = fingerprints
 
