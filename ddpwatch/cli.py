@@ -66,11 +66,11 @@ def _cmd_run(rest) -> int:
 
 
 def _cmd_dump(args) -> int:
-    from .watch import control
+    from . import dump_client
 
     if args.list:
-        return control.list_ranks()
-    return control.dump(pid=args.pid, job=args.job, report_dir=args.dir, wait=args.wait)
+        return dump_client.list_ranks()
+    return dump_client.dump(pid=args.pid, job=args.job, report_dir=args.dir, wait=args.wait)
 
 
 def _cmd_lint(args, rest) -> int:

@@ -11,7 +11,7 @@ import sys
 import threading
 
 from . import config as config_module
-from .watch import control as control_module, crashes
+from .watch import crashes, signals
 from .capture import loaders
 from .capture.patch import Patcher
 from .capture.patches import Patches
@@ -77,7 +77,7 @@ class Session:
         if not self.config.signals:
             return
         try:
-            control = control_module.LiveControl(self)
+            control = signals.LiveControl(self)
             entry = {"pid": self.pid, "rank": rank, "world_size": world_size, "job": job,
                      "master": config_module.rendezvous_address(), "dir": os.path.abspath(self.config.dir),
                      "program": _program_name()}
@@ -88,7 +88,7 @@ class Session:
 
     def disarm(self) -> None:
         watchdog = self.watchdog
-        if watchdog is not None and control_module.report_in_progress(watchdog):
+        if watchdog is not None and signals.report_in_progress(watchdog):
             watchdog.stop()  # first, while ddpwatch's SIGTERM handler, which waits for that report, is installed
         control, self.control = self.control, None
         if control is not None:

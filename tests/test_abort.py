@@ -116,9 +116,9 @@ class Exited(BaseException):  # not an Exception: nothing on the way may swallow
 
 
 def test_a_sigterm_after_the_verdict_ends_the_rank_with_the_policys_exit_code(monkeypatch):
-    """torchrun SIGTERMs the ranks still running once the first exits: after the verdict, control.py ends this one
+    """torchrun SIGTERMs the ranks still running once the first exits: after the verdict, watch/signals.py ends this one
     quietly with the abort policy's exit code (before it, the program's own handler runs)."""
-    from ddpwatch.watch import control
+    from ddpwatch.watch import signals
 
     class Session:
         watchdog = watchdog_module.Watchdog(Recorder(), Config(action=ABORT, exit_code=9), 0, 2, None, "")
@@ -130,7 +130,7 @@ def test_a_sigterm_after_the_verdict_ends_the_rank_with_the_policys_exit_code(mo
         raise Exited
 
     monkeypatch.setattr(os, "_exit", fake_exit)
-    live = control.LiveControl(Session())
+    live = signals.LiveControl(Session())
     assert live._ending_by_verdict() is False and exits == []
     Session.watchdog.policy.arm()
     with pytest.raises(Exited):

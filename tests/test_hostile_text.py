@@ -17,10 +17,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from factory import done, incident, seed_states  # noqa: E402
 from ranks import SCENARIOS, describe, load_only_report, run_case  # noqa: E402
 
-from ddpwatch import analysis, cli, config, render  # noqa: E402
+from ddpwatch import analysis, cli, config, dump_client, registry, render  # noqa: E402
 from ddpwatch.render import report  # noqa: E402
 from ddpwatch.render.text import render_text  # noqa: E402
-from ddpwatch.watch import control  # noqa: E402
 from ddpwatch.sources import command  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -238,13 +237,13 @@ def test_a_deadlock_in_a_script_under_an_undecodable_folder_name_aborts_with_the
 def own_registry(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     entry = {"pid": os.getpid(), "rank": 0, "world_size": 1, "job": "j\x1b]0;pwned\x07", "dir": str(tmp_path)}
-    path = control.register(entry)
+    path = registry.register(entry)
     yield entry
-    control.unregister(path)
+    registry.unregister(path)
 
 
 def test_dump_list_shows_a_ranks_text_visibly(own_registry, capsys):
-    assert control.list_ranks() == 0
+    assert dump_client.list_ranks() == 0
     out = capsys.readouterr().out
     assert RAW.search(out) is None and r"j\x1b]0;pwned\x07" in out
 
@@ -260,7 +259,7 @@ def test_dump_prints_a_new_folder_named_by_someone_else_visibly(own_registry, ca
 
     previous = signal.signal(signal.SIGUSR1, someone_writes_a_folder)
     try:
-        assert control.dump(pid=os.getpid(), wait=10) == 0
+        assert dump_client.dump(pid=os.getpid(), wait=10) == 0
     finally:
         signal.signal(signal.SIGUSR1, previous)
     out = capsys.readouterr().out

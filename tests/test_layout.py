@@ -166,6 +166,15 @@ def test_option_defaults_are_written_once_in_the_options_table():
         config.DEFAULTS
 
 
+def test_the_shell_side_client_loads_nothing_of_a_live_rank():
+    """`ddpwatch dump` runs in a shell: it reads the registry and signals a rank, and imports neither the training
+    thread's code (capture) nor the watchdog's (watch)."""
+    modules = _modules()
+    for client in ("ddpwatch.dump_client", "ddpwatch.registry"):
+        imported = _imports(client, modules[client], modules)
+        assert not [name for name in imported if name.startswith(("ddpwatch.capture", "ddpwatch.watch"))], client
+
+
 # The watchdog's parts (issue 20 point 1): the loop calls them, they never call back into it.
 WATCHDOG_PARTS = ("peers", "incident_writer", "abort", "rank_state", "answers")
 

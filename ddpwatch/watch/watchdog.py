@@ -48,9 +48,9 @@ class Watchdog(threading.Thread):
         self._wake = threading.Lock()
         self._wake.acquire()
         self._dump_requested = threading.Event()
-        self.writing = threading.Event()  # set while a report is being written: SIGTERM waits for it (control.py)
+        self.writing = threading.Event()  # set while a report is being written: SIGTERM waits for it (signals.py)
         self._peer_failure = threading.Event()
-        self.ending_signal = ""  # the name of a signal that came to end this process (control.py notes it)
+        self.ending_signal = ""  # the name of a signal that came to end this process (signals.py notes it)
         self._local_dumps: set = set()
         self._logged: set = set()
         self._store_ok = True
