@@ -10,7 +10,7 @@ from .config import DEFAULTS
 
 def _say(error) -> None:
     """An error on stderr; it may quote a settings file from a cloned repository: escapes shown, never obeyed."""
-    from .render import visible
+    from .terminal import visible
 
     print(visible(str(error), keep_newlines=True), file=sys.stderr)
 

@@ -8,7 +8,7 @@ import sys
 import time
 
 from .registry import is_current, job_key, rank_of, registry, registry_dir, signal_rank
-from .render import visible
+from .terminal import visible
 
 
 def _report_folders(base: str) -> set:

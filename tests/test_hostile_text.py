@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from factory import done, incident, seed_states  # noqa: E402
 from ranks import SCENARIOS, describe, load_only_report, run_case  # noqa: E402
 
-from ddpwatch import analysis, cli, config, dump_client, registry, render  # noqa: E402
+from ddpwatch import analysis, cli, config, dump_client, registry, terminal  # noqa: E402
 from ddpwatch.render import report  # noqa: E402
 from ddpwatch.render.text import render_text  # noqa: E402
 from ddpwatch.sources import command  # noqa: E402
@@ -81,13 +81,13 @@ def assert_shown_safely(text):
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_visible_writes_out_every_hostile_sequence(name):
     raw, shown = ATTACKS[name]
-    assert render.visible(f"a{raw}b") == f"a{shown}b"
-    assert render.visible("tab\tstays") == "tab\tstays"
+    assert terminal.visible(f"a{raw}b") == f"a{shown}b"
+    assert terminal.visible("tab\tstays") == "tab\tstays"
 
 
 def test_visible_keeps_newlines_only_when_asked():
-    assert render.visible("one\ntwo\x1b[2J", keep_newlines=True) == "one\ntwo\\x1b[2J"
-    assert render.visible("one\ntwo") == "one\\ntwo"
+    assert terminal.visible("one\ntwo\x1b[2J", keep_newlines=True) == "one\ntwo\\x1b[2J"
+    assert terminal.visible("one\ntwo") == "one\\ntwo"
 
 
 def test_the_text_report_shows_hostile_text_in_every_field_visibly():

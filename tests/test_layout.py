@@ -112,7 +112,7 @@ MAY_IMPORT = {
     "ddpwatch.format": set(),
 }
 OFFLINE = ("ddpwatch.analysis", "ddpwatch.render", "ddpwatch.sources", "ddpwatch.static", "ddpwatch.format",
-           "ddpwatch.catalogue", "ddpwatch.frames", "ddpwatch.atomic", "ddpwatch.logonce")
+           "ddpwatch.catalogue", "ddpwatch.frames", "ddpwatch.atomic", "ddpwatch.logonce", "ddpwatch.terminal")
 
 
 def _stage(module: str):
@@ -173,6 +173,16 @@ def test_the_shell_side_client_loads_nothing_of_a_live_rank():
     for client in ("ddpwatch.dump_client", "ddpwatch.registry"):
         imported = _imports(client, modules[client], modules)
         assert not [name for name in imported if name.startswith(("ddpwatch.capture", "ddpwatch.watch"))], client
+
+
+def test_terminal_safe_text_is_a_module_of_its_own():
+    """visible()/say() are used by the renderers, the watchdog, the CLI and `ddpwatch dump`: escaping a string must
+    not load a renderer, so terminal.py imports nothing of ddpwatch and nothing imports render to escape."""
+    modules = _modules()
+    assert _imports("ddpwatch.terminal", modules["ddpwatch.terminal"], modules) == set()
+    from ddpwatch import render
+
+    assert not hasattr(render, "visible")
 
 
 # The watchdog's parts (issue 20 point 1): the loop calls them, they never call back into it.

@@ -10,6 +10,7 @@ import time
 from .. import render
 from ..format import build as S
 from ..frames import OWN_FRAME_FILE
+from ..terminal import visible
 from .json_report import json_default
 from .positions import positions
 from .wording import describe_op, rank_list, summary_for_people, worded_incident
@@ -398,7 +399,7 @@ def render_html(incident: dict) -> str:
             f"<style>{_CSS}</style></head><body>{body}"
             f'<script type="application/json" id="incident-data">{_embedded_json(incident)}</script>'
             f"<script>{_JS}</script></body></html>\n")
-    return render.visible(page, keep_newlines=True)
+    return visible(page, keep_newlines=True)
 
 
 _CSS = """

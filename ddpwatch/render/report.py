@@ -7,9 +7,10 @@ import os
 import re
 import traceback
 
-from .. import atomic, private, render
+from .. import atomic, private
 from . import json_report, text
 from ..format.documents import REPORT_JSON
+from ..terminal import visible
 
 REPORT_TXT = "report.txt"
 REPORT_HTML = "report.html"
@@ -70,7 +71,7 @@ def _render_or_note(incident: dict, fmt: str) -> str:
         return render_format(incident, fmt)
     except Exception:
         note = f"ddpwatch could not render this file ({fmt}); report.json has the whole incident.\n\n"
-        return RENDERERS[fmt][2](render.visible(note + traceback.format_exc(), keep_newlines=True))
+        return RENDERERS[fmt][2](visible(note + traceback.format_exc(), keep_newlines=True))
 
 
 def incident_files(incident: dict) -> dict:
@@ -124,7 +125,7 @@ def write_incident(base: str, run_id: str, incident: dict) -> tuple:
             folder = _place(fd, fallback_dir(), run_id, incident)
         finally:
             os.close(fd)
-        return folder, render.visible(f"could not write under {base} ({exc}); wrote {folder} instead")
+        return folder, visible(f"could not write under {base} ({exc}); wrote {folder} instead")
 
 
 # ---------------------------------------------------------------- reading

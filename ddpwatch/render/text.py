@@ -5,7 +5,8 @@ from __future__ import annotations
 import textwrap
 
 from ..format import build as S
-from . import seconds_text, short_rank_list, stack_groups, stack_lines_shown, visible, _states
+from ..terminal import visible
+from . import seconds_text, short_rank_list, stack_groups, stack_lines_shown, _states
 from .positions import positions
 from .wording import summary_for_people, worded_incident
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import threading
 import time
 
@@ -16,6 +15,7 @@ from ..format import documents
 from ..render import report, wording
 from ..render.text import render_text
 from ..static import rankcond
+from ..terminal import say, visible
 from . import alerts, evidence, verdict
 from ..capture.record import is_internal_file
 from .store import StoreUnavailable
@@ -52,21 +52,6 @@ def _write_rank_dump(folder: str, doc: dict) -> str:
     return NOWHERE
 
 
-def say(text: str) -> None:
-    """Write to stderr whatever it is and whatever stderr is: the verdict must get out even when nothing else can.
-
-    Lines here quote peers, the store and paths: control characters are shown, never acted on by the terminal."""
-    text = report.render.visible(text, keep_newlines=True)
-    try:
-        sys.stderr.write(text)
-        sys.stderr.flush()
-        return
-    except Exception:
-        pass
-    try:  # a closed, replaced or strictly encoding sys.stderr: the bytes, straight to file descriptor 2
-        os.write(2, text.encode("utf-8", "backslashreplace"))
-    except Exception:
-        pass
 
 
 def _render_or_summary(incident: dict) -> str:
@@ -91,7 +76,7 @@ def write_error_file(incident: dict, log_once) -> None:
                + (f" (culprit {wording.rank_list(first['ranks'])})" if first.get("ranks") else "")
                + (f": {first['summary']}" if first.get("summary") else "")
                + f" Report: {incident.get('report_dir') or '(being written, or none could be written)'}")
-    message = report.render.visible(message)  # torchrun prints it: a peer's words must not drive the terminal
+    message = visible(message)  # torchrun prints it: a peer's words must not drive the terminal
     doc = {"message": {"message": message,
                        "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}}
     try:
