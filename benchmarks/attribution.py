@@ -273,7 +273,7 @@ def wrapper_parts_worker(calls: int, rounds: int) -> None:
     import torch.distributed as dist
 
     from ddpwatch.launch import free_port
-    from ddpwatch.capture.patch import Patcher
+    from ddpwatch.capture.wrappers import Patcher
     from ddpwatch.capture.record import Recorder
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")

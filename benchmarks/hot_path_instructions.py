@@ -36,7 +36,7 @@ def worker(case: str, calls: int) -> None:
         dtype = "float32"
 
     sys.modules["torch"] = types.SimpleNamespace(Tensor=Tensor)  # the wrapper's plain-tensor test uses torch.Tensor
-    from ddpwatch.capture.patch import Patcher
+    from ddpwatch.capture.wrappers import Patcher
     from ddpwatch.capture.record import Recorder
 
     class Group:

@@ -121,7 +121,7 @@ _TORCH_FILE = re.compile(r"(^|[/\\])(site|dist)-packages[/\\]torch[/\\]|(^|[/\\]
                          r"utils|optim|_dynamo|_C|cuda|fx|_functorch|multiprocessing)[/\\]|(^|[/\\])torch[/\\]"
                          r"(_tensor|functional|_ops|_compile|_utils|overrides|serialization|library|__init__)\.py$")
 _STDLIB_FILE = re.compile(r"[/\\]lib[/\\]python3(\.\d+)?[/\\](?!.*(site|dist)-packages)")
-# ddpwatch's own files at any depth (ddpwatch/capture/patch.py), but not its examples, which play the user's part.
+# ddpwatch's own files at any depth (ddpwatch/capture/wrappers.py), but not its examples, which play the user's part.
 _DDPWATCH_FILE = re.compile(r"(^|[/\\])ddpwatch[/\\](?!examples[/\\])([^/\\]+[/\\])*[^/\\]+\.py$")
 _DDPWATCH_EXAMPLE = re.compile(r"(^|[/\\])ddpwatch[/\\]examples[/\\]")
 

@@ -13,8 +13,8 @@ import threading
 from . import config as config_module
 from .watch import crashes, signals
 from .capture import loaders
-from .capture.patch import Patcher
-from .capture.patches import Patches
+from .capture.replacements import Patches
+from .capture.wrappers import Patcher
 from .capture.record import Recorder, configure_frames
 
 log = logging.getLogger("ddpwatch")

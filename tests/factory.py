@@ -12,7 +12,7 @@ from ddpwatch.render.wording import worded
 DEFAULT_SITE = ("train.py", 72, "train")
 TORCH_FILE = "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 DDP_FILE = "/opt/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py"
-PATCH_FILE = "/opt/venv/lib/python3.11/site-packages/ddpwatch/capture/patch.py"
+PATCH_FILE = "/opt/venv/lib/python3.11/site-packages/ddpwatch/capture/wrappers.py"
 
 
 def as_site(where) -> dict | None:

@@ -264,7 +264,7 @@ def test_canonical_op(name, expected):
     ("/usr/lib/python3.11/threading.py", True),
     ("<frozen runpy>", True),
     ("/opt/proj/ddpwatch/cli.py", True),
-    ("/opt/proj/ddpwatch/capture/patch.py", True),
+    ("/opt/proj/ddpwatch/capture/wrappers.py", True),
     ("<ddpwatch hot path: all_reduce>", True),
     ("/opt/proj/ddpwatch/examples/seed_stall.py", False),
     ("/home/u/train.py", False),

@@ -165,14 +165,14 @@ def test_py_spy_missing_or_refused_is_one_line_and_python_stacks_remain(monkeypa
 
 def test_a_failed_start_leaves_nothing_patched_and_no_session(monkeypatch):
     import torch.distributed as dist
-    from ddpwatch.capture import patch as patch_module
+    from ddpwatch.capture import wrappers
 
     before = (dist.all_reduce, dist.init_process_group, dist.destroy_process_group)
 
     def broken(self, dist_module):
         raise RuntimeError("a torch whose DDP internals moved")
 
-    monkeypatch.setattr(patch_module.Patcher, "_patch_ddp_internals", broken)
+    monkeypatch.setattr(wrappers.Patcher, "_patch_ddp_internals", broken)
     with pytest.raises(RuntimeError, match="internals moved"):
         ddpwatch.install()
     assert session_module.current() is None

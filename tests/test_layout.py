@@ -7,7 +7,7 @@ import os
 import re
 
 from ddpwatch import catalogue, lint
-from ddpwatch.capture import patch
+from ddpwatch.capture import wrappers
 from ddpwatch.render import report
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ddpwatch")
@@ -80,7 +80,7 @@ def test_a_cycle_is_found_when_there_is_one():
 
 def test_patching_lint_and_the_flight_recorder_read_one_catalogue():
     tensor = catalogue.tensor_collectives()
-    assert set(patch.COLLECTIVES) == set(tensor)
+    assert set(wrappers.COLLECTIVES) == set(tensor)
     assert set(tensor) <= set(lint.COLLECTIVES)  # every patched collective is also linted
     assert {"all_gather_single", "reduce_scatter_single", "new_group"} <= set(lint.COLLECTIVES)
     assert "send_object_list" not in lint.COLLECTIVES  # point-to-point under a rank condition is normal

@@ -3,7 +3,7 @@
 import time
 
 from ddpwatch.capture import loaders
-from ddpwatch.capture.patches import Patches
+from ddpwatch.capture.replacements import Patches
 
 
 class Counter:

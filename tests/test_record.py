@@ -211,7 +211,7 @@ def test_region_is_left_when_the_call_raises():
 
 
 def test_outermost_records_only_the_outer_call():
-    from ddpwatch.capture.patch import Patcher
+    from ddpwatch.capture.wrappers import Patcher
 
     rec = Recorder()
     patcher = Patcher(rec)
