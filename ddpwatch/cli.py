@@ -34,9 +34,9 @@ def report_formats() -> tuple:
 
 
 def _cmd_report(args) -> int:
-    from .sources import command
+    from .sources import report_command
 
-    return command.run_command(args)
+    return report_command.run_command(args)
 
 
 def _cmd_run(rest) -> int:

@@ -20,7 +20,7 @@ from ranks import SCENARIOS, describe, load_only_report, run_case  # noqa: E402
 from ddpwatch import analysis, cli, config, dump_client, registry, terminal  # noqa: E402
 from ddpwatch.render import report  # noqa: E402
 from ddpwatch.render.text import render_text  # noqa: E402
-from ddpwatch.sources import command  # noqa: E402
+from ddpwatch.sources import report_command  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -199,7 +199,7 @@ def test_report_command_one_line_error_shows_control_characters(tmp_path):
     missing = str(tmp_path / "x\x1b]0;pwned\x07\rddpwatch report: all fine")
     out, err = io.StringIO(), io.StringIO()
     args = types.SimpleNamespace(path=[missing], format="text", reanalyze=False, output=None)
-    assert command.run_command(args, stdout=out, stderr=err) == 2
+    assert report_command.run_command(args, stdout=out, stderr=err) == 2
     line = err.getvalue()
     assert line.count("\n") == 1 and RAW.search(line) is None
     assert r"x\x1b]0;pwned\x07\rddpwatch report: all fine: no such file or folder" in line
@@ -209,7 +209,7 @@ def test_report_command_writes_output_file_with_surrogates(tmp_path, surrogate_r
     target = tmp_path / "out.txt"
     out, err = io.StringIO(), io.StringIO()
     args = types.SimpleNamespace(path=[str(surrogate_report)], format="html", reanalyze=False, output=str(target))
-    assert command.run_command(args, stdout=out, stderr=err) == 0, err.getvalue()
+    assert report_command.run_command(args, stdout=out, stderr=err) == 0, err.getvalue()
     assert r"\ud800" in target.read_text(encoding="utf-8")
 
 
