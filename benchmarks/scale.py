@@ -104,17 +104,21 @@ def healthy_recorder():
 def block(recorder, leader: bool) -> None:
     """The hang: rank 0 inside DDP.forward's buffer broadcast, every other rank in the next barrier, 10 s ago."""
     from ddpwatch.format import build as S
+    from ddpwatch.capture import record as record_module
     from ddpwatch.capture.record import frame_site, tensor_meta, user_frame
 
-    if leader:
-        site = frame_site(user_frame(sys._getframe()))
-        with recorder.region((S.DDP_FORWARD, site, "DistributedDataParallel.forward", None)):
-            record = recorder.begin("broadcast", S.DDP_BUFFER_BROADCAST, "0", tensor_meta([_Meta((16,)), _Meta(())]),
-                                    sys._getframe())
-    else:
-        record = recorder.begin("barrier", "barrier", "0", (), sys._getframe())
-    record.start_mono -= 10.0  # as if it had been waiting 10 s: past grace, no waiting for real
-    recorder.age_progress(10.0)
+    real = record_module._monotonic
+    record_module._monotonic = lambda: real() - 10.0  # as if it had been waiting 10 s: past grace, no waiting for real
+    try:
+        if leader:
+            site = frame_site(user_frame(sys._getframe()))
+            with recorder.region((S.DDP_FORWARD, site, "DistributedDataParallel.forward", None)):
+                recorder.begin("broadcast", S.DDP_BUFFER_BROADCAST, "0", tensor_meta([_Meta((16,)), _Meta(())]),
+                               sys._getframe())
+        else:
+            recorder.begin("barrier", "barrier", "0", (), sys._getframe())
+    finally:
+        record_module._monotonic = real
 
 
 def watchdogs(ranks, world_size: int, store, recorder) -> list:

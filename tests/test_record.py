@@ -240,10 +240,6 @@ def test_the_recorder_is_read_through_properties_and_changed_only_through_its_me
     assert rec.snapshot()["ddp_steps"] == 1 and rec.snapshot()["groups"]["g"] == [0, 1]
     rec.set_failure_hook(print)
     assert rec.failure_hook is print
-    before = rec.progress_mono
-    rec.age_progress(10.0)
-    rec.drop_in_flight()
-    assert rec.progress_mono == before - 10.0 and len(rec.inflight) == 0
 
 
 def test_poll_pending_completes_finished_work():

@@ -11,10 +11,22 @@ import ddpwatch.watch.store as store_module
 import ddpwatch.watch.watchdog as watchdog_module
 from ddpwatch.watch import abort, incident_writer, peers
 from ddpwatch.config import Config
+from ddpwatch.capture import record as record_module
 from ddpwatch.capture.record import Recorder
 from ddpwatch.watch.store import JobProtocol, StateStore
 
 WORLD = 4
+
+
+def begun_ago(seconds: float, recorder, *args):
+    """recorder.begin(*args) as if called `seconds` ago (the record's start and the rank's last progress): a rank
+    staged as blocked that long without sleeping."""
+    real = record_module._monotonic
+    record_module._monotonic = lambda: real() - seconds
+    try:
+        return recorder.begin(*args)
+    finally:
+        record_module._monotonic = real
 
 
 def rec(seq):
@@ -377,9 +389,7 @@ def test_a_running_rank_sends_its_beat_alone_until_it_stops_or_its_whole_state_i
     step()
     assert not states.beat_is_enough(recorder.progress_mono + 0.5)  # the last progress is grace old: maybe blocked
     assert not states.beat_is_enough(recorder.progress_mono + rank_state.WHOLE_EVERY_S + 1)  # the whole state is due
-    inflight = recorder.begin("barrier", "barrier", "0", (), here)
-    recorder.age_progress(1.0)
-    inflight.start_mono -= 1.0
+    inflight = begun_ago(1.0, recorder, "barrier", "barrier", "0", (), here)
     doc, _ = states.heartbeat(recorder.progress_mono + 1.0)  # blocked: the position says where
     assert analysis.is_blocked(doc, 0.5)
     recorder.finish(inflight)
@@ -514,8 +524,8 @@ def test_nothing_read_from_the_store_makes_the_watchdog_log_a_traceback(job, cap
     monkeypatch.setattr(watchdog_module.evidence if hasattr(watchdog_module, "evidence") else abort.evidence,
                         "native_stacks", lambda pid, *args, **kwargs: {"unavailable": "test"})
     if blocked:
-        recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
-        recorder.age_progress(5.0)
+        record = begun_ago(5.0, recorder, "all_reduce", "all_reduce", "0", (), sys._getframe())
+        record.start_mono = time.monotonic()  # only the rank's progress is old: the call itself began just now
     raw = job.store._store
     host = socket.gethostname()
     caplog.set_level(logging.DEBUG, logger="ddpwatch")
