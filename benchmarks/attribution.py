@@ -88,7 +88,7 @@ class Levels:
         if level < WATCHDOG:
             self._set(session.Session, "arm", lambda self: None)
         if level < PROBE:
-            self._set(rank_state.RankState, "_add_unseen_collective", lambda self, doc: None)
+            self._set(rank_state.StateReader, "_add_unseen_collective", lambda self, doc: None)
         if level < PSUTIL:
             self._set(evidence.ProcessSampler, "facts", lambda self: None)
         if level < PUBLISH:

@@ -22,7 +22,7 @@ from ..capture.stacks import python_stacks
 WHOLE_EVERY_S = 4.0
 
 
-class RankState:
+class StateReader:
     """Reads this rank's state for the watchdog; remembers what is costly to read again (one explanation per wait,
     one Flight Recorder read per doubling of the idle time)."""
 

@@ -18,7 +18,7 @@ from .answers import Answers
 from .fingerprints import FingerprintLog, MismatchCheck
 from .incident_writer import IncidentWriter
 from .peers import PeerTracker
-from .rank_state import RankState
+from .rank_state import StateReader
 from .store import LEADER, JobProtocol, StoreUnavailable
 
 log = logging.getLogger("ddpwatch")
@@ -54,7 +54,7 @@ class Watchdog(threading.Thread):
         self._local_dumps: set = set()
         self._logged: set = set()
         self._store_ok = True
-        self.states = RankState(recorder, config, rank, world_size, self.host, self._log_once)
+        self.states = StateReader(recorder, config, rank, world_size, self.host, self._log_once)
         self.peers = PeerTracker(rank, world_size, self.host, config)
         self.policy = AbortPolicy(config, rank, world_size, self.job, self.writing, self._log_once)
         self.answers = Answers(self.job, rank, self.state)
