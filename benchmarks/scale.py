@@ -230,7 +230,7 @@ def leader_pass(job, what: str, number: int = 0) -> dict:
     """
     from ddpwatch import analysis
     from ddpwatch.render.text import render_text
-    from ddpwatch.render.positions import positions
+    from ddpwatch.render.positions import groups_by_position
 
     store, world_size = job.store, job.world_size
     keys = {"positions": [store.key("pos", r) for r in range(world_size)],
@@ -246,7 +246,7 @@ def leader_pass(job, what: str, number: int = 0) -> dict:
     assessment = analysis.assess(states, world_size, GRACE, TIMEOUT)
     times["assess"] = time.perf_counter() - start
     start = time.perf_counter()
-    positions(states, GRACE)
+    groups_by_position(states, GRACE)
     times["positions"] = time.perf_counter() - start
     incident = {"format_version": 1, "run_id": "bench", "world_size": world_size, "created_at": time.time(),
                 "trigger": assessment.verdict, "written_by": 0, "grace": GRACE, "timeout": TIMEOUT,

@@ -77,7 +77,8 @@ def test_a_peer_acts_on_a_posted_verdict_only_under_its_own_rank_ending_action(s
     assert policy.state == abort.PENDING
     policy.check_posted(lambda: own)
     assert policy.state == abort.PENDING and acted == []  # nothing posted yet
-    job.post_verdict(1, {"folder": "/r", "kinds": ["deadlock"], "positions": verdict.positions({1: own}, 2, 0.5)})
+    job.post_verdict(1, {"folder": "/r", "kinds": ["deadlock"],
+                         "positions": verdict.ranges_by_position({1: own}, 2, 0.5)})
     policy.check_posted(lambda: own)
     assert acted == [Outcome(1, "/r", leader=False)] and policy.state == abort.IDLE
 

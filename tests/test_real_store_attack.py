@@ -49,7 +49,7 @@ class Forger:
         number = self.store.add(f"{NAMESPACE}/counters", INCIDENT_UNIT) // INCIDENT_UNIT  # the incident number's bits
         self.store.set(f"{NAMESPACE}/incident/{number}/info",
                        json.dumps({"trigger": "deadlock", "leader": 0, "action": "abort", "fingerprint": "x"}))
-        positions = self.positions or verdict_module.positions(states, 2, 0.5)
+        positions = self.positions or verdict_module.ranges_by_position(states, 2, 0.5)
         self.store.set(f"{NAMESPACE}/incident/{number}/verdict", json.dumps(
             {"folder": HOSTILE, "kinds": ["deadlock"], "action": "abort", "culprits": [0], "summary": HOSTILE,
              "positions": positions}))

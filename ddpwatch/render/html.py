@@ -12,7 +12,7 @@ from ..format import build as S
 from ..frames import OWN_FRAME_FILE
 from ..terminal import visible
 from .json_report import json_default
-from .positions import positions
+from .positions import groups_by_position
 from .wording import describe_op, rank_list, summary_for_people, worded_incident
 
 # Above this many ranks, ranks whose timelines look the same share one lane.
@@ -58,7 +58,7 @@ def _roles(incident: dict) -> tuple:
 def _busy_ranks(incident: dict, states: dict) -> dict:
     """rank -> 'busy outside collectives at x.py:40 (400 s)' for ranks not waiting in a collective."""
     busy = {}
-    for group in positions(states, incident.get("grace", 0.0)):
+    for group in groups_by_position(states, incident.get("grace", 0.0)):
         if group["state"] == "busy":
             for rank in group["ranks"]:
                 busy[rank] = f"{group['where']} (for {render.seconds_text(group['wait_s'])})"
@@ -304,8 +304,9 @@ def _verdict_html(incident: dict) -> str:
 
 def _positions_html(incident: dict) -> str:
     states = {state["rank"]: state for state in incident.get("ranks") or ()}
+    groups = groups_by_position(states, incident.get("grace", 0.0))
     rows = [f'<tr class="{_e(g["state"])}"><td>{_e(render.short_rank_list(g["ranks"]))}</td><td>{_e(g["where"])}</td>'
-            f'<td>{render.seconds_text(g["wait_s"])}</td></tr>' for g in positions(states, incident.get("grace", 0.0))]
+            f'<td>{render.seconds_text(g["wait_s"])}</td></tr>' for g in groups]
     missing = incident.get("missing_ranks") or []
     if missing:
         rows.append(f'<tr class="missing"><td>{_e(rank_list(missing))}</td><td>no state received</td><td></td></tr>')

@@ -157,7 +157,8 @@ class IncidentWriter:
         self.job.post_verdict(number, {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]],
                                        "action": action, "culprits": first.get("ranks"),
                                        "summary": first.get("summary"),
-                                       "positions": verdict.positions(final, self.world_size, self.config.grace),
+                                       "positions": verdict.ranges_by_position(final, self.world_size,
+                                                                               self.config.grace),
                                        **verdict.mismatch_claim(first)})
         return folder, number
 
