@@ -185,6 +185,19 @@ def test_terminal_safe_text_is_a_module_of_its_own():
     assert not hasattr(render, "visible")
 
 
+def test_a_ranks_file_has_one_encoder():
+    """rank-<r>.json is written by the incident folder (render/report.py) and a rank's local dump (watch/
+    incident_writer.py): both take its name and bytes from format/documents.py, which nothing else spells."""
+    spelled = [module for module, path in _modules().items() if module != "ddpwatch.format.documents"
+               and re.search(r"rank-\{[^}]*\}\.json", open(path, encoding="utf-8").read())]
+    assert spelled == []
+    from ddpwatch.format import documents
+
+    assert documents.rank_file_name(3) == "rank-3.json"
+    assert documents.rank_file_bytes({"rank": 3, "odd": {1}, "text": "\ud800"}) == \
+        b'{"rank":3,"odd":"{1}","text":"\\ud800"}\n'
+
+
 # The watchdog's parts (issue 20 point 1): the loop calls them, they never call back into it.
 WATCHDOG_PARTS = ("peers", "incident_writer", "abort", "rank_state", "answers")
 

@@ -9,9 +9,9 @@ import time
 
 from .. import render
 from ..format import build as S
+from ..format.documents import json_default
 from ..frames import OWN_FRAME_FILE
 from ..terminal import visible
-from .json_report import json_default
 from .positions import groups_by_position
 from .wording import describe_op, rank_list, summary_for_people, worded_incident
 

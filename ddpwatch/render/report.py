@@ -9,6 +9,7 @@ import traceback
 
 from .. import atomic, private
 from . import json_report, text
+from ..format import documents
 from ..format.documents import REPORT_JSON
 from ..terminal import visible
 
@@ -26,7 +27,7 @@ def _render_html(incident: dict) -> str:
 def _render_trace(incident: dict) -> str:
     from .trace import render_trace
 
-    return json.dumps(render_trace(incident), default=json_report.json_default) + "\n"
+    return json.dumps(render_trace(incident), default=documents.json_default) + "\n"
 
 
 def _html_note(note: str) -> str:
@@ -78,8 +79,7 @@ def incident_files(incident: dict) -> dict:
     """name -> bytes of every file of an incident folder: each rank's state, then every format of RENDERERS."""
     files = {}
     for state in incident.get("ranks") or ():
-        files[f"rank-{state['rank']}.json"] = encoded(
-            json.dumps(state, default=json_report.json_default, separators=(",", ":")) + "\n")
+        files[documents.rank_file_name(state["rank"])] = documents.rank_file_bytes(state)
     for fmt, (name, renderer, note) in RENDERERS.items():
         files[name] = encoded(renderer(incident) if note is None else _render_or_note(incident, fmt))
     return files

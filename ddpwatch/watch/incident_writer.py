@@ -33,8 +33,8 @@ NOWHERE = "(nowhere: no writable directory)"
 def _write_rank_dump(folder: str, doc: dict) -> str:
     """rank-<r>.json in `folder`, written whole or not at all (temp file + rename), with the umask's mode; else in
     this user's private temp folder; a failed write (full disk) leaves no temp file behind."""
-    data = (documents.dumps(doc) + "\n").encode("utf-8")
-    name, sub = f"rank-{doc['rank']}.json", os.path.basename(folder)
+    data = documents.rank_file_bytes(doc)
+    name, sub = documents.rank_file_name(doc["rank"]), os.path.basename(folder)
     places = ((folder, lambda: private.open_subfolder(folder)),
               (os.path.join(report.fallback_dir(), sub), lambda: report.open_fallback(sub)))
     for base, open_base in places:
