@@ -82,12 +82,13 @@ class Levels:
 
     def on(self, level: int):
         import ddpwatch
-        from ddpwatch.runtime import evidence, rank_state, session, watchdog
+        from ddpwatch.watch import evidence, rank_state, watchdog
+        from ddpwatch import session
 
         if level < WATCHDOG:
             self._set(session.Session, "arm", lambda self: None)
         if level < PROBE:
-            self._set(rank_state.RankState, "_add_unseen_collective", lambda self, doc: None)
+            self._set(rank_state.StateReader, "_add_unseen_collective", lambda self, doc: None)
         if level < PSUTIL:
             self._set(evidence.ProcessSampler, "facts", lambda self: None)
         if level < PUBLISH:
@@ -272,8 +273,8 @@ def wrapper_parts_worker(calls: int, rounds: int) -> None:
     import torch.distributed as dist
 
     from ddpwatch.launch import free_port
-    from ddpwatch.runtime.patch import Patcher
-    from ddpwatch.runtime.record import Recorder
+    from ddpwatch.capture.wrappers import Patcher
+    from ddpwatch.capture.record import Recorder
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
     torch.set_num_threads(1)
@@ -328,7 +329,7 @@ def wrapper_parts(mode: str) -> None:
 
 def snapshot_cost(mode: str) -> None:
     """The watchdog's snapshot of this rank, every round: its CPU time with a full ring (best of 5 blocks, hot)."""
-    from ddpwatch.runtime.record import Recorder
+    from ddpwatch.capture.record import Recorder
 
     recorder, here = Recorder(), sys._getframe()
     for _ in range(2 * recorder.ring.maxlen):

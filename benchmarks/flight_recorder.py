@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     import torch.distributed as dist
     import torch._C._distributed_c10d as c10d_c
 
-    from ddpwatch.runtime import evidence
+    from ddpwatch.watch import evidence
     from ddpwatch.launch import free_port
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))

@@ -59,7 +59,7 @@ def worker(seconds: float) -> None:
 
 def forge(store, every: float, stop: threading.Event) -> int:
     """Open an incident every `every` seconds until `stop`; returns how many."""
-    from ddpwatch.runtime.store import INCIDENT_UNIT
+    from ddpwatch.watch.store import INCIDENT_UNIT
 
     opened = 0
     while not stop.wait(every):

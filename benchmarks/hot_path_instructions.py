@@ -36,8 +36,8 @@ def worker(case: str, calls: int) -> None:
         dtype = "float32"
 
     sys.modules["torch"] = types.SimpleNamespace(Tensor=Tensor)  # the wrapper's plain-tensor test uses torch.Tensor
-    from ddpwatch.runtime.patch import Patcher
-    from ddpwatch.runtime.record import Recorder
+    from ddpwatch.capture.wrappers import Patcher
+    from ddpwatch.capture.record import Recorder
 
     class Group:
         pass

@@ -32,7 +32,7 @@ class FakeTensor:
 
 def caches_full_at() -> int:
     """Ops after which the code caches have reached their bound (CODE_LIMIT new code objects, one per step, twice)."""
-    from ddpwatch.runtime.record import CODE_LIMIT
+    from ddpwatch.capture.record import CODE_LIMIT
 
     return 2 * CODE_LIMIT * len(MIX)
 
@@ -45,7 +45,7 @@ def checkpoints(total: int, ring_size: int) -> list:
 
 def one_step(recorder, ops: list) -> None:
     """The collectives of one training step, issued from this function's frame (the user's line)."""
-    from ddpwatch.runtime.record import tensor_meta
+    from ddpwatch.capture.record import tensor_meta
 
     frame = sys._getframe()
     for op, api, group, tensor in ops:
@@ -73,7 +73,7 @@ def drive(recorder, total: int, marks: list, measure) -> list:
 
 def traced(ring_size: int, total: int) -> list:
     """tracemalloc's count of what the Recorder holds (every Python allocation made since it was created)."""
-    from ddpwatch.runtime.record import Recorder
+    from ddpwatch.capture.record import Recorder
 
     gc.collect()
     tracemalloc.start()
@@ -94,7 +94,7 @@ def timed(ring_size: int, total: int) -> tuple:
     """Without tracemalloc: microseconds per begin+finish pair (thread CPU time), and the process RSS."""
     import psutil
 
-    from ddpwatch.runtime.record import Recorder
+    from ddpwatch.capture.record import Recorder
 
     process = psutil.Process()
     recorder = Recorder(ring_size)
@@ -112,7 +112,7 @@ def snapshot_sizes(recorder) -> dict:
 
 def main(argv=None) -> None:
     opts = C.parser(__doc__).parse_args(argv)
-    from ddpwatch.runtime import record
+    from ddpwatch.capture import record
     from ddpwatch.config import Config
 
     mode = "quick" if opts.quick else "full"

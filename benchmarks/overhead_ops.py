@@ -131,7 +131,8 @@ def measure(ops: dict, iterations: int, rounds: int, sync, side=None) -> dict:
             if session is not None:
                 # The fake pg's Work never says completed, so its records stay "in flight"; a real backend's do not.
                 facts["left_in_flight"] = max(facts["left_in_flight"], len(session.recorder.inflight))
-                session.recorder.drop_in_flight()
+                for record in list(session.recorder.inflight):
+                    session.recorder.finish(record)
         if flag:
             side.off()
     facts["times"] = {clock: {name: {"off": [b[clock] for b in per[False]], "on": [b[clock] for b in per[True]]}
@@ -175,7 +176,7 @@ def hot_path_parts(iterations: int) -> dict:
     import torch
 
     import ddpwatch
-    from ddpwatch.runtime import record
+    from ddpwatch.capture import record
 
     session = ddpwatch.install()
     recorder, patcher, tensor = session.recorder, session.patcher, torch.ones(1)

@@ -91,7 +91,7 @@ class _Meta:
 def healthy_recorder():
     """A recorder after LOOP training iterations (all_reduce, barrier, broadcast), as the patch layer fills it."""
     from ddpwatch.config import Config
-    from ddpwatch.runtime.record import Recorder, tensor_meta
+    from ddpwatch.capture.record import Recorder, tensor_meta
 
     recorder = Recorder(Config().ring_size)
     grads, metric = tensor_meta(_Meta((1024,))), tensor_meta(_Meta((1,)))
@@ -104,23 +104,27 @@ def healthy_recorder():
 def block(recorder, leader: bool) -> None:
     """The hang: rank 0 inside DDP.forward's buffer broadcast, every other rank in the next barrier, 10 s ago."""
     from ddpwatch.format import build as S
-    from ddpwatch.runtime.record import frame_site, tensor_meta, user_frame
+    from ddpwatch.capture import record as record_module
+    from ddpwatch.capture.record import frame_site, tensor_meta, user_frame
 
-    if leader:
-        site = frame_site(user_frame(sys._getframe()))
-        with recorder.region((S.DDP_FORWARD, site, "DistributedDataParallel.forward", None)):
-            record = recorder.begin("broadcast", S.DDP_BUFFER_BROADCAST, "0", tensor_meta([_Meta((16,)), _Meta(())]),
-                                    sys._getframe())
-    else:
-        record = recorder.begin("barrier", "barrier", "0", (), sys._getframe())
-    record.start_mono -= 10.0  # as if it had been waiting 10 s: past grace, no waiting for real
-    recorder.age_progress(10.0)
+    real = record_module._monotonic
+    record_module._monotonic = lambda: real() - 10.0  # as if it had been waiting 10 s: past grace, no waiting for real
+    try:
+        if leader:
+            site = frame_site(user_frame(sys._getframe()))
+            with recorder.region((S.DDP_FORWARD, site, "DistributedDataParallel.forward", None)):
+                recorder.begin("broadcast", S.DDP_BUFFER_BROADCAST, "0", tensor_meta([_Meta((16,)), _Meta(())]),
+                               sys._getframe())
+        else:
+            recorder.begin("barrier", "barrier", "0", (), sys._getframe())
+    finally:
+        record_module._monotonic = real
 
 
 def watchdogs(ranks, world_size: int, store, recorder) -> list:
     """One ddpwatch Watchdog per simulated rank (threads never started: this process ticks them in turn)."""
     from ddpwatch.config import Config
-    from ddpwatch.runtime.watchdog import Watchdog
+    from ddpwatch.watch.watchdog import Watchdog
 
     config = Config(grace=GRACE, timeout=TIMEOUT, interval=INTERVAL)
     return [Watchdog(recorder, config, rank, world_size, store, "bench") for rank in ranks]
@@ -128,7 +132,7 @@ def watchdogs(ranks, world_size: int, store, recorder) -> list:
 
 def client(port: int, namespace: str):
     import torch.distributed as dist
-    from ddpwatch.runtime.store import StateStore
+    from ddpwatch.watch.store import StateStore
 
     raw = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=60))
     counting = CountingStore(raw)
@@ -226,7 +230,7 @@ def leader_pass(job, what: str, number: int = 0) -> dict:
     """
     from ddpwatch import analysis
     from ddpwatch.render.text import render_text
-    from ddpwatch.render.positions import positions
+    from ddpwatch.render.positions import groups_by_position
 
     store, world_size = job.store, job.world_size
     keys = {"positions": [store.key("pos", r) for r in range(world_size)],
@@ -242,7 +246,7 @@ def leader_pass(job, what: str, number: int = 0) -> dict:
     assessment = analysis.assess(states, world_size, GRACE, TIMEOUT)
     times["assess"] = time.perf_counter() - start
     start = time.perf_counter()
-    positions(states, GRACE)
+    groups_by_position(states, GRACE)
     times["positions"] = time.perf_counter() - start
     incident = {"format_version": 1, "run_id": "bench", "world_size": world_size, "created_at": time.time(),
                 "trigger": assessment.verdict, "written_by": 0, "grace": GRACE, "timeout": TIMEOUT,

@@ -1,6 +1,6 @@
 """The one catalogue of torch.distributed's collectives: what gets patched, what lint flags, what the FR calls it.
 
-Adding a collective is one row here: patching (patch.py), `ddpwatch lint` (lint.py), the Flight Recorder reader
+Adding a collective is one row here: patching (wrappers.py), `ddpwatch lint` (lint.py), the Flight Recorder reader
 (flight_recorder.py) and the functional-collective recorder (functional.py) all read these tables. No torch import.
 """
 

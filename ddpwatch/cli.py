@@ -10,7 +10,7 @@ from .config import DEFAULTS
 
 def _say(error) -> None:
     """An error on stderr; it may quote a settings file from a cloned repository: escapes shown, never obeyed."""
-    from .render import visible
+    from .terminal import visible
 
     print(visible(str(error), keep_newlines=True), file=sys.stderr)
 
@@ -34,9 +34,9 @@ def report_formats() -> tuple:
 
 
 def _cmd_report(args) -> int:
-    from .sources import command
+    from .sources import report_command
 
-    return command.run_command(args)
+    return report_command.run_command(args)
 
 
 def _cmd_run(rest) -> int:
@@ -66,11 +66,11 @@ def _cmd_run(rest) -> int:
 
 
 def _cmd_dump(args) -> int:
-    from .runtime import control
+    from . import dump_client
 
     if args.list:
-        return control.list_ranks()
-    return control.dump(pid=args.pid, job=args.job, report_dir=args.dir, wait=args.wait)
+        return dump_client.list_ranks()
+    return dump_client.dump(pid=args.pid, job=args.job, report_dir=args.dir, wait=args.wait)
 
 
 def _cmd_lint(args, rest) -> int:

@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 
 class Action(NamedTuple):
     """What a rank does once a verdict is out: one row here and one `@abort.policy(name)` function in
-    runtime/abort.py (docs/contributing.md, "Add an abort policy")."""
+    watch/abort.py (docs/contributing.md, "Add an abort policy")."""
 
     name: str
     ends_rank: bool  # the verdict ends the ranks: torchrun's error file is written first, peers act on it too

@@ -1,6 +1,6 @@
 """The one frame classifier: ddpwatch/torch/stdlib (internal), an installed library, or the user's code; no torch.
 
-Used live (runtime/record.py, once per code object) and offline (Flight Recorder frames), so a frame is whose it
+Used live (capture/record.py, once per code object) and offline (Flight Recorder frames), so a frame is whose it
 is in both. Live, the paths are this machine's: ddpwatch, torch and the standard library are told by where they
 are installed here. Offline, a dump may come from another machine: they are told by path text. The rest is decided
 the same way: an installed package (site-packages, dist-packages) is library code, the user's own line is
@@ -121,7 +121,7 @@ _TORCH_FILE = re.compile(r"(^|[/\\])(site|dist)-packages[/\\]torch[/\\]|(^|[/\\]
                          r"utils|optim|_dynamo|_C|cuda|fx|_functorch|multiprocessing)[/\\]|(^|[/\\])torch[/\\]"
                          r"(_tensor|functional|_ops|_compile|_utils|overrides|serialization|library|__init__)\.py$")
 _STDLIB_FILE = re.compile(r"[/\\]lib[/\\]python3(\.\d+)?[/\\](?!.*(site|dist)-packages)")
-# ddpwatch's own files at any depth (ddpwatch/runtime/patch.py), but not its examples, which play the user's part.
+# ddpwatch's own files at any depth (ddpwatch/capture/wrappers.py), but not its examples, which play the user's part.
 _DDPWATCH_FILE = re.compile(r"(^|[/\\])ddpwatch[/\\](?!examples[/\\])([^/\\]+[/\\])*[^/\\]+\.py$")
 _DDPWATCH_EXAMPLE = re.compile(r"(^|[/\\])ddpwatch[/\\]examples[/\\]")
 

@@ -95,7 +95,7 @@ def one_rank_group():
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
     yield
-    import ddpwatch.runtime.session as session_module
+    import ddpwatch.session as session_module
 
     leftover_threads = [t.name for t in threading.enumerate() if t.name.startswith("ddpwatch")]
     assert session_module.current() is None, "a ddpwatch session is still installed"

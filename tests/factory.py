@@ -12,7 +12,7 @@ from ddpwatch.render.wording import worded
 DEFAULT_SITE = ("train.py", 72, "train")
 TORCH_FILE = "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 DDP_FILE = "/opt/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py"
-PATCH_FILE = "/opt/venv/lib/python3.11/site-packages/ddpwatch/runtime/patch.py"
+PATCH_FILE = "/opt/venv/lib/python3.11/site-packages/ddpwatch/capture/wrappers.py"
 
 
 def as_site(where) -> dict | None:
@@ -558,7 +558,7 @@ def trace_departed_ahead() -> Trace:
 # ---------------------------------------------------------------- collectives that completed without matching
 
 def signature(op="all_reduce", reduce="sum", dtypes=("float32",), counts=(4,), site=DEFAULT_SITE, region=None):
-    """One fingerprint as runtime/fingerprints.py publishes it."""
+    """One fingerprint as watch/fingerprints.py publishes it."""
     return {"op": op, "reduce": reduce, "dtypes": list(dtypes), "counts": list(counts), "site": as_site(site),
             "region": region}
 

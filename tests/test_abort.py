@@ -8,13 +8,13 @@ import os
 
 import pytest
 
-import ddpwatch.runtime.watchdog as watchdog_module
+import ddpwatch.watch.watchdog as watchdog_module
 from ddpwatch import analysis, config
 from ddpwatch.config import ABORT, REPORT, Action, Config
-from ddpwatch.runtime import abort, evidence, verdict
-from ddpwatch.runtime.abort import AbortPolicy, Outcome
-from ddpwatch.runtime.record import Recorder
-from ddpwatch.runtime.store import JobProtocol, StateStore
+from ddpwatch.watch import abort, evidence, verdict
+from ddpwatch.watch.abort import AbortPolicy, Outcome
+from ddpwatch.capture.record import Recorder
+from ddpwatch.watch.store import JobProtocol, StateStore
 
 RUNTIME = os.path.join(os.path.dirname(abort.__file__), "*.py")
 
@@ -77,7 +77,8 @@ def test_a_peer_acts_on_a_posted_verdict_only_under_its_own_rank_ending_action(s
     assert policy.state == abort.PENDING
     policy.check_posted(lambda: own)
     assert policy.state == abort.PENDING and acted == []  # nothing posted yet
-    job.post_verdict(1, {"folder": "/r", "kinds": ["deadlock"], "positions": verdict.positions({1: own}, 2, 0.5)})
+    job.post_verdict(1, {"folder": "/r", "kinds": ["deadlock"],
+                         "positions": verdict.ranges_by_position({1: own}, 2, 0.5)})
     policy.check_posted(lambda: own)
     assert acted == [Outcome(1, "/r", leader=False)] and policy.state == abort.IDLE
 
@@ -116,9 +117,9 @@ class Exited(BaseException):  # not an Exception: nothing on the way may swallow
 
 
 def test_a_sigterm_after_the_verdict_ends_the_rank_with_the_policys_exit_code(monkeypatch):
-    """torchrun SIGTERMs the ranks still running once the first exits: after the verdict, control.py ends this one
+    """torchrun SIGTERMs the ranks still running once the first exits: after the verdict, watch/signals.py ends this one
     quietly with the abort policy's exit code (before it, the program's own handler runs)."""
-    from ddpwatch.runtime import control
+    from ddpwatch.watch import signals
 
     class Session:
         watchdog = watchdog_module.Watchdog(Recorder(), Config(action=ABORT, exit_code=9), 0, 2, None, "")
@@ -130,7 +131,7 @@ def test_a_sigterm_after_the_verdict_ends_the_rank_with_the_policys_exit_code(mo
         raise Exited
 
     monkeypatch.setattr(os, "_exit", fake_exit)
-    live = control.LiveControl(Session())
+    live = signals.LiveControl(Session())
     assert live._ending_by_verdict() is False and exits == []
     Session.watchdog.policy.arm()
     with pytest.raises(Exited):

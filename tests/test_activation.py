@@ -21,8 +21,9 @@ import pytest
 from ranks import ROOT, SCENARIOS, describe, run_case, run_job, tagged_line
 
 import ddpwatch.bootstrap as bootstrap
-from ddpwatch.runtime import control
-from ddpwatch.runtime import session as session_module
+from ddpwatch import dump_client, registry
+from ddpwatch import session as session_module
+from ddpwatch.watch import signals
 from ddpwatch.launch import free_port
 
 PTH = os.path.join(ROOT, bootstrap.PTH_NAME)
@@ -346,7 +347,7 @@ def test_post_import_hook_runs_after_the_module_and_leaves_no_trace(tmp_path, mo
 def isolated_registry(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     os.makedirs(tempfile.tempdir)
-    return control.registry_dir()
+    return registry.registry_dir()
 
 
 @pytest.mark.real
@@ -367,7 +368,7 @@ def test_first_init_installs_and_arms_and_sigusr1_dumps(tmp_path, monkeypatch, i
         session = session_module.current()
         assert session.held and session.watchdog is not None and session.watchdog.is_alive()
         assert signal.getsignal(signal.SIGUSR1) == session.control._on_usr1
-        [entry] = control.live_ranks()
+        [entry] = registry.live_ranks()
         assert (entry["pid"], entry["rank"], entry["world_size"]) == (os.getpid(), 0, 1)
         assert "argv" not in entry and entry["program"]  # the program's name, never its arguments
         with session_module.guard() as inner:  # a guard() in the program shares the held session
@@ -415,7 +416,7 @@ def live_control():
     made = []
 
     def make(**kwargs):
-        made.append(control.LiveControl(FakeSession(), die=lambda signum: deaths.append((signum, time.monotonic()))))
+        made.append(signals.LiveControl(FakeSession(), die=lambda signum: deaths.append((signum, time.monotonic()))))
         return made[-1]
 
     yield make, deaths
@@ -491,7 +492,7 @@ def test_sigterm_waits_for_a_report_being_written_then_dies_by_the_signal(live_c
 
 @pytest.mark.real
 def test_sigterm_waits_at_most_the_grace(live_control, monkeypatch):
-    monkeypatch.setattr(control, "TERM_GRACE_S", 0.3)
+    monkeypatch.setattr(signals, "TERM_GRACE_S", 0.3)
     make, deaths = live_control
     live = make()
     live.session.watchdog.writing.set()  # never cleared
@@ -623,30 +624,30 @@ def test_report_in_progress_is_the_watchdogs_writing_event():
     class Watchdog:
         writing = threading.Event()
 
-    assert not control.report_in_progress(Watchdog) and not control.report_in_progress(None)
+    assert not signals.report_in_progress(Watchdog) and not signals.report_in_progress(None)
     Watchdog.writing.set()
-    assert control.report_in_progress(Watchdog)
+    assert signals.report_in_progress(Watchdog)
 
 
 @pytest.mark.real
 def test_registry_lists_live_ranks_and_removes_stale_ones(isolated_registry):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    assert control.register({"pid": os.getpid(), "rank": 1, "world_size": 2, "job": "j1", "dir": "/r"})
-    assert control.register({"pid": dead.pid, "rank": 0, "world_size": 2, "job": "j1", "dir": "/r"})
-    path = control.register({"pid": os.getppid(), "rank": 0, "world_size": 2, "job": "j1", "dir": "/r"})
+    assert registry.register({"pid": os.getpid(), "rank": 1, "world_size": 2, "job": "j1", "dir": "/r"})
+    assert registry.register({"pid": dead.pid, "rank": 0, "world_size": 2, "job": "j1", "dir": "/r"})
+    path = registry.register({"pid": os.getppid(), "rank": 0, "world_size": 2, "job": "j1", "dir": "/r"})
     with open(path) as handle:
         reused = json.load(handle)
     reused["created"] -= 100  # same pid, another process: pid reuse
     with open(path, "w") as handle:
         json.dump(reused, handle)
-    assert [(e["pid"], e["rank"]) for e in control.live_ranks()] == [(os.getpid(), 1)]
+    assert [(e["pid"], e["rank"]) for e in registry.live_ranks()] == [(os.getpid(), 1)]
     assert os.listdir(isolated_registry) == [f"{os.getpid()}.json"]
 
 
 @pytest.mark.real
 def test_dump_chooses_one_job_or_says_why_not(isolated_registry, capsys):
-    assert control.dump(wait=0.1) == 1
+    assert dump_client.dump(wait=0.1) == 1
     assert "no armed ddpwatch rank" in capsys.readouterr().err
     # Job b's rank is a child of ours, and the pid asked for is one that is surely not registered: the parent's pid
     # is 1 when the suite runs detached (nohup), which once made "pid 1" a registered rank here.
@@ -654,14 +655,14 @@ def test_dump_chooses_one_job_or_says_why_not(isolated_registry, capsys):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     try:
-        control.register({"pid": os.getpid(), "rank": 0, "world_size": 2, "job": "a", "dir": "/r"})
-        control.register({"pid": other.pid, "rank": 0, "world_size": 2, "job": "b", "dir": "/r"})
-        assert control.dump(wait=0.1) == 2
+        registry.register({"pid": os.getpid(), "rank": 0, "world_size": 2, "job": "a", "dir": "/r"})
+        registry.register({"pid": other.pid, "rank": 0, "world_size": 2, "job": "b", "dir": "/r"})
+        assert dump_client.dump(wait=0.1) == 2
         err = capsys.readouterr().err
         assert "several jobs" in err and "job a" in err and "job b" in err
-        assert control.dump(pid=gone.pid, wait=0.1) == 1
+        assert dump_client.dump(pid=gone.pid, wait=0.1) == 1
         assert "not an armed ddpwatch rank" in capsys.readouterr().err
-        assert control.list_ranks() == 0 and capsys.readouterr().out.count("pid ") == 2
+        assert dump_client.list_ranks() == 0 and capsys.readouterr().out.count("pid ") == 2
     finally:
         other.kill()
         other.wait()

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from ddpwatch import config
-from ddpwatch.runtime import alerts
+from ddpwatch.watch import alerts
 
 INCIDENT = {"run_id": "20260101-000000-job", "trigger": "deadlock",
             "findings": [{"kind": "ddp_forward_on_subset", "ranks": [0],

@@ -14,7 +14,7 @@ from factory import (SEED_SEQ, barrier, ddp_broadcast, ddp_region, done, object_
 from ddpwatch import analysis  # noqa: E402
 from ddpwatch.format import build as S, documents  # noqa: E402
 from ddpwatch.analysis import DEADLOCK, TIMEOUT, analyze, assess, fingerprint  # noqa: E402
-from ddpwatch.render.positions import positions  # noqa: E402
+from ddpwatch.render.positions import groups_by_position  # noqa: E402
 from ddpwatch.render.wording import describe_op, rank_list, worded  # noqa: E402
 
 GRACE = 2.0
@@ -310,7 +310,7 @@ def test_fingerprint_changes_with_the_position():
 
 def test_positions_at_1024_ranks():
     st = seed_states(1024)
-    groups = positions(st, GRACE)
+    groups = groups_by_position(st, GRACE)
     assert len(groups) == 2
     assert groups[0]["ranks"] == list(range(1, 1024))
     assert groups[0]["state"] == "waiting"
@@ -326,7 +326,7 @@ def test_positions_busy_and_exited():
     st = states(rank_state(0, 3, inflight=[barrier()]),
                 rank_state(1, 3, inflight=[barrier(age=GRACE / 2)], user_line=("a.py", 1, "f")),
                 rank_state(2, 3, status=S.EXITED))
-    groups = {tuple(g["ranks"]): g for g in positions(st, GRACE)}
+    groups = {tuple(g["ranks"]): g for g in groups_by_position(st, GRACE)}
     assert set(groups) == {(0,), (1,), (2,)}
     assert groups[(0,)]["state"] == "waiting"
     assert groups[(1,)]["state"] == "busy"

@@ -11,10 +11,10 @@ from factory import barrier, rank_state, states  # noqa: E402
 
 from ddpwatch import analysis
 from ddpwatch.render.wording import worded  # noqa: E402
-from ddpwatch.runtime import evidence  # noqa: E402
-from ddpwatch.runtime.peers import PeerTracker  # noqa: E402
+from ddpwatch.watch import evidence  # noqa: E402
+from ddpwatch.watch.peers import PeerTracker  # noqa: E402
 from ddpwatch.config import Config  # noqa: E402
-from ddpwatch.runtime.evidence import BUSY, FROZEN, GONE, UNKNOWN, WAITING, peer_condition  # noqa: E402
+from ddpwatch.watch.evidence import BUSY, FROZEN, GONE, UNKNOWN, WAITING, peer_condition  # noqa: E402
 
 
 def facts(status, cpu_s=10.0, exists=True):
@@ -188,7 +188,7 @@ def test_a_silent_peer_on_another_host_past_the_timeout_says_busy_cannot_be_told
 
 
 def test_a_frozen_peers_stack_is_read_from_outside_once(monkeypatch):
-    from ddpwatch.runtime.incident_writer import IncidentWriter
+    from ddpwatch.watch.incident_writer import IncidentWriter
 
     reads = []
     monkeypatch.setattr(evidence, "native_stacks",

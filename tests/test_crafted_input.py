@@ -24,7 +24,7 @@ from test_flight_recorder import NOW_NS, seed_dumps, write_dumps  # noqa: E402
 from ddpwatch import analysis
 from ddpwatch.format import documents, validate
 from ddpwatch.format.version import FormatError
-from ddpwatch.sources import command, flight_recorder as fr, merge
+from ddpwatch.sources import flight_recorder as fr, merge, report_command
 from ddpwatch.render import report  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -367,7 +367,7 @@ FUZZ = settings(deadline=None, database=None,
 def test_fuzz_report_json(tmp_path_factory, data):
     path = write_json(tmp_path_factory.mktemp("inc") / "report.json", None,
                       json.dumps(mutate(data, seed_incident()), allow_nan=True))
-    loads_or_format_error(lambda: command.build_incident(_Args([str(path)], reanalyze=data.draw(st.booleans()))))
+    loads_or_format_error(lambda: report_command.build_incident(_Args([str(path)], reanalyze=data.draw(st.booleans()))))
 
 
 @FUZZ
@@ -418,5 +418,5 @@ class _Args:
 def test_the_fuzz_documents_start_valid(tmp_path):
     """Without mutation every loader succeeds: the fuzz tests above start from real documents."""
     path = write_json(tmp_path / "inc" / "report.json", seed_incident())
-    render_everything(command.build_incident(_Args([str(path)])))
+    render_everything(report_command.build_incident(_Args([str(path)])))
     render_everything(fr.load_incident([str(write_dumps(tmp_path / "fr", seed_dumps()))]))

@@ -264,7 +264,7 @@ def test_canonical_op(name, expected):
     ("/usr/lib/python3.11/threading.py", True),
     ("<frozen runpy>", True),
     ("/opt/proj/ddpwatch/cli.py", True),
-    ("/opt/proj/ddpwatch/runtime/patch.py", True),
+    ("/opt/proj/ddpwatch/capture/wrappers.py", True),
     ("<ddpwatch hot path: all_reduce>", True),
     ("/opt/proj/ddpwatch/examples/seed_stall.py", False),
     ("/home/u/train.py", False),
@@ -451,9 +451,9 @@ def test_a_bad_package_setting_stops_the_flight_recorder_report_with_one_line(tm
 @pytest.mark.parametrize("fr_op, record_op", [("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
                                               ("_allgather_base", "all_gather"), ("allgather_base", "all_gather")])
 def test_live_pairing_with_the_flight_recorder_names_ops_as_the_catalogue_does(fr_op, record_op):
-    """runtime/evidence.py had its own op-name key ('allgather_base' never met 'all_gather'); catalogue.canonical_op
+    """watch/evidence.py had its own op-name key ('allgather_base' never met 'all_gather'); catalogue.canonical_op
     is the one now."""
-    from ddpwatch.runtime import evidence
+    from ddpwatch.watch import evidence
 
     entry = {"collective_seq_id": 7, "process_group": ["0", ""], "profiling_name": f"gloo:{fr_op}", "is_p2p": False}
     record = {"group": "0", "op": record_op}

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 import ddpwatch
-from ddpwatch.runtime import session as session_module
+from ddpwatch import session as session_module
 from ddpwatch.launch import free_port
 
 
@@ -148,7 +148,7 @@ def test_tens_of_thousands_of_ops_keep_memory_bounded(one_rank_group):
 
 @pytest.mark.real
 def test_py_spy_missing_or_refused_is_one_line_and_python_stacks_remain(monkeypatch, tmp_path):
-    from ddpwatch.runtime import evidence
+    from ddpwatch.watch import evidence
 
     monkeypatch.setattr(evidence.shutil, "which", lambda name: None)
     missing = evidence.native_stacks(os.getpid())
@@ -165,14 +165,14 @@ def test_py_spy_missing_or_refused_is_one_line_and_python_stacks_remain(monkeypa
 
 def test_a_failed_start_leaves_nothing_patched_and_no_session(monkeypatch):
     import torch.distributed as dist
-    from ddpwatch.runtime import patch as patch_module
+    from ddpwatch.capture import wrappers
 
     before = (dist.all_reduce, dist.init_process_group, dist.destroy_process_group)
 
     def broken(self, dist_module):
         raise RuntimeError("a torch whose DDP internals moved")
 
-    monkeypatch.setattr(patch_module.Patcher, "_patch_ddp_internals", broken)
+    monkeypatch.setattr(wrappers.Patcher, "_patch_ddp_internals", broken)
     with pytest.raises(RuntimeError, match="internals moved"):
         ddpwatch.install()
     assert session_module.current() is None

@@ -17,11 +17,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 from factory import done, incident, seed_states  # noqa: E402
 from ranks import SCENARIOS, describe, load_only_report, run_case  # noqa: E402
 
-from ddpwatch import analysis, cli, config, render  # noqa: E402
+from ddpwatch import analysis, cli, config, dump_client, registry, terminal  # noqa: E402
 from ddpwatch.render import report  # noqa: E402
 from ddpwatch.render.text import render_text  # noqa: E402
-from ddpwatch.runtime import control  # noqa: E402
-from ddpwatch.sources import command  # noqa: E402
+from ddpwatch.sources import report_command  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -82,13 +81,13 @@ def assert_shown_safely(text):
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_visible_writes_out_every_hostile_sequence(name):
     raw, shown = ATTACKS[name]
-    assert render.visible(f"a{raw}b") == f"a{shown}b"
-    assert render.visible("tab\tstays") == "tab\tstays"
+    assert terminal.visible(f"a{raw}b") == f"a{shown}b"
+    assert terminal.visible("tab\tstays") == "tab\tstays"
 
 
 def test_visible_keeps_newlines_only_when_asked():
-    assert render.visible("one\ntwo\x1b[2J", keep_newlines=True) == "one\ntwo\\x1b[2J"
-    assert render.visible("one\ntwo") == "one\\ntwo"
+    assert terminal.visible("one\ntwo\x1b[2J", keep_newlines=True) == "one\ntwo\\x1b[2J"
+    assert terminal.visible("one\ntwo") == "one\\ntwo"
 
 
 def test_the_text_report_shows_hostile_text_in_every_field_visibly():
@@ -200,7 +199,7 @@ def test_report_command_one_line_error_shows_control_characters(tmp_path):
     missing = str(tmp_path / "x\x1b]0;pwned\x07\rddpwatch report: all fine")
     out, err = io.StringIO(), io.StringIO()
     args = types.SimpleNamespace(path=[missing], format="text", reanalyze=False, output=None)
-    assert command.run_command(args, stdout=out, stderr=err) == 2
+    assert report_command.run_command(args, stdout=out, stderr=err) == 2
     line = err.getvalue()
     assert line.count("\n") == 1 and RAW.search(line) is None
     assert r"x\x1b]0;pwned\x07\rddpwatch report: all fine: no such file or folder" in line
@@ -210,7 +209,7 @@ def test_report_command_writes_output_file_with_surrogates(tmp_path, surrogate_r
     target = tmp_path / "out.txt"
     out, err = io.StringIO(), io.StringIO()
     args = types.SimpleNamespace(path=[str(surrogate_report)], format="html", reanalyze=False, output=str(target))
-    assert command.run_command(args, stdout=out, stderr=err) == 0, err.getvalue()
+    assert report_command.run_command(args, stdout=out, stderr=err) == 0, err.getvalue()
     assert r"\ud800" in target.read_text(encoding="utf-8")
 
 
@@ -238,13 +237,13 @@ def test_a_deadlock_in_a_script_under_an_undecodable_folder_name_aborts_with_the
 def own_registry(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     entry = {"pid": os.getpid(), "rank": 0, "world_size": 1, "job": "j\x1b]0;pwned\x07", "dir": str(tmp_path)}
-    path = control.register(entry)
+    path = registry.register(entry)
     yield entry
-    control.unregister(path)
+    registry.unregister(path)
 
 
 def test_dump_list_shows_a_ranks_text_visibly(own_registry, capsys):
-    assert control.list_ranks() == 0
+    assert dump_client.list_ranks() == 0
     out = capsys.readouterr().out
     assert RAW.search(out) is None and r"j\x1b]0;pwned\x07" in out
 
@@ -260,7 +259,7 @@ def test_dump_prints_a_new_folder_named_by_someone_else_visibly(own_registry, ca
 
     previous = signal.signal(signal.SIGUSR1, someone_writes_a_folder)
     try:
-        assert control.dump(pid=os.getpid(), wait=10) == 0
+        assert dump_client.dump(pid=os.getpid(), wait=10) == 0
     finally:
         signal.signal(signal.SIGUSR1, previous)
     out = capsys.readouterr().out

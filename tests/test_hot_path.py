@@ -11,9 +11,9 @@ import torch.distributed.distributed_c10d as c10d
 
 import ddpwatch
 from ddpwatch import catalogue
-from ddpwatch.runtime import record
-from ddpwatch.runtime.patch import _signature_source
-from ddpwatch.runtime.patches import PATCH_MARKER
+from ddpwatch.capture import record
+from ddpwatch.capture.wrappers import _signature_source
+from ddpwatch.capture.replacements import PATCH_MARKER
 
 
 def _kinds_of_parameters():
@@ -146,7 +146,7 @@ def _patcher_around(original):
     import types
     import weakref
 
-    from ddpwatch.runtime.patch import Patcher
+    from ddpwatch.capture.wrappers import Patcher
 
     class Group:
         pass

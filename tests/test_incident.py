@@ -14,7 +14,7 @@ from factory import TORCH_FILE, main_stack, rank_state, rec, seed_states, states
 from ddpwatch import analysis
 from ddpwatch.analysis import incident
 from ddpwatch.render.wording import worded_incident  # noqa: E402
-from ddpwatch.sources import command, merge  # noqa: E402
+from ddpwatch.sources import merge, report_command  # noqa: E402
 from ddpwatch.static import rankcond  # noqa: E402
 
 GRACE, TIMEOUT_S = 2.0, 300.0
@@ -97,7 +97,7 @@ def test_report_reanalyze_goes_through_the_builder():
     st = seed_with_condition()
     doc = json.loads(json.dumps(live(st, 2)))
     doc["findings"] = []
-    assert command.incident_module.reanalyze(doc, None, None)["findings"][0]["kind"] == "ddp_forward_on_subset"
+    assert report_command.incident_module.reanalyze(doc, None, None)["findings"][0]["kind"] == "ddp_forward_on_subset"
 
 
 def _keys(shape) -> set:
@@ -108,7 +108,7 @@ def _keys(shape) -> set:
 
 def test_the_named_shapes_say_what_the_stages_really_pass():
     from ddpwatch.format import types
-    from ddpwatch.runtime.record import Recorder
+    from ddpwatch.capture.record import Recorder
 
     doc = live(seed_with_condition(), 2)
     assert set(doc) <= _keys(types.Incident) and set(types.Incident.__required_keys__) <= set(doc)

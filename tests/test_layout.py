@@ -7,7 +7,7 @@ import os
 import re
 
 from ddpwatch import catalogue, lint
-from ddpwatch.runtime import patch
+from ddpwatch.capture import wrappers
 from ddpwatch.render import report
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ddpwatch")
@@ -69,7 +69,7 @@ def test_the_import_graph_of_ddpwatch_has_no_cycle():
     modules = _modules()
     graph = {module: _imports(module, path, modules) for module, path in modules.items()}
     # the reader sees function-level and package imports
-    assert "ddpwatch.sources.merge" in graph["ddpwatch.sources.command"]
+    assert "ddpwatch.sources.merge" in graph["ddpwatch.sources.report_command"]
     assert _cycle(graph) is None, " -> ".join(_cycle(graph))
 
 
@@ -80,7 +80,7 @@ def test_a_cycle_is_found_when_there_is_one():
 
 def test_patching_lint_and_the_flight_recorder_read_one_catalogue():
     tensor = catalogue.tensor_collectives()
-    assert set(patch.COLLECTIVES) == set(tensor)
+    assert set(wrappers.COLLECTIVES) == set(tensor)
     assert set(tensor) <= set(lint.COLLECTIVES)  # every patched collective is also linted
     assert {"all_gather_single", "reduce_scatter_single", "new_group"} <= set(lint.COLLECTIVES)
     assert "send_object_list" not in lint.COLLECTIVES  # point-to-point under a rank condition is normal
@@ -96,12 +96,15 @@ def test_every_output_format_is_one_row_and_the_command_offers_exactly_those():
 
 
 # The pipeline's stages as packages, and what each may import besides the shared top-level modules (catalogue,
-# config, private): runtime -> analysis -> render, and sources -> analysis, render; the report format (its types,
+# config, private): capture <- watch -> analysis -> render (the watchdog thread reads what the training thread
+# recorded, never the other way), and sources -> analysis, render; the report format (its types,
 # builders, checks, load and save) sits below them all and imports none of them. The static analysis of the user's
 # source (static: lint, the rank-condition recogniser) is read by the runtime and the loaders when an incident is
 # taken or an old one loaded, never by the analysis or the renderers: they read only the incident.
 MAY_IMPORT = {
-    "ddpwatch.runtime": {"ddpwatch.format", "ddpwatch.analysis", "ddpwatch.render", "ddpwatch.static"},
+    "ddpwatch.capture": {"ddpwatch.format", "ddpwatch.static"},
+    "ddpwatch.watch": {"ddpwatch.capture", "ddpwatch.format", "ddpwatch.analysis", "ddpwatch.render",
+                       "ddpwatch.static"},
     "ddpwatch.sources": {"ddpwatch.format", "ddpwatch.analysis", "ddpwatch.render", "ddpwatch.static"},
     "ddpwatch.analysis": {"ddpwatch.format"},
     "ddpwatch.render": {"ddpwatch.format", "ddpwatch.analysis"},
@@ -109,7 +112,7 @@ MAY_IMPORT = {
     "ddpwatch.format": set(),
 }
 OFFLINE = ("ddpwatch.analysis", "ddpwatch.render", "ddpwatch.sources", "ddpwatch.static", "ddpwatch.format",
-           "ddpwatch.catalogue", "ddpwatch.frames", "ddpwatch.atomic", "ddpwatch.logonce")
+           "ddpwatch.catalogue", "ddpwatch.frames", "ddpwatch.atomic", "ddpwatch.logonce", "ddpwatch.terminal")
 
 
 def _stage(module: str):
@@ -163,6 +166,38 @@ def test_option_defaults_are_written_once_in_the_options_table():
         config.DEFAULTS
 
 
+def test_the_shell_side_client_loads_nothing_of_a_live_rank():
+    """`ddpwatch dump` runs in a shell: it reads the registry and signals a rank, and imports neither the training
+    thread's code (capture) nor the watchdog's (watch)."""
+    modules = _modules()
+    for client in ("ddpwatch.dump_client", "ddpwatch.registry"):
+        imported = _imports(client, modules[client], modules)
+        assert not [name for name in imported if name.startswith(("ddpwatch.capture", "ddpwatch.watch"))], client
+
+
+def test_terminal_safe_text_is_a_module_of_its_own():
+    """visible()/say() are used by the renderers, the watchdog, the CLI and `ddpwatch dump`: escaping a string must
+    not load a renderer, so terminal.py imports nothing of ddpwatch and nothing imports render to escape."""
+    modules = _modules()
+    assert _imports("ddpwatch.terminal", modules["ddpwatch.terminal"], modules) == set()
+    from ddpwatch import render
+
+    assert not hasattr(render, "visible")
+
+
+def test_a_ranks_file_has_one_encoder():
+    """rank-<r>.json is written by the incident folder (render/report.py) and a rank's local dump (watch/
+    incident_writer.py): both take its name and bytes from format/documents.py, which nothing else spells."""
+    spelled = [module for module, path in _modules().items() if module != "ddpwatch.format.documents"
+               and re.search(r"rank-\{[^}]*\}\.json", open(path, encoding="utf-8").read())]
+    assert spelled == []
+    from ddpwatch.format import documents
+
+    assert documents.rank_file_name(3) == "rank-3.json"
+    assert documents.rank_file_bytes({"rank": 3, "odd": {1}, "text": "\ud800"}) == \
+        b'{"rank":3,"odd":"{1}","text":"\\ud800"}\n'
+
+
 # The watchdog's parts (issue 20 point 1): the loop calls them, they never call back into it.
 WATCHDOG_PARTS = ("peers", "incident_writer", "abort", "rank_state", "answers")
 
@@ -170,19 +205,19 @@ WATCHDOG_PARTS = ("peers", "incident_writer", "abort", "rank_state", "answers")
 def test_the_watchdogs_parts_never_import_the_watchdog():
     modules = _modules()
     for part in WATCHDOG_PARTS:
-        name = f"ddpwatch.runtime.{part}"
-        assert "ddpwatch.runtime.watchdog" not in _imports(name, modules[name], modules), part
+        name = f"ddpwatch.watch.{part}"
+        assert "ddpwatch.watch.watchdog" not in _imports(name, modules[name], modules), part
 
 
 def test_the_peer_tracker_reads_no_clock_and_touches_no_store_or_thread():
-    path = _modules()["ddpwatch.runtime.peers"]
+    path = _modules()["ddpwatch.watch.peers"]
     imported = {alias.name for node in ast.walk(ast.parse(open(path, encoding="utf-8").read()))
                 if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
     assert not imported & {"time", "threading", "store", "JobProtocol", "socket"}
 
 
 def test_the_watchdog_class_stays_a_loop_that_calls_its_parts():
-    tree = ast.parse(open(_modules()["ddpwatch.runtime.watchdog"], encoding="utf-8").read())
+    tree = ast.parse(open(_modules()["ddpwatch.watch.watchdog"], encoding="utf-8").read())
     [watchdog] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Watchdog"]
     assert watchdog.end_lineno - watchdog.lineno < 300
 
@@ -209,7 +244,7 @@ def test_records_and_rank_states_are_built_only_by_the_format_builders():
 
 
 def test_the_format_package_imports_no_other_ddpwatch_module():
-    """Every stage reads and writes the format, so it sits below them all: runtime, sources, analysis, render."""
+    """Every stage reads and writes the format, so it sits below them all: capture, watch, sources, analysis, render."""
     modules = _modules()
     outside = [f"{module} imports {imported}" for module, path in modules.items()
                if module.startswith("ddpwatch.format")
@@ -249,13 +284,14 @@ def test_a_file_read_is_found_when_there_is_one(tmp_path):
 
 def test_the_analysis_reads_no_file_and_no_source():
     """The analysis works on the incident alone, so --reanalyze gives the same report on any machine: rank
-    conditions are read from the sources when the incident is taken (runtime, sources), never here."""
+    conditions are read from the sources when the incident is taken (watch, sources), never here."""
     modules = _modules()
     reads = {module: _file_reads(path) for module, path in modules.items() if module.startswith("ddpwatch.analysis")}
     assert {module: found for module, found in reads.items() if found} == {}
     wrong = [f"{module} imports {imported}" for module, path in modules.items()
              if module.startswith("ddpwatch.analysis") for imported in _imports(module, path, modules)
-             if imported.startswith(("ddpwatch.static", "ddpwatch.runtime", "ddpwatch.sources", "ddpwatch.lint"))]
+             if imported.startswith(("ddpwatch.static", "ddpwatch.capture", "ddpwatch.watch", "ddpwatch.sources",
+                                      "ddpwatch.lint"))]
     assert wrong == []
 
 
@@ -504,7 +540,7 @@ def _recorder_writes(path: str) -> list:
 
 
 def test_only_the_recorder_writes_its_fields():
-    writes = {module: lines for module, path in _modules().items() if module != "ddpwatch.runtime.record"
+    writes = {module: lines for module, path in _modules().items() if module != "ddpwatch.capture.record"
               for lines in [_recorder_writes(path)] if lines}
     assert writes == {}
 

@@ -1,9 +1,9 @@
-"""runtime/loaders.py: each DataLoader's epochs and the DDP steps in each, from one wrapper on DataLoader.__iter__."""
+"""capture/loaders.py: each DataLoader's epochs and the DDP steps in each, from one wrapper on DataLoader.__iter__."""
 
 import time
 
-from ddpwatch.runtime import loaders
-from ddpwatch.runtime.patches import Patches
+from ddpwatch.capture import loaders
+from ddpwatch.capture.replacements import Patches
 
 
 class Counter:

@@ -1,8 +1,8 @@
 """The peer tracker on a fake clock: silent, vanished, busy or frozen peers, and for how long; no threads, no store."""
 
 from ddpwatch.config import Config
-from ddpwatch.runtime import evidence
-from ddpwatch.runtime.peers import PeerTracker, busy_state
+from ddpwatch.watch import evidence
+from ddpwatch.watch.peers import PeerTracker, busy_state
 
 HOST = "node0"
 

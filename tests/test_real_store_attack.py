@@ -12,8 +12,8 @@ import pytest
 
 from ranks import SCENARIOS, describe, load_only_report, reports, run_case
 from ddpwatch.launch import free_port
-from ddpwatch.runtime import verdict as verdict_module
-from ddpwatch.runtime.store import INCIDENT_UNIT
+from ddpwatch.watch import verdict as verdict_module
+from ddpwatch.watch.store import INCIDENT_UNIT
 
 FAULTS = SCENARIOS + "/faults.py"
 # torch prefixes the default group's store with "0/"; no launcher job id: the generation key is "job", first arming
@@ -49,7 +49,7 @@ class Forger:
         number = self.store.add(f"{NAMESPACE}/counters", INCIDENT_UNIT) // INCIDENT_UNIT  # the incident number's bits
         self.store.set(f"{NAMESPACE}/incident/{number}/info",
                        json.dumps({"trigger": "deadlock", "leader": 0, "action": "abort", "fingerprint": "x"}))
-        positions = self.positions or verdict_module.positions(states, 2, 0.5)
+        positions = self.positions or verdict_module.ranges_by_position(states, 2, 0.5)
         self.store.set(f"{NAMESPACE}/incident/{number}/verdict", json.dumps(
             {"folder": HOSTILE, "kinds": ["deadlock"], "action": "abort", "culprits": [0], "summary": HOSTILE,
              "positions": positions}))
@@ -86,7 +86,7 @@ def test_a_forged_abort_verdict_that_misplaces_a_rank_is_not_acted_on_under_acti
 
 def opened(store):
     """The incident number the counter holds now (its high bits), read as ddpwatch reads it."""
-    from ddpwatch.runtime.store import ABSENT
+    from ddpwatch.watch.store import ABSENT
 
     raw = bytes(store.compare_set(f"{NAMESPACE}/counters", ABSENT, ABSENT))
     return int(raw) // INCIDENT_UNIT if raw.isdigit() else 0

@@ -94,8 +94,8 @@ def test_only_ddpwatch_own_frames_fold_not_its_examples_nor_torch_in_a_checkout_
     venv_torch = "/home/u/ddpwatch/.venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py"
     frames = main_stack(("/home/u/ddpwatch/ddpwatch/examples/seed_stall.py", 54, "validation"),
                         ("/home/u/ddpwatch/train.py", 9, "step"),
-                        ("/home/u/ddpwatch/ddpwatch/runtime/patch.py", 512, "wrapper", True),
-                        ("C:\\py\\Lib\\site-packages\\ddpwatch\\runtime\\patch.py", 287, "wrapper", True),
+                        ("/home/u/ddpwatch/ddpwatch/capture/wrappers.py", 512, "wrapper", True),
+                        ("C:\\py\\Lib\\site-packages\\ddpwatch\\capture\\wrappers.py", 287, "wrapper", True),
                         ("/usr/lib/python3/dist-packages/_ddpwatch_startup.py", 3, "<module>", True),
                         (venv_torch, 1886, "forward", True))["frames"]
     assert stack_lines_shown(frames) == ["  > /home/u/ddpwatch/ddpwatch/examples/seed_stall.py:54 in validation",
@@ -106,7 +106,8 @@ def test_only_ddpwatch_own_frames_fold_not_its_examples_nor_torch_in_a_checkout_
 
 def test_a_run_of_library_and_ddpwatch_frames_left_out_is_named_for_both():
     frames = main_stack(("train.py", 1, "main"), (DDP_FILE, 1600, "forward", True),
-                        ("/x/ddpwatch/runtime/patch.py", 512, "wrapper", True), (DDP_FILE, 1700, "_pre_forward", True),
+                        ("/x/ddpwatch/capture/wrappers.py", 512, "wrapper", True),
+                        (DDP_FILE, 1700, "_pre_forward", True),
                         (TORCH_FILE, 1, "a", True), (TORCH_FILE, 2, "b", True), (TORCH_FILE, 3, "c", True),
                         ("<ddpwatch hot path: barrier>", 32, "barrier", True))["frames"]
     assert stack_lines_shown(frames) == ["  > /u/train.py:1 in main", "    ... 3 library and ddpwatch frames",

@@ -232,7 +232,7 @@ def test_the_report_modules_import_no_torch():
     """A saved incident is re-rendered anywhere, torch installed or not."""
     import subprocess
 
-    modules = ["render", "render.report", "render.html", "render.trace", "sources.command", "sources.merge",
+    modules = ["render", "render.report", "render.html", "render.trace", "sources.report_command", "sources.merge",
                "sources.flight_recorder", "format.documents", "analysis.incident", "cli"]
     code = ("import sys; " + "; ".join(f"import ddpwatch.{m}" for m in modules)
             + "; sys.exit('torch' in sys.modules)")

@@ -19,10 +19,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import incident, seed_states  # noqa: E402
 
-from ddpwatch import analysis, demo
-from ddpwatch.runtime import control
+from ddpwatch import analysis, demo, dump_client, registry
 from ddpwatch.render import report  # noqa: E402
-from ddpwatch.runtime import incident_writer  # noqa: E402
+from ddpwatch.watch import incident_writer  # noqa: E402
 
 OTHER_UID = 54321
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user (chown) needs root")
@@ -81,13 +80,13 @@ def test_a_world_writable_registry_is_refused_and_nothing_is_signalled(temp_dir,
     root.mkdir()
     os.chmod(root, 0o777)  # pre-created loosely (by another user's umask, or chmod'ed on purpose)
     planted = plant(root / "ranks", {"pid": victim.pid, "rank": 0, "world_size": 1, "job": "x", "dir": "/x"})
-    assert control.dump(wait=0.2) == 1
+    assert dump_client.dump(wait=0.2) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "writable by others" in err and str(root) in err
     assert still_running(victim)
     assert planted.exists()
-    assert control.list_ranks() == 1 and "writable by others" in capsys.readouterr().err
-    assert control.register({"pid": os.getpid(), "rank": 0, "world_size": 1, "job": "j", "dir": "/r"}) is None
+    assert dump_client.list_ranks() == 1 and "writable by others" in capsys.readouterr().err
+    assert registry.register({"pid": os.getpid(), "rank": 0, "world_size": 1, "job": "j", "dir": "/r"}) is None
     assert os.listdir(root / "ranks") == [planted.name]
 
 
@@ -99,7 +98,7 @@ def test_a_registry_folder_owned_by_another_user_is_refused(temp_dir, victim, ca
     for path in (root, root / "ranks", planted):
         os.chown(path, OTHER_UID, OTHER_UID)
     os.chmod(root, 0o700)
-    assert control.dump(pid=victim.pid, wait=0.2) == 1
+    assert dump_client.dump(pid=victim.pid, wait=0.2) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"uid {OTHER_UID}" in err
     assert still_running(victim) and planted.exists()
@@ -113,9 +112,9 @@ def test_a_symlinked_ranks_folder_is_never_followed(temp_dir, tmp_path, capsys):
     root = user_root(temp_dir)
     root.mkdir(mode=0o700)
     os.symlink(victim_folder, root / "ranks")
-    assert control.list_ranks() == 1
+    assert dump_client.list_ranks() == 1
     assert "symlink" in capsys.readouterr().err
-    assert control.register({"pid": os.getpid(), "rank": 0, "world_size": 1, "job": "j", "dir": "/r"}) is None
+    assert registry.register({"pid": os.getpid(), "rank": 0, "world_size": 1, "job": "j", "dir": "/r"}) is None
     assert sorted(os.listdir(victim_folder)) == sorted(["settings.json", "1.json", f"{os.getpid()}.json"])
 
 
@@ -123,35 +122,35 @@ def test_a_symlinked_user_root_is_never_followed(temp_dir, tmp_path, capsys):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir(mode=0o700)
     os.symlink(elsewhere, user_root(temp_dir))
-    assert control.register({"pid": os.getpid(), "rank": 0, "world_size": 1, "job": "j", "dir": "/r"}) is None
+    assert registry.register({"pid": os.getpid(), "rank": 0, "world_size": 1, "job": "j", "dir": "/r"}) is None
     assert os.listdir(elsewhere) == []
-    assert control.list_ranks() == 1 and "symlink" in capsys.readouterr().err
+    assert dump_client.list_ranks() == 1 and "symlink" in capsys.readouterr().err
 
 
 def test_an_own_folder_left_readable_is_made_private(temp_dir):
     root = user_root(temp_dir)
     root.mkdir(mode=0o755)
     os.chmod(root, 0o755)  # as ddpwatch itself used to leave it
-    path = control.register({"pid": os.getpid(), "rank": 0, "world_size": 1, "job": "j", "dir": "/r"})
+    path = registry.register({"pid": os.getpid(), "rank": 0, "world_size": 1, "job": "j", "dir": "/r"})
     try:
         assert path is not None
         assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
         assert stat.S_IMODE(os.stat(root / "ranks").st_mode) == 0o700
     finally:
-        control.unregister(path)
+        registry.unregister(path)
 
 
 @pytest.mark.real
 def test_entries_forged_or_stale_are_not_signalled(temp_dir, victim, capsys):
     """In the user's own private registry: only an entry whose start time AND command match is signalled."""
     ranks = user_root(temp_dir) / "ranks"
-    control.live_ranks()  # creates the private folders
+    registry.live_ranks()  # creates the private folders
     exact = exact_entry(victim.pid)
     for forged in ({k: v for k, v in exact.items() if k != "created"},  # no start time to check
                    dict(exact, created=exact["created"] - 50),       # an older process that had this pid
                    dict(exact, command="python3")):                  # another program
         plant(ranks, forged)
-        assert control.dump(pid=victim.pid, wait=0.2) == 1
+        assert dump_client.dump(pid=victim.pid, wait=0.2) == 1
         assert "not an armed ddpwatch rank" in capsys.readouterr().err
         assert still_running(victim)
         assert not (ranks / f"{victim.pid}.json").exists()  # ours, and stale: removed
@@ -160,14 +159,14 @@ def test_entries_forged_or_stale_are_not_signalled(temp_dir, victim, capsys):
 @pytest.mark.real
 def test_only_files_ddpwatch_wrote_are_read_or_removed(temp_dir, tmp_path, victim):
     ranks = user_root(temp_dir) / "ranks"
-    control.live_ranks()
+    registry.live_ranks()
     elsewhere = tmp_path / "elsewhere.json"
     elsewhere.write_text(json.dumps(exact_entry(victim.pid)))
     os.symlink(elsewhere, ranks / f"{victim.pid}.json")  # a link to an entry is not an entry
     other = plant(ranks, {"pid": 999999999}, name="notes.json")  # not ddpwatch's name pattern
     stale = plant(ranks, {"pid": 999999998, "created": 1.0, "command": "python"})
-    assert control.live_ranks() == []
-    assert control.dump(pid=victim.pid, wait=0.2) == 1
+    assert registry.live_ranks() == []
+    assert dump_client.dump(pid=victim.pid, wait=0.2) == 1
     assert still_running(victim)
     assert os.path.islink(ranks / f"{victim.pid}.json") and elsewhere.exists() and other.exists()
     assert not stale.exists()
@@ -177,10 +176,10 @@ def test_only_files_ddpwatch_wrote_are_read_or_removed(temp_dir, tmp_path, victi
 @as_root
 def test_an_entry_file_of_another_user_is_neither_signalled_nor_removed(temp_dir, victim):
     ranks = user_root(temp_dir) / "ranks"
-    control.live_ranks()
+    registry.live_ranks()
     planted = plant(ranks, exact_entry(victim.pid))
     os.chown(planted, OTHER_UID, OTHER_UID)
-    assert control.dump(pid=victim.pid, wait=0.2) == 1
+    assert dump_client.dump(pid=victim.pid, wait=0.2) == 1
     assert still_running(victim) and planted.exists()
 
 
@@ -190,7 +189,7 @@ def test_a_sigkilled_ranks_entry_never_signals_the_process_that_reused_its_pid(t
     ranks = user_root(temp_dir) / "ranks"
     rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        path = control.register({"pid": rank.pid, "rank": 0, "world_size": 1, "job": "j", "dir": "/r"})
+        path = registry.register({"pid": rank.pid, "rank": 0, "world_size": 1, "job": "j", "dir": "/r"})
         recorded = json.loads((ranks / os.path.basename(path)).read_text())
     finally:
         rank.kill()
@@ -199,13 +198,13 @@ def test_a_sigkilled_ranks_entry_never_signals_the_process_that_reused_its_pid(t
     reused = dict(recorded, pid=victim.pid)
     plant(ranks, reused)
     os.remove(path)
-    assert control.dump(pid=victim.pid, wait=0.2) == 1
+    assert dump_client.dump(pid=victim.pid, wait=0.2) == 1
     assert still_running(victim)
 
 
 def test_the_registry_entry_keeps_no_arguments(temp_dir):
     secret = "--token=hunter2"
-    path = control.register({"pid": os.getpid(), "rank": 0, "world_size": 1, "job": "j", "dir": "/r",
+    path = registry.register({"pid": os.getpid(), "rank": 0, "world_size": 1, "job": "j", "dir": "/r",
                              "argv": f"train.py {secret}", "program": "train.py"})
     try:
         text = open(path).read()
@@ -213,19 +212,19 @@ def test_the_registry_entry_keeps_no_arguments(temp_dir):
         assert json.loads(text)["program"] == "train.py"
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     finally:
-        control.unregister(path)
+        registry.unregister(path)
 
 
 @pytest.mark.real
 def test_a_real_entry_is_found_and_signalled(temp_dir):
     """The checks let the genuine case through: a process that registered itself is listed and signalled."""
-    code = ("import os, signal, sys, time; from ddpwatch.runtime import control\n"
+    code = ("import os, signal, sys, time; from ddpwatch import registry\n"
             "got = []\nsignal.signal(signal.SIGUSR1, lambda *a: got.append(1))\n"
-            "path = control.register({'pid': os.getpid(), 'rank': 0, 'world_size': 1, 'job': 'j', 'dir': sys.argv[1],"
+            "path = registry.register({'pid': os.getpid(), 'rank': 0, 'world_size': 1, 'job': 'j', 'dir': sys.argv[1],"
             " 'program': 'x'})\nprint(path, flush=True)\n"
             "deadline = time.time() + 30\nwhile not got and time.time() < deadline: time.sleep(0.02)\n"
             "folder = os.path.join(sys.argv[1], 'run1')\nos.makedirs(folder)\n"
-            "open(os.path.join(folder, 'report.json'), 'w').close()\ncontrol.unregister(path)\n")
+            "open(os.path.join(folder, 'report.json'), 'w').close()\nregistry.unregister(path)\n")
     out = os.path.dirname(str(temp_dir)) + "/reports"
     os.makedirs(out)
     env = dict(os.environ, TMPDIR=str(temp_dir), PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
@@ -233,9 +232,9 @@ def test_a_real_entry_is_found_and_signalled(temp_dir):
     try:
         path = proc.stdout.readline().strip()
         assert path.endswith(f"{proc.pid}.json")
-        [entry] = control.live_ranks()
+        [entry] = registry.live_ranks()
         assert entry["pid"] == proc.pid and entry["program"] == "x"
-        assert control.dump(wait=20) == 0
+        assert dump_client.dump(wait=20) == 0
         assert proc.wait(timeout=20) == 0
     finally:
         proc.kill()
@@ -389,7 +388,7 @@ FULL_DISK = r"""
 import os, resource, signal, sys, tempfile
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, as on a full disk
 tempfile.tempdir = sys.argv[2]
-from ddpwatch.runtime import incident_writer
+from ddpwatch.watch import incident_writer
 doc = {"format_version": 1, "rank": 0, "world_size": 2, "padding": "x" * 100000}
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 print(incident_writer._write_rank_dump(sys.argv[1], doc))

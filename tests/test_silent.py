@@ -8,9 +8,9 @@ import factory as F
 from ddpwatch import analysis
 from ddpwatch.analysis import silent
 from ddpwatch.render import wording
-from ddpwatch.runtime import crashes, verdict
-from ddpwatch.runtime.fingerprints import FingerprintLog, MismatchCheck
-from ddpwatch.runtime.record import Recorder
+from ddpwatch.watch import crashes, verdict
+from ddpwatch.watch.fingerprints import FingerprintLog, MismatchCheck
+from ddpwatch.capture.record import Recorder
 
 A, B, C = ("train.py", 10, "step"), ("train.py", 20, "step"), ("train.py", 30, "step")
 
@@ -183,7 +183,7 @@ def test_a_peer_acts_on_an_abort_for_a_mismatch_only_if_it_completed_that_positi
 FAULT = '''Fatal Python error: Aborted
 
 Thread 0x00007f92963106c0 (most recent call first):
-  File "/opt/venv/lib/python3.11/site-packages/ddpwatch/runtime/watchdog.py", line 97 in run
+  File "/opt/venv/lib/python3.11/site-packages/ddpwatch/watch/watchdog.py", line 97 in run
   File "/usr/lib/python3.11/threading.py", line 1045 in _bootstrap_inner
 
 Thread 0x00007f92b9aadb80 (most recent call first):

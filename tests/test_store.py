@@ -7,14 +7,26 @@ import time
 
 import pytest
 
-import ddpwatch.runtime.store as store_module
-import ddpwatch.runtime.watchdog as watchdog_module
-from ddpwatch.runtime import abort, incident_writer, peers
+import ddpwatch.watch.store as store_module
+import ddpwatch.watch.watchdog as watchdog_module
+from ddpwatch.watch import abort, incident_writer, peers
 from ddpwatch.config import Config
-from ddpwatch.runtime.record import Recorder
-from ddpwatch.runtime.store import JobProtocol, StateStore
+from ddpwatch.capture import record as record_module
+from ddpwatch.capture.record import Recorder
+from ddpwatch.watch.store import JobProtocol, StateStore
 
 WORLD = 4
+
+
+def begun_ago(seconds: float, recorder, *args):
+    """recorder.begin(*args) as if called `seconds` ago (the record's start and the rank's last progress): a rank
+    staged as blocked that long without sleeping."""
+    real = record_module._monotonic
+    record_module._monotonic = lambda: real() - seconds
+    try:
+        return recorder.begin(*args)
+    finally:
+        record_module._monotonic = real
 
 
 def rec(seq):
@@ -282,7 +294,7 @@ def test_a_rank_that_has_just_blocked_wants_a_round_now_without_touching_the_sto
 
 
 def test_a_value_that_would_build_too_much_is_left_out_before_parsing(job, monkeypatch):
-    import ddpwatch.runtime.store as store_module
+    import ddpwatch.watch.store as store_module
 
     for rank in range(WORLD):
         job.publish(rank, {"rank": rank})
@@ -310,10 +322,10 @@ def test_a_position_only_heartbeat_leaves_the_last_whole_state_standing(job):
 
 
 def test_a_rank_that_makes_progress_publishes_its_whole_state_every_few_seconds_one_that_stops_every_round():
-    from ddpwatch.runtime import rank_state
+    from ddpwatch.watch import rank_state
 
     recorder = Recorder()
-    states = rank_state.RankState(recorder, Config(), 0, 2, "node0", lambda *a, **k: None)
+    states = rank_state.StateReader(recorder, Config(), 0, 2, "node0", lambda *a, **k: None)
     here = sys._getframe()
 
     def step():
@@ -357,10 +369,10 @@ def test_a_beat_is_appended_as_the_last_key_of_valid_json(body, beat, text):
 
 def test_a_running_rank_sends_its_beat_alone_until_it_stops_or_its_whole_state_is_due():
     from ddpwatch import analysis
-    from ddpwatch.runtime import rank_state
+    from ddpwatch.watch import rank_state
 
     recorder = Recorder()
-    states = rank_state.RankState(recorder, Config(grace=0.5), 0, 2, "node0", lambda *a, **k: None)
+    states = rank_state.StateReader(recorder, Config(grace=0.5), 0, 2, "node0", lambda *a, **k: None)
     here = sys._getframe()
 
     def step():
@@ -377,9 +389,7 @@ def test_a_running_rank_sends_its_beat_alone_until_it_stops_or_its_whole_state_i
     step()
     assert not states.beat_is_enough(recorder.progress_mono + 0.5)  # the last progress is grace old: maybe blocked
     assert not states.beat_is_enough(recorder.progress_mono + rank_state.WHOLE_EVERY_S + 1)  # the whole state is due
-    inflight = recorder.begin("barrier", "barrier", "0", (), here)
-    recorder.age_progress(1.0)
-    inflight.start_mono -= 1.0
+    inflight = begun_ago(1.0, recorder, "barrier", "barrier", "0", (), here)
     doc, _ = states.heartbeat(recorder.progress_mono + 1.0)  # blocked: the position says where
     assert analysis.is_blocked(doc, 0.5)
     recorder.finish(inflight)
@@ -522,8 +532,8 @@ def test_nothing_read_from_the_store_makes_the_watchdog_log_a_traceback(job, cap
     monkeypatch.setattr(watchdog_module.evidence if hasattr(watchdog_module, "evidence") else abort.evidence,
                         "native_stacks", lambda pid, *args, **kwargs: {"unavailable": "test"})
     if blocked:
-        recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
-        recorder.age_progress(5.0)
+        record = begun_ago(5.0, recorder, "all_reduce", "all_reduce", "0", (), sys._getframe())
+        record.start_mono = time.monotonic()  # only the rank's progress is old: the call itself began just now
     raw = job.store._store
     host = socket.gethostname()
     caplog.set_level(logging.DEBUG, logger="ddpwatch")

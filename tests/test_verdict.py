@@ -7,21 +7,22 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import barrier, rank_state, seed_states, states  # noqa: E402
 
-from ddpwatch.runtime import verdict  # noqa: E402
+from ddpwatch.watch import verdict  # noqa: E402
 
 GRACE, TIMEOUT = 2.0, 300.0
 
 
 def posted(states_seen, world_size=2):
-    return {"action": "abort", "positions": verdict.positions(states_seen, world_size, GRACE)}
+    return {"action": "abort", "positions": verdict.ranges_by_position(states_seen, world_size, GRACE)}
 
 
 def test_positions_group_ranks_by_where_they_block_in_ranges():
     seen = seed_states(world_size=5)
-    table = verdict.positions(seen, 5, GRACE)
+    table = verdict.ranges_by_position(seen, 5, GRACE)
     assert sorted(table) == sorted({verdict.position_key(seen[0], GRACE), verdict.position_key(seen[1], GRACE)})
     assert table[verdict.position_key(seen[1], GRACE)] == [[1, 4]]
-    assert verdict.positions({0: seen[0]}, 3, GRACE)[verdict.NOT_WAITING] == [[1, 2]]  # unseen ranks: not waiting
+    # unseen ranks: not waiting
+    assert verdict.ranges_by_position({0: seen[0]}, 3, GRACE)[verdict.NOT_WAITING] == [[1, 2]]
 
 
 def test_a_rank_blocked_where_the_verdict_says_acts_on_it():

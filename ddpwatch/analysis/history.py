@@ -50,7 +50,7 @@ def went_on_to(records: list, record: dict) -> bool:
     return (position(records[-2]), position(record)) in _moves(records) if len(records) >= 2 else False
 
 
-# ---------------------------------------------------------------- DataLoader epochs (runtime/loaders.py)
+# ---------------------------------------------------------------- DataLoader epochs (capture/loaders.py)
 
 def _training_loader(state: dict) -> dict | None:
     """The DataLoader that ran the rank's training steps (the most of them), as its state has it."""

@@ -1,6 +1,6 @@
 """Collectives that completed without matching: fingerprints of the same position compared across ranks (plain data).
 
-Input: {rank: fingerprint document} as runtime/fingerprints.py publishes it. Each group's ranks are compared with
+Input: {rank: fingerprint document} as watch/fingerprints.py publishes it. Each group's ranks are compared with
 the group's lowest rank that has the position. Two findings:
 - silent_mismatch: ranks completed one position with a different collective, reduce op, dtype or element count;
 - crossed_collectives: ranks passed the same call sites in a different order, fingerprints otherwise equal, so the
@@ -233,7 +233,7 @@ def _survivor_row(survivor: dict) -> dict:
 
 
 def fingerprints_of_records(records: list, rank: int) -> dict:
-    """A fingerprint document (the shape runtime/fingerprints.py publishes) from completed records: what
+    """A fingerprint document (the shape watch/fingerprints.py publishes) from completed records: what
     `ddpwatch report --flight-recorder` compares. The Flight Recorder keeps no reduce op: a SUM against a MAX is
     invisible there."""
     groups: dict = {}

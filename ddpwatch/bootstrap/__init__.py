@@ -133,7 +133,7 @@ def remove_import_hooks() -> None:
 
 def _on_imported(module) -> None:
     try:
-        from ..runtime.session import activate_on_init
+        from ..session import activate_on_init
 
         activate_on_init()
     except Exception as exc:

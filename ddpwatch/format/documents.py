@@ -21,6 +21,27 @@ def dumps(doc: dict) -> str:
     return _encode(doc)
 
 
+def json_default(value):
+    """For values JSON cannot hold: a tensor-like object becomes its shape and dtype, never its contents."""
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"<{type(value).__name__} shape={list(value.shape)} dtype={value.dtype}>"
+    if isinstance(value, (set, frozenset)):
+        return repr(value)
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def rank_file_name(rank: int) -> str:
+    return f"rank-{rank}.json"
+
+
+def rank_file_bytes(state: dict) -> bytes:
+    """rank-<r>.json, the one encoder of a rank's state on disk (an incident folder, a rank's local dump): values JSON
+    cannot hold as json_default says, and UTF-8 that cannot fail (a lone surrogate is written as its escape)."""
+    text = json.dumps(state, default=json_default, separators=(",", ":")) + "\n"
+    return text.encode("utf-8", "backslashreplace")
+
+
 def load_json_text(text: str, what: str) -> dict:
     try:
         doc = json.loads(text)

@@ -212,7 +212,7 @@ class _LoaderEpochsBase(TypedDict):
 
 
 class LoaderEpochs(_LoaderEpochsBase, total=False):
-    """One DataLoader's epochs on a rank (runtime/loaders.py)."""
+    """One DataLoader's epochs on a rank (capture/loaders.py)."""
 
     length: int  # len(loader) when its last epoch began: the batches an epoch yields (absent: it has none)
 

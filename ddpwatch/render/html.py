@@ -9,9 +9,10 @@ import time
 
 from .. import render
 from ..format import build as S
+from ..format.documents import json_default
 from ..frames import OWN_FRAME_FILE
-from .json_report import json_default
-from .positions import positions
+from ..terminal import visible
+from .positions import groups_by_position
 from .wording import describe_op, rank_list, summary_for_people, worded_incident
 
 # Above this many ranks, ranks whose timelines look the same share one lane.
@@ -57,7 +58,7 @@ def _roles(incident: dict) -> tuple:
 def _busy_ranks(incident: dict, states: dict) -> dict:
     """rank -> 'busy outside collectives at x.py:40 (400 s)' for ranks not waiting in a collective."""
     busy = {}
-    for group in positions(states, incident.get("grace", 0.0)):
+    for group in groups_by_position(states, incident.get("grace", 0.0)):
         if group["state"] == "busy":
             for rank in group["ranks"]:
                 busy[rank] = f"{group['where']} (for {render.seconds_text(group['wait_s'])})"
@@ -303,8 +304,9 @@ def _verdict_html(incident: dict) -> str:
 
 def _positions_html(incident: dict) -> str:
     states = {state["rank"]: state for state in incident.get("ranks") or ()}
+    groups = groups_by_position(states, incident.get("grace", 0.0))
     rows = [f'<tr class="{_e(g["state"])}"><td>{_e(render.short_rank_list(g["ranks"]))}</td><td>{_e(g["where"])}</td>'
-            f'<td>{render.seconds_text(g["wait_s"])}</td></tr>' for g in positions(states, incident.get("grace", 0.0))]
+            f'<td>{render.seconds_text(g["wait_s"])}</td></tr>' for g in groups]
     missing = incident.get("missing_ranks") or []
     if missing:
         rows.append(f'<tr class="missing"><td>{_e(rank_list(missing))}</td><td>no state received</td><td></td></tr>')
@@ -398,7 +400,7 @@ def render_html(incident: dict) -> str:
             f"<style>{_CSS}</style></head><body>{body}"
             f'<script type="application/json" id="incident-data">{_embedded_json(incident)}</script>'
             f"<script>{_JS}</script></body></html>\n")
-    return render.visible(page, keep_newlines=True)
+    return visible(page, keep_newlines=True)
 
 
 _CSS = """

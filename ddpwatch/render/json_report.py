@@ -4,17 +4,8 @@ from __future__ import annotations
 
 import json
 
+from ..format.documents import json_default
 from .wording import worded_incident
-
-
-def json_default(value):
-    """For values JSON cannot hold: a tensor-like object becomes its shape and dtype, never its contents."""
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return f"<{type(value).__name__} shape={list(value.shape)} dtype={value.dtype}>"
-    if isinstance(value, (set, frozenset)):
-        return repr(value)
-    text = repr(value)
-    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def render_json(incident: dict) -> str:

@@ -24,7 +24,7 @@ def _position_key(state: dict, grace: float) -> tuple:
             site.get("file"), site.get("line"), region.get("kind"), rsite.get("file"), rsite.get("line"))
 
 
-def positions(states: dict, grace: float) -> list:
+def groups_by_position(states: dict, grace: float) -> list:
     """Ranks grouped by where they stand, largest group first: [{ranks, state, where, wait_s, record}]."""
     groups: dict = {}
     for rank in sorted(states):

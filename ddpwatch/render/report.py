@@ -7,9 +7,11 @@ import os
 import re
 import traceback
 
-from .. import atomic, private, render
+from .. import atomic, private
 from . import json_report, text
+from ..format import documents
 from ..format.documents import REPORT_JSON
+from ..terminal import visible
 
 REPORT_TXT = "report.txt"
 REPORT_HTML = "report.html"
@@ -25,7 +27,7 @@ def _render_html(incident: dict) -> str:
 def _render_trace(incident: dict) -> str:
     from .trace import render_trace
 
-    return json.dumps(render_trace(incident), default=json_report.json_default) + "\n"
+    return json.dumps(render_trace(incident), default=documents.json_default) + "\n"
 
 
 def _html_note(note: str) -> str:
@@ -70,15 +72,14 @@ def _render_or_note(incident: dict, fmt: str) -> str:
         return render_format(incident, fmt)
     except Exception:
         note = f"ddpwatch could not render this file ({fmt}); report.json has the whole incident.\n\n"
-        return RENDERERS[fmt][2](render.visible(note + traceback.format_exc(), keep_newlines=True))
+        return RENDERERS[fmt][2](visible(note + traceback.format_exc(), keep_newlines=True))
 
 
 def incident_files(incident: dict) -> dict:
     """name -> bytes of every file of an incident folder: each rank's state, then every format of RENDERERS."""
     files = {}
     for state in incident.get("ranks") or ():
-        files[f"rank-{state['rank']}.json"] = encoded(
-            json.dumps(state, default=json_report.json_default, separators=(",", ":")) + "\n")
+        files[documents.rank_file_name(state["rank"])] = documents.rank_file_bytes(state)
     for fmt, (name, renderer, note) in RENDERERS.items():
         files[name] = encoded(renderer(incident) if note is None else _render_or_note(incident, fmt))
     return files
@@ -124,7 +125,7 @@ def write_incident(base: str, run_id: str, incident: dict) -> tuple:
             folder = _place(fd, fallback_dir(), run_id, incident)
         finally:
             os.close(fd)
-        return folder, render.visible(f"could not write under {base} ({exc}); wrote {folder} instead")
+        return folder, visible(f"could not write under {base} ({exc}); wrote {folder} instead")
 
 
 # ---------------------------------------------------------------- reading

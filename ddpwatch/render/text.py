@@ -5,8 +5,9 @@ from __future__ import annotations
 import textwrap
 
 from ..format import build as S
-from . import seconds_text, short_rank_list, stack_groups, stack_lines_shown, visible, _states
-from .positions import positions
+from ..terminal import visible
+from . import seconds_text, short_rank_list, stack_groups, stack_lines_shown, _states
+from .positions import groups_by_position
 from .wording import summary_for_people, worded_incident
 
 WIDTH = 80
@@ -78,7 +79,7 @@ def _verdict_lines(incident: dict) -> list:
 def _positions_lines(incident: dict) -> list:
     states = {state["rank"]: state for state in _states(incident)}
     lines = ["Where each rank stands:"]
-    groups = positions(states, incident.get("grace", 0.0))
+    groups = groups_by_position(states, incident.get("grace", 0.0))
     for group in groups[:MAX_POSITION_GROUPS]:
         wait = f" ({'waiting' if group['state'] == 'waiting' else 'for'} {seconds_text(group['wait_s'])})"
         lines.extend(_wrap(f"{short_rank_list(group['ranks'])}: {group['where']}{wait}", "  "))

@@ -13,7 +13,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 import ddpwatch
-import ddpwatch.runtime.session
+import ddpwatch.session
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import nccl_like  # noqa: E402
@@ -108,7 +108,7 @@ def slow_peer_watched(rank):
     dist.all_reduce(torch.ones(1))
     nccl_like.synchronize()
     dist.barrier()
-    facts(finished=True, watched=ddpwatch.runtime.session.current() is not None)
+    facts(finished=True, watched=ddpwatch.session.current() is not None)
 
 
 CASES = {"returns_before_done": returns_before_done, "ddp_trains": ddp_trains, "lone_collective": lone_collective,

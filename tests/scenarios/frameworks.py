@@ -250,7 +250,7 @@ def fsdp2_benign():
 
 def print_records_in_flight():
     """Every collective has returned (the barrier above did): a correct recorder holds nothing in flight now."""
-    from ddpwatch.runtime.session import current
+    from ddpwatch.session import current
 
     session = current()
     count = len(session.recorder.inflight) if session is not None else -1

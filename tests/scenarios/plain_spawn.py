@@ -26,7 +26,7 @@ def ddpwatch_state():
 
     Armed: a watchdog or signal handling of ddpwatch's, a SIGUSR1 handler, or a signal wakeup fd in place.
     """
-    session_module = sys.modules.get("ddpwatch.runtime.session")
+    session_module = sys.modules.get("ddpwatch.session")
     session = session_module.current() if session_module else None
     armed = session is not None and (session.watchdog is not None or session.control is not None)
     wakeup_fd = signal.set_wakeup_fd(-1)

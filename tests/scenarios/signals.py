@@ -137,7 +137,7 @@ def main():
     if case == "term_before":
         signal.signal(signal.SIGTERM, on_sigterm)
     dist.init_process_group("gloo")
-    session = sys.modules.get("ddpwatch.runtime.session")
+    session = sys.modules.get("ddpwatch.session")
     say(f"ddpwatch armed={int(bool(session and session.current() is not None))}")
     if case in ("term_after", "term_one"):
         signal.signal(signal.SIGTERM, on_sigterm)

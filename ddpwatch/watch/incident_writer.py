@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import threading
 import time
 
@@ -16,8 +15,9 @@ from ..format import documents
 from ..render import report, wording
 from ..render.text import render_text
 from ..static import rankcond
+from ..terminal import say, visible
 from . import alerts, evidence, verdict
-from .record import is_internal_file
+from ..capture.record import is_internal_file
 from .store import StoreUnavailable
 
 log = logging.getLogger("ddpwatch")
@@ -33,8 +33,8 @@ NOWHERE = "(nowhere: no writable directory)"
 def _write_rank_dump(folder: str, doc: dict) -> str:
     """rank-<r>.json in `folder`, written whole or not at all (temp file + rename), with the umask's mode; else in
     this user's private temp folder; a failed write (full disk) leaves no temp file behind."""
-    data = (documents.dumps(doc) + "\n").encode("utf-8")
-    name, sub = f"rank-{doc['rank']}.json", os.path.basename(folder)
+    data = documents.rank_file_bytes(doc)
+    name, sub = documents.rank_file_name(doc["rank"]), os.path.basename(folder)
     places = ((folder, lambda: private.open_subfolder(folder)),
               (os.path.join(report.fallback_dir(), sub), lambda: report.open_fallback(sub)))
     for base, open_base in places:
@@ -52,21 +52,6 @@ def _write_rank_dump(folder: str, doc: dict) -> str:
     return NOWHERE
 
 
-def say(text: str) -> None:
-    """Write to stderr whatever it is and whatever stderr is: the verdict must get out even when nothing else can.
-
-    Lines here quote peers, the store and paths: control characters are shown, never acted on by the terminal."""
-    text = report.render.visible(text, keep_newlines=True)
-    try:
-        sys.stderr.write(text)
-        sys.stderr.flush()
-        return
-    except Exception:
-        pass
-    try:  # a closed, replaced or strictly encoding sys.stderr: the bytes, straight to file descriptor 2
-        os.write(2, text.encode("utf-8", "backslashreplace"))
-    except Exception:
-        pass
 
 
 def _render_or_summary(incident: dict) -> str:
@@ -91,7 +76,7 @@ def write_error_file(incident: dict, log_once) -> None:
                + (f" (culprit {wording.rank_list(first['ranks'])})" if first.get("ranks") else "")
                + (f": {first['summary']}" if first.get("summary") else "")
                + f" Report: {incident.get('report_dir') or '(being written, or none could be written)'}")
-    message = report.render.visible(message)  # torchrun prints it: a peer's words must not drive the terminal
+    message = visible(message)  # torchrun prints it: a peer's words must not drive the terminal
     doc = {"message": {"message": message,
                        "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}}
     try:
@@ -172,7 +157,8 @@ class IncidentWriter:
         self.job.post_verdict(number, {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]],
                                        "action": action, "culprits": first.get("ranks"),
                                        "summary": first.get("summary"),
-                                       "positions": verdict.positions(final, self.world_size, self.config.grace),
+                                       "positions": verdict.ranges_by_position(final, self.world_size,
+                                                                               self.config.grace),
                                        **verdict.mismatch_claim(first)})
         return folder, number
 

@@ -1,4 +1,5 @@
-"""Patches torch.distributed's collectives and DDP's internals to feed a Recorder; idempotent, always restorable."""
+"""The wrappers on torch.distributed's collectives and DDP's internals that feed a Recorder (the Patcher puts them
+in place through replacements.py: idempotent, always restorable)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from .. import catalogue
 from ..format import build
 from ..logonce import log_once
 from . import point_to_point
-from .patches import PATCH_MARKER, Patches
+from .replacements import PATCH_MARKER, Patches
 from .record import Recorder
 from .tensors import tensor_meta
 

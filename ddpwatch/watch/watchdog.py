@@ -18,7 +18,7 @@ from .answers import Answers
 from .fingerprints import FingerprintLog, MismatchCheck
 from .incident_writer import IncidentWriter
 from .peers import PeerTracker
-from .rank_state import RankState
+from .rank_state import StateReader
 from .store import LEADER, JobProtocol, StoreUnavailable
 
 log = logging.getLogger("ddpwatch")
@@ -48,13 +48,13 @@ class Watchdog(threading.Thread):
         self._wake = threading.Lock()
         self._wake.acquire()
         self._dump_requested = threading.Event()
-        self.writing = threading.Event()  # set while a report is being written: SIGTERM waits for it (control.py)
+        self.writing = threading.Event()  # set while a report is being written: SIGTERM waits for it (signals.py)
         self._peer_failure = threading.Event()
-        self.ending_signal = ""  # the name of a signal that came to end this process (control.py notes it)
+        self.ending_signal = ""  # the name of a signal that came to end this process (signals.py notes it)
         self._local_dumps: set = set()
         self._logged: set = set()
         self._store_ok = True
-        self.states = RankState(recorder, config, rank, world_size, self.host, self._log_once)
+        self.states = StateReader(recorder, config, rank, world_size, self.host, self._log_once)
         self.peers = PeerTracker(rank, world_size, self.host, config)
         self.policy = AbortPolicy(config, rank, world_size, self.job, self.writing, self._log_once)
         self.answers = Answers(self.job, rank, self.state)

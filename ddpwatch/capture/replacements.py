@@ -1,4 +1,5 @@
-"""The one door for replacing a function: every patch ddpwatch makes is marked with its original and undone."""
+"""The one door for replacing a function (Patches): every replacement ddpwatch makes is marked with its original and
+undone, newest first."""
 
 from __future__ import annotations
 

@@ -297,7 +297,7 @@ class JobProtocol:
 
     def publish_beat(self, rank: int, beat: int, fingerprints: dict | None = None) -> bool:
         """The last position this rank published, again, with a new beat: one round trip, nothing built or encoded.
-        For a rank that runs (see RankState.beat_is_enough): its position says where a blocked rank stands, and of a
+        For a rank that runs (see StateReader.beat_is_enough): its position says where a blocked rank stands, and of a
         running one only that it runs, which still holds. False when this rank has published no position yet."""
         if self._position is None or self._position[0] != rank:
             return False
@@ -308,7 +308,7 @@ class JobProtocol:
         return True
 
     def _add_fingerprints(self, docs: dict, rank: int, fingerprints: dict | None) -> None:
-        """The rank's completed positions (runtime/fingerprints.py), in the round's one put, when they changed."""
+        """The rank's completed positions (watch/fingerprints.py), in the round's one put, when they changed."""
         if fingerprints is not None:
             docs[self._key("fp", rank)] = fingerprints
 

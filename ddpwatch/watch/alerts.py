@@ -10,7 +10,8 @@ from typing import NamedTuple
 
 from .. import analysis
 from ..config import ON_INCIDENT_TIMEOUT_S, incident_hook_environ
-from ..render import report, wording
+from ..render import wording
+from ..terminal import visible
 
 log = logging.getLogger("ddpwatch")
 
@@ -51,7 +52,7 @@ def alert_of(incident: dict, folder: str | None) -> IncidentAlert:
             + (f": {first['summary']}" if first.get("summary") else "")
             + f" Report: {folder or '(none could be written)'}")
     # One line, whatever the peers' words hold: it goes into an environment variable and a log line.
-    line = report.render.visible(" ".join(line.split()))
+    line = visible(" ".join(line.split()))
     return IncidentAlert(folder or "", line, kind, culprits, str(incident.get("run_id") or ""),
                          str(incident.get("trigger") or ""))
 

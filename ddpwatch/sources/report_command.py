@@ -10,7 +10,8 @@ from .. import atomic, config, frames
 from ..analysis import incident as incident_module
 from ..format import documents
 from ..format.version import FormatError
-from ..render import report, visible
+from ..render import report
+from ..terminal import visible
 from ..static import rankcond
 from . import flight_recorder, merge
 

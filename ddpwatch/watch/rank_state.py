@@ -10,9 +10,10 @@ import time
 from .. import analysis
 from ..static import exits, rankcond
 from ..format import build as S
-from . import evidence, frameworks, loaders
-from .record import is_internal_file, user_frame
-from .stacks import python_stacks
+from . import evidence
+from ..capture import frameworks, loaders
+from ..capture.record import is_internal_file, user_frame
+from ..capture.stacks import python_stacks
 
 # While a rank makes progress its whole state (its last records, formatted, and its site counts) goes out this
 # often; every other round sends its position only. Formatting records that are new every round was most of a
@@ -21,7 +22,7 @@ from .stacks import python_stacks
 WHOLE_EVERY_S = 4.0
 
 
-class RankState:
+class StateReader:
     """Reads this rank's state for the watchdog; remembers what is costly to read again (one explanation per wait,
     one Flight Recorder read per doubling of the idle time)."""
 

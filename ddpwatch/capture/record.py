@@ -323,14 +323,6 @@ class Recorder:
         """Call `hook(error)` when a recorded collective fails (None: call nothing)."""
         self._failure_hook = hook
 
-    def drop_in_flight(self) -> None:
-        """Forget the records in flight (a benchmark's fake backend, whose Work never completes)."""
-        self._inflight.clear()
-
-    def age_progress(self, seconds: float) -> None:
-        """Move the last progress `seconds` into the past: a benchmark stages a blocked rank without sleeping."""
-        self._progress_mono -= seconds
-
     def hot_path_parts(self) -> tuple:
         """(busy threads, mark busy, unmark, issuing, records by Work), lent once to the per-op wrappers. They read
         the containers but set and pop their thread's issuing entry, by subscript (a bound __setitem__: +90 ns/op)."""

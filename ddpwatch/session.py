@@ -10,11 +10,12 @@ import os
 import sys
 import threading
 
-from .. import config as config_module
-from . import control as control_module, crashes, loaders
-from .patch import Patcher
-from .patches import Patches
-from .record import Recorder, configure_frames
+from . import config as config_module
+from .watch import crashes, signals
+from .capture import loaders
+from .capture.replacements import Patches
+from .capture.wrappers import Patcher
+from .capture.record import Recorder, configure_frames
 
 log = logging.getLogger("ddpwatch")
 
@@ -56,8 +57,8 @@ class Session:
 
             if not (dist.is_available() and dist.is_initialized()):
                 return
-            from .store import StateStore
-            from .watchdog import Watchdog
+            from .watch.store import StateStore
+            from .watch.watchdog import Watchdog
 
             world_size = dist.get_world_size()
             run_tag = config_module.run_tag()  # the job, and torchrun's attempt: a restart is a new run
@@ -76,7 +77,7 @@ class Session:
         if not self.config.signals:
             return
         try:
-            control = control_module.LiveControl(self)
+            control = signals.LiveControl(self)
             entry = {"pid": self.pid, "rank": rank, "world_size": world_size, "job": job,
                      "master": config_module.rendezvous_address(), "dir": os.path.abspath(self.config.dir),
                      "program": _program_name()}
@@ -87,7 +88,7 @@ class Session:
 
     def disarm(self) -> None:
         watchdog = self.watchdog
-        if watchdog is not None and control_module.report_in_progress(watchdog):
+        if watchdog is not None and signals.report_in_progress(watchdog):
             watchdog.stop()  # first, while ddpwatch's SIGTERM handler, which waits for that report, is installed
         control, self.control = self.control, None
         if control is not None:

@@ -10,9 +10,9 @@ from typing import NamedTuple
 
 from .. import analysis
 from ..config import ABORT, REPORT, action_row
-from ..render import report
 from . import evidence, verdict
-from .incident_writer import say, write_error_file
+from ..terminal import say, visible
+from .incident_writer import write_error_file
 from .store import StoreUnavailable
 
 # What a collective's error says when the rank at the other end is gone (gloo, NCCL).
@@ -122,7 +122,7 @@ class AbortPolicy:
                                   self.config.timeout)
         if why is not None:
             self.log_once(f"verdict-{number}", "ddpwatch: rank %d does not act on incident %d's abort verdict: %s",
-                          self.rank, number, report.render.visible(why))
+                          self.rank, number, visible(why))
             return
         folder = posted.get("folder") if isinstance(posted.get("folder"), str) else None
         write_error_file({"findings": _posted_findings(posted), "report_dir": folder}, self.log_once)

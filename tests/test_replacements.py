@@ -1,10 +1,10 @@
-"""The one door for patches (runtime/patches.py): marked, idempotent, undone newest first; nobody else marks."""
+"""The one door for patches (capture/replacements.py): marked, idempotent, undone newest first; nobody else marks."""
 
 import os
 import re
 import types
 
-from ddpwatch.runtime.patches import PATCH_MARKER, Patches
+from ddpwatch.capture.replacements import PATCH_MARKER, Patches
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ddpwatch")
 
@@ -57,7 +57,7 @@ def test_only_the_door_marks_a_patch():
     for folder, _, files in os.walk(ROOT):
         for name in files:
             path = os.path.join(folder, name)
-            if name.endswith(".py") and not path.endswith(os.path.join("runtime", "patches.py")):
+            if name.endswith(".py") and not path.endswith(os.path.join("capture", "replacements.py")):
                 with open(path, encoding="utf-8") as handle:
                     found += [f"{path}:{n}" for n, line in enumerate(handle, 1) if marking.search(line)]
     assert found == []

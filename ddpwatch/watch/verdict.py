@@ -34,7 +34,7 @@ def _ranges(ranks: list) -> list:
     return spans
 
 
-def positions(states: dict, world_size: int, grace: float) -> dict:
+def ranges_by_position(states: dict, world_size: int, grace: float) -> dict:
     """{position key: [[first rank, last rank], ...]} of every rank, as the leader saw them for its verdict."""
     grouped: dict = {}
     for rank in range(world_size):

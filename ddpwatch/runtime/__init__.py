@@ -1,1 +1,0 @@
-"""What runs inside the training process: patch and record -> store -> watchdog."""
