@@ -103,7 +103,7 @@ def healthy_recorder():
 
 def block(recorder, leader: bool) -> None:
     """The hang: rank 0 inside DDP.forward's buffer broadcast, every other rank in the next barrier, 10 s ago."""
-    from ddpwatch.format import build as S
+    from ddpwatch.format import build
     from ddpwatch.capture import record as record_module
     from ddpwatch.capture.record import frame_site, tensor_meta, user_frame
 
@@ -112,8 +112,8 @@ def block(recorder, leader: bool) -> None:
     try:
         if leader:
             site = frame_site(user_frame(sys._getframe()))
-            with recorder.region((S.DDP_FORWARD, site, "DistributedDataParallel.forward", None)):
-                recorder.begin("broadcast", S.DDP_BUFFER_BROADCAST, "0", tensor_meta([_Meta((16,)), _Meta(())]),
+            with recorder.region((build.DDP_FORWARD, site, "DistributedDataParallel.forward", None)):
+                recorder.begin("broadcast", build.DDP_BUFFER_BROADCAST, "0", tensor_meta([_Meta((16,)), _Meta(())]),
                                sys._getframe())
         else:
             recorder.begin("barrier", "barrier", "0", (), sys._getframe())

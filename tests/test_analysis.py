@@ -12,7 +12,7 @@ from factory import (SEED_SEQ, barrier, ddp_broadcast, ddp_region, done, object_
                      rec, seed_states, states)
 
 from ddpwatch import analysis  # noqa: E402
-from ddpwatch.format import build as S, documents  # noqa: E402
+from ddpwatch.format import build, documents  # noqa: E402
 from ddpwatch.analysis import DEADLOCK, TIMEOUT, analyze, assess, fingerprint  # noqa: E402
 from ddpwatch.render.positions import groups_by_position  # noqa: E402
 from ddpwatch.render.wording import describe_op, rank_list, worded  # noqa: E402
@@ -81,7 +81,7 @@ def test_seed_stall_with_the_ddp_caller_not_rank0():
 
 
 def test_bucket_rebuild_variant():
-    a = run(seed_states(2, api=S.DDP_BUCKET_REBUILD))
+    a = run(seed_states(2, api=build.DDP_BUCKET_REBUILD))
     assert a.verdict == DEADLOCK
     f = only(a)
     assert f["kind"] == "ddp_forward_on_subset"
@@ -279,7 +279,7 @@ def test_missing_rank_means_no_verdict():
 
 def test_exited_rank_is_not_part_of_a_deadlock():
     st = seed_states(3)
-    st[2] = rank_state(2, 3, status=S.EXITED)
+    st[2] = rank_state(2, 3, status=build.EXITED)
     f = only(run(st))
     assert (f["kind"], f["ranks"]) == ("ddp_forward_on_subset", [0])
 
@@ -299,7 +299,7 @@ def test_fingerprint_changes_with_the_position():
     moved[1]["inflight"][0]["seq"] = SEED_SEQ + 1
     assert fingerprint(moved) != fingerprint(st)
     other_api = copy.deepcopy(st)
-    other_api[0]["inflight"][0]["api"] = S.DDP_BUCKET_REBUILD
+    other_api[0]["inflight"][0]["api"] = build.DDP_BUCKET_REBUILD
     assert fingerprint(other_api) != fingerprint(st)
     other_group = copy.deepcopy(st)
     other_group[1]["inflight"][0]["group"] = "1"
@@ -325,7 +325,7 @@ def test_positions_at_1024_ranks():
 def test_positions_busy_and_exited():
     st = states(rank_state(0, 3, inflight=[barrier()]),
                 rank_state(1, 3, inflight=[barrier(age=GRACE / 2)], user_line=("a.py", 1, "f")),
-                rank_state(2, 3, status=S.EXITED))
+                rank_state(2, 3, status=build.EXITED))
     groups = {tuple(g["ranks"]): g for g in groups_by_position(st, GRACE)}
     assert set(groups) == {(0,), (1,), (2,)}
     assert groups[(0,)]["state"] == "waiting"
@@ -350,7 +350,7 @@ def test_rank_list(ranks, text):
 def test_describe_op():
     assert describe_op(ddp_broadcast()) == ("broadcast of module buffers inside DistributedDataParallel.forward "
                                             "called at val.py:42")
-    assert describe_op(ddp_broadcast(api=S.DDP_BUCKET_REBUILD)).startswith(
+    assert describe_op(ddp_broadcast(api=build.DDP_BUCKET_REBUILD)).startswith(
         "broadcast for DDP's gradient bucket rebuild inside")
     assert describe_op(rec(1, "all_reduce", site=("x.py", 10, "f"))) == "all_reduce at x.py:10"
     assert describe_op(rec(1, "all_gather", api="all_gather_into_tensor", site=("x.py", 10, "f"))) == \
@@ -377,7 +377,7 @@ def _scenarios():
     return {
         "seed": seed_states(2),
         "seed3": seed_states(3),
-        "rebuild": seed_states(2, api=S.DDP_BUCKET_REBUILD),
+        "rebuild": seed_states(2, api=build.DDP_BUCKET_REBUILD),
         "barrier_rule": states(rank_state(0, 2, inflight=[ar]), rank_state(1, 2, inflight=[bar])),
         "mismatch": states(rank_state(0, 2, inflight=[ar]), rank_state(1, 2, inflight=[br])),
         "straggler": states(rank_state(0, 2, idle=999.0, user_line=("val.py", 40, "v")),

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ddpwatch import cli
-from ddpwatch.format import build as S
+from ddpwatch.format import build
 from ddpwatch.format.version import FormatError
 from ddpwatch.sources import flight_recorder as fr
 
@@ -279,10 +279,10 @@ def test_internal_frames_are_told_by_path_text(path, internal):
 def test_gradient_all_reduce_and_bucket_rebuild_are_named():
     backward = [frame("_engine_run_backward", f"{TORCH}/autograd/graph.py", 979),
                 frame("backward", f"{TORCH}/_tensor.py", 623), frame("train", USER, 70)]
-    assert fr.classify([fr._frame(f) for f in backward], "all_reduce") == (S.DDP_GRAD_ALLREDUCE, None)
+    assert fr.classify([fr._frame(f) for f in backward], "all_reduce") == (build.DDP_GRAD_ALLREDUCE, None)
     rebuild = [frame("_pre_forward", f"{TORCH}/nn/parallel/distributed.py", 1775)] + DDP_BUFFER_SYNC[5:]
     api, region = fr.classify([fr._frame(f) for f in rebuild], "broadcast")
-    assert api == S.DDP_BUCKET_REBUILD and region["kind"] == S.DDP_FORWARD and region["site"]["line"] == 42
+    assert api == build.DDP_BUCKET_REBUILD and region["kind"] == build.DDP_FORWARD and region["site"]["line"] == 42
 
 
 # ---------------------------------------------------------------- the real thing: torch's own dumps, gloo, 2 ranks

@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from ddpwatch.capture import record as R
 from ddpwatch import frames  # noqa: E402
-from ddpwatch.format import build as S, documents  # noqa: E402
+from ddpwatch.format import build, documents  # noqa: E402
 from ddpwatch.capture.record import Recorder, is_internal_file, tensor_meta, user_frame  # noqa: E402
 from ddpwatch.capture.stacks import python_stacks  # noqa: E402
 
@@ -78,7 +78,7 @@ def test_record_dict_describes_the_tensors_without_torch_prefix():
     assert d["dtypes"] == ["float32", "int64"]
     assert d["age_s"] == 1.5
     assert (d["op"], d["api"], d["state"], d["duration_s"], d["p2p"], d["peer"]) == (
-        "all_gather", "all_gather_into_tensor", S.IN_FLIGHT, None, False, None)
+        "all_gather", "all_gather_into_tensor", build.IN_FLIGHT, None, False, None)
     assert d["thread"] == threading.current_thread().name
 
 
@@ -93,10 +93,10 @@ def test_begin_and_finish_keep_the_inflight_set_right():
     assert rec.progress == 2
     rec.finish(a)
     assert list(rec.inflight.values()) == [b]
-    assert a.state == S.COMPLETED and a.error is None
+    assert a.state == build.COMPLETED and a.error is None
     rec.finish(b, RuntimeError("Timed out waiting 20000ms"))
     assert rec.inflight == {}
-    assert b.state == S.FAILED
+    assert b.state == build.FAILED
     assert b.error == "RuntimeError: Timed out waiting 20000ms"
     assert rec.progress == 4
     assert [r.seq for r in rec.ring] == [0, 1]
@@ -157,7 +157,7 @@ def test_void_gives_the_seq_back():
     rec = Recorder()
     for _ in range(5):
         rec.finish(begin(rec))
-    voided = begin(rec, op="broadcast", api=S.DDP_BUCKET_REBUILD)
+    voided = begin(rec, op="broadcast", api=build.DDP_BUCKET_REBUILD)
     assert voided.seq == 5
     assert rec.last_seq == {"0": 5}
     rec.void(voided)
@@ -186,16 +186,16 @@ def test_void_point_to_point():
 
 def test_regions_are_per_thread_and_land_in_records():
     rec = Recorder()
-    where = S.site("/u/val.py", 42, "validate")
+    where = build.site("/u/val.py", 42, "validate")
     seen_in_thread = []
-    with rec.region((S.DDP_FORWARD, where, "DistributedDataParallel.forward", None)):
-        inside = begin(rec, op="broadcast", api=S.DDP_BUFFER_BROADCAST)
+    with rec.region((build.DDP_FORWARD, where, "DistributedDataParallel.forward", None)):
+        inside = begin(rec, op="broadcast", api=build.DDP_BUFFER_BROADCAST)
         worker = threading.Thread(target=lambda: seen_in_thread.append(rec.current_region()))
         worker.start()
         worker.join()
     outside = begin(rec)
     assert seen_in_thread == [None]
-    assert inside.to_dict(0.0)["region"] == {"kind": S.DDP_FORWARD, "site": where,
+    assert inside.to_dict(0.0)["region"] == {"kind": build.DDP_FORWARD, "site": where,
                                              "api": "DistributedDataParallel.forward"}
     assert outside.to_dict(0.0)["region"] is None
     assert rec.current_region() is None
@@ -248,7 +248,7 @@ def test_poll_pending_completes_finished_work():
     pending.work, finished.work, failed.work = FakeWork(False), FakeWork(True), FakeWork(error=RuntimeError("x"))
     rec.poll_pending()
     assert {id(r) for r in rec.inflight.values()} == {id(pending), id(plain)}
-    assert (finished.state, failed.state, failed.error) == (S.COMPLETED, S.FAILED, "RuntimeError: x")
+    assert (finished.state, failed.state, failed.error) == (build.COMPLETED, build.FAILED, "RuntimeError: x")
     assert finished.work is None
 
 
@@ -275,7 +275,7 @@ def test_snapshot_keys_and_contents():
     snap = rec.snapshot(recent=2)
     assert set(snap) == SNAPSHOT_KEYS
     assert [r["seq"] for r in snap["recent"]] == [1, 2]
-    assert [r["state"] for r in snap["recent"]] == [S.COMPLETED, S.COMPLETED]
+    assert [r["state"] for r in snap["recent"]] == [build.COMPLETED, build.COMPLETED]
     assert [r["seq"] for r in snap["inflight"]] == [waiting.seq] == [3]
     assert set(snap["inflight"][0]) == RECORD_KEYS
     assert snap["inflight"][0]["shapes"] == []
@@ -351,8 +351,8 @@ def test_a_finished_record_is_formatted_once_across_snapshots_and_only_its_age_m
         [{k: v for k, v in d.items() if k != "age_s"} for d in first]
     second[0]["flight_recorder"] = {"seq": 1}  # a reader adding to its copy changes no later snapshot
     assert "flight_recorder" not in rec.snapshot(recent=8)["recent"][0]
-    records[0].state = S.FAILED  # a record whose state changed is formatted again
-    assert rec.snapshot(recent=8)["recent"][0]["state"] == S.FAILED and formatted.count(0) == 2
+    records[0].state = build.FAILED  # a record whose state changed is formatted again
+    assert rec.snapshot(recent=8)["recent"][0]["state"] == build.FAILED and formatted.count(0) == 2
 
 
 def test_snapshot_refreshes_thread_names_only_when_the_threads_change(monkeypatch):
@@ -488,8 +488,8 @@ def test_in_flight_set_is_bounded_when_work_never_completes():
     rec = Recorder(ring_size=16)
     records = [begin(rec) for _ in range(100)]  # never finished: a backend whose Work never says done
     assert len(rec.inflight) == 16
-    assert [r.state for r in records[:84]] == [S.UNTRACKED] * 84
-    assert all(r.state == S.IN_FLIGHT for r in records[84:])
+    assert [r.state for r in records[:84]] == [build.UNTRACKED] * 84
+    assert all(r.state == build.IN_FLIGHT for r in records[84:])
 
 
 def test_code_made_anew_each_step_does_not_grow_the_code_caches(monkeypatch):

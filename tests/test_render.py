@@ -12,7 +12,7 @@ from factory import (DDP_FILE, TORCH_FILE, barrier, ddp_broadcast, done, frame, 
                      rank_state, seed_states, states, wrapped_stack)
 
 from ddpwatch import analysis  # noqa: E402
-from ddpwatch.format import build as S, documents  # noqa: E402
+from ddpwatch.format import build, documents  # noqa: E402
 from ddpwatch.render import stack_lines_shown  # noqa: E402
 from ddpwatch.render.json_report import render_json  # noqa: E402
 from ddpwatch.render.text import render_text  # noqa: E402
@@ -145,7 +145,7 @@ def test_header_fits_80_columns_with_a_job_tag():
 
 def test_side_by_side_rows_fit_80_columns():
     """Regression: the bucket-rebuild api name plus 4 shapes made an unwrapped side-by-side row."""
-    st = states(rank_state(0, 2, inflight=[ddp_broadcast(api=S.DDP_BUCKET_REBUILD,
+    st = states(rank_state(0, 2, inflight=[ddp_broadcast(api=build.DDP_BUCKET_REBUILD,
                                                          shapes=[[64, 3, 7, 7], [64], [64], [64]])]),
                 rank_state(1, 2, inflight=[barrier()]))
     doc = incident(st, analysis.analyze(st, 2, GRACE, TIMEOUT_S), run_id="20250101-120000")
@@ -223,7 +223,7 @@ def golden_seed_incident():
     """The seed stall, built by hand down to the finding's words, so only rendering changes can move the text."""
     st = seed_states(2)
     for state in st.values():
-        state["recent"] = [done(9, "all_reduce", site=("train.py", 84, "train"), api=S.DDP_GRAD_ALLREDUCE),
+        state["recent"] = [done(9, "all_reduce", site=("train.py", 84, "train"), api=build.DDP_GRAD_ALLREDUCE),
                            done(10, "barrier", site=("train.py", 88, "train"))]
         state["last_seq"] = {"0": 11}
         state["ddp_steps"] = 4

@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 from typing import TYPE_CHECKING
 
-from ..format import build as S
+from ..format import build
 # What other stages and the tests read from the package, besides assess(): the reading helpers the watchdog uses,
 # and the passes the finding-table tests reorder.
 from .passes import collective_on_subset_or_mismatch, ddp_forward_on_subset, shape_mismatch  # noqa: F401
@@ -81,10 +81,10 @@ def assess(states: dict[int, RankState], world_size: int, grace: float, timeout:
     table to run, FINDING_PASSES unless given.
     """
     silent = silent or {}
-    live = {r: s for r, s in states.items() if s.get("status") != S.EXITED and r not in silent}
+    live = {r: s for r, s in states.items() if s.get("status") != build.EXITED and r not in silent}
     # A rank ended by a signal (its own handler checkpointed and left) skipped nothing: someone ended it.
     exited = {r: s for r, s in states.items()
-              if s.get("status") == S.EXITED and not s.get("signal")}  # rank -> its last state
+              if s.get("status") == build.EXITED and not s.get("signal")}  # rank -> its last state
     blocked = {r for r, s in live.items() if is_blocked(s, grace)}
     if silent:  # nothing else is judged while a rank is silent: its last state may be stale
         # a peer the backend aborted left its stack (crashes.py): evidence enough without anyone blocked

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from ..format import build as S
+from ..format import build
 from .history import FAMILIAR, NEW, epochs_say_left_early, path, position, turn, went_on_to
 from .passes import _side_by_side, _side_records, ddp_forward_on_subset, finding, shape_mismatch
 from .reading import at_lowest, condition_kind, is_blocked, members, partitions, ranks_of, user_location, waiting_record
@@ -88,7 +88,7 @@ def departed_and_exited(live: dict, exited: dict, grace: float, world_size: int)
 def _finished(state: dict, common: dict) -> list:
     """An exited rank's finished calls on the others' thread, oldest first."""
     return [r for r in (state or {}).get("recent") or () if isinstance(r, dict) and not r.get("p2p")
-            and r.get("state") == S.COMPLETED and r.get("thread") == common.get("thread")]
+            and r.get("state") == build.COMPLETED and r.get("thread") == common.get("thread")]
 
 
 def _same(way: dict) -> tuple:
@@ -141,7 +141,7 @@ def _frames(state: dict | None) -> list:
 def _way(rank: int, records: list, common: dict, stay: list, states: dict, code: dict) -> dict | None:
     """How `rank` left: tried at its last common call's line, then at the lines that called that function."""
     last, now = records[-2], records[-1]
-    exited = states[rank] is None or states[rank].get("status") == S.EXITED
+    exited = states[rank] is None or states[rank].get("status") == build.EXITED
     mine = [] if exited else (_frames(states[rank]) or [user_location(now)])
     theirs = _frames(states[stay[0]]) or [user_location(common)]
     for anchor in _anchors(user_location(last), [mine, theirs], code):

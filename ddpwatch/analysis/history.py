@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..format import build as S
+from ..format import build
 from .reading import user_location
 
 NEW = "new"  # the rank's last move is one it never made before, from a position it knows
@@ -21,7 +21,7 @@ def path(state: dict, current: dict) -> list:
     (where a rank that went on was at the others' position) ends it there."""
     thread = current.get("thread")
     done = [r for r in state.get("recent") or () if isinstance(r, dict) and not r.get("p2p")
-            and r.get("state") == S.COMPLETED and r.get("thread") == thread]
+            and r.get("state") == build.COMPLETED and r.get("thread") == thread]
     if current in done:
         done = done[:done.index(current)]
     return done + [current]

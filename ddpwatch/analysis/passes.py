@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..format import build as S
+from ..format import build
 from .reading import (Partition, at_lowest, completed_at, condition_kind, familiar_to, is_blocked, members,
                       partitions, rank_condition, ranks_of, shape_key, user_line_now, user_location, waiting_map,
                       waiting_record)
@@ -91,11 +91,11 @@ def _side_records(parts: list) -> list:
 
 
 def _in_ddp_forward(record: dict) -> bool:
-    return (record.get("region") or {}).get("kind") == S.DDP_FORWARD
+    return (record.get("region") or {}).get("kind") == build.DDP_FORWARD
 
 
 def _is_training_step(record: dict) -> bool:
-    return record.get("api") == S.DDP_GRAD_ALLREDUCE or _in_ddp_forward(record)
+    return record.get("api") == build.DDP_GRAD_ALLREDUCE or _in_ddp_forward(record)
 
 
 # ---------------------------------------------------------------- one pass per finding kind
@@ -111,7 +111,7 @@ def ddp_forward_on_subset(parts: list, states: dict) -> dict | None:
     call_site = user_location(record)
     if len(culprits) > len(others) or familiar_to(call_site, states, others):
         return None  # the DDP call is the normal training step: someone else left the common path
-    rebuild = record.get("api") == S.DDP_BUCKET_REBUILD
+    rebuild = record.get("api") == build.DDP_BUCKET_REBUILD
     return finding("ddp_forward_on_subset", culprits, call_site,
                    {"ddp_op": "bucket_rebuild" if rebuild else "buffer_broadcast", "mismatched": _side_by_side(parts)},
                    culprits=culprits, others=others, call_site=call_site, rebuild=rebuild, record=record,
@@ -328,7 +328,7 @@ def collective_stuck(live: dict, blocked: set, timeout: float) -> dict | None:
 
 def straggler(states: dict, blocked: set, timeout: float) -> dict | None:
     """Some ranks wait past the timeout while others keep working outside collectives: not (yet) a deadlock."""
-    busy = sorted(r for r in states if r not in blocked and states[r].get("status") != S.EXITED)
+    busy = sorted(r for r in states if r not in blocked and states[r].get("status") != build.EXITED)
     if not busy or not blocked:
         return None
     waits = {r: waiting_record(states[r]) for r in blocked}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..format import build as S
+from ..format import build
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..format.types import RankState, RecordDoc
@@ -33,7 +33,7 @@ def is_blocked(state: dict, grace: float) -> bool:
     """In a collective for at least `grace` seconds, with no op started or finished meanwhile."""
     record = waiting_record(state)
     return (record is not None and record.get("age_s", 0.0) >= grace
-            and state.get("idle_s", 0.0) >= grace and state.get("status") != S.EXITED)
+            and state.get("idle_s", 0.0) >= grace and state.get("status") != build.EXITED)
 
 
 def user_line_now(state: dict) -> dict | None:
@@ -42,7 +42,7 @@ def user_line_now(state: dict) -> dict | None:
         if stack.get("main"):
             for frame in reversed(stack.get("frames") or ()):
                 if not frame.get("internal"):
-                    return S.site(frame["file"], frame["line"], frame["function"])
+                    return build.site(frame["file"], frame["line"], frame["function"])
     return None
 
 
@@ -75,7 +75,7 @@ def record_at(state: dict, group: str, seq: int) -> dict | None:
 def completed_at(state: dict, group: str, seq: int) -> dict | None:
     for record in state.get("recent") or ():
         if (record.get("group") == group and record.get("seq") == seq and not record.get("p2p")
-                and record.get("state") == S.COMPLETED):
+                and record.get("state") == build.COMPLETED):
             return record
     return None
 

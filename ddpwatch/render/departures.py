@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from ..format import build as S
+from ..format import build
 
 
 class Phrases(NamedTuple):
@@ -19,11 +19,11 @@ class Phrases(NamedTuple):
 
 
 def _exit_site(facts: dict) -> str:
-    return S.short_site(dict(facts["location"], line=facts["exit"]["line"]))
+    return build.short_site(dict(facts["location"], line=facts["exit"]["line"]))
 
 
 def _at(facts: dict, line) -> str:
-    return S.short_site(dict(facts["location"], line=line))
+    return build.short_site(dict(facts["location"], line=line))
 
 
 def _what_it_did(facts: dict) -> str:
@@ -109,8 +109,9 @@ def _decision_text(facts: dict) -> str:
         return (f"took the `{facts['exit']['kind']}` at {_exit_site(facts)} under {where}, {own}, and "
                 f"{_what_it_did(facts)}")
     caller = helper.get("caller_condition") or {}
-    return (f"returned (`{helper.get('text')}`) at {S.short_site(facts['location'])} from {helper.get('function')}() "
-            f"under {where}, {own}; on that result the caller took the `{facts['exit']['kind']}` at "
+    return (f"returned (`{helper.get('text')}`) at {build.short_site(facts['location'])} from "
+            f"{helper.get('function')}() under {where}, {own}; on that result the caller took the "
+            f"`{facts['exit']['kind']}` at "
             f"{_exit_site(facts)} (`{caller.get('text')}`) and {_what_it_did(facts)}")
 
 
@@ -122,7 +123,7 @@ def local_decision_words(facts: dict, ranks_text, ph: Phrases) -> tuple:
                f"{ph.describe(facts['waited'])}, which {ranks_text(culprits)} will never join, and "
                f"{_now(facts, ranks_text, ph)}." + _not_data_running_out(facts, ranks_text, ph))
     helper = facts.get("helper")
-    take = (f"return at {S.short_site(facts['location'])} (and so the caller's `{facts['exit']['kind']}` at "
+    take = (f"return at {build.short_site(facts['location'])} (and so the caller's `{facts['exit']['kind']}` at "
             f"{_exit_site(facts)})" if helper else f"take the `{facts['exit']['kind']}` at {_exit_site(facts)}")
     fix = (f"Make the decision collective, so that every rank takes the same branch: compute the flag behind "
            f"`{condition.get('text')}` on every rank and all_reduce it (`flag = torch.tensor(float(stop)); "
@@ -135,7 +136,7 @@ def caught_exception_words(facts: dict, ranks_text, ph: Phrases) -> tuple:
     """The summary and fix of a caught_exception finding."""
     culprits, others, handler = facts["culprits"], facts["others"], facts["handler"]
     proof = facts.get("proof") or {}
-    where = S.short_site(facts["location"])
+    where = build.short_site(facts["location"])
     if proof.get("rule") == "in_handler":
         return _handler_talks(facts, ranks_text, ph)
     then = {"falls": "carried on after the try", "pass": "`pass`"}.get(facts["exit"]["kind"],
@@ -162,7 +163,7 @@ def caught_exception_words(facts: dict, ranks_text, ph: Phrases) -> tuple:
 def _handler_talks(facts: dict, ranks_text, ph) -> tuple:
     """Ranks inside an except handler that calls a collective, while the others are still in the try's body."""
     culprits, others, handler, proof = facts["culprits"], facts["others"], facts["handler"], facts["proof"]
-    where = S.short_site(facts["location"])
+    where = build.short_site(facts["location"])
     summary = (f"{ph.sentence(ranks_text(culprits))} caught an exception at {where} (`{handler['text']}`): it was "
                f"raised on {ranks_text(culprits)} only, in the try at {_at(facts, proof.get('try'))}, and the "
                f"handler now calls {ph.describe(facts['record'])}, which {ranks_text(others)}, still in the try's "

@@ -8,7 +8,7 @@ import re
 import time
 
 from .. import render
-from ..format import build as S
+from ..format import build
 from ..format.documents import json_default
 from ..frames import OWN_FRAME_FILE
 from ..terminal import visible
@@ -108,25 +108,25 @@ def _box_class(record: dict, role: str | None) -> str:
     classes = ["op", record.get("state") or "unknown"]
     if role:
         classes += ["mismatch", role]
-    if (record.get("region") or {}).get("kind") == S.DDP_FORWARD:
+    if (record.get("region") or {}).get("kind") == build.DDP_FORWARD:
         classes.append("ddp")
     return " ".join(classes)
 
 
 def _box_label(record: dict) -> tuple:
     region = record.get("region") or {}
-    if region.get("kind") == S.DDP_FORWARD:
+    if region.get("kind") == build.DDP_FORWARD:
         return record.get("op"), "in DDP.forward"
-    if region.get("kind") == S.OBJECT_COLLECTIVE:
+    if region.get("kind") == build.OBJECT_COLLECTIVE:
         return record.get("op"), f"in {region.get('api')}"
     api = record.get("api")
-    return record.get("op"), (api if api and api != record.get("op") else S.short_site(record.get("site")))
+    return record.get("op"), (api if api and api != record.get("op") else build.short_site(record.get("site")))
 
 
 def _tooltip(ranks: list, record: dict) -> str:
-    where = S.format_site(record.get("site"))
+    where = build.format_site(record.get("site"))
     state = record.get("state")
-    age = f", {state} {record.get('age_s') or 0:.1f} s" if state == S.IN_FLIGHT else f", {state}"
+    age = f", {state} {record.get('age_s') or 0:.1f} s" if state == build.IN_FLIGHT else f", {state}"
     return (f"{rank_list(ranks)} - group {record.get('group')} seq {record.get('seq')}: {describe_op(record)}"
             f"{age}\ncall site: {where}")
 
@@ -232,7 +232,7 @@ def _time_range(model: dict) -> tuple:
 
 
 def _record_end(record: dict, end: float | None) -> float:
-    if record.get("state") == S.IN_FLIGHT:
+    if record.get("state") == build.IN_FLIGHT:
         return end if end is not None else record["start"] + (record.get("age_s") or 0.0)
     return record["start"] + (record.get("duration_s") or 0.0)
 
@@ -293,7 +293,7 @@ def _verdict_html(incident: dict) -> str:
                 f'({_e(incident.get("trigger"))})</h2><p>The state of every rank follows.</p></section>')
     parts = ['<section id="verdict" class="verdict">']
     for finding in findings:
-        where = f" at {S.short_site(finding['location'])}" if finding.get("location") else ""
+        where = f" at {build.short_site(finding['location'])}" if finding.get("location") else ""
         parts.append(f'<div class="finding"><h2><span class="kind">{_e(finding["kind"])}</span> culprit: '
                      f'<span class="culprit">{_e(render.short_rank_list(finding["ranks"]))}</span>{_e(where)}</h2>'
                      f'<p class="summary">{_e(summary_for_people(finding, render.short_rank_list))}</p>'
@@ -372,7 +372,7 @@ def _title(incident: dict) -> str:
     if not findings:
         return f"ddpwatch report {incident.get('run_id', '')}: no hang proven"
     first = findings[0]
-    where = f" at {S.short_site(first['location'])}" if first.get("location") else ""
+    where = f" at {build.short_site(first['location'])}" if first.get("location") else ""
     return f"ddpwatch: {first['kind']}, {render.short_rank_list(first['ranks'])}{where}"
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..format import build as S
+from ..format import build
 
 _WHAT = {"collective": "different collectives", "reduce": "different reduce ops", "dtype": "different dtypes",
          "count": "different element counts"}
@@ -33,7 +33,7 @@ def _tensors_text(side: dict) -> str:
 def side_text(side: dict) -> str:
     """'all_reduce (sum) of 4 float32 at train.py:12 in log_loss()'."""
     reduce = f" ({side['reduce']})" if side.get("reduce") else ""
-    return f"{side.get('op')}{reduce}{_tensors_text(side)} at {S.format_site(side.get('site'))}"
+    return f"{side.get('op')}{reduce}{_tensors_text(side)} at {build.format_site(side.get('site'))}"
 
 
 def _formed_text(facts: dict) -> str:
@@ -62,7 +62,8 @@ def silent_mismatch(facts: dict, ranks_text) -> tuple:
 
 
 def crossed_collectives(facts: dict, ranks_text) -> tuple:
-    orders = "; ".join(f"{ranks_text(order['ranks'])}: " + ", then ".join(S.short_site(site) for site in order["sites"])
+    orders = "; ".join(f"{ranks_text(order['ranks'])}: "
+                       + ", then ".join(build.short_site(site) for site in order["sites"])
                        for order in facts["orders"])
     summary = (f"The ranks passed the same collectives in different orders (group {facts['group']}, seq "
                f"{facts['seqs'][0]}, {_positions_text(facts)}{_formed_text(facts)}): {orders}. Every one of them "
@@ -78,7 +79,7 @@ def _survivor_text(survivor: dict) -> str:
     shapes = ", ".join(f"{'x'.join(map(str, shape)) or 'scalar'} {dtype}"
                        for shape, dtype in zip(survivor.get("shapes") or [], survivor.get("dtypes") or []))
     tensors = f" of {shapes}" if shapes else ""
-    return f"{survivor.get('op')}{tensors} at {S.format_site(survivor.get('site'))}"
+    return f"{survivor.get('op')}{tensors} at {build.format_site(survivor.get('site'))}"
 
 
 def mismatch_crash(facts: dict, ranks_text) -> tuple:
@@ -86,7 +87,7 @@ def mismatch_crash(facts: dict, ranks_text) -> tuple:
     survivors = "; ".join(f"{ranks_text(s['ranks'])} ran {_survivor_text(s)} (group {s['group']} seq {s['seq']})"
                           for s in facts["survivors"])
     summary = (f"Rank {crashed['rank']} was aborted by the backend ({crashed['error']}) inside {crashed['api']} at "
-               f"{S.format_site(crashed['site'])}, while {survivors}, whose call then failed. A backend aborts a "
+               f"{build.format_site(crashed['site'])}, while {survivors}, whose call then failed. A backend aborts a "
                "rank in the middle of a collective when the ranks' calls do not match (gloo: \"Received data size "
                "doesn't match expected size\", the receiving side got more bytes than its tensor holds): these two "
                f"lines met at the same position. Rank {crashed['rank']}'s own sizes are not known: it died inside "

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ..format import build as S
+from ..format import build
 from ..analysis.reading import user_line_now, waiting_record
 from .wording import describe_op
 
 
 def _position_key(state: dict, grace: float) -> tuple:
-    if state.get("status") == S.EXITED:
+    if state.get("status") == build.EXITED:
         return ("exited",)
     if state.get("stale"):
         here = user_line_now(state)
@@ -40,11 +40,11 @@ def groups_by_position(states: dict, grace: float) -> list:
         elif key[0] == "busy":
             waits = [states[r].get("idle_s", 0.0) for r in ranks]
             here = user_line_now(first)
-            where = "busy outside collectives" + (f" at {S.short_site(here)}" if here else "")
+            where = "busy outside collectives" + (f" at {build.short_site(here)}" if here else "")
         elif key[0] == "silent":
             here = user_line_now(first)
             waits = [0.0]
-            where = "silent: no answer" + (f" (last seen at {S.short_site(here)})" if here else "")
+            where = "silent: no answer" + (f" (last seen at {build.short_site(here)})" if here else "")
         else:
             waits, where = [0.0], "exited"
         out.append({"ranks": ranks, "state": key[0], "where": where, "wait_s": round(max(waits), 1),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from ..format import build as S
+from ..format import build
 from ..terminal import visible
 from . import seconds_text, short_rank_list, stack_groups, stack_lines_shown, _states
 from .positions import groups_by_position
@@ -69,7 +69,7 @@ def _verdict_lines(incident: dict) -> list:
     for finding in findings:
         if lines:
             lines.append("")
-        where = f" at {S.short_site(finding['location'])}" if finding.get("location") else ""
+        where = f" at {build.short_site(finding['location'])}" if finding.get("location") else ""
         lines.extend(_wrap(f"[{finding['kind']}] culprit: {short_rank_list(finding['ranks'])}{where}", "", "  "))
         lines.extend(_wrap(summary_for_people(finding, short_rank_list), "  "))
         lines.extend(_wrap("Fix: " + finding["fix"], "  "))
@@ -146,7 +146,7 @@ def _process_line(state: dict) -> list:
         if state.get("pid") is not None or state.get("host") is not None else ""
     text = (f"rank {state['rank']}: {where}"
             f"{state.get('ops_recorded', 0)} collective events, idle {state.get('idle_s') or 0:.1f} s"
-            + (_exit_words(state) if state.get("status") == S.EXITED else "") + _os_facts(state.get("process")))
+            + (_exit_words(state) if state.get("status") == build.EXITED else "") + _os_facts(state.get("process")))
     return _wrap(text, "  ", "    ")
 
 
@@ -177,7 +177,7 @@ def _grouped_process_lines(states: list) -> list:
         if rss or cpu:
             lines += _wrap("; ".join(([f"memory {min(rss):.0f}-{max(rss):.0f} MB"] if rss else [])
                                      + ([f"CPU {min(cpu):.0f}-{max(cpu):.0f}%"] if cpu else [])), "  ")
-    exited = [s["rank"] for s in states if s.get("status") == S.EXITED]
+    exited = [s["rank"] for s in states if s.get("status") == build.EXITED]
     if exited:
         lines += _wrap(f"exited: {short_rank_list(exited)}", "  ")
     return lines

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..format import build as S
+from ..format import build
 from .wording import describe_op, rank_list, worded_incident
 
 US = 1_000_000.0  # the trace event format counts microseconds
@@ -31,7 +31,7 @@ def _thread_ids(records: list) -> dict:
 
 
 def _site_text(where: dict | None) -> str | None:
-    return S.format_site(where) if where else None
+    return build.format_site(where) if where else None
 
 
 def _event_name(record: dict) -> str:
@@ -41,7 +41,7 @@ def _event_name(record: dict) -> str:
 
 def _duration_us(record: dict, end: float | None) -> tuple:
     """(duration in us, whether it is known): in-flight ops last until the incident; unknown ends count as 0."""
-    if record.get("state") == S.IN_FLIGHT:
+    if record.get("state") == build.IN_FLIGHT:
         finish = end if end is not None else record["start"] + (record.get("age_s") or 0.0)
         return max(0.0, (finish - record["start"]) * US), True
     if record.get("duration_s") is not None:
@@ -103,7 +103,7 @@ def render_trace(incident: dict) -> dict:
             if record.get("start") is None:
                 continue  # nothing to place on a time axis
             role = roles.get((rank, str(record.get("group")), record.get("seq"))) \
-                if record.get("state") == S.IN_FLIGHT else None
+                if record.get("state") == build.IN_FLIGHT else None
             events.append(_record_event(rank, record, tids[record.get("thread") or "MainThread"], end, role))
     if end is not None:
         events.append(_verdict_event(incident, end))

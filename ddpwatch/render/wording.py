@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..format import build as S
+from ..format import build
 from .mismatch_words import crossed_collectives, mismatch_crash, side_text, silent_mismatch
 from .departures import Phrases, caught_exception_words, local_decision_words
 
@@ -10,16 +10,16 @@ from .departures import Phrases, caught_exception_words, local_decision_words
 def describe_op(record: dict) -> str:
     """'broadcast (DDP buffer sync) inside DistributedDataParallel.forward called at val.py:42'."""
     if record.get("p2p"):
-        return f"{p2p_text(record)} at {S.short_site(record.get('site'))}"
+        return f"{p2p_text(record)} at {build.short_site(record.get('site'))}"
     text = record["op"]
     api = record.get("api")
-    if api == S.DDP_BUFFER_BROADCAST:
+    if api == build.DDP_BUFFER_BROADCAST:
         text += " of module buffers"
-    elif api == S.DDP_GRAD_ALLREDUCE:
-        return f"{text} of gradients inside backward() at {S.short_site(record.get('site'))}"
-    elif api == S.DDP_BUCKET_REBUILD:
+    elif api == build.DDP_GRAD_ALLREDUCE:
+        return f"{text} of gradients inside backward() at {build.short_site(record.get('site'))}"
+    elif api == build.DDP_BUCKET_REBUILD:
         text += " for DDP's gradient bucket rebuild"
-    elif api == S.FLIGHT_RECORDER_ONLY:
+    elif api == build.FLIGHT_RECORDER_ONLY:
         text += " (seen by torch's Flight Recorder only: issued outside Python, e.g. compiled code or torch.ops)"
     elif api and api != record["op"]:
         text += f" ({api})"
@@ -30,13 +30,13 @@ def describe_op(record: dict) -> str:
     elif via:
         text += f" via {via.get('function')} ({via.get('package')})"
     region = record.get("region")
-    if region and region.get("kind") == S.DDP_FORWARD:
-        return f"{text} inside DistributedDataParallel.forward called at {S.short_site(region.get('site'))}"
-    if region and region.get("kind") == S.FSDP_FORWARD:
-        return f"{text} inside FSDP2's forward (fully_shard) called at {S.short_site(region.get('site'))}"
-    if region and region.get("kind") == S.OBJECT_COLLECTIVE:
-        return f"{text} inside {region.get('api')} at {S.short_site(region.get('site') or record.get('site'))}"
-    return f"{text} at {S.short_site(record.get('site'))}"
+    if region and region.get("kind") == build.DDP_FORWARD:
+        return f"{text} inside DistributedDataParallel.forward called at {build.short_site(region.get('site'))}"
+    if region and region.get("kind") == build.FSDP_FORWARD:
+        return f"{text} inside FSDP2's forward (fully_shard) called at {build.short_site(region.get('site'))}"
+    if region and region.get("kind") == build.OBJECT_COLLECTIVE:
+        return f"{text} inside {region.get('api')} at {build.short_site(region.get('site') or record.get('site'))}"
+    return f"{text} at {build.short_site(record.get('site'))}"
 
 
 def _p2p_half(op: str, peer, tag) -> str:
@@ -134,13 +134,13 @@ def framework_fix(record: dict, location: dict | None, condition: dict | None) -
     if str(record.get("api") or "").startswith("funcol."):
         return (f"A DTensor operation (`full_tensor()`, `redistribute()`, an op on sharded tensors) or a functional "
                 f"collective issues a collective on every rank of its mesh or group: run the call at "
-                f"{S.short_site(location)} on every rank (move it out of "
+                f"{build.short_site(location)} on every rank (move it out of "
                 + (f"`{condition['condition']['text']}`" if condition else "the rank-only branch")
                 + "), and use its result on the rank that needs it.")
-    if (record.get("region") or {}).get("kind") == S.FSDP_FORWARD:
+    if (record.get("region") or {}).get("kind") == build.FSDP_FORWARD:
         return (f"A fully_shard (FSDP2) model's forward all-gathers its parameters from every rank, so run the forward "
-                f"at {S.short_site(location)} on every rank (evaluate on every rank and reduce the metric), or build "
-                "an unsharded copy for rank-local work: on every rank take `model.state_dict()` and call "
+                f"at {build.short_site(location)} on every rank (evaluate on every rank and reduce the metric), or "
+                "build an unsharded copy for rank-local work: on every rank take `model.state_dict()` and call "
                 "`.full_tensor()` on each DTensor, then load it into a plain model used on one rank only.")
     via = record.get("via") or {}
     framework = record.get("framework") or {}
@@ -149,7 +149,7 @@ def framework_fix(record: dict, location: dict | None, condition: dict | None) -
     for (known_package, known_method), text in FRAMEWORK_FIXES.items():
         if package.startswith(known_package) and method == known_method:
             cond = condition["condition"]["text"] if condition else "the rank-only branch"
-            return text.format(cond=cond, line=S.short_site(location))
+            return text.format(cond=cond, line=build.short_site(location))
     return None
 
 
@@ -160,7 +160,7 @@ def where_last_seen(facts: dict) -> str:
     if facts.get("record"):
         return "in " + describe_op(facts["record"])
     if facts.get("here"):
-        return "at " + S.short_site(facts["here"])
+        return "at " + build.short_site(facts["here"])
     if facts.get("published"):
         return "outside collectives (it could not be asked for a stack)"
     return "nowhere known: it never published its state"
@@ -204,10 +204,10 @@ def _shape_mismatch(facts: dict, ranks_text=rank_list) -> tuple:
     record, culprits = facts["record"], facts["culprits"]
     shapes = "; ".join(f"{ranks_text(r)}: {_shape_text(rec)}" for r, rec in facts["parts"])
     summary = (f"{_sentence(ranks_text(culprits))} passed different tensors to {record['op']} at "
-               f"{S.short_site(record.get('site'))} (group {record['group']}, seq {record['seq']}): {shapes}. "
+               f"{build.short_site(record.get('site'))} (group {record['group']}, seq {record['seq']}): {shapes}. "
                "On gloo an empty tensor returns at once on its rank while the others wait forever; other size "
                "differences abort or corrupt.")
-    fix = (f"Make the tensor passed at {S.short_site(facts['location'])} the same shape and dtype on every rank "
+    fix = (f"Make the tensor passed at {build.short_site(facts['location'])} the same shape and dtype on every rank "
            "(pad variable-length data, or all_gather the sizes first and then the padded tensors).")
     return summary, fix
 
@@ -223,12 +223,12 @@ def _ddp_forward_on_subset(facts: dict, ranks_text=rank_list) -> tuple:
                "to every rank before computing, so every rank must run it")
         short_why = "DDP.forward broadcasts BatchNorm statistics and other buffers to every rank"
     summary = (f"{_sentence(ranks_text(culprits))} called the DistributedDataParallel model at "
-               f"{S.short_site(call_site)} ({S.format_site(call_site)}) while {ranks_text(others)} did not: "
+               f"{build.short_site(call_site)} ({build.format_site(call_site)}) while {ranks_text(others)} did not: "
                f"{why}. {_sentence(ranks_text(culprits))} {_verb(culprits, 'blocks', 'block')} in "
                f"{describe_op(facts['record'])}; {_waits_text(facts['waits'], ranks_text)}. "
                "Neither side can ever finish.")
     fix = (f"For rank-local work (evaluation, logging) call the wrapped module directly: `model.module(x)` instead of "
-           f"`model(x)` at {S.short_site(call_site)}; or run that forward on every rank ({short_why}).")
+           f"`model(x)` at {build.short_site(call_site)}; or run that forward on every rank ({short_why}).")
     return summary, fix
 
 
@@ -241,11 +241,11 @@ def _collective_on_subset(facts: dict, ranks_text=rank_list) -> tuple:
         elsewhere = (f"{_verb(ranks, 'does', 'do')} not call at this point: "
                      f"{_verb(ranks, 'it waits', 'they wait')} in {describe_op(waited)}")
     others = ranks_text(innocent[0]) if innocent is not None else "the other ranks"
-    summary = (f"{_sentence(ranks_text(culprits))} called {describe_op(record)} ({S.format_site(location)}), "
+    summary = (f"{_sentence(ranks_text(culprits))} called {describe_op(record)} ({build.format_site(location)}), "
                f"which {others} {elsewhere}. Neither side can ever finish.")
     condition = facts["condition"]
     fix = framework_fix(record, location, condition) or (
-        f"Run the collective at {S.short_site(location)} on every rank of the group (move it out of "
+        f"Run the collective at {build.short_site(location)} on every rank of the group (move it out of "
         + (f"the rank-only branch `{condition['condition']['text']}`" if condition else "any rank-only branch")
         + "), or give it a process group made of only the ranks that call it (`dist.new_group(ranks=...)`).")
     return summary, fix
@@ -257,13 +257,13 @@ def _skipped_collective(facts: dict, ranks_text=rank_list) -> tuple:
                f"{ranks_text(waiting)} {_verb(waiting, 'waits', 'wait')}: "
                f"{_verb(culprits, 'it', 'they')} went past it and {_verb(culprits, 'is', 'are')} now "
                f"{'in ' + describe_op(now) if now else 'gone (the rank exited)'}.")
-    fix = (f"Every rank must reach the collective at {S.short_site(facts['location'])}: look for an early `return`, "
-           "`continue` or `break` taken on some ranks only (often under a rank condition) before it, and move "
-           "the collective above it or make the exit happen on every rank.")
+    fix = (f"Every rank must reach the collective at {build.short_site(facts['location'])}: look for an early "
+           "`return`, `continue` or `break` taken on some ranks only (often under a rank condition) before it, and "
+           "move the collective above it or make the exit happen on every rank.")
     exit_ = facts.get("exit")
     if exit_:
         fix += (f" Here it is the exit at line {exit_['condition'].get('exit_line')} under "
-                f"`{exit_['condition']['text']}` ({S.short_site(exit_['frame'])}).")
+                f"`{exit_['condition']['text']}` ({build.short_site(exit_['frame'])}).")
     return summary, fix
 
 
@@ -318,16 +318,16 @@ def _counts(step: dict) -> str:
 
 def _cycle_step(step: dict) -> str:
     if step["kind"] == "collective":
-        what = f"{step['op']} on group {step['group']} (seq {step['seq']}) at {S.short_site(step['site'])}"
+        what = f"{step['op']} on group {step['group']} (seq {step['seq']}) at {build.short_site(step['site'])}"
     else:
         half = _p2p_half(step["kind"], step["peer"], step["tag"])
         if step.get("count") is not None:
             half = half.replace(step["kind"], f"{step['kind']} #{step['count']}", 1)
         what = ("batch_isend_irecv: " if step.get("batch") else "") + half
         if step.get("api") in ("isend", "irecv", "batch_isend_irecv") and step.get("wait_site"):
-            what += f", issued at {S.short_site(step['site'])}, waited on at {S.short_site(step['wait_site'])}"
+            what += f", issued at {build.short_site(step['site'])}, waited on at {build.short_site(step['wait_site'])}"
         else:
-            what += f" at {S.short_site(step['site'])}"
+            what += f" at {build.short_site(step['site'])}"
         what += _counts(step)
     return f"rank {step['rank']} ({what}) waits for rank {step['waits_for']}"
 
@@ -363,14 +363,14 @@ def _p2p_deadlock(facts: dict, ranks_text=rank_list) -> tuple:
     summary = (f"A point-to-point deadlock: {ranks_text([s['rank'] for s in cycle])} wait for one another in a "
                "cycle: " + "; ".join(_cycle_step(step) for step in cycle)
                + ". No send, receive or collective in flight can ever be matched.")
-    where = S.short_site(facts["location"])
+    where = build.short_site(facts["location"])
     batch = any(step.get("batch") for step in cycle)
     if shape == "unmatched":
         send, recv = facts["pair"]
         expected = _p2p_half("recv", recv["peer"], recv["tag"] or 0)
         summary += (f" Rank {recv['rank']} waits for a message it will not get: it asked for a {expected} at "
-                    f"{S.short_site(recv['site'])}, while rank {send['rank']} sends to it with tag "
-                    f"{send['tag'] or 0} at {S.short_site(send['site'])}.")
+                    f"{build.short_site(recv['site'])}, while rank {send['rank']} sends to it with tag "
+                    f"{send['tag'] or 0} at {build.short_site(send['site'])}.")
         fix = (f"Make the receive at {where} name the source and tag the sender uses (rank {send['rank']}, tag "
                f"{send['tag'] or 0}), or the send name the ones the receiver expects; tags must be equal on both "
                "sides, and a recv with a `src` takes messages from that rank only.")
@@ -387,7 +387,7 @@ def _p2p_deadlock(facts: dict, ranks_text=rank_list) -> tuple:
         fix = _P2P_FIXES[shape] + (_BATCHES_PAIR if batch and shape != "pipeline" else "")
         if shape == "pipeline":
             summary += (f" These are the sends and receives of torch.distributed.pipelining's schedule, run from "
-                        f"{S.short_site(facts['location'])}.")
+                        f"{build.short_site(facts['location'])}.")
     return summary, fix
 
 
@@ -404,7 +404,7 @@ def _collective_stuck(facts: dict, ranks_text=rank_list) -> tuple:
 
 def _straggler(facts: dict, ranks_text=rank_list) -> tuple:
     location = facts["location"]
-    where = f" (now at {S.format_site(location)})" if location else ""
+    where = f" (now at {build.format_site(location)})" if location else ""
     summary = (f"{_sentence(ranks_text(facts['waiting']))} waited {facts['wait_s']:.0f} s, longer than the "
                f"{facts['timeout']:g} s timeout, in {describe_op(facts['record'])}, while {ranks_text(facts['busy'])} "
                f"kept working outside collectives{where}. This is a straggler, not a proven deadlock: the wait ends "
@@ -448,7 +448,7 @@ def _rank_condition_text(evidence: dict | None) -> str:
     if not conditions:
         return ""
     first = next(iter(conditions.values()))
-    where = S.short_site({"file": first["frame"]["file"], "line": first["condition"]["line"]})
+    where = build.short_site({"file": first["frame"]["file"], "line": first["condition"]["line"]})
     return f" That line runs only under the rank condition `{first['condition']['text']}` ({where})."
 
 

@@ -10,7 +10,7 @@ import struct
 
 from .. import catalogue, frames as classifier  # frames: the one frame classifier
 from ..analysis import incident, silent
-from ..format import bounded, build as S, validate
+from ..format import bounded, build, validate
 from ..format.version import FormatError
 from ..static import rankcond
 from .safe_pickle import PICKLE_BUILT_CAP, PICKLE_BUILT_PER_BYTE, safe_unpickle  # noqa: F401 (names of this reader)
@@ -28,7 +28,7 @@ DDP_BUFFER_SYNC_FUNCTIONS = {"_sync_buffers", "_sync_module_buffers", "_default_
 OBJECT_COLLECTIVES = set(catalogue.object_collectives())
 # The C++ Reducer's gradient all-reduce, issued from autograd hooks during backward() (named as ddpwatch's own
 # recording names it, so the analysis treats both alike).
-DDP_GRADIENT_ALLREDUCE = S.DDP_GRAD_ALLREDUCE
+DDP_GRADIENT_ALLREDUCE = build.DDP_GRAD_ALLREDUCE
 DDP_SYNC_MODULE_STATES = "_sync_module_states"
 
 # c10d's scalar type names (as FR writes dtypes) -> torch dtype names (as ddpwatch writes them).
@@ -223,7 +223,7 @@ def _first_user_frame(frames: list, start: int = 0) -> dict | None:
     """The innermost user frame at or outside `start` (frames innermost first, as FR writes them)."""
     for frame in frames[start:]:
         if not frame["internal"]:
-            return S.site(frame["file"], frame["line"], frame["function"])
+            return build.site(frame["file"], frame["line"], frame["function"])
     return None
 
 
@@ -240,23 +240,23 @@ def classify(frames: list, op: str) -> tuple:
     ddp_names = {f["function"] for f in frames if _DDP_FILE.search(f["file"])}
     names = {f["function"] for f in frames}
     if forward_at is not None:
-        region = {"kind": S.DDP_FORWARD, "site": _first_user_frame(frames, forward_at + 1),
+        region = {"kind": build.DDP_FORWARD, "site": _first_user_frame(frames, forward_at + 1),
                   "api": "DistributedDataParallel.forward"}
         innermost_ddp = frames[_index(frames, _DDP_FILE)]["function"]
         if ddp_names & DDP_BUFFER_SYNC_FUNCTIONS:
-            return S.DDP_BUFFER_BROADCAST, region
+            return build.DDP_BUFFER_BROADCAST, region
         if innermost_ddp == "_pre_forward" and op == "broadcast":
-            return S.DDP_BUCKET_REBUILD, region  # the C++ Reducer's rebuild, called from _pre_forward
+            return build.DDP_BUCKET_REBUILD, region  # the C++ Reducer's rebuild, called from _pre_forward
         return _c10d_api(frames, op), region
     if "_verify_param_shape_across_processes" in names:
-        return S.DDP_VERIFY_PARAMS, None
+        return build.DDP_VERIFY_PARAMS, None
     if names & {"_sync_module_states", "_sync_params_and_buffers"}:
         return DDP_SYNC_MODULE_STATES, None
     object_at = _index(frames, _C10D_FILE, OBJECT_COLLECTIVES)
     if object_at is not None:
         api = frames[object_at]["function"]
-        return _c10d_api(frames, op), {"kind": S.OBJECT_COLLECTIVE, "site": _first_user_frame(frames, object_at + 1),
-                                       "api": api}
+        return _c10d_api(frames, op), {"kind": build.OBJECT_COLLECTIVE,
+                                       "site": _first_user_frame(frames, object_at + 1), "api": api}
     if _index(frames, _C10D_FILE) is None and "_engine_run_backward" in names:
         return DDP_GRADIENT_ALLREDUCE, None
     return _c10d_api(frames, op), None
@@ -307,7 +307,7 @@ def _record(entry: dict, rank: int, now: float, chosen: classifier.Packages = cl
     peer = None
     if p2p and peers:
         peer = peers[1] if peers[0] == rank else peers[0]
-    return S.record(
+    return build.record(
         entry.get("p2p_seq_id") if p2p else entry.get("collective_seq_id"),
         str(_pg_name(entry)),
         op, api=api, p2p=p2p, peer=peer,
@@ -315,7 +315,7 @@ def _record(entry: dict, rank: int, now: float, chosen: classifier.Packages = cl
         site=_first_user_frame(stack), region=region,  # no `via`: a dump does not say which framework was called
         start=start, age_s=round(max(0.0, now - start), 4),
         duration_s=round(completed_at - start, 6) if completed_at else None,
-        state=S.COMPLETED,  # decided per rank afterwards, see in_flight_ids
+        state=build.COMPLETED,  # decided per rank afterwards, see in_flight_ids
         error=None, thread=entry.get("thread_name") or "MainThread",
         # Kept for the in-flight decision and for people comparing with torch's own tools.
         fr={"record_id": entry.get("record_id"), "profiling_name": entry.get("profiling_name"),
@@ -378,7 +378,7 @@ def decide_states(records_by_rank: dict, dumps: dict, members_of) -> dict:
         said = [_torch_says_in_flight(r, dump, pg_ids.get(r["group"])) for r in records]
         if records and all(s is not None for s in said):
             for record, in_flight in zip(records, said):
-                record["state"] = S.IN_FLIGHT if in_flight else S.COMPLETED
+                record["state"] = build.IN_FLIGHT if in_flight else build.COMPLETED
             rules[rank] = "torch_completion_marks"
         else:
             heuristic[rank] = records
@@ -400,14 +400,14 @@ def _unmatched_tail(to_decide: dict, records_by_rank: dict, members_of) -> None:
         oldest[(rank, group)] = min(seq, oldest.get((rank, group), seq))
     for records in to_decide.values():
         for record in records:
-            record["state"] = S.COMPLETED  # p2p positions are per pair of ranks: left to the collectives' evidence
+            record["state"] = build.COMPLETED  # p2p positions are per pair of ranks: left to the collectives' evidence
             if record["p2p"] or record["seq"] is None:
                 continue
             members = members_of(record["group"])
             window = max((oldest.get((m, record["group"]), 0) for m in members), default=0)
             if record["seq"] >= window and any(calls.get((m, record["group"], record["seq"])) != record["op"]
                                                for m in members):
-                record["state"] = S.IN_FLIGHT
+                record["state"] = build.IN_FLIGHT
 
 
 # ---------------------------------------------------------------- dumps -> rank snapshots
@@ -469,7 +469,7 @@ def _stacks(records: list) -> list:
     """FR has no thread stacks; the frames of the op this rank waits in are the closest thing (outermost first)."""
     from ..analysis import waiting_record
 
-    waiting = waiting_record({"inflight": [r for r in records if r["state"] == S.IN_FLIGHT]})
+    waiting = waiting_record({"inflight": [r for r in records if r["state"] == build.IN_FLIGHT]})
     if waiting is None or not waiting["fr"]["frames"]:
         return []
     return [{"thread": waiting.get("thread"), "main": True, "frames": list(reversed(waiting["fr"]["frames"])),
@@ -478,8 +478,8 @@ def _stacks(records: list) -> list:
 
 def _snapshot(rank: int, world_size: int, records: list, dump: dict, path: str, now: float, members: dict,
               rule: str) -> dict:
-    inflight = [r for r in records if r["state"] == S.IN_FLIGHT]
-    done = [r for r in records if r["state"] != S.IN_FLIGHT]
+    inflight = [r for r in records if r["state"] == build.IN_FLIGHT]
+    done = [r for r in records if r["state"] != build.IN_FLIGHT]
     events = [r["start"] for r in records] + [r["start"] + r["duration_s"] for r in done if r["duration_s"]]
     last_seq: dict = {}
     for r in records:
@@ -491,8 +491,8 @@ def _snapshot(rank: int, world_size: int, records: list, dump: dict, path: str, 
     for r in records:
         r["fr"].pop("frames", None)  # the stack section carries them once; records stay small
         r["fr"].pop("desc", None)
-    state = S.rank_state(
-        rank, world_size, pid=None, host=None, beat=0, published_at=now, status=S.RUNNING,
+    state = build.rank_state(
+        rank, world_size, pid=None, host=None, beat=0, published_at=now, status=build.RUNNING,
         progress=len(records) + len(done), idle_s=round(max(0.0, now - max(events, default=now)), 4),
         inflight=sorted(inflight, key=lambda r: r["start"]), recent=done[-RECENT_KEPT:],
         last_seq={str(k): v for k, v in last_seq.items()}, groups=groups,

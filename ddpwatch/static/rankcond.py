@@ -6,7 +6,7 @@ import ast
 import os
 from typing import Iterable
 
-from ..format import build as S
+from ..format import build
 from .source import clear_cache, parsed_file
 
 __all__ = [
@@ -475,7 +475,7 @@ def rank_condition_of(state: dict) -> dict | None:
                 continue
             condition = rank_condition_at_path(frame["file"], frame["line"])
             if condition:
-                return {"frame": S.site(frame["file"], frame["line"], frame["function"]), "condition": condition}
+                return {"frame": build.site(frame["file"], frame["line"], frame["function"]), "condition": condition}
     return None
 
 

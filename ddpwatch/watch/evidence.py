@@ -9,7 +9,7 @@ import sys
 import time
 
 from .. import catalogue
-from ..format import build as S
+from ..format import build
 
 PY_SPY_TIMEOUT_S = 3.0
 
@@ -233,14 +233,14 @@ def record_from_flight_recorder(entry: dict, state: dict, frame, now: float) -> 
         return None
     from ..capture.record import frame_site
 
-    return S.record(
+    return build.record(
         (state.get("last_seq") or {}).get(group, -1) + 1, group,
         catalogue.canonical_op(str(entry.get("profiling_name", "")).split(":")[-1]) or "collective",
-        api=S.FLIGHT_RECORDER_ONLY, p2p=False, peer=None,
+        api=build.FLIGHT_RECORDER_ONLY, p2p=False, peer=None,
         shapes=[list(s) for s in entry.get("input_sizes") or () if isinstance(s, list)][:4],
         dtypes=[str(d) for d in entry.get("input_dtypes") or ()][:4], site=frame_site(frame),
         via=None, region=None, start=round(created, 6), age_s=round(max(0.0, now - created), 4),
-        duration_s=None, state=S.IN_FLIGHT, error=None, thread="MainThread",
+        duration_s=None, state=build.IN_FLIGHT, error=None, thread="MainThread",
         flight_recorder={"seq": entry.get("collective_seq_id"), "op": entry.get("profiling_name")})
 
 

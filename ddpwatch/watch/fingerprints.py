@@ -14,7 +14,7 @@ import collections
 import itertools
 
 from .. import analysis
-from ..format import build as S
+from ..format import build
 from ..capture import loaders
 from ..capture.record import resolve_site
 
@@ -77,11 +77,11 @@ class FingerprintLog:
         step, epoch = recorder.ddp_steps, _epoch()
         pending = []
         for record in self._waiting + newest[::-1]:
-            if record.peer is not None or record.state == S.UNTRACKED:
+            if record.peer is not None or record.state == build.UNTRACKED:
                 continue  # point-to-point pairs are matched by analysis/p2p.py; an untracked op never ends
-            if record.state == S.IN_FLIGHT:
+            if record.state == build.IN_FLIGHT:
                 pending.append(record)
-            elif record.state == S.COMPLETED:
+            elif record.state == build.COMPLETED:
                 self._file(record, step, epoch)
         self._waiting = list(dict.fromkeys(pending))[-64:]
 
@@ -141,7 +141,7 @@ class FingerprintLog:
         op, reduce, dtypes, counts, raw_site, region = self._signatures[sig_id]
         site = resolve_site(raw_site)
         return {"op": op, "reduce": reduce, "dtypes": list(dtypes), "counts": list(counts),
-                "site": site and S.site(*site), "region": region}
+                "site": site and build.site(*site), "region": region}
 
 
 def _epoch():

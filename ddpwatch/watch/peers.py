@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..format import build as S
+from ..format import build
 from . import evidence
 
 VANISHED_AFTER_INTERVALS = 3  # a remote peer's heartbeat still this many rounds after a collective failed: vanished
@@ -26,7 +26,7 @@ class PeerTracker:
     def silent_for(self, rank, doc: dict | None, now: float) -> float:
         """Seconds since `rank`'s heartbeat last moved (0 the first time it is seen, and for a rank that exited)."""
         beat = doc.get("beat") if doc else None
-        if doc and doc.get("status") == S.EXITED:
+        if doc and doc.get("status") == build.EXITED:
             return 0.0
         last = self.beats.get(rank)
         if last is None or last[0] != beat:
@@ -103,7 +103,7 @@ class PeerTracker:
         silent = {}
         for rank in range(self.world_size):
             last = positions.get(rank)
-            if rank == self.rank or not last or last.get("status") == S.EXITED:
+            if rank == self.rank or not last or last.get("status") == build.EXITED:
                 continue
             quiet = self.silent_for(rank, last, now)
             process = self._facts(int(last.get("pid", 0))) if last.get("host") == self.host else None

@@ -9,7 +9,7 @@ import time
 
 from .. import analysis
 from ..static import exits, rankcond
-from ..format import build as S
+from ..format import build
 from . import evidence
 from ..capture import frameworks, loaders
 from ..capture.record import is_internal_file, user_frame
@@ -51,7 +51,7 @@ class StateReader:
         if whole:
             self._whole_at = now
         state = self.read(position_only=not whole)
-        self._published_running = state["status"] == S.RUNNING and not analysis.is_blocked(state, self.config.grace)
+        self._published_running = state["status"] == build.RUNNING and not analysis.is_blocked(state, self.config.grace)
         return state, whole
 
     def beat_is_enough(self, now: float) -> bool:
@@ -74,8 +74,8 @@ class StateReader:
         entries); `position_only` leaves out the finished records and site counts. Each read is a new heartbeat."""
         self.beat += 1
         recent = 32 if full else 0 if position_only else 8
-        doc = S.rank_state(self.rank, self.world_size, pid=os.getpid(), host=self.host, beat=self.beat,
-                           published_at=time.time(), status=S.RUNNING,  # progress, records, groups ...
+        doc = build.rank_state(self.rank, self.world_size, pid=os.getpid(), host=self.host, beat=self.beat,
+                           published_at=time.time(), status=build.RUNNING,  # progress, records, groups ...
                            **self.recorder.snapshot(recent=recent, site_counts=not position_only))
         self._add_unseen_collective(doc)
         if full:

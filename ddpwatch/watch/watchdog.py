@@ -10,7 +10,7 @@ import time
 
 from .. import analysis
 from ..config import REPORT
-from ..format import build as S
+from ..format import build
 from ..logonce import log_once
 from .abort import AbortPolicy, Outcome, peer_gone
 from . import crashes
@@ -236,7 +236,7 @@ class Watchdog(threading.Thread):
             return
         try:
             doc = self.state()
-            doc["status"] = S.EXITED
+            doc["status"] = build.EXITED
             if self.ending_signal:
                 doc["signal"] = self.ending_signal  # ended by it, through the program's own handler or not
             self.job.publish(self.rank, doc)
