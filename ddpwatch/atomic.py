@@ -131,22 +131,6 @@ def place_folder(base_fd: int, base: str, names, fill) -> str:
         os.close(staging_fd)
 
 
-def replace_files(folder_fd: int, files: dict) -> None:
-    """Replace files of the folder open at `folder_fd`: all written into a private staging folder first, then each
-    moved over its old self in one step (what is no regular file there is written through, as write_file does)."""
-    through = {name for name in files if _written_through(folder_fd, name)}
-    for name in sorted(through):
-        _write_through(folder_fd, name, files[name], 0o666, wait=False)
-    staging, staging_fd = private.make_private_dir(folder_fd, ".refresh-")
-    try:
-        write_new_files(staging_fd, {name: data for name, data in files.items() if name not in through})
-        for entry in os.listdir(staging_fd):
-            os.replace(entry, entry, src_dir_fd=staging_fd, dst_dir_fd=folder_fd)
-    finally:
-        _remove_staging(folder_fd, staging, staging_fd)
-        os.close(staging_fd)
-
-
 def _exists(folder_fd: int, name: str) -> bool:
     try:
         os.stat(name, dir_fd=folder_fd, follow_symlinks=False)

@@ -42,20 +42,16 @@ def test_action_names_are_spelt_only_in_config():
 
 
 def test_the_exit_code_is_decided_in_one_place():
-    assert AbortPolicy(Config(exit_code=9), 0, 2, None, None, None).exit_code == 9
+    assert AbortPolicy(Config(exit_code=9), 0, 2, None, None, set()).exit_code == 9
     body = open(abort.__file__, encoding="utf-8").read() + open(watchdog_module.__file__, encoding="utf-8").read()
     assert body.count("config.exit_code") == 1  # AbortPolicy.exit_code; every exit reads that
-
-
-def quiet_log_once(key, message, *args, **kwargs):
-    pass
 
 
 def test_the_leader_writes_torchruns_error_file_and_arms_only_under_a_rank_ending_action(tmp_path, monkeypatch):
     error_file = tmp_path / "error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
     incident = {"findings": [{"kind": "deadlock", "ranks": [1], "summary": "stuck"}], "report_dir": None}
-    policy = AbortPolicy(Config(action=ABORT), 0, 2, None, None, quiet_log_once)
+    policy = AbortPolicy(Config(action=ABORT), 0, 2, None, None, set())
     policy.verdict_out(incident, REPORT)
     assert not error_file.exists() and not policy.armed
     policy.verdict_out(incident, ABORT)
@@ -69,10 +65,10 @@ def test_a_peer_acts_on_a_posted_verdict_only_under_its_own_rank_ending_action(s
     acted = []
     monkeypatch.setitem(abort.POLICIES, ABORT, lambda policy, outcome: acted.append(outcome))
     own = {"rank": 1, "status": "running", "idle_s": 1.0, "inflight": [{"group": "0", "seq": 3, "age_s": 1.0}]}
-    reporting = AbortPolicy(Config(action=REPORT), 1, 2, job, None, quiet_log_once)
+    reporting = AbortPolicy(Config(action=REPORT), 1, 2, job, None, set())
     reporting.consider(1, {"action": ABORT, "leader": 0})
     assert reporting.state == abort.IDLE  # a peer's info never upgrades report to abort
-    policy = AbortPolicy(Config(action=ABORT, grace=0.5), 1, 2, job, None, quiet_log_once)
+    policy = AbortPolicy(Config(action=ABORT, grace=0.5), 1, 2, job, None, set())
     policy.consider(1, {"action": ABORT, "leader": 0})
     assert policy.state == abort.PENDING
     policy.check_posted(lambda: own)

@@ -2,6 +2,7 @@
 
 import os
 import sys
+import threading
 
 import pytest
 
@@ -194,8 +195,8 @@ def test_a_frozen_peers_stack_is_read_from_outside_once(monkeypatch):
     monkeypatch.setattr(evidence, "native_stacks",
                         lambda pid, native=True: reads.append((pid, native)) or {"unavailable": "no py-spy"})
     tracker = quiet_tracker([facts("stopped"), facts("stopped")])
-    writer = IncidentWriter(None, Config(), 1, 2, HOST, "", contribute=None, contribute_native=None, policy=None,
-                            log_once=None)
+    writer = IncidentWriter(None, Config(), 1, 2, HOST, "", answers=None, policy=None, logged=set(),
+                            stopping=threading.Event())
     for now in (START + 20.0, START + 21.0):
         silent = tracker.silent_peers(gil_holder_states(), now)
         writer.read_frozen_stacks(silent)

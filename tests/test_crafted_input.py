@@ -194,7 +194,7 @@ def test_non_finite_or_negative_analysis_settings_are_refused(tmp_path, option, 
 
 def test_what_ddpwatch_writes_passes_the_schema(tmp_path):
     doc = seed_incident()
-    folder, _ = report.write_incident(str(tmp_path), "r1", doc)
+    folder, _ = documents.save_incident(str(tmp_path), "r1", doc, report.renderings)
     assert documents.load_incident(folder)["findings"] == doc["findings"]
     for rank in (0, 1):
         documents.load_document(os.path.join(folder, f"rank-{rank}.json"))

@@ -18,6 +18,7 @@ from factory import done, incident, seed_states  # noqa: E402
 from ranks import SCENARIOS, describe, load_only_report, run_case  # noqa: E402
 
 from ddpwatch import analysis, cli, config, dump_client, registry, terminal  # noqa: E402
+from ddpwatch.format import documents  # noqa: E402
 from ddpwatch.render import report  # noqa: E402
 from ddpwatch.render.text import render_text  # noqa: E402
 from ddpwatch.sources import report_command  # noqa: E402
@@ -102,7 +103,7 @@ def test_the_text_report_shows_hostile_text_in_every_field_visibly():
 
 
 def test_every_file_of_a_hostile_incident_is_written_and_shows_no_raw_control(tmp_path):
-    folder, note = report.write_incident(str(tmp_path), "r1", hostile_incident())
+    folder, note = documents.save_incident(str(tmp_path), "r1", hostile_incident(), report.renderings)
     assert note == ""
     files = sorted(os.listdir(folder))
     assert files == ["rank-0.json", "rank-1.json", "report.html", "report.json", "report.txt", "trace.json"]
@@ -136,7 +137,7 @@ def test_an_incident_with_fsdecode_surrogates_writes_its_folder(tmp_path):
             frame["file"] = path
     del doc["findings"][0]["facts"]  # as a report.json written before facts were kept: its summary shown as stored
     doc["findings"][0]["summary"] += " \udce9 \ud800"
-    folder, _ = report.write_incident(str(tmp_path), "r1", doc)
+    folder, _ = documents.save_incident(str(tmp_path), "r1", doc, report.renderings)
     with open(os.path.join(folder, "report.txt"), encoding="utf-8") as handle:
         text = handle.read()
     assert r"/home/u/caf\xe9/train.py" in text and r"\ud800" in text

@@ -162,13 +162,14 @@ def test_reanalysed_elsewhere_with_the_sources_gone_the_report_is_the_live_one(t
     copy on a machine without the user's sources words its findings as the live report did, byte for byte."""
     import shutil
 
+    from ddpwatch.format import documents
     from ddpwatch.render import report
 
     doc, source = _taken_with_sources(tmp_path)
     from ddpwatch.render import wording
 
     assert "under the rank condition `if rank == 0:`" in wording.worded_incident(doc)["findings"][0]["summary"]
-    folder, _ = report.write_incident(str(tmp_path / "reports"), doc["run_id"], doc)
+    folder, _ = documents.save_incident(str(tmp_path / "reports"), doc["run_id"], doc, report.renderings)
     elsewhere = tmp_path / "another-machine" / "incident"
     shutil.copytree(folder, elsewhere)
     shutil.rmtree(source.parent)

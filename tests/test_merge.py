@@ -14,6 +14,7 @@ from ddpwatch import analysis, cli
 from ddpwatch.config import DEFAULTS
 from ddpwatch.format.version import FORMAT_VERSION
 from ddpwatch.sources import merge
+from ddpwatch.format import documents  # noqa: E402
 from ddpwatch.render import report  # noqa: E402
 
 
@@ -123,7 +124,8 @@ def test_many_rank_files_show_a_progress_bar_on_stderr(tmp_path, capsys):
 def test_a_folder_of_several_incidents_must_be_narrowed(tmp_path, capsys):
     for run_id in ("r1", "r2"):
         st = seed_states(2)
-        report.write_incident(str(tmp_path), run_id, incident(st, analysis.analyze(st, 2, 2.0, 300.0)))
+        doc = incident(st, analysis.analyze(st, 2, 2.0, 300.0))
+        documents.save_incident(str(tmp_path), run_id, doc, report.renderings)
     err = one_line_error(capsys, str(tmp_path))
     assert "holds 2 incident folders" in err
 
@@ -136,7 +138,8 @@ def test_a_folder_of_several_incidents_must_be_narrowed(tmp_path, capsys):
 ])
 def test_a_saved_incident_renders_in_every_format(tmp_path, capsys, fmt, check):
     st = seed_states(2)
-    folder, _ = report.write_incident(str(tmp_path), "r1", incident(st, analysis.analyze(st, 2, 2.0, 300.0)))
+    doc = incident(st, analysis.analyze(st, 2, 2.0, 300.0))
+    folder, _ = documents.save_incident(str(tmp_path), "r1", doc, report.renderings)
     code, out, _ = run(capsys, folder, "--format", fmt)
     assert code == 0 and check(out)
     code, out, _ = run(capsys, os.path.join(folder, "report.json"), "--format", fmt, "--reanalyze")
@@ -157,7 +160,7 @@ def test_output_file_is_written_whole(tmp_path, capsys):
 def test_reanalyze_with_a_saved_folder_still_works(tmp_path, capsys):
     st = seed_states(2)
     doc = incident(st, [])  # written before the analysis knew this kind
-    folder, _ = report.write_incident(str(tmp_path), "r1", doc)
+    folder, _ = documents.save_incident(str(tmp_path), "r1", doc, report.renderings)
     code, out, _ = run(capsys, folder, "--format", "json", "--reanalyze")
     assert code == 0 and json.loads(out)["findings"][0]["kind"] == "ddp_forward_on_subset"
     code, out, _ = run(capsys, folder, "--format", "json")
@@ -183,6 +186,7 @@ def test_input_errors_are_one_line(tmp_path, capsys):
         write_rank(tmp_path / "good", state)
     assert "notes.txt: not a ddpwatch" in one_line_error(capsys, str(tmp_path / "notes.txt"), str(tmp_path / "good"))
     st = seed_states(2)
-    folder, _ = report.write_incident(str(tmp_path / "inc"), "r1", incident(st, analysis.analyze(st, 2, 2.0, 300.0)))
+    doc = incident(st, analysis.analyze(st, 2, 2.0, 300.0))
+    folder, _ = documents.save_incident(str(tmp_path / "inc"), "r1", doc, report.renderings)
     report_file = os.path.join(folder, "report.json")
     assert "not a ddpwatch rank snapshot" in one_line_error(capsys, report_file, str(tmp_path / "good"))

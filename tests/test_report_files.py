@@ -37,7 +37,7 @@ def temp_dir(tmp_path, monkeypatch):
 
 def test_write_incident_writes_every_kind_of_file(tmp_path, temp_dir):
     doc = seed_incident(3)
-    folder, note = report.write_incident(str(tmp_path / "reports"), RUN_ID, doc)
+    folder, note = documents.save_incident(str(tmp_path / "reports"), RUN_ID, doc, report.renderings)
     assert note == ""
     assert folder == str(tmp_path / "reports" / RUN_ID)
     assert sorted(os.listdir(folder)) == ["rank-0.json", "rank-1.json", "rank-2.json", "report.html", "report.json",
@@ -56,9 +56,9 @@ def test_write_incident_writes_every_kind_of_file(tmp_path, temp_dir):
 
 def test_second_incident_with_the_same_run_id_gets_a_suffix(tmp_path, temp_dir):
     base = str(tmp_path / "reports")
-    first, _ = report.write_incident(base, RUN_ID, seed_incident())
-    second, note = report.write_incident(base, RUN_ID, seed_incident())
-    third, _ = report.write_incident(base, RUN_ID, seed_incident())
+    first, _ = documents.save_incident(base, RUN_ID, seed_incident(), report.renderings)
+    second, note = documents.save_incident(base, RUN_ID, seed_incident(), report.renderings)
+    third, _ = documents.save_incident(base, RUN_ID, seed_incident(), report.renderings)
     assert note == ""
     assert os.path.basename(first) == RUN_ID
     assert os.path.basename(second) == RUN_ID + "-2"
@@ -75,22 +75,22 @@ def test_no_staging_folder_left_behind_on_failure(tmp_path, temp_dir, monkeypatc
 
     monkeypatch.setattr(private, "write_new_file", broken)  # every file ddpwatch creates goes through it
     with pytest.raises(OSError):
-        report.write_incident(str(base), RUN_ID, seed_incident())
+        documents.save_incident(str(base), RUN_ID, seed_incident(), report.renderings)
     assert os.listdir(base) == []
-    assert [name for name in os.listdir(report.fallback_dir()) if name.startswith(".incoming-")] == []
+    assert [name for name in os.listdir(documents.fallback_dir()) if name.startswith(".incoming-")] == []
 
 
 def test_incident_folder_gets_umask_permissions_not_mkdtemp_ones(tmp_path, temp_dir):
     old = os.umask(0o022)
     try:
-        folder, _ = report.write_incident(str(tmp_path), RUN_ID, seed_incident())
+        folder, _ = documents.save_incident(str(tmp_path), RUN_ID, seed_incident(), report.renderings)
     finally:
         os.umask(old)
     assert os.stat(folder).st_mode & 0o777 == 0o755
 
 
 def test_unsafe_run_id_is_made_a_safe_folder_name(tmp_path, temp_dir):
-    folder, _ = report.write_incident(str(tmp_path), "../a b/c", seed_incident())
+    folder, _ = documents.save_incident(str(tmp_path), "../a b/c", seed_incident(), report.renderings)
     assert os.path.dirname(folder) == str(tmp_path)
     assert os.path.basename(folder) == "..-a-b-c"
 
@@ -100,9 +100,9 @@ def test_unwritable_base_falls_back_to_the_temp_dir(tmp_path, temp_dir):
     blocker.write_text("not a folder")
     base = str(blocker / "reports")
     doc = seed_incident()
-    folder, note = report.write_incident(base, RUN_ID, doc)
-    assert folder == os.path.join(report.fallback_dir(), RUN_ID)
-    assert report.fallback_dir() == str(temp_dir / f"ddpwatch-{os.getuid()}" / "reports")
+    folder, note = documents.save_incident(base, RUN_ID, doc, report.renderings)
+    assert folder == os.path.join(documents.fallback_dir(), RUN_ID)
+    assert documents.fallback_dir() == str(temp_dir / f"ddpwatch-{os.getuid()}" / "reports")
     assert os.path.isfile(os.path.join(folder, "report.json"))
     assert base in note
     assert folder in note
@@ -114,7 +114,7 @@ def test_unwritable_base_falls_back_to_the_temp_dir(tmp_path, temp_dir):
 def test_load_incident_reads_it_back(tmp_path, temp_dir):
     doc = seed_incident(3)
     original = copy.deepcopy(doc)
-    folder, _ = report.write_incident(str(tmp_path), RUN_ID, doc)
+    folder, _ = documents.save_incident(str(tmp_path), RUN_ID, doc, report.renderings)
     loaded = documents.load_incident(folder)
     assert loaded["report_dir"] == os.path.abspath(folder)
     loaded.pop("report_dir")
@@ -158,7 +158,7 @@ def test_format_error_is_a_value_error():
 
 def test_html_and_trace_files_are_whole_renderings(tmp_path, temp_dir):
     doc = seed_incident(2)
-    folder, _ = report.write_incident(str(tmp_path), RUN_ID, doc)
+    folder, _ = documents.save_incident(str(tmp_path), RUN_ID, doc, report.renderings)
     with open(os.path.join(folder, "report.html"), encoding="utf-8") as handle:
         page = handle.read()
     assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
@@ -175,7 +175,7 @@ def test_a_renderer_bug_costs_only_its_own_file(tmp_path, temp_dir, monkeypatch)
         raise RuntimeError("renderer bug")
 
     monkeypatch.setattr(html_report, "render_html", broken)
-    folder, _ = report.write_incident(str(tmp_path), RUN_ID, seed_incident())
+    folder, _ = documents.save_incident(str(tmp_path), RUN_ID, seed_incident(), report.renderings)
     with open(os.path.join(folder, "report.html"), encoding="utf-8") as handle:
         page = handle.read()
     assert "could not render" in page and "renderer bug" in page
@@ -197,7 +197,7 @@ class FakeTensor:
 def test_no_tensor_contents_reach_any_file(tmp_path, temp_dir):
     doc = seed_incident(2)
     doc["ranks"][0]["inflight"][0]["oops"] = FakeTensor()
-    folder, _ = report.write_incident(str(tmp_path), RUN_ID, doc)
+    folder, _ = documents.save_incident(str(tmp_path), RUN_ID, doc, report.renderings)
     for name in os.listdir(folder):
         with open(os.path.join(folder, name), encoding="utf-8") as handle:
             text = handle.read()
@@ -207,7 +207,7 @@ def test_no_tensor_contents_reach_any_file(tmp_path, temp_dir):
 
 
 def test_load_incident_refuses_a_rank_snapshot(tmp_path, temp_dir):
-    folder, _ = report.write_incident(str(tmp_path), RUN_ID, seed_incident())
+    folder, _ = documents.save_incident(str(tmp_path), RUN_ID, seed_incident(), report.renderings)
     with pytest.raises(FormatError, match="not a ddpwatch incident"):
         documents.load_incident(os.path.join(folder, "rank-0.json"))
 
@@ -249,7 +249,7 @@ def test_a_new_output_format_is_one_table_row_and_one_function(tmp_path, temp_di
 
     monkeypatch.setitem(report.RENDERERS, "toy", ("report.toy", render_toy, str))  # the one row
     assert "toy" in cli.report_formats()
-    folder, _ = report.write_incident(str(tmp_path / "reports"), RUN_ID, seed_incident())
+    folder, _ = documents.save_incident(str(tmp_path / "reports"), RUN_ID, seed_incident(), report.renderings)
     assert open(os.path.join(folder, "report.toy"), encoding="utf-8").read() == f"toy report of {RUN_ID}\n"
     out = tmp_path / "out.toy"
     assert cli.main(["report", folder, "--format", "toy", "-o", str(out)]) == 0
@@ -276,7 +276,7 @@ def test_a_failed_output_file_leaves_no_temp_file_and_the_old_file_whole(tmp_pat
 # ----- `-o PATH` and every file ddpwatch writes: a rename replaces only a regular file (issue 27 item 2) -----
 
 def written_report(tmp_path, temp_dir):
-    folder, _ = report.write_incident(str(tmp_path / "reports"), RUN_ID, seed_incident())
+    folder, _ = documents.save_incident(str(tmp_path / "reports"), RUN_ID, seed_incident(), report.renderings)
     return folder
 
 

@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 from factory import incident, seed_states  # noqa: E402
 
 from ddpwatch import analysis, demo, dump_client, registry
+from ddpwatch.format import documents  # noqa: E402
 from ddpwatch.render import report  # noqa: E402
-from ddpwatch.watch import incident_writer  # noqa: E402
 
 OTHER_UID = 54321
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user (chown) needs root")
@@ -251,7 +251,7 @@ def seed_incident():
 def test_the_fallback_report_folder_is_in_the_users_private_folder(temp_dir, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    folder, note = report.write_incident(str(blocker / "reports"), "run1", seed_incident())
+    folder, note = documents.save_incident(str(blocker / "reports"), "run1", seed_incident(), report.renderings)
     assert folder == str(user_root(temp_dir) / "reports" / "run1")
     assert stat.S_IMODE(os.stat(user_root(temp_dir)).st_mode) == 0o700
     assert folder in note
@@ -264,7 +264,7 @@ def test_the_fallback_refuses_a_shared_folder_made_ready_by_someone_else(temp_di
     (root / "reports").mkdir(parents=True)
     os.chmod(root, 0o777)
     with pytest.raises(OSError, match="writable by others"):
-        report.write_incident(str(blocker / "reports"), "run1", seed_incident())
+        documents.save_incident(str(blocker / "reports"), "run1", seed_incident(), report.renderings)
     assert os.listdir(root / "reports") == []
 
 
@@ -275,32 +275,21 @@ def test_a_staging_folder_swapped_for_a_symlink_is_never_written_through(tmp_pat
     ssh = tmp_path / "home" / ".ssh"
     ssh.mkdir(parents=True, mode=0o700)
     os.chmod(ssh, 0o700)
-    original = report._fill
+    original = documents._fill
 
-    def swap_then_fill(target, doc):
+    def swap_then_fill(target, doc, renderings):
         [staging] = [name for name in os.listdir(base) if name.startswith(".incoming-")]
         os.rename(base / staging, base / "moved-away")
         os.symlink(ssh, base / staging)
-        return original(target, doc)
+        return original(target, doc, renderings)
 
-    monkeypatch.setattr(report, "_fill", swap_then_fill)
+    monkeypatch.setattr(documents, "_fill", swap_then_fill)
     try:
-        report.write_incident(str(base), "run1", seed_incident())
+        documents.save_incident(str(base), "run1", seed_incident(), report.renderings)
     except OSError:
         pass  # refusing is fine; writing into ~/.ssh or changing its mode is not
     assert os.listdir(ssh) == []
     assert stat.S_IMODE(os.stat(ssh).st_mode) == 0o700
-
-
-def test_refresh_never_writes_through_a_symlinked_incident_folder(tmp_path, temp_dir):
-    folder, _ = report.write_incident(str(tmp_path / "reports"), "run1", seed_incident())
-    victim = tmp_path / "victim"
-    victim.mkdir()
-    link = tmp_path / "reports" / "link"
-    os.symlink(victim, link)
-    with pytest.raises(OSError):
-        report.refresh_incident(str(link), seed_incident())
-    assert os.listdir(victim) == []
 
 
 def test_the_demo_reports_go_to_a_private_folder(temp_dir, monkeypatch):
@@ -335,7 +324,7 @@ def rank_doc():
 def test_a_rank_dump_gets_the_umask_permissions(tmp_path):
     old = os.umask(0o022)
     try:
-        path = incident_writer._write_rank_dump(str(tmp_path / "local-x"), rank_doc())
+        path = documents.save_rank_dump(str(tmp_path / "local-x"), rank_doc())
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
@@ -344,7 +333,7 @@ def test_a_rank_dump_gets_the_umask_permissions(tmp_path):
 def test_a_rank_dump_falls_back_to_the_private_folder(tmp_path, temp_dir):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    path = incident_writer._write_rank_dump(str(blocker / "local-x"), rank_doc())
+    path = documents.save_rank_dump(str(blocker / "local-x"), rank_doc())
     assert path == str(user_root(temp_dir) / "reports" / "local-x" / "rank-0.json")
 
 
@@ -356,7 +345,7 @@ def test_a_planted_symlink_as_the_local_dump_folder_is_not_written_through(tmp_p
     target.mkdir()
     os.chmod(shared, 0o1777)
     os.symlink(target, shared / "local-x")
-    path = incident_writer._write_rank_dump(str(shared / "local-x"), rank_doc())
+    path = documents.save_rank_dump(str(shared / "local-x"), rank_doc())
     assert os.listdir(target) == []
     assert path == str(user_root(temp_dir) / "reports" / "local-x" / "rank-0.json")
 
@@ -369,7 +358,7 @@ def test_a_local_dump_folder_owned_by_another_user_is_refused(tmp_path, temp_dir
     os.chmod(shared, 0o1777)
     os.chmod(planted, 0o777)
     os.chown(planted, OTHER_UID, OTHER_UID)
-    path = incident_writer._write_rank_dump(str(planted), rank_doc())
+    path = documents.save_rank_dump(str(planted), rank_doc())
     assert os.listdir(planted) == []
     assert path == str(user_root(temp_dir) / "reports" / "local-x" / "rank-0.json")
 
@@ -377,7 +366,7 @@ def test_a_local_dump_folder_owned_by_another_user_is_refused(tmp_path, temp_dir
 def test_the_local_dump_folder_of_this_user_is_used_with_the_umask_mode(tmp_path):
     old = os.umask(0o002)
     try:
-        path = incident_writer._write_rank_dump(str(tmp_path / "parent" / "local-x"), rank_doc())
+        path = documents.save_rank_dump(str(tmp_path / "parent" / "local-x"), rank_doc())
     finally:
         os.umask(old)
     assert path == str(tmp_path / "parent" / "local-x" / "rank-0.json")
@@ -388,10 +377,10 @@ FULL_DISK = r"""
 import os, resource, signal, sys, tempfile
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, as on a full disk
 tempfile.tempdir = sys.argv[2]
-from ddpwatch.watch import incident_writer
+from ddpwatch.format import documents
 doc = {"format_version": 1, "rank": 0, "world_size": 2, "padding": "x" * 100000}
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
-print(incident_writer._write_rank_dump(sys.argv[1], doc))
+print(documents.save_rank_dump(sys.argv[1], doc))
 """
 
 

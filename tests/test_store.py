@@ -325,7 +325,7 @@ def test_a_rank_that_makes_progress_publishes_its_whole_state_every_few_seconds_
     from ddpwatch.watch import rank_state
 
     recorder = Recorder()
-    states = rank_state.StateReader(recorder, Config(), 0, 2, "node0", lambda *a, **k: None)
+    states = rank_state.StateReader(recorder, Config(), 0, 2, "node0", set())
     here = sys._getframe()
 
     def step():
@@ -372,7 +372,7 @@ def test_a_running_rank_sends_its_beat_alone_until_it_stops_or_its_whole_state_i
     from ddpwatch.watch import rank_state
 
     recorder = Recorder()
-    states = rank_state.StateReader(recorder, Config(grace=0.5), 0, 2, "node0", lambda *a, **k: None)
+    states = rank_state.StateReader(recorder, Config(grace=0.5), 0, 2, "node0", set())
     here = sys._getframe()
 
     def step():

@@ -1,15 +1,21 @@
-"""Load and save ddpwatch's own documents: report.json and rank-<r>.json, any readable version, checked; no torch."""
+"""Load and save ddpwatch's own documents: report.json, rank-<r>.json and the incident folder that holds them, any
+readable version, checked; no torch. The one place that encodes and writes an incident folder."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import threading
 
+from .. import atomic, private
+from ..terminal import visible
 from . import bounded, validate
 from .upgrade import upgrade
 from .version import FormatError, check_version
 
 REPORT_JSON = "report.json"  # the incident itself, in its folder (render.report.RENDERERS names it there)
+NOWHERE = "(nowhere: no writable directory)"  # where a rank's local dump went when no folder took it
 
 
 # One encoder, made once: json.dumps with any option builds a new JSONEncoder per call (every heartbeat).
@@ -19,6 +25,12 @@ _encode = json.JSONEncoder(default=repr, separators=(",", ":")).encode
 def dumps(doc: dict) -> str:
     """Serialise a snapshot or incident; anything not JSON-native becomes its repr rather than an error."""
     return _encode(doc)
+
+
+def encoded(text: str) -> bytes:
+    """UTF-8 that cannot fail: a lone surrogate (a path from os.fsdecode, "\\ud800" in a crafted file) that got this
+    far is written as its escape, never raised, so no string costs the incident its files."""
+    return text.encode("utf-8", "backslashreplace")
 
 
 def json_default(value):
@@ -38,9 +50,95 @@ def rank_file_name(rank: int) -> str:
 def rank_file_bytes(state: dict) -> bytes:
     """rank-<r>.json, the one encoder of a rank's state on disk (an incident folder, a rank's local dump): values JSON
     cannot hold as json_default says, and UTF-8 that cannot fail (a lone surrogate is written as its escape)."""
-    text = json.dumps(state, default=json_default, separators=(",", ":")) + "\n"
-    return text.encode("utf-8", "backslashreplace")
+    return encoded(json.dumps(state, default=json_default, separators=(",", ":")) + "\n")
 
+
+def report_json_text(incident: dict) -> str:
+    """report.json, the one encoder of an incident (render.json_report words its findings first)."""
+    return json.dumps(incident, indent=1, default=json_default) + "\n"
+
+
+# ---------------------------------------------------------------- saving
+
+def incident_files(incident: dict, renderings) -> dict:
+    """name -> bytes of every file of an incident folder: each rank's state, then `renderings(incident)` (file name
+    -> text: render.report.renderings, report.json among them)."""
+    files = {rank_file_name(state["rank"]): rank_file_bytes(state) for state in incident.get("ranks") or ()}
+    files.update((name, encoded(text)) for name, text in renderings(incident).items())
+    return files
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run"
+
+
+def _fill(folder_fd: int, incident: dict, renderings) -> None:
+    """Write every file of the incident into the folder open at `folder_fd` (new files only, no link followed)."""
+    atomic.write_new_files(folder_fd, incident_files(incident, renderings))
+
+
+def _place(base_fd: int, base: str, run_id: str, incident: dict, renderings) -> str:
+    """The incident's folder, named after the run (`-2`, `-3`... when taken), written whole by the atomic writer."""
+    names = (_safe(run_id) + ("" if attempt == 1 else f"-{attempt}") for attempt in range(1, 1000))
+
+    def fill(staging_fd: int, final: str) -> None:
+        incident["report_dir"] = os.path.abspath(final)
+        _fill(staging_fd, incident, renderings)
+
+    return atomic.place_folder(base_fd, base, names, fill)
+
+
+def fallback_dir() -> str:
+    """Where reports go when their folder cannot be written: this user's private folder in the temp dir."""
+    return os.path.join(private.root_path(), "reports")
+
+
+def open_fallback(*parts: str) -> int:
+    """A descriptor of fallback_dir()/<parts...>, each level private and checked (private.UnsafeFolder if not)."""
+    return private.open_private("reports", *parts)
+
+
+def save_incident(base: str, run_id: str, incident: dict, renderings) -> tuple:
+    """(folder, note): the incident's folder under `base`, written once and whole (its `report_dir` set to it); note
+    says where it went instead when `base` was not writable. `renderings`: see incident_files."""
+    try:
+        fd = private.open_folder(base)
+        try:
+            return _place(fd, base, run_id, incident, renderings), ""
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        fd = open_fallback()  # raises UnsafeFolder, saying why, when that folder is not safe
+        try:
+            folder = _place(fd, fallback_dir(), run_id, incident, renderings)
+        finally:
+            os.close(fd)
+        return folder, visible(f"could not write under {base} ({exc}); wrote {folder} instead")
+
+
+def save_rank_dump(folder: str, doc: dict) -> str:
+    """rank-<r>.json in `folder`, written whole or not at all (temp file + rename), with the umask's mode; else in
+    this user's private temp folder; a failed write (full disk) leaves no temp file behind. Its path, or NOWHERE."""
+    data = rank_file_bytes(doc)
+    name, sub = rank_file_name(doc["rank"]), os.path.basename(folder)
+    places = ((folder, lambda: private.open_subfolder(folder)),
+              (os.path.join(fallback_dir(), sub), lambda: open_fallback(sub)))
+    for base, open_base in places:
+        try:
+            fd = open_base()
+        except OSError:
+            continue
+        try:
+            atomic.write_file(fd, name, data, temp=f".rank-{doc['rank']}-{os.getpid()}-{threading.get_ident()}.tmp")
+            return os.path.join(base, name)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return NOWHERE
+
+
+# ---------------------------------------------------------------- loading
 
 def load_json_text(text: str, what: str) -> dict:
     try:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
-from ..format.documents import json_default
+from ..format.documents import report_json_text
 from .wording import worded_incident
 
 
 def render_json(incident: dict) -> str:
     """report.json: the incident itself, each finding with its summary and fix worded (as report.json always had)."""
-    return json.dumps(worded_incident(incident), indent=1, default=json_default) + "\n"
+    return report_json_text(worded_incident(incident))

@@ -85,7 +85,7 @@ def run_command(args, stdout=None, stderr=None) -> int:
         incident = build_incident(args)
         text = report.render_format(incident, args.format)
         if getattr(args, "output", None):
-            atomic.write_path(args.output, report.encoded(text))  # whole or not at all, an ordinary file
+            atomic.write_path(args.output, documents.encoded(text))  # whole or not at all, an ordinary file
             _write(stderr, f"ddpwatch report: wrote {visible(args.output)}\n")
         else:
             _write(stdout, text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -9,10 +10,11 @@ import time
 from typing import NamedTuple
 
 from .. import analysis
-from ..config import ABORT, REPORT, action_row
+from ..config import ABORT, REPORT, action_row, torchelastic_error_file
+from ..logonce import log_once
+from ..render import wording
 from . import evidence, verdict
 from ..terminal import say, visible
-from .incident_writer import write_error_file
 from .store import StoreUnavailable
 
 # What a collective's error says when the rank at the other end is gone (gloo, NCCL).
@@ -39,6 +41,27 @@ class Outcome(NamedTuple):
     leader: bool
 
 
+def write_error_file(incident: dict, logged: set) -> None:
+    """torchrun's agent prints a worker's error file in its failure summary: put the verdict there."""
+    path = torchelastic_error_file()
+    if not path:
+        return
+    findings = incident.get("findings") or []
+    first = findings[0] if findings else {}
+    message = (f"ddpwatch: {first.get('kind', 'hang')}"
+               + (f" (culprit {wording.rank_list(first['ranks'])})" if first.get("ranks") else "")
+               + (f": {first['summary']}" if first.get("summary") else "")
+               + f" Report: {incident.get('report_dir') or '(being written, or none could be written)'}")
+    message = visible(message)  # torchrun prints it: a peer's words must not drive the terminal
+    doc = {"message": {"message": message,
+                       "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(doc, handle)  # ASCII-escaped: no string, however odd, can fail the write
+    except Exception as exc:
+        log_once(logged, "error-file", "ddpwatch: could not write the error file %s: %s", path, exc)
+
+
 def end_process(code: int) -> None:
     try:
         sys.stderr.flush()
@@ -56,13 +79,13 @@ class AbortPolicy:
     to IDLE when the posted verdict is not one to act on. The leader goes from IDLE to ARMED when it says the verdict.
     """
 
-    def __init__(self, config, rank: int, world_size: int, job, writing: threading.Event, log_once):
+    def __init__(self, config, rank: int, world_size: int, job, writing: threading.Event, logged: set):
         self.config = config
         self.rank = rank
         self.world_size = world_size
         self.job = job
         self.writing = writing  # set while a report is being written: an ending rank waits for it
-        self.log_once = log_once
+        self.logged = logged  # the watchdog's warnings said once
         self.state = IDLE
         self.pending: int | None = None  # the incident whose verdict a PENDING rank waits for
 
@@ -88,13 +111,13 @@ class AbortPolicy:
         its error file must hold the verdict before any rank can exit, and only then may a failing collective end
         this rank."""
         if action_row(action).ends_rank or _names_a_crash(incident):
-            write_error_file(incident, self.log_once)  # a peer the backend aborted: torchrun names this rank too
+            write_error_file(incident, self.logged)  # a peer the backend aborted: torchrun names this rank too
         if action_row(action).ends_rank:
             self.arm()
 
     def report_written(self, incident: dict, action: str) -> None:
         if action_row(action).ends_rank or _names_a_crash(incident):
-            write_error_file(incident, self.log_once)  # now with the report's folder
+            write_error_file(incident, self.logged)  # now with the report's folder
 
     def act(self, action: str, outcome: Outcome) -> None:
         POLICIES[action](self, outcome)
@@ -121,11 +144,11 @@ class AbortPolicy:
         why = verdict.why_not_act(posted, self.config.action, own_state(), self.rank, self.config.grace,
                                   self.config.timeout)
         if why is not None:
-            self.log_once(f"verdict-{number}", "ddpwatch: rank %d does not act on incident %d's abort verdict: %s",
-                          self.rank, number, visible(why))
+            log_once(self.logged, f"verdict-{number}", "ddpwatch: rank %d does not act on incident %d's abort "
+                     "verdict: %s", self.rank, number, visible(why))
             return
         folder = posted.get("folder") if isinstance(posted.get("folder"), str) else None
-        write_error_file({"findings": _posted_findings(posted), "report_dir": folder}, self.log_once)
+        write_error_file({"findings": _posted_findings(posted), "report_dir": folder}, self.logged)
         self.act(self.config.action, Outcome(number, folder, leader=False))
 
     # ----- a collective failing on the training thread -----

@@ -20,13 +20,13 @@ NATIVE_WINDOW_S = 60.0
 
 
 class Answers:
-    """What this rank has answered, and what its answers may still cost. `state(full=True)` builds the answer;
-    `native(pid)` reads native stacks (evidence.native_stacks); `clock` is monotonic seconds."""
+    """What this rank has answered, and what its answers may still cost. `states` (rank_state.StateReader) reads the
+    answer; `native(pid)` reads native stacks (evidence.native_stacks); `clock` is monotonic seconds."""
 
-    def __init__(self, job, rank: int, state, native=None, clock=time.monotonic):
+    def __init__(self, job, rank: int, states, native=None, clock=time.monotonic):
         self.job = job
         self.rank = rank
-        self._state = state
+        self._states = states
         self._native = native
         self._clock = clock
         self.answered = 0  # the newest incident this rank answered (its own included)
@@ -35,14 +35,12 @@ class Answers:
 
     # ----- an incident this rank leads: always answered -----
     def own(self, number: int) -> None:
-        """This rank's full state and Python stacks for its own incident `number` (fast: no subprocess)."""
+        """This rank's full state and Python stacks for its own incident `number` (fast: no subprocess; the writer
+        reads this rank's native stacks itself, incident_writer.NativeReads)."""
         if number <= self.answered:
             return
         self.answered = number
-        self.job.contribute(number, self.rank, self._state(full=True))
-
-    def own_native(self, number: int) -> None:
-        self.job.contribute_native(number, self.rank, self._read_native())
+        self.job.contribute(number, self.rank, self._states.read(full=True))
 
     # ----- a peer's incident: bounded -----
     def peer(self, number: int, costly: bool) -> bool:
@@ -54,7 +52,7 @@ class Answers:
             return False
         self._last_answer = now
         self.answered = number
-        self.job.contribute(number, self.rank, self._state(full=True, costly=costly))
+        self.job.contribute(number, self.rank, self._states.read(full=True, flight_recorder=costly))
         return True
 
     def peer_native(self, number: int, needed: bool) -> None:

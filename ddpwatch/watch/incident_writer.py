@@ -1,21 +1,21 @@
-"""One incident, written: the ranks' stacks collected, assessed, built, the verdict said, the report folder written."""
+"""One incident, written: the ranks' stacks collected, assessed, built, the verdict said, the native stacks read, then
+the report folder written once, with them."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 
-from .. import analysis, atomic, private
+from .. import analysis
 from ..analysis.incident import build as build_incident
-from ..config import torchelastic_error_file
 from ..format import documents
+from ..logonce import log_once
 from ..render import report, wording
 from ..render.text import render_text
 from ..static import rankcond
-from ..terminal import say, visible
+from ..terminal import say
 from . import alerts, evidence, verdict
 from ..capture.record import is_internal_file
 from .store import StoreUnavailable
@@ -27,31 +27,6 @@ COLLECT_S = 2.0  # how long the writer waits for every rank's stacks before it w
 # is due within 2 s of the position; a rank that has not answered by then stands in with its positions
 MISMATCH_COLLECT_S = 0.3
 MAX_OUTSIDE_READS = 4  # busy local ranks whose native stacks the writer reads itself (py-spy, up to 3 s each)
-NOWHERE = "(nowhere: no writable directory)"
-
-
-def _write_rank_dump(folder: str, doc: dict) -> str:
-    """rank-<r>.json in `folder`, written whole or not at all (temp file + rename), with the umask's mode; else in
-    this user's private temp folder; a failed write (full disk) leaves no temp file behind."""
-    data = documents.rank_file_bytes(doc)
-    name, sub = documents.rank_file_name(doc["rank"]), os.path.basename(folder)
-    places = ((folder, lambda: private.open_subfolder(folder)),
-              (os.path.join(report.fallback_dir(), sub), lambda: report.open_fallback(sub)))
-    for base, open_base in places:
-        try:
-            fd = open_base()
-        except OSError:
-            continue
-        try:
-            atomic.write_file(fd, name, data, temp=f".rank-{doc['rank']}-{os.getpid()}-{threading.get_ident()}.tmp")
-            return os.path.join(base, name)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return NOWHERE
-
-
 
 
 def _render_or_summary(incident: dict) -> str:
@@ -65,45 +40,66 @@ def _render_or_summary(incident: dict) -> str:
         return "\n".join(lines or ["ddpwatch: a hang was found, but its report could not be rendered"]) + "\n"
 
 
-def write_error_file(incident: dict, log_once) -> None:
-    """torchrun's agent prints a worker's error file in its failure summary: put the verdict there."""
-    path = torchelastic_error_file()
-    if not path:
-        return
-    findings = incident.get("findings") or []
-    first = findings[0] if findings else {}
-    message = (f"ddpwatch: {first.get('kind', 'hang')}"
-               + (f" (culprit {wording.rank_list(first['ranks'])})" if first.get("ranks") else "")
-               + (f": {first['summary']}" if first.get("summary") else "")
-               + f" Report: {incident.get('report_dir') or '(being written, or none could be written)'}")
-    message = visible(message)  # torchrun prints it: a peer's words must not drive the terminal
-    doc = {"message": {"message": message,
-                       "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}}
+def _pid(value) -> int | None:
+    """A process id as a peer published it (checked by the store's reader, but never trusted to be a number)."""
     try:
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(doc, handle)  # ASCII-escaped: no string, however odd, can fail the write
-    except Exception as exc:
-        log_once("error-file", "ddpwatch: could not write the error file %s: %s", path, exc)
+        return int(value) if value else None
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+class NativeReads:
+    """One incident's native stacks (py-spy), in hand before its folder is written: those this rank reads, each on a
+    thread of its own (py-spy, up to PY_SPY_TIMEOUT_S each), and the answering peers' from the store."""
+
+    def __init__(self, job, number: int):
+        self.job = job
+        self.number = number
+        self._read: dict = {}  # rank -> py-spy's dump; each thread writes its own rank's key
+        self._threads: list = []
+
+    def start(self, rank: int, pid: int) -> None:
+        def read() -> None:
+            self._read[rank] = evidence.native_stacks(pid)  # looked up per call: tests replace evidence's
+
+        thread = threading.Thread(target=read, name=f"ddpwatch-py-spy-{rank}", daemon=True)
+        self._threads.append((rank, thread))
+        thread.start()
+
+    def gather(self, answered: set) -> dict:
+        """rank -> native stacks of every rank read here and of every rank in `answered` that sent its own, or what
+        came within PY_SPY_TIMEOUT_S + 1 s of now."""
+        deadline = time.monotonic() + evidence.PY_SPY_TIMEOUT_S + 1.0
+        for _, thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        natives = {rank: self._read[rank] for rank, _ in self._threads if rank in self._read}
+        from_store = answered - {rank for rank, _ in self._threads}
+        while from_store - set(natives):
+            natives.update(self.job.natives(self.number, from_store - set(natives)))
+            if not from_store - set(natives) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.1)
+        return natives
 
 
 class IncidentWriter:
-    """Writes the incidents this rank leads. `contribute(number)` / `contribute_native(number)` add this rank's own
-    answer (the watchdog's, which also answers other ranks' incidents); `policy` is told when the verdict is out
-    and when the report is written (abort.AbortPolicy: torchrun's error file, the exit)."""
+    """Writes the incidents this rank leads, given what it needs: `job` (the store protocol), `answers` (this rank's
+    answers: its own to its own incident), `policy` (abort.AbortPolicy, told when the verdict is out and when the
+    report is written: torchrun's error file, the exit), `logged` (the watchdog's set of warnings said once) and
+    `stopping` (an Event, set once the process exits: no native stacks are waited for then)."""
 
-    def __init__(self, job, config, rank: int, world_size: int, host: str, run_tag: str, *, contribute,
-                 contribute_native, policy, log_once, stopping=lambda: False):
+    def __init__(self, job, config, rank: int, world_size: int, host: str, run_tag: str, *, answers, policy,
+                 logged: set, stopping: threading.Event):
         self.job = job
         self.config = config
         self.rank = rank
         self.world_size = world_size
         self.host = host
         self.run_tag = run_tag
-        self.contribute = contribute
-        self.contribute_native = contribute_native
+        self.answers = answers
         self.policy = policy
-        self.log_once = log_once
-        self.stopping = stopping  # true once the process exits: no second pass for native stacks then
+        self.logged = logged
+        self.stopping = stopping
         self._frozen_stacks: dict = {}  # rank -> py-spy's read of it (once per peer)
 
     def read_frozen_stacks(self, silent: dict) -> None:
@@ -126,12 +122,13 @@ class IncidentWriter:
         """Collect, analyse, announce and write one incident: (folder or None, number), or None when it was called
         off. `watched` holds the peers' states of the look that started it: a busy peer's stands in for its answer.
 
-        The verdict reaches stderr (and torchrun's error file) before any report file is written, and a report that
-        cannot be written anywhere (a full disk, a file size limit, no usable folder) loses nothing else: the verdict
-        is posted and an abort still ends the job."""
+        The verdict reaches stderr (and torchrun's error file) as soon as the answers are in, before any report file;
+        the folder is written once, after it, with the native stacks read since. A report that cannot be written
+        anywhere (a full disk, a file size limit, no usable folder) loses nothing else: the verdict is posted and an
+        abort still ends the job."""
         number = self.job.open_incident({"trigger": assessment.verdict, "leader": self.rank, "action": action,
                                          "fingerprint": assessment.fingerprint})
-        self.contribute(number)
+        self.answers.own(number)
         contributions = self._collect(number, answering=self.world_size - len(silent or ()),
                                       wait=MISMATCH_COLLECT_S if assessment.verdict == analysis.MISMATCH else COLLECT_S)
         final, busy = self._with_stand_ins(contributions, silent or {}, watched)
@@ -140,19 +137,12 @@ class IncidentWriter:
             return None
         say("\n" + _render_or_summary(incident))  # after any progress bar; before any file
         self.policy.verdict_out(incident, action)
+        self._add_native_stacks(number, incident, busy)
         folder = self._write_report_folder(incident)
         if folder is not None:
             self.policy.report_written(incident, action)
         alerts.announce(self.config, incident, folder)  # returns at once: the hook runs on a thread of its own
-        if folder is not None and not self.stopping():
-            try:
-                self._add_native_stacks(number, folder, incident, busy)
-            except StoreUnavailable:
-                raise
-            except Exception:  # the report is out; a failure adding native stacks must not stop what follows
-                self.log_once("native", "ddpwatch: could not add native stacks", exc_info=True)
-        # The verdict is posted once the folder is final: with action=abort the peers exit on it, and a peer gone
-        # while the folder is rewritten with native stacks would end this rank mid-rewrite.
+        # Posted once the folder is written: with action=abort the peers exit on it.
         first = incident["findings"][0] if incident["findings"] else {}
         self.job.post_verdict(number, {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]],
                                        "action": action, "culprits": first.get("ranks"),
@@ -192,10 +182,34 @@ class IncidentWriter:
                                rank_conditions=rankcond.capture_rank_conditions(final))
         return wording.worded_incident(built)  # as report.json has it: the summary and fix of each finding
 
+    def _add_native_stacks(self, number: int, incident: dict, busy: list) -> None:
+        """Each rank's native stacks into its state, once the verdict is out (py-spy pauses the process it reads, and
+        on this rank that would delay the verdict): this rank's own and the `busy` local ranks' (too busy to answer:
+        a C call holding the GIL, where such a rank sits is exactly what the report must show) read here, side by
+        side; the others', sent by each rank that answered (not stale) as it answered, from the store."""
+        if self.stopping.is_set():
+            return  # the process exits: the folder is written now, with Python stacks
+        try:
+            natives = NativeReads(self.job, number)
+            natives.start(self.rank, os.getpid())
+            for state in incident["ranks"]:
+                pid = _pid(state.get("pid"))
+                if state["rank"] in busy[:MAX_OUTSIDE_READS] and pid:
+                    natives.start(state["rank"], pid)
+            read = natives.gather({state["rank"] for state in incident["ranks"] if not state.get("stale")})
+        except StoreUnavailable:
+            raise
+        except Exception:  # the verdict is out; a failure reading native stacks must not cost the report
+            log_once(self.logged, "native", "ddpwatch: could not add native stacks", exc_info=True)
+            return
+        for state in incident["ranks"]:
+            if state["rank"] in read:
+                state["native"] = read[state["rank"]]
+
     def _write_report_folder(self, incident: dict) -> str | None:
         """The incident folder (under `dir`, else the private fallback); None, said in one line, when neither works."""
         try:
-            folder, note = report.write_incident(self.config.dir, incident["run_id"], incident)
+            folder, note = documents.save_incident(self.config.dir, incident["run_id"], incident, report.renderings)
         except Exception as exc:  # OSError (EFBIG, ENOSPC, EACCES), UnsafeFolder, or a value that cannot be encoded
             incident.pop("report_dir", None)
             say(f"ddpwatch: could not write the report anywhere ({type(exc).__name__}: {exc}); "
@@ -203,30 +217,6 @@ class IncidentWriter:
             return None
         say(f"ddpwatch: report written to {folder}\n" + (f"ddpwatch: {note}\n" if note else ""))
         return folder
-
-    def _add_native_stacks(self, number: int, folder: str, incident: dict, busy: list) -> None:
-        """Second pass, after the report is out: py-spy's native stacks from every rank, files rewritten in place.
-
-        A rank that answers reads its own; for `busy` local ranks, too busy to answer (a C call holding the GIL),
-        this rank reads them from outside: where such a rank sits is exactly what the report must show."""
-        self.contribute_native(number)
-        natives: dict = {state["rank"]: evidence.native_stacks(int(state["pid"])) for state in incident["ranks"]
-                         if state["rank"] in busy[:MAX_OUTSIDE_READS] and state.get("pid")}
-        deadline = time.monotonic() + evidence.PY_SPY_TIMEOUT_S + 1.0
-        wanted = {state["rank"] for state in incident["ranks"] if not state.get("stale")} | set(natives)
-        while time.monotonic() < deadline and len(natives) < len(wanted):
-            natives.update(self.job.natives(number, wanted - set(natives)))
-            if len(natives) < len(wanted):
-                time.sleep(0.1)
-        if not natives:
-            return
-        for state in incident["ranks"]:
-            if state["rank"] in natives:
-                state["native"] = natives[state["rank"]]
-        try:
-            report.refresh_incident(folder, incident)
-        except OSError as exc:
-            self.log_once("refresh", "ddpwatch: could not add native stacks to %s: %s", folder, exc)
 
     def _incident_id(self) -> str:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -241,7 +231,7 @@ class IncidentWriter:
     def write_local_dump(self, full: dict, record: dict) -> None:
         """The store is gone: this stuck rank's own dump, for `ddpwatch report` to merge later."""
         folder = os.path.join(self.config.dir, f"local-{self.job.stamp or 'run'}-{self.run_tag or 'job'}")
-        path = _write_rank_dump(folder, full)
-        written = folder if path == NOWHERE else os.path.dirname(path)  # the fallback, where that was used
+        path = documents.save_rank_dump(folder, full)
+        written = folder if path == documents.NOWHERE else os.path.dirname(path)  # the fallback, where that was used
         say(f"ddpwatch: rank {self.rank} is stuck in {wording.describe_op(record)} and the store is gone; wrote "
             f"{path}. Merge the ranks' dumps with: ddpwatch report {written}\n")

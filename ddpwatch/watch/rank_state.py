@@ -10,6 +10,7 @@ import time
 from .. import analysis
 from ..static import exits, rankcond
 from ..format import build
+from ..logonce import log_once
 from . import evidence
 from ..capture import frameworks, loaders
 from ..capture.record import is_internal_file, user_frame
@@ -26,13 +27,13 @@ class StateReader:
     """Reads this rank's state for the watchdog; remembers what is costly to read again (one explanation per wait,
     one Flight Recorder read per doubling of the idle time)."""
 
-    def __init__(self, recorder, config, rank: int, world_size: int, host: str, log_once):
+    def __init__(self, recorder, config, rank: int, world_size: int, host: str, logged: set):
         self.recorder = recorder
         self.config = config
         self.rank = rank
         self.world_size = world_size
         self.host = host
-        self._log_once = log_once
+        self._logged = logged  # the watchdog's warnings said once
         self.beat = 0
         self.sampler = evidence.ProcessSampler()
         self._explained: tuple = (None, (None, None))  # (the wait it was read for, (framework context, condition))
@@ -120,7 +121,7 @@ class StateReader:
         try:
             context = frameworks.framework_context(main)
         except Exception:
-            self._log_once("framework", "ddpwatch: could not read the framework's state", exc_info=True)
+            log_once(self._logged, "framework", "ddpwatch: could not read the framework's state", exc_info=True)
         site = (context or {}).get("site")
         condition = rankcond.rank_condition_at_site(site) if site else None
         if condition is None:

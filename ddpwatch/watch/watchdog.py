@@ -54,16 +54,15 @@ class Watchdog(threading.Thread):
         self._local_dumps: set = set()
         self._logged: set = set()
         self._store_ok = True
-        self.states = StateReader(recorder, config, rank, world_size, self.host, self._log_once)
+        self.states = StateReader(recorder, config, rank, world_size, self.host, self._logged)
         self.peers = PeerTracker(rank, world_size, self.host, config)
-        self.policy = AbortPolicy(config, rank, world_size, self.job, self.writing, self._log_once)
-        self.answers = Answers(self.job, rank, self.state)
+        self.policy = AbortPolicy(config, rank, world_size, self.job, self.writing, self._logged)
+        self.answers = Answers(self.job, rank, self.states)
         self.states.fingerprints = log = FingerprintLog(recorder)
         self.mismatches = MismatchCheck(log, rank, world_size, lambda: recorder.groups)
         self._seen, self._info = 0, {}  # the newest incident whose info this rank has read, and that info
-        self.writer = IncidentWriter(self.job, config, rank, world_size, self.host, run_tag,
-                                     contribute=self.answers.own, contribute_native=self.answers.own_native,
-                                     policy=self.policy, log_once=self._log_once, stopping=self._stop_event.is_set)
+        self.writer = IncidentWriter(self.job, config, rank, world_size, self.host, run_tag, answers=self.answers,
+                                     policy=self.policy, logged=self._logged, stopping=self._stop_event)
         self._watched_states: dict = {}  # the peers' states of the last look that started an incident
         self._blocked_since = 0.0  # monotonic time this rank registered as waiting
         self._last_to_block = False  # this round's registration made every rank waiting
@@ -108,7 +107,7 @@ class Watchdog(threading.Thread):
                     self.tick()
                 elif self.registered_waiting and now - self._blocked_since < ANSWER_FAST_S:
                     self._answer_incidents()
-                    self.policy.check_posted(self.state)
+                    self.policy.check_posted(self.states.read)
             except StoreUnavailable as exc:
                 self._store_ok = False
                 self._log_once("store", "ddpwatch: the store stopped answering (%s); no longer publishing; "
@@ -165,7 +164,7 @@ class Watchdog(threading.Thread):
     def _report_peer_failure(self) -> None:
         """Find the rank that vanished (psutil here, a stopped heartbeat elsewhere; crashes.py) and report it."""
         try:
-            silent, findings = crashes.vanished(self.peers, self.job, self.config, self._stop_event, self.state)
+            silent, findings = crashes.vanished(self.peers, self.job, self.config, self._stop_event, self.states.read)
             fingerprint = "peer-failure-" + "-".join(str(r) for r in sorted(silent))
             if silent and fingerprint not in self.reported and self.job.claim(fingerprint):
                 self.reported.add(fingerprint)
@@ -209,7 +208,7 @@ class Watchdog(threading.Thread):
         waiting, latest = self.job.counters()  # two round trips a round in all: the publish and this
         waiting = self._update_waiting(state, waiting)
         self._answer_incidents(latest)
-        self.policy.check_posted(self.state)
+        self.policy.check_posted(self.states.read)
         if self._peer_failure.is_set():
             self._peer_failure.clear()
             self._report_peer_failure()
