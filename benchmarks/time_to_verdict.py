@@ -159,9 +159,9 @@ def main(argv=None) -> None:
                    "report.json on disk (s)", "report.json mtime (s)", "all ranks ended (s)", "finding",
                    "exit codes", "target"],
                   guarded_rows(runs))
-    print("created_at: the writer's clock when it built the report; on disk: first seen by this process (polled "
-          "every 50 ms); mtime: the file's last write (the watchdog rewrites the folder when py-spy's native stacks "
-          "arrive); ended: every rank's process gone.")
+    print("created_at: the writer's clock when it built the report (the verdict is on stderr just after); on disk: "
+          "first seen by this process (polled every 50 ms); mtime: the file's write (the folder is written once, "
+          "when py-spy's native stacks are in hand); ended: every rank's process gone.")
     for failed in (r for r in runs if "created" not in r):
         print(f"no report in a run of {failed['case']} (exit codes {failed['codes']}):\n{failed.get('stderr', '')}")
     messages = sorted({f"rank {rank}: {text}" for rank, (_, text) in native["errors"].items()})
