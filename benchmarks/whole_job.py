@@ -35,9 +35,10 @@ from .whole_job_parts import LEVELS, PLAIN, ROWS, SHIPPED, WATCHDOG, WRAPPERS
 
 TRAIN = os.path.join(C.ROOT, "benchmarks", "whole_job_train.py")
 JOBS = ("ddp", "fsdp2", "many")
-# micro-steps per rank; sized for a plain run of 15-20 s, start-up included, on the 2-core machine of
-# docs/performance.md (about 5 s of it is torchrun and three interpreters importing torch)
-STEPS = {"ddp": 600, "fsdp2": 500, "many": 120}
+# Micro-steps per rank, sized for a plain run of 15-20 s on the 2-core machine of docs/performance.md, 4-6 s of it
+# torchrun and three interpreters importing torch. Sized on a loaded machine (load average 6-7: 43-45 ms per step
+# of each job, 6 s of start-up), so an estimate for a quiet one: the benchmark prints each run's times.
+STEPS = {"ddp": 400, "fsdp2": 400, "many": 500}
 QUICK_STEPS = {"ddp": 12, "fsdp2": 6, "many": 4}
 MEASURES = {"loop_wall_s": "training-loop wall (s)", "job_cpu_s": "whole-job CPU, launcher included (s)",
             "total_wall_s": "whole-job wall (s)"}
@@ -83,20 +84,44 @@ def _run_and_reap(command: list, env: dict, cwd: str, output, limit: float) -> t
 
     waiter = threading.Thread(target=reap, daemon=True)
     waiter.start()
-    waiter.join(limit)
-    killed = waiter.is_alive()
-    _killpg(proc.pid)  # at the limit; after a normal exit, anything the job left behind
-    waiter.join()
-    proc.returncode = os.waitstatus_to_exitcode(reaped["status"])  # reaped here: Popen must not wait again
-    code = None if killed else proc.returncode
-    return code, reaped["cpu"], reaped["end"] - start
-
-
-def _killpg(pgid: int) -> None:
+    killed = True
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        waiter.join(limit)
+        killed = waiter.is_alive()
+    finally:  # at the limit or on SIGTERM: the job's tree; after a normal exit, whatever it left in its group
+        kill_tree(proc.pid)
+        waiter.join()
+        proc.returncode = os.waitstatus_to_exitcode(reaped["status"])  # reaped here: Popen must not wait again
+    return None if killed else proc.returncode, reaped["cpu"], reaped["end"] - start
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process, its group and every descendant with theirs: torchrun starts each rank in a session of
+    its own, so killing torchrun's group alone would leave the ranks running."""
+    for member in [pid] + _descendants(pid):
+        for kill, target in ((os.killpg, member), (os.kill, member)):
+            try:
+                kill(target, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _descendants(pid: int) -> list:
+    """Every living descendant of pid, from /proc (Linux), parents before children."""
+    children: dict = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(0), [])
+        found += below
+        todo += below
+    return found
 
 
 def _read_json(path: str):
@@ -260,6 +285,7 @@ def main(argv=None) -> int:
     args.add_argument("--run-limit", type=float, help="seconds one job may run (default 600; --quick: 120)")
     args.add_argument("--json", metavar="PATH", help="write every run and the summaries here")
     opts = args.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # so the job running is killed too
     pairs = opts.pairs or (1 if opts.quick else 5)
     steps = parse_steps(opts.steps, opts.jobs, opts.quick)
     attributed = [job for job in opts.attribute if job in opts.jobs]
@@ -273,7 +299,7 @@ def main(argv=None) -> int:
         runs = measure(opts.jobs, pairs, steps, attributed, limit, warm_up=not opts.quick)
     finally:
         if neighbour is not None:
-            _killpg(neighbour.pid)
+            kill_tree(neighbour.pid)
             neighbour.wait()
     summaries = {job: summary(runs, job) for job in opts.jobs}
     attributions = {job: attribution(runs, job) for job in attributed}
