@@ -90,8 +90,12 @@ def _run_and_reap(command: list, env: dict, cwd: str, output, limit: float) -> t
         killed = waiter.is_alive()
     finally:  # at the limit or on SIGTERM: the job's tree; after a normal exit, whatever it left in its group
         kill_tree(proc.pid)
-        waiter.join()
-        proc.returncode = os.waitstatus_to_exitcode(reaped["status"])  # reaped here: Popen must not wait again
+        # Not waiter.join(): after a signal handler raised out of a join, join() may return at once (CPython).
+        deadline = time.monotonic() + 30
+        while "status" not in reaped and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if "status" in reaped:  # reaped by wait4: Popen must not wait for it again
+            proc.returncode = os.waitstatus_to_exitcode(reaped["status"])
     return None if killed else proc.returncode, reaped["cpu"], reaped["end"] - start
 
 
