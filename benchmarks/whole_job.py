@@ -175,9 +175,13 @@ def measure(jobs: list, pairs: int, steps: dict, attributed: list, limit: float,
         runs.append(run)
         shown = (f"loop {run['loop_wall_s']:.2f} s, job CPU {run['job_cpu_s']:.2f} s, "
                  f"wall {run['total_wall_s']:.2f} s" if "loop_wall_s" in run else "")
-        print(f"[{index + 1}/{len(order)}] pair {pair + 1} {job} {LEVELS[level]}: {shown} {run['problem']}".rstrip(),
+        print(f"[{index + 1}/{len(order)}] pair {pair + 1} {job} {label(level)}: {shown} {run['problem']}".rstrip(),
               flush=True)
     return runs
+
+
+def label(level: int) -> str:
+    return {PLAIN: "plain", SHIPPED: "armed"}.get(level, f"armed up to {LEVELS[level]}")
 
 
 def by_pair(runs: list, job: str, level: int, measure_name: str) -> dict:
@@ -310,7 +314,7 @@ def main(argv=None) -> int:
     print_summary(summaries)
     for job, result in attributions.items():
         print_attribution(job, result)
-    problems = [f"pair {r['pair'] + 1} {r['job']} {LEVELS[r['level']]}: {r['problem']}" for r in runs if r["problem"]]
+    problems = [f"pair {r['pair'] + 1} {r['job']} {label(r['level'])}: {r['problem']}" for r in runs if r["problem"]]
     print(f"{len(runs)} runs in {time.perf_counter() - started:.0f} s; load average at the end: "
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; runs that failed or were not what their label says: "
           f"{len(problems)}" + "".join(f"\n  {p[:300]}" for p in problems))
