@@ -9,6 +9,7 @@ from . import _common as C
 
 # name -> seconds it may take (full mode; quick mode gets a quarter): far above a normal run, so only a hang hits it.
 BENCHMARKS = {
+    "whole_job": 3600,  # the benchmark of record: whole torchrun jobs armed vs plain (15-25 minutes; --quick: 1-2)
     "overhead_ops": 900,
     "attribution": 900,  # which part of the guard costs what on gloo, the NCCL-like backend and a DDP loop
     "hot_path_instructions": 900,  # needs valgrind; says so and measures nothing without it

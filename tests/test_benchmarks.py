@@ -1,5 +1,6 @@
 """Every benchmark runs in --quick mode and prints its table; timings are never asserted (this machine is noisy)."""
 
+import json
 import os
 import re
 import signal
@@ -19,24 +20,42 @@ TABLE_ROW = re.compile(r"^\|.*\|$", re.MULTILINE)
 TABLE_RULE = re.compile(r"^\|-[-|]*\|$", re.MULTILINE)
 
 
-def run_quick(args):
+def run_quick(args, limit=LIMIT_S):
     """Run `python -m <args>` in its own process group; kill the whole group at the limit or on any failure."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("DDPWATCH", None)
     proc = subprocess.Popen([sys.executable, "-m"] + args, cwd=ROOT, env=env, text=True, start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        out, err = proc.communicate(timeout=LIMIT_S)
+        out, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
+        kill_descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"{args} still running after {LIMIT_S} s\n{out[-3000:]}\n{err[-3000:]}")
+        pytest.fail(f"{args} still running after {limit} s\n{out[-3000:]}\n{err[-3000:]}")
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # anything it started and left behind
         except (ProcessLookupError, PermissionError):
             pass
     return proc.returncode, out, err
+
+
+def kill_descendants(pid):
+    """SIGKILL every descendant of a benchmark that ran past its limit, with its process group: a torchrun it
+    started runs each rank in a session of its own, out of reach of a kill of the benchmark's group."""
+    import psutil
+
+    try:
+        found = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return
+    for child in found:
+        for kill, target in ((os.killpg, child.pid), (os.kill, child.pid)):
+            try:
+                kill(target, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 # Quick modes that run for a set time, shortened further here: the test checks that the table is printed.
@@ -66,3 +85,35 @@ def test_runner_runs_the_chosen_benchmark_in_quick_mode():
 def test_each_instruction_count_case_runs_without_valgrind(case):
     code, out, err = run_quick(["benchmarks.hot_path_instructions", "--worker", case, "200"])
     assert code == 0, f"exit {code}\n{err[-3000:]}"
+
+
+WHOLE_JOB_LIMIT_S = 300  # 10 torchrun launches of a few seconds each: 45-85 s here
+WHOLE_JOB_MEASURES = ("loop_wall_s", "job_cpu_s", "total_wall_s")
+
+
+@pytest.mark.timeout(WHOLE_JOB_LIMIT_S + 30)
+def test_whole_job_quick_mode_runs_every_job_and_level_and_its_attribution_adds_up(tmp_path):
+    """The structure of benchmarks/whole_job.py's output, never a timing: every job plain and armed, the ddp job at
+    every attribution level, each run what its label says (the ranks report what ddpwatch had on), the attribution's
+    rows adding up to the main table's difference."""
+    path = tmp_path / "whole_job.json"
+    code, out, err = run_quick(["benchmarks.whole_job", "--quick", "--json", str(path)], WHOLE_JOB_LIMIT_S)
+    assert code == 0, f"exit {code}\n{out[-3000:]}\n{err[-3000:]}"
+    assert "== whole_job" in out and "(quick mode)" in out and "Where the difference comes from, ddp job" in out
+    assert TABLE_RULE.search(out) and len(TABLE_ROW.findall(out)) >= (2 + 9) + (2 + 6), out  # the two tables
+    doc = json.loads(path.read_text())
+    assert (doc["format"], doc["quick"], doc["neighbour"], doc["pairs"]) == (1, True, False, 1)
+    expected = [("ddp", level) for level in range(6)] + [(job, level) for job in ("fsdp2", "many") for level in (0, 5)]
+    assert sorted((run["job"], run["level"]) for run in doc["runs"]) == sorted(expected)
+    assert [run["problem"] for run in doc["runs"]] == [""] * len(expected)
+    for job in ("ddp", "fsdp2", "many"):
+        for measure in WHOLE_JOB_MEASURES:
+            stats = doc["summary"][job][measure]
+            assert stats["pairs"] == 1 and len(stats["ratios"]) == 1
+            assert stats["ratio_min"] <= stats["ratio"] <= stats["ratio_max"]
+    assert list(doc["attribution"]) == ["ddp"]
+    for measure in WHOLE_JOB_MEASURES:
+        result = doc["attribution"]["ddp"][measure]
+        assert list(result["rows"]) == doc["levels"][1:]
+        assert sum(row["added"] for row in result["rows"].values()) == pytest.approx(result["total"])
+        assert result["total"] == pytest.approx(doc["summary"]["ddp"][measure]["added"])

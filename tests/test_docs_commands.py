@@ -32,6 +32,8 @@ RUNNERS = (
     (r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 DDPWATCH=1 DDPWATCH_ACTION=abort torchrun --standalone "
      r"--nproc-per-node 2 --max-restarts \d+ train\.py$",
      "test_real_restarts.py::test_a_job_that_hangs_in_its_first_attempt_only_is_aborted_restarted_and_finishes_with_one_report"),
+    (r"python -m benchmarks\.whole_job ",
+     "test_benchmarks.py::test_whole_job_quick_mode_runs_every_job_and_level_and_its_attribution_adds_up"),
     (r"python -m benchmarks", "test_benchmarks.py::test_quick_mode_runs_and_prints_its_table"),
     (r"python -m pytest -q tests/test_benchmarks\.py$",
      "test_benchmarks.py::test_quick_mode_runs_and_prints_its_table"),
