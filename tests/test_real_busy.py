@@ -35,6 +35,7 @@ def test_a_rank_holding_the_gil_past_the_timeout_is_a_straggler_never_earlier(tm
     results = run_case([BUSY, "gil_hold", "16"], 2, tmp_path, timeout=150, DDPWATCH_ACTION="report",
                        DDPWATCH_DEAD_AFTER=DEAD_AFTER, DDPWATCH_TIMEOUT=8)
     assert [r.returncode for r in results] == [0, 0], describe(results)
+    assert len(reports(tmp_path)) == 1, describe(results)
     incident = load_only_report(tmp_path)
     assert incident["trigger"] == "timeout"
     [finding] = incident["findings"]
