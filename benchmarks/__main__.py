@@ -34,8 +34,10 @@ def main(argv=None) -> int:
         start = time.monotonic()
         command = [sys.executable, "-m", f"benchmarks.{name}"] + (["--quick"] if opts.quick else [])
         code, _, _ = C.run_bounded(command, timeout=limit, capture=False)  # output goes straight to ours
-        print(f"[{name}: {'ok' if code == 0 else f'FAILED (exit {code})'} in {time.monotonic() - start:.0f} s]\n",
-              flush=True)
+        print(
+            f"[{name}: {'ok' if code == 0 else f'FAILED (exit {code})'} in {time.monotonic() - start:.0f} s]\n",
+            flush=True,
+        )
         if code != 0:
             failed.append(name)
     if failed:

@@ -37,17 +37,21 @@ def machine() -> str:
         version = torch.__version__
     except ImportError:
         version = "not installed"
-    return (f"{os.cpu_count()} CPUs ({model}), Python {platform.python_version()}, torch {version}, "
-            f"{platform.system()} {platform.release()}")
+    return (
+        f"{os.cpu_count()} CPUs ({model}), Python {platform.python_version()}, torch {version}, "
+        f"{platform.system()} {platform.release()}"
+    )
 
 
 def code_version() -> str:
     """The ddpwatch measured: the commit, and whether ddpwatch/ had uncommitted changes (read-only git calls)."""
     try:
-        sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "ddpwatch"], capture_output=True,
-                               text=True, timeout=10).stdout.strip()
+        sha = subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", ROOT, "status", "--porcelain", "--", "ddpwatch"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return (sha or "unknown") + (" with uncommitted changes in ddpwatch/" if dirty else "")
@@ -92,9 +96,16 @@ def child_env(**overrides) -> dict:
 
 def run_bounded(command: list, timeout: float, env: dict | None = None, capture: bool = True):
     """Run a child in its own process group; at the limit the whole group is killed. Returns (rc, stdout, stderr)."""
-    proc = subprocess.Popen(command, env=env or child_env(), cwd=ROOT, start_new_session=True, text=True,
-                            stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE if capture else None, stderr=subprocess.PIPE if capture else None)
+    proc = subprocess.Popen(
+        command,
+        env=env or child_env(),
+        cwd=ROOT,
+        start_new_session=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
         return proc.returncode, out or "", err or ""
@@ -121,7 +132,7 @@ def emit(doc: dict) -> None:
 
 
 def parse_results(text: str) -> list:
-    return [json.loads(line[len(RESULT_TAG):]) for line in text.splitlines() if line.startswith(RESULT_TAG)]
+    return [json.loads(line[len(RESULT_TAG) :]) for line in text.splitlines() if line.startswith(RESULT_TAG)]
 
 
 def thread_cpu(thread) -> float:
@@ -147,17 +158,25 @@ def paired(times_off: list, times_on: list, per_round: int = 2) -> dict:
     only adds time, so the minimum is the estimate of a CPU-bound cost least moved by others (timeit's advice).
     """
     rounds = len(times_off) // per_round
-    offs = [statistics.fmean(times_off[i * per_round:(i + 1) * per_round]) for i in range(rounds)]
-    ons = [statistics.fmean(times_on[i * per_round:(i + 1) * per_round]) for i in range(rounds)]
+    offs = [statistics.fmean(times_off[i * per_round : (i + 1) * per_round]) for i in range(rounds)]
+    ons = [statistics.fmean(times_on[i * per_round : (i + 1) * per_round]) for i in range(rounds)]
     diffs = [on - off for on, off in zip(ons, offs)]
     ratios = [on / off for on, off in zip(ons, offs) if off > 0]
-    return {"off": statistics.median(offs), "on": statistics.median(ons), "added": statistics.median(diffs),
-            "added_min": min(diffs), "added_max": max(diffs), "ratio": statistics.median(ratios),
-            "best_added": min(times_on) - min(times_off), "rounds": rounds, "ratios": ratios}
+    return {
+        "off": statistics.median(offs),
+        "on": statistics.median(ons),
+        "added": statistics.median(diffs),
+        "added_min": min(diffs),
+        "added_max": max(diffs),
+        "ratio": statistics.median(ratios),
+        "best_added": min(times_on) - min(times_off),
+        "rounds": rounds,
+        "ratios": ratios,
+    }
 
 
 def ratio_verdict(ratios: list, target: float = 1.01) -> str:
-    """"met", "NOT met" or "undecided" for a ratio target, judged on the mean of per-round ratios and its standard
+    """ "met", "NOT met" or "undecided" for a ratio target, judged on the mean of per-round ratios and its standard
     error: a verdict needs the spread (the standard error) below the margin the target allows (1% for 1.01)."""
     if len(ratios) < 2:
         return f"undecided (one round; mean ratio {ratios[0]:.3f})" if ratios else "undecided (no rounds)"

@@ -17,18 +17,36 @@ import time
 
 from . import _common as C
 
-LEVELS = ("off (no guard)", "wrapper only", "+ Work.wait hook", "+ watchdog thread (state, no store)",
-          "+ Flight Recorder probe", "+ psutil sampler", "+ heartbeat publish (as shipped)")
+LEVELS = (
+    "off (no guard)",
+    "wrapper only",
+    "+ Work.wait hook",
+    "+ watchdog thread (state, no store)",
+    "+ Flight Recorder probe",
+    "+ psutil sampler",
+    "+ heartbeat publish (as shipped)",
+)
 WRAPPER, WAIT, WATCHDOG, PROBE, PSUTIL, PUBLISH = range(1, 7)
 SIZES = {"full": (3.0, 3), "quick": (0.15, 1)}  # (seconds per block, rounds): a full block holds ~3 watchdog rounds
 # run -> (backend, what one iteration is, its title)
 RUNS = {
-    "gloo": ("gloo", "collectives", "gloo, 2 ranks: per collective (all_reduce, broadcast, all_gather, barrier of 1 "
-                                    "element)"),
-    "fakenccl": ("fakenccl", "collectives", "NCCL-like CPU backend (tests/nccl_like.py), 2 ranks: per collective "
-                                            "(the same four; synchronize() per iteration)"),
-    "ddp": ("gloo", "ddp", "benign DDP training on gloo, 2 ranks: per step (benchmarks/overhead_training.py's step: "
-                           "BatchNorm, no_sync accumulation, metric all_reduce)"),
+    "gloo": (
+        "gloo",
+        "collectives",
+        "gloo, 2 ranks: per collective (all_reduce, broadcast, all_gather, barrier of 1 element)",
+    ),
+    "fakenccl": (
+        "fakenccl",
+        "collectives",
+        "NCCL-like CPU backend (tests/nccl_like.py), 2 ranks: per collective "
+        "(the same four; synchronize() per iteration)",
+    ),
+    "ddp": (
+        "gloo",
+        "ddp",
+        "benign DDP training on gloo, 2 ranks: per step (benchmarks/overhead_training.py's step: "
+        "BatchNorm, no_sync accumulation, metric all_reduce)",
+    ),
 }
 TARGET_WATCHDOG_US_PER_S = 500.0  # "a few hundred microseconds per second" of the watchdog thread's CPU
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time, "process": time.process_time}
@@ -52,8 +70,12 @@ def make_loop(backend: str, loop: str):
 
     one = torch.ones(1)
     gathered = [torch.empty(1) for _ in range(dist.get_world_size())]
-    ops = (lambda: dist.all_reduce(one), lambda: dist.broadcast(one, 0), lambda: dist.all_gather(gathered, one),
-           lambda: dist.barrier())
+    ops = (
+        lambda: dist.all_reduce(one),
+        lambda: dist.broadcast(one, 0),
+        lambda: dist.all_gather(gathered, one),
+        lambda: dist.barrier(),
+    )
     if backend == "fakenccl":
         from tests import nccl_like
 
@@ -176,9 +198,15 @@ def worker(run: str, seconds: float, rounds: int) -> None:
     calls = calls_per_iteration(iteration, levels)
     dist.barrier()
     dist.destroy_process_group()
-    C.emit({"rank": int(os.environ["RANK"]), "ops": iterations * per_iteration, "calls": calls,
+    C.emit(
+        {
+            "rank": int(os.environ["RANK"]),
+            "ops": iterations * per_iteration,
+            "calls": calls,
             "per_iteration": per_iteration,
-            "blocks": {str(k): v for k, v in blocks.items()}})
+            "blocks": {str(k): v for k, v in blocks.items()},
+        }
+    )
 
 
 def calls_per_iteration(iteration, levels, count: int = 10) -> dict:
@@ -208,8 +236,10 @@ def calls_per_iteration(iteration, levels, count: int = 10) -> dict:
 
 def per_op_us(results: list, level: int, clock: str) -> list:
     """Per block: microseconds per collective on `clock`, averaged over the ranks."""
-    return [sum(r["blocks"][str(level)][i][clock] / r["ops"] for r in results) / len(results) * 1e6
-            for i in range(len(results[0]["blocks"][str(level)]))]
+    return [
+        sum(r["blocks"][str(level)][i][clock] / r["ops"] for r in results) / len(results) * 1e6
+        for i in range(len(results[0]["blocks"][str(level)]))
+    ]
 
 
 def watchdog_us_per_s(results: list, level: int) -> float:
@@ -227,25 +257,45 @@ def table(run: str, results: list, seconds: float, rounds: int) -> dict:
     rows = []
     previous = None
     for level, name in enumerate(LEVELS):
-        per_clock = {clock: C.paired(per_op_us(results, 0, clock), per_op_us(results, level, clock))
-                     for clock in CLOCKS}
+        per_clock = {
+            clock: C.paired(per_op_us(results, 0, clock), per_op_us(results, level, clock)) for clock in CLOCKS
+        }
         thread = per_clock["thread"]["added"]
         stats[name] = dict(per_clock, watchdog_us_per_s=watchdog_us_per_s(results, level))
         step = None if previous is None else thread - previous
         previous = thread
-        rows.append([name, per_clock["wall"]["on"], per_clock["wall"]["added"], thread,
-                     "-" if step is None else f"{step:+.2f}", per_clock["process"]["added"],
-                     stats[name]["watchdog_us_per_s"] if level >= WATCHDOG else "-"])
-    C.print_table(f"{RUNS[run][2]}; blocks of ~{seconds:g} s ({results[0]['ops']} per block), {rounds} "
-                  f"palindrome rounds, medians of per-round means against the round's unguarded blocks, averaged "
-                  f"over both ranks",
-                  ["level (each adds to the one above)", "wall per op (us)", "wall added (us)",
-                   "calling-thread CPU added (us)", "step from the level above (us)", "process CPU added (us)",
-                   "watchdog thread CPU (us per s)"], rows)
+        rows.append(
+            [
+                name,
+                per_clock["wall"]["on"],
+                per_clock["wall"]["added"],
+                thread,
+                "-" if step is None else f"{step:+.2f}",
+                per_clock["process"]["added"],
+                stats[name]["watchdog_us_per_s"] if level >= WATCHDOG else "-",
+            ]
+        )
+    C.print_table(
+        f"{RUNS[run][2]}; blocks of ~{seconds:g} s ({results[0]['ops']} per block), {rounds} "
+        f"palindrome rounds, medians of per-round means against the round's unguarded blocks, averaged "
+        f"over both ranks",
+        [
+            "level (each adds to the one above)",
+            "wall per op (us)",
+            "wall added (us)",
+            "calling-thread CPU added (us)",
+            "step from the level above (us)",
+            "process CPU added (us)",
+            "watchdog thread CPU (us per s)",
+        ],
+        rows,
+    )
     calls = results[0]["calls"]
     unit = "step" if RUNS[run][1] == "ddp" else f"iteration of {results[0]['per_iteration']} collectives"
-    print(f"as shipped, ddpwatch's own code makes {calls['python']:.1f} Python calls and {calls['c']:.1f} C calls per "
-          f"{unit} (rank 0, sys.setprofile, main thread)")
+    print(
+        f"as shipped, ddpwatch's own code makes {calls['python']:.1f} Python calls and {calls['c']:.1f} C calls per "
+        f"{unit} (rank 0, sys.setprofile, main thread)"
+    )
     return stats
 
 
@@ -257,13 +307,19 @@ def run(name: str, mode: str) -> dict:
     ranks = run_ranks(command, 2, env=C.child_env(), timeout=900, cwd=C.ROOT)
     results = [doc for r in ranks for doc in C.parse_results(r.stdout)]
     if len(results) != 2:
-        raise SystemExit(f"{name} ranks failed:\n" + "\n".join(
-            f"rank {r.rank} exit {r.returncode}: {r.stderr[-2000:]}" for r in ranks))
+        raise SystemExit(
+            f"{name} ranks failed:\n"
+            + "\n".join(f"rank {r.rank} exit {r.returncode}: {r.stderr[-2000:]}" for r in ranks)
+        )
     return table(name, results, seconds, rounds)
 
 
-WRAPPER_PARTS = ("off (no guard)", "a pass-through Python wrapper", "the Patcher, Recorder.begin/finish stubbed",
-                 "the Patcher (the wrapper only, no watchdog)")
+WRAPPER_PARTS = (
+    "off (no guard)",
+    "a pass-through Python wrapper",
+    "the Patcher, Recorder.begin/finish stubbed",
+    "the Patcher (the wrapper only, no watchdog)",
+)
 WRAPPER_PROBE = {"full": (2000, 8), "quick": (100, 1)}  # (all_reduces per block, palindrome rounds)
 
 
@@ -298,7 +354,7 @@ def wrapper_parts_worker(calls: int, rounds: int) -> None:
         patched.patch()
         return patched.unpatch
 
-    switches = (lambda: (lambda: None), passthrough, lambda: patcher(True), lambda: patcher(False))
+    switches = (lambda: lambda: None, passthrough, lambda: patcher(True), lambda: patcher(False))
     blocks: dict = {part: [] for part in range(len(switches))}
     op = lambda: dist.all_reduce(one)
     timed_block(op, calls // 10, None)
@@ -313,8 +369,10 @@ def wrapper_parts_worker(calls: int, rounds: int) -> None:
 
 def wrapper_parts(mode: str) -> None:
     calls, rounds = WRAPPER_PROBE[mode]
-    code, out, err = C.run_bounded([sys.executable, "-m", "benchmarks.attribution", "--worker", "wrapper-parts",
-                                    str(calls), str(rounds)], timeout=600)
+    code, out, err = C.run_bounded(
+        [sys.executable, "-m", "benchmarks.attribution", "--worker", "wrapper-parts", str(calls), str(rounds)],
+        timeout=600,
+    )
     results = C.parse_results(out)
     if code != 0 or not results:
         raise SystemExit(f"wrapper-parts worker failed (exit {code}):\n{err[-3000:]}")
@@ -322,9 +380,12 @@ def wrapper_parts(mode: str) -> None:
     for part, name in enumerate(WRAPPER_PARTS):
         thread = C.paired(per_op_us(results, 0, "thread"), per_op_us(results, part, "thread"))
         rows.append([name, thread["on"], thread["added"], f"{thread['added_min']:.1f} .. {thread['added_max']:.1f}"])
-    C.print_table(f"The wrapper's parts on a real collective: one gloo rank (world size 1), all_reduce 1 elem, "
-                  f"{calls} calls per block, {rounds} palindrome rounds; calling-thread CPU",
-                  ["what wraps dist.all_reduce", "us per op", "added (us)", "added, min .. max over rounds"], rows)
+    C.print_table(
+        f"The wrapper's parts on a real collective: one gloo rank (world size 1), all_reduce 1 elem, "
+        f"{calls} calls per block, {rounds} palindrome rounds; calling-thread CPU",
+        ["what wraps dist.all_reduce", "us per op", "added (us)", "added, min .. max over rounds"],
+        rows,
+    )
 
 
 def snapshot_cost(mode: str) -> None:
@@ -337,12 +398,19 @@ def snapshot_cost(mode: str) -> None:
     calls = 2000 if mode == "full" else 200
     rows = []
     for recent in (8, 0):
-        best = min(timed_block(lambda: recorder.snapshot(recent), calls, None)["thread"]  # noqa: B023 (called at once)
-                   for _ in range(5))
-        rows.append([f"Recorder.snapshot(recent={recent}), {len(recorder.ring)} records in the ring",
-                     best / calls * 1e6])
-    C.print_table("The watchdog round's snapshot (no ranks: a Recorder filled in this process; thread CPU, best of 5 "
-                  f"blocks of {calls})", ["call", "us per call"], rows)
+        best = min(
+            timed_block(lambda: recorder.snapshot(recent), calls, None)["thread"]  # noqa: B023 (called at once)
+            for _ in range(5)
+        )
+        rows.append(
+            [f"Recorder.snapshot(recent={recent}), {len(recorder.ring)} records in the ring", best / calls * 1e6]
+        )
+    C.print_table(
+        "The watchdog round's snapshot (no ranks: a Recorder filled in this process; thread CPU, best of 5 "
+        f"blocks of {calls})",
+        ["call", "us per call"],
+        rows,
+    )
 
 
 def main(argv=None) -> None:
@@ -373,10 +441,15 @@ def main(argv=None) -> None:
     for name in opts.runs:
         stats = run(name, mode)[shipped]
         wd = stats["watchdog_us_per_s"]
-        verdict = ("no watchdog round fell inside the blocks: blocks too short (quick mode)" if wd != wd else
-                   f"{wd:.0f} us per s ({'met' if wd <= TARGET_WATCHDOG_US_PER_S else 'NOT met'})")
-        print(f"target: watchdog thread CPU while nothing is wrong <= {TARGET_WATCHDOG_US_PER_S:g} us per s "
-              f"({name}): {verdict}\n")
+        verdict = (
+            "no watchdog round fell inside the blocks: blocks too short (quick mode)"
+            if wd != wd
+            else f"{wd:.0f} us per s ({'met' if wd <= TARGET_WATCHDOG_US_PER_S else 'NOT met'})"
+        )
+        print(
+            f"target: watchdog thread CPU while nothing is wrong <= {TARGET_WATCHDOG_US_PER_S:g} us per s "
+            f"({name}): {verdict}\n"
+        )
 
 
 if __name__ == "__main__":

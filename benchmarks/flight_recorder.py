@@ -43,17 +43,29 @@ def main(argv=None) -> int:
                 dist.all_reduce(torch.ones(4))
                 issued += 1
             entries = len(json.loads(c10d_c._dump_fr_trace_json(True, False)).get("entries") or ())
-            rows.append([entries,
-                         round(_median_ms(lambda: c10d_c._dump_fr_trace_json(True, True), READS[mode]), 3),
-                         round(_median_ms(evidence.flight_recorder_active, READS[mode]), 3),
-                         round(_median_ms(lambda: c10d_c._dump_fr_trace(True, False, True), READS[mode]), 3),
-                         round(_median_ms(lambda: c10d_c._dump_fr_trace(), max(3, READS[mode] // 10)), 1)])
+            rows.append(
+                [
+                    entries,
+                    round(_median_ms(lambda: c10d_c._dump_fr_trace_json(True, True), READS[mode]), 3),
+                    round(_median_ms(evidence.flight_recorder_active, READS[mode]), 3),
+                    round(_median_ms(lambda: c10d_c._dump_fr_trace(True, False, True), READS[mode]), 3),
+                    round(_median_ms(lambda: c10d_c._dump_fr_trace(), max(3, READS[mode] // 10)), 1),
+                ]
+            )
     finally:
         dist.destroy_process_group()
-    C.print_table("Reading the Flight Recorder (median ms per read; the watchdog reads only-active JSON, and only "
-                  "while a rank has no recorded collective in flight and makes no progress)",
-                  ["entries in the ring", "JSON dump, only active (ms)", "flight_recorder_active() (ms)",
-                   "pickle dump, only active, no stacks (ms)", "pickle dump with stacks (ms)"], rows)
+    C.print_table(
+        "Reading the Flight Recorder (median ms per read; the watchdog reads only-active JSON, and only "
+        "while a rank has no recorded collective in flight and makes no progress)",
+        [
+            "entries in the ring",
+            "JSON dump, only active (ms)",
+            "flight_recorder_active() (ms)",
+            "pickle dump, only active, no stacks (ms)",
+            "pickle dump with stacks (ms)",
+        ],
+        rows,
+    )
     return 0
 
 

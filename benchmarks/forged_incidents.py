@@ -34,12 +34,12 @@ def worker(seconds: float) -> None:
     import ddpwatch
 
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", int(os.environ["STORE_PORT"]), 2, False,
-                          timeout=datetime.timedelta(seconds=30))
+    store = dist.TCPStore("127.0.0.1", int(os.environ["STORE_PORT"]), 2, False, timeout=datetime.timedelta(seconds=30))
     with ddpwatch.guard():
         dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]), world_size=2)
         model = torch.nn.parallel.DistributedDataParallel(
-            torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+            torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        )
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         end, epochs = time.monotonic() + seconds, 0
         while True:
@@ -65,8 +65,10 @@ def forge(store, every: float, stop: threading.Event) -> int:
     while not stop.wait(every):
         try:
             number = store.add(f"{NAMESPACE}/counters", INCIDENT_UNIT) // INCIDENT_UNIT
-            store.set(f"{NAMESPACE}/incident/{number}/info",
-                      json.dumps({"trigger": "dump", "leader": 0, "action": "report", "fingerprint": "forged"}))
+            store.set(
+                f"{NAMESPACE}/incident/{number}/info",
+                json.dumps({"trigger": "dump", "leader": 0, "action": "report", "fingerprint": "forged"}),
+            )
             opened += 1
         except Exception:
             return opened  # the job ended and took nothing with it: the store is this process's
@@ -79,17 +81,22 @@ def one_run(seconds: float, forged: bool, every: float) -> tuple:
     from ddpwatch.launch import free_port, run_ranks
 
     port = free_port()
-    store = dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=30),
-                          wait_for_workers=False)
+    store = dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False)
     stop, opened = threading.Event(), []
     forger = threading.Thread(target=lambda: opened.append(forge(store, every, stop)), daemon=True)
     if forged:
         forger.start()
-    env = C.child_env(STORE_PORT=port, DDPWATCH_DIR=tempfile.mkdtemp(prefix="ddpwatch-forged-"),
-                      DDPWATCH_ACTION="report")
+    env = C.child_env(
+        STORE_PORT=port, DDPWATCH_DIR=tempfile.mkdtemp(prefix="ddpwatch-forged-"), DDPWATCH_ACTION="report"
+    )
     try:
-        results = run_ranks([sys.executable, "-m", "benchmarks.forged_incidents", "--worker", "--seconds",
-                             str(seconds)], 2, env=env, timeout=seconds + 120, cwd=C.ROOT)
+        results = run_ranks(
+            [sys.executable, "-m", "benchmarks.forged_incidents", "--worker", "--seconds", str(seconds)],
+            2,
+            env=env,
+            timeout=seconds + 120,
+            cwd=C.ROOT,
+        )
     finally:
         stop.set()
         if forged:
@@ -118,8 +125,11 @@ def main(argv=None) -> int:
         rows.append(["forged" if forged else "none", seconds, opened, count, ",".join(map(str, codes))])
         if count is not None:
             epochs[forged].append(count)
-    C.print_table(f"Epochs in {seconds:g} s on 2 gloo ranks, an incident forged every {opts.every:g} s or none",
-                  ["incidents", "seconds", "incidents forged", "epochs", "exit codes"], rows)
+    C.print_table(
+        f"Epochs in {seconds:g} s on 2 gloo ranks, an incident forged every {opts.every:g} s or none",
+        ["incidents", "seconds", "incidents forged", "epochs", "exit codes"],
+        rows,
+    )
     if epochs[False] and epochs[True]:
         ratio = statistics.median(epochs[True]) / statistics.median(epochs[False])
         print(f"forged / none, medians: {ratio:.3f} ({(1 - ratio) * 100:+.1f}% fewer epochs under forgery)")

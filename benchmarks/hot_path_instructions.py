@@ -76,8 +76,17 @@ def worker(case: str, calls: int) -> None:
 def count(case: str, calls: int) -> int:
     """Instructions the whole process executed for `calls` calls of `case`, from callgrind's summary."""
     with tempfile.TemporaryDirectory(prefix="ddpwatch-callgrind-") as folder:
-        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={os.path.join(folder, 'out')}",
-                   sys.executable, "-m", "benchmarks.hot_path_instructions", "--worker", case, str(calls)]
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={os.path.join(folder, 'out')}",
+            sys.executable,
+            "-m",
+            "benchmarks.hot_path_instructions",
+            "--worker",
+            case,
+            str(calls),
+        ]
         env = dict(C.child_env(), PYTHONHASHSEED="0")
         code, _, err = C.run_bounded(command, timeout=600, env=env)
     found = re.search(r"Collected : (\d+)", err)
@@ -101,10 +110,15 @@ def main(argv=None) -> None:
     n = CALLS[mode]
     per_call = {label: (count(case, 2 * n) - count(case, n)) / n for label, case in CASES.items()}
     bare = per_call["bare call (the collective alone)"]
-    rows = [[label, round(value), round(value - bare) if label != "bare call (the collective alone)" else "-"]
-            for label, value in per_call.items()]
-    C.print_table(f"Instructions per call, (I(2N) - I(N)) / N with N = {n}, Python {sys.version.split()[0]}",
-                  ["case", "instructions per call", "added over the bare call"], rows)
+    rows = [
+        [label, round(value), round(value - bare) if label != "bare call (the collective alone)" else "-"]
+        for label, value in per_call.items()
+    ]
+    C.print_table(
+        f"Instructions per call, (I(2N) - I(N)) / N with N = {n}, Python {sys.version.split()[0]}",
+        ["case", "instructions per call", "added over the bare call"],
+        rows,
+    )
 
 
 if __name__ == "__main__":

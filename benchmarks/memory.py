@@ -12,11 +12,18 @@ from . import _common as C
 
 OPS = {"full": 10**6, "quick": 10**5}
 # (op, api, group, shape): a training loop's mix; one op in ten on a second group, as with a data-parallel subgroup.
-MIX = (("all_reduce", "all_reduce", "0", (1024,)), ("barrier", "barrier", "0", ()),
-       ("broadcast", "_broadcast_coalesced", "0", (16,)), ("all_reduce", "all_reduce", "0", (1,)),
-       ("all_gather", "all_gather", "0", (8,)), ("all_reduce", "all_reduce", "0", (1024,)),
-       ("barrier", "barrier", "0", ()), ("broadcast", "broadcast", "0", (1,)),
-       ("all_reduce", "all_reduce", "0", (1,)), ("all_reduce", "all_reduce", "1", (256,)))
+MIX = (
+    ("all_reduce", "all_reduce", "0", (1024,)),
+    ("barrier", "barrier", "0", ()),
+    ("broadcast", "_broadcast_coalesced", "0", (16,)),
+    ("all_reduce", "all_reduce", "0", (1,)),
+    ("all_gather", "all_gather", "0", (8,)),
+    ("all_reduce", "all_reduce", "0", (1024,)),
+    ("barrier", "barrier", "0", ()),
+    ("broadcast", "broadcast", "0", (1,)),
+    ("all_reduce", "all_reduce", "0", (1,)),
+    ("all_reduce", "all_reduce", "1", (256,)),
+)
 
 
 class FakeTensor:
@@ -64,7 +71,7 @@ def drive(recorder, total: int, marks: list, measure) -> list:
     found, done, steps = [], 0, 0
     for mark in marks:
         while done < mark:
-            ops = tensors[:min(len(tensors), mark - done)]
+            ops = tensors[: min(len(tensors), mark - done)]
             new_step_function(steps)(recorder, ops)
             done, steps = done + len(ops), steps + 1
         found.append((mark, measure()))
@@ -122,32 +129,45 @@ def main(argv=None) -> None:
     recorder = traced_marks.pop()[1]
     per_op_us, rss_marks = timed(ring_size, total)
     ring_full = dict(traced_marks)[ring_size]
-    rows = [[f"{ops:,}", f"{held / 1024:.1f}", f"{rss / 1024:.0f}"]
-            for (ops, held), (_, rss) in zip(traced_marks, rss_marks)]
-    C.print_table(f"Recorder(ring_size={ring_size}) driven through Recorder.begin/finish with fake tensors "
-                  f"({len(MIX)}-op mix, 2 groups)",
-                  ["ops recorded", "held by the recorder, tracemalloc (KiB)", "process RSS growth (KiB)"], rows)
+    rows = [
+        [f"{ops:,}", f"{held / 1024:.1f}", f"{rss / 1024:.0f}"]
+        for (ops, held), (_, rss) in zip(traced_marks, rss_marks)
+    ]
+    C.print_table(
+        f"Recorder(ring_size={ring_size}) driven through Recorder.begin/finish with fake tensors "
+        f"({len(MIX)}-op mix, 2 groups)",
+        ["ops recorded", "held by the recorder, tracemalloc (KiB)", "process RSS growth (KiB)"],
+        rows,
+    )
     growth = traced_marks[-1][1] - ring_full
     full_at = min(caches_full_at(), total)
     # The code caches fill to their bound and are emptied, a saw-tooth: compare with its highest tooth so far.
     highest = max(held for ops, held in traced_marks if ring_size <= ops <= full_at)
     growth_when_full = traced_marks[-1][1] - highest
     sizes = snapshot_sizes(recorder)
-    C.print_table("Summary", ["measure", "value"], [
-        ["footprint at the default ring size (KiB)", f"{ring_full / 1024:.1f}"],
-        ["bytes per record (footprint / ring size)", f"{ring_full / ring_size:.0f}"],
-        [f"growth from a full ring to {total:,} ops (KiB)", f"{growth / 1024:.1f}"],
-        [f"growth from the most held up to full code caches ({full_at:,} ops) to {total:,} ops (KiB)",
-         f"{growth_when_full / 1024:.1f}"],
-        ["bounded", "yes" if growth_when_full < 0.05 * ring_full else "NO"],
-        ["records in the ring / in flight at the end", f"{len(recorder.ring)} / {len(recorder.inflight)}"],
-        ["begin + finish, thread CPU time (us per op, no tracemalloc)", f"{per_op_us:.2f}"],
-        ["heartbeat JSON per rank (bytes, 8 recent records)", sizes[8]],
-        ["incident answer JSON without stacks (bytes, 64 recent)", sizes[64]],
-        ["code objects in record.py's frame-kind cache (one new code object per step)", len(record._kind_of_code)],
-        ["code objects kept for raw sites (bound: record.CODE_LIMIT)", f"{len(record._code_by_id)} "
-                                                                        f"(<= {record.CODE_LIMIT})"],
-    ])
+    C.print_table(
+        "Summary",
+        ["measure", "value"],
+        [
+            ["footprint at the default ring size (KiB)", f"{ring_full / 1024:.1f}"],
+            ["bytes per record (footprint / ring size)", f"{ring_full / ring_size:.0f}"],
+            [f"growth from a full ring to {total:,} ops (KiB)", f"{growth / 1024:.1f}"],
+            [
+                f"growth from the most held up to full code caches ({full_at:,} ops) to {total:,} ops (KiB)",
+                f"{growth_when_full / 1024:.1f}",
+            ],
+            ["bounded", "yes" if growth_when_full < 0.05 * ring_full else "NO"],
+            ["records in the ring / in flight at the end", f"{len(recorder.ring)} / {len(recorder.inflight)}"],
+            ["begin + finish, thread CPU time (us per op, no tracemalloc)", f"{per_op_us:.2f}"],
+            ["heartbeat JSON per rank (bytes, 8 recent records)", sizes[8]],
+            ["incident answer JSON without stacks (bytes, 64 recent)", sizes[64]],
+            ["code objects in record.py's frame-kind cache (one new code object per step)", len(record._kind_of_code)],
+            [
+                "code objects kept for raw sites (bound: record.CODE_LIMIT)",
+                f"{len(record._code_by_id)} (<= {record.CODE_LIMIT})",
+            ],
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -135,8 +135,13 @@ def measure(ops: dict, iterations: int, rounds: int, sync, side=None) -> dict:
                     session.recorder.finish(record)
         if flag:
             side.off()
-    facts["times"] = {clock: {name: {"off": [b[clock] for b in per[False]], "on": [b[clock] for b in per[True]]}
-                              for name, per in blocks.items()} for clock in CLOCKS}
+    facts["times"] = {
+        clock: {
+            name: {"off": [b[clock] for b in per[False]], "on": [b[clock] for b in per[True]]}
+            for name, per in blocks.items()
+        }
+        for clock in CLOCKS
+    }
     return facts
 
 
@@ -161,8 +166,12 @@ def fake_worker(iterations: int, rounds: int) -> None:
         facts["parts"] = hot_path_parts(iterations)
         # A real collective blocks, and the thread comes back to cold caches: sleep between calls to see that.
         one = ops["all_reduce 1 elem"]
-        facts["cold"] = measure({"all_reduce 1 elem": lambda: (time.sleep(COLD_SLEEP_S), one())},
-                                max(1, iterations // 10), rounds, lambda: None)
+        facts["cold"] = measure(
+            {"all_reduce 1 elem": lambda: (time.sleep(COLD_SLEEP_S), one())},
+            max(1, iterations // 10),
+            rounds,
+            lambda: None,
+        )
     finally:
         FakeWork.is_completed = original
     dist.destroy_process_group()
@@ -188,8 +197,9 @@ def hot_path_parts(iterations: int) -> dict:
         "Patcher.group_name(None)": lambda: patcher.group_name(None),
         "busy-thread set: add + discard": lambda: (mark_busy(1), unmark_busy(1)),
         "sys._getframe() of a new frame (the caller's, on the hot path)": lambda: sys._getframe(),
-        "Recorder.begin + finish_returned": lambda: recorder.finish_returned(recorder.begin(
-            "all_reduce", "all_reduce", "0", meta, here)),
+        "Recorder.begin + finish_returned": lambda: recorder.finish_returned(
+            recorder.begin("all_reduce", "all_reduce", "0", meta, here)
+        ),
     }
     try:
         return {name: min(timed_block(fn, iterations)["thread"] for _ in range(3)) for name, fn in parts.items()}
@@ -228,15 +238,29 @@ def guard_wall_worker(seconds: float, rounds: int) -> None:
             watchdog_cpu += C.thread_cpu(watchdog) - cpu
             watchdog_wall += blocks[flag][-1]["wall"] * iterations / 1e6
     dist.destroy_process_group()
-    C.emit({"iterations": iterations, "armed": all(armed), "watchdog_us_per_s": watchdog_cpu / watchdog_wall * 1e6,
-            "times": {clock: {"all_reduce 1 elem": {"off": [b[clock] for b in blocks[False]],
-                                                    "on": [b[clock] for b in blocks[True]]}} for clock in CLOCKS}})
+    C.emit(
+        {
+            "iterations": iterations,
+            "armed": all(armed),
+            "watchdog_us_per_s": watchdog_cpu / watchdog_wall * 1e6,
+            "times": {
+                clock: {
+                    "all_reduce 1 elem": {
+                        "off": [b[clock] for b in blocks[False]],
+                        "on": [b[clock] for b in blocks[True]],
+                    }
+                }
+                for clock in CLOCKS
+            },
+        }
+    )
 
 
 def run_worker(kind: str, first, second, timeout: float) -> dict:
     """One single-process worker of this benchmark, bounded; its results, or the benchmark fails saying why."""
-    rc, out, err = C.run_bounded([sys.executable, "-m", "benchmarks.overhead_ops", "--worker", kind, str(first),
-                                  str(second)], timeout=timeout)
+    rc, out, err = C.run_bounded(
+        [sys.executable, "-m", "benchmarks.overhead_ops", "--worker", kind, str(first), str(second)], timeout=timeout
+    )
     results = C.parse_results(out)
     if rc != 0 or not results:
         raise SystemExit(f"{kind} worker failed (exit {rc}):\n{err[-3000:]}")
@@ -250,15 +274,27 @@ def run_guard_wall(mode: str) -> None:
     for clock in CLOCKS:
         s = summarize([facts], clock)["all_reduce 1 elem"]
         rows.append([clock, s["off"], s["on"], s["added"], spread(s), s["best_added"], f"{s['ratio']:.3f}"])
-    C.print_table(f"`with guard():` around blocks of all_reduce 1 elem on the fake pg (HashStore, so the watchdog "
-                  f"runs: armed {'yes' if facts['armed'] else 'NO'}), {facts['iterations']} calls per block "
-                  f"(~{seconds:g} s), {rounds} A/B/B/A rounds, medians of per-round means",
-                  ["clock", "without guard (us)", "with guard (us)", "added (us)", "added, min .. max over rounds",
-                   "added, fastest blocks (us)", "ratio"], rows)
+    C.print_table(
+        f"`with guard():` around blocks of all_reduce 1 elem on the fake pg (HashStore, so the watchdog "
+        f"runs: armed {'yes' if facts['armed'] else 'NO'}), {facts['iterations']} calls per block "
+        f"(~{seconds:g} s), {rounds} A/B/B/A rounds, medians of per-round means",
+        [
+            "clock",
+            "without guard (us)",
+            "with guard (us)",
+            "added (us)",
+            "added, min .. max over rounds",
+            "added, fastest blocks (us)",
+            "ratio",
+        ],
+        rows,
+    )
     wall = summarize([facts], "wall")["all_reduce 1 elem"]
-    print(f"target: wall clock with guard() on the fake pg, watchdog thread included, <= {TARGET_US:g} us per op: "
-          f"{wall['added']:.2f} us ({'met' if wall['added'] <= TARGET_US else 'NOT met'}); the watchdog thread used "
-          f"{facts['watchdog_us_per_s']:.0f} us of CPU per second\n")
+    print(
+        f"target: wall clock with guard() on the fake pg, watchdog thread included, <= {TARGET_US:g} us per op: "
+        f"{wall['added']:.2f} us ({'met' if wall['added'] <= TARGET_US else 'NOT met'}); the watchdog thread used "
+        f"{facts['watchdog_us_per_s']:.0f} us of CPU per second\n"
+    )
 
 
 def gloo_worker(iterations: int, rounds: int) -> None:
@@ -297,6 +333,7 @@ def interleaved(ops_off: dict, ops_on: dict, pairs: int, burn_us: float) -> dict
             while time.perf_counter() < end:
                 pass
             fn()
+
         return burning
 
     out = {}
@@ -355,8 +392,7 @@ def summarize(per_rank: list, clock: str) -> dict:
     """Per op: the A/B/B/A statistics of the per-block times averaged over ranks; plus the whole loop."""
     names = list(per_rank[0]["times"][clock])
     mean = lambda lists: [sum(vals) / len(vals) for vals in zip(*lists)]
-    blocks = {n: {side: mean([r["times"][clock][n][side] for r in per_rank]) for side in ("off", "on")}
-              for n in names}
+    blocks = {n: {side: mean([r["times"][clock][n][side] for r in per_rank]) for side in ("off", "on")} for n in names}
     stats = {n: C.paired(blocks[n]["off"], blocks[n]["on"]) for n in names}
     if len(names) > 1:
         loop = {side: [sum(vals) for vals in zip(*(blocks[n][side] for n in names))] for side in ("off", "on")}
@@ -379,22 +415,49 @@ def run_fake(mode: str) -> None:
     single_ops = set(stats) - {name for name in stats if name.startswith("loop")}  # the target is per collective
     cold = summarize([facts["cold"]], "thread")["all_reduce 1 elem"]
     stats[f"all_reduce 1 elem, after a {COLD_SLEEP_S * 1e3:g} ms sleep (cold caches)"] = cold
-    C.print_table(f"Hot path alone: torch's fake process group (world_size 4, one process), CPU time of the calling "
-                  f"thread, {iterations} calls per block, {rounds} A/B/B/A rounds, medians of per-round means",
-                  ["op", "without guard (us)", "with guard (us)", "added (us)", "added, min .. max over rounds",
-                   "added, fastest blocks (us)", "ratio", f"<= {TARGET_US:g} us (median / fastest)"],
-                  [[name, s["off"], s["on"], s["added"], spread(s), s["best_added"], f"{s['ratio']:.3f}",
-                    f"{_verdict(s['added'])} / {_verdict(s['best_added'])}" if name in single_ops else "-"]
-                   for name, s in stats.items()])
-    C.print_table("Where the hot path's time goes (guard on, fake pg; thread CPU time, best of 3 blocks)",
-                  ["step", "us per call"], [[name, us] for name, us in facts["parts"].items()])
+    C.print_table(
+        f"Hot path alone: torch's fake process group (world_size 4, one process), CPU time of the calling "
+        f"thread, {iterations} calls per block, {rounds} A/B/B/A rounds, medians of per-round means",
+        [
+            "op",
+            "without guard (us)",
+            "with guard (us)",
+            "added (us)",
+            "added, min .. max over rounds",
+            "added, fastest blocks (us)",
+            "ratio",
+            f"<= {TARGET_US:g} us (median / fastest)",
+        ],
+        [
+            [
+                name,
+                s["off"],
+                s["on"],
+                s["added"],
+                spread(s),
+                s["best_added"],
+                f"{s['ratio']:.3f}",
+                f"{_verdict(s['added'])} / {_verdict(s['best_added'])}" if name in single_ops else "-",
+            ]
+            for name, s in stats.items()
+        ],
+    )
+    C.print_table(
+        "Where the hot path's time goes (guard on, fake pg; thread CPU time, best of 3 blocks)",
+        ["step", "us per call"],
+        [[name, us] for name, us in facts["parts"].items()],
+    )
     never = summarize([facts["never_completes"]], "thread")["all_reduce 1 elem"]
-    print(f"FakeWork.is_completed() was made to return True above, as a real backend's Work does after wait();"
-          f" as shipped it stays False, every record stays in flight (up to "
-          f"{facts['never_completes']['left_in_flight']} per block, cleared between blocks by the benchmark) and "
-          f"all_reduce 1 elem then costs {never['off']:.1f} -> {never['on']:.1f} us (+{never['added']:.1f} us).")
-    print(f"watchdog armed under the fake pg (FakeStore): {'yes' if all(facts['watchdog_armed']) else 'no'}"
-          + (f"; ddpwatch logged: {'; '.join(facts['warnings'])}" if facts["warnings"] else ""))
+    print(
+        f"FakeWork.is_completed() was made to return True above, as a real backend's Work does after wait();"
+        f" as shipped it stays False, every record stays in flight (up to "
+        f"{facts['never_completes']['left_in_flight']} per block, cleared between blocks by the benchmark) and "
+        f"all_reduce 1 elem then costs {never['off']:.1f} -> {never['on']:.1f} us (+{never['added']:.1f} us)."
+    )
+    print(
+        f"watchdog armed under the fake pg (FakeStore): {'yes' if all(facts['watchdog_armed']) else 'no'}"
+        + (f"; ddpwatch logged: {'; '.join(facts['warnings'])}" if facts["warnings"] else "")
+    )
     print()
 
 
@@ -405,8 +468,18 @@ def gloo_rows(results: list, key=None, label: str = "") -> list:
     rows = []
     for name, wall in stats["wall"].items():
         thread, process = stats["thread"][name], stats["process"][name]
-        rows.append([label + name, wall["off"], wall["on"], wall["added"], spread(wall), f"{wall['ratio']:.3f}",
-                     thread["added"], process["added"]])
+        rows.append(
+            [
+                label + name,
+                wall["off"],
+                wall["on"],
+                wall["added"],
+                spread(wall),
+                f"{wall['ratio']:.3f}",
+                thread["added"],
+                process["added"],
+            ]
+        )
     return rows
 
 
@@ -418,18 +491,32 @@ def run_gloo(mode: str) -> None:
     ranks = run_ranks(command, 2, env=C.child_env(), timeout=600, cwd=C.ROOT)
     results = [doc for r in ranks for doc in C.parse_results(r.stdout)]
     if len(results) != 2:
-        raise SystemExit("gloo ranks failed:\n" + "\n".join(f"rank {r.rank} exit {r.returncode}: {r.stderr[-2000:]}"
-                                                            for r in ranks))
+        raise SystemExit(
+            "gloo ranks failed:\n" + "\n".join(f"rank {r.rank} exit {r.returncode}: {r.stderr[-2000:]}" for r in ranks)
+        )
     rows = gloo_rows(results) + gloo_rows(results, "control", f"control (burns {CONTROL_US:g} us, no guard): ")
-    C.print_table(f"2 gloo ranks on this machine, {iterations} calls per block, {rounds} A/B/B/A rounds, averaged "
-                  f"over both ranks, medians of per-round means; the control row swaps the guard for a pass-through "
-                  f"wrapper that only burns CPU",
-                  ["op", "wall without (us)", "wall with (us)", "wall added (us)", "wall added, min .. max",
-                   "wall ratio", "calling-thread CPU added (us)", "process CPU added (us)"], rows)
+    C.print_table(
+        f"2 gloo ranks on this machine, {iterations} calls per block, {rounds} A/B/B/A rounds, averaged "
+        f"over both ranks, medians of per-round means; the control row swaps the guard for a pass-through "
+        f"wrapper that only burns CPU",
+        [
+            "op",
+            "wall without (us)",
+            "wall with (us)",
+            "wall added (us)",
+            "wall added, min .. max",
+            "wall ratio",
+            "calling-thread CPU added (us)",
+            "process CPU added (us)",
+        ],
+        rows,
+    )
     loop = next(s for name, s in summarize(results, "wall").items() if name.startswith("loop"))
     armed = all(a for r in results for a in r["watchdog_armed"])
-    print(f"whole loop: wall ratio {loop['ratio']:.3f} (target < {TARGET_RATIO}); watchdog armed in every guarded "
-          f"block: {'yes' if armed else 'no'}; records left in flight: {max(r['left_in_flight'] for r in results)}")
+    print(
+        f"whole loop: wall ratio {loop['ratio']:.3f} (target < {TARGET_RATIO}); watchdog armed in every guarded "
+        f"block: {'yes' if armed else 'no'}; records left in flight: {max(r['left_in_flight'] for r in results)}"
+    )
     for message in sorted({m for r in results for m in r["warnings"]}):
         print(f"ddpwatch logged: {message}")
     print()
@@ -443,25 +530,36 @@ def run_interleaved(mode: str) -> None:
     ranks = run_ranks(command, 2, env=C.child_env(), timeout=900, cwd=C.ROOT)
     results = [doc for r in ranks for doc in C.parse_results(r.stdout)]
     if len(results) != 2:
-        raise SystemExit("gloo ranks failed:\n" + "\n".join(f"rank {r.rank} exit {r.returncode}: {r.stderr[-2000:]}"
-                                                            for r in ranks))
+        raise SystemExit(
+            "gloo ranks failed:\n" + "\n".join(f"rank {r.rank} exit {r.returncode}: {r.stderr[-2000:]}" for r in ranks)
+        )
     mean = lambda name, side, key: sum(r["ops"][name][side][key] for r in results) / len(results)
     rows, added = [], {}
     for name in results[0]["ops"]:
         off = sum(r["ops"][name]["off"] for r in results) / len(results)
         added[name] = mean(name, "on", "added")
-        rows.append([name, off, f"{added[name]:.2f} +- {mean(name, 'on', 'stderr'):.2f}",
-                     f"{mean(name, 'control', 'added'):.2f} +- {mean(name, 'control', 'stderr'):.2f}"])
-    C.print_table(f"2 gloo ranks, op by op: each op run unguarded, guarded and as a control (a pass-through that "
-                  f"burns {INTERLEAVED_BURN_US:g} us) in rotating order, {pairs} times each, the guard installed "
-                  f"throughout (watchdog armed: {'yes' if all(r['armed'] for r in results) else 'NO'}); calling-thread "
-                  f"CPU, mean of both ranks, +- the standard error",
-                  ["op", "unguarded (us)", "guard added (us)", f"control added (us; burns {INTERLEAVED_BURN_US:g})"],
-                  rows)
+        rows.append(
+            [
+                name,
+                off,
+                f"{added[name]:.2f} +- {mean(name, 'on', 'stderr'):.2f}",
+                f"{mean(name, 'control', 'added'):.2f} +- {mean(name, 'control', 'stderr'):.2f}",
+            ]
+        )
+    C.print_table(
+        f"2 gloo ranks, op by op: each op run unguarded, guarded and as a control (a pass-through that "
+        f"burns {INTERLEAVED_BURN_US:g} us) in rotating order, {pairs} times each, the guard installed "
+        f"throughout (watchdog armed: {'yes' if all(r['armed'] for r in results) else 'NO'}); calling-thread "
+        f"CPU, mean of both ranks, +- the standard error",
+        ["op", "unguarded (us)", "guard added (us)", f"control added (us; burns {INTERLEAVED_BURN_US:g})"],
+        rows,
+    )
     worst = max(added, key=added.get)
-    print(f"target: calling-thread CPU added <= {TARGET_GLOO_THREAD_US:g} us per gloo collective: "
-          f"{min(added.values()):.1f} .. {added[worst]:.1f} us ({worst} the most): "
-          f"{'met' if added[worst] <= TARGET_GLOO_THREAD_US else 'NOT met'}\n")
+    print(
+        f"target: calling-thread CPU added <= {TARGET_GLOO_THREAD_US:g} us per gloo collective: "
+        f"{min(added.values()):.1f} .. {added[worst]:.1f} us ({worst} the most): "
+        f"{'met' if added[worst] <= TARGET_GLOO_THREAD_US else 'NOT met'}\n"
+    )
 
 
 def main(argv=None) -> None:

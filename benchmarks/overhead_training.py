@@ -34,9 +34,15 @@ def small_cnn():
     import torch.nn as nn
 
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 10),
     )
 
 
@@ -118,9 +124,16 @@ def worker(steps: int, rounds: int, toggle: bool) -> None:
     entries = fr_entries()
     dist.barrier()
     dist.destroy_process_group()
-    C.emit({"rank": int(os.environ["RANK"]), "fr_entries": entries,
-            "times": {clock: {"off": [b[clock] for b in times[False]], "on": [b[clock] for b in times[True]]}
-                      for clock in CLOCKS}})
+    C.emit(
+        {
+            "rank": int(os.environ["RANK"]),
+            "fr_entries": entries,
+            "times": {
+                clock: {"off": [b[clock] for b in times[False]], "on": [b[clock] for b in times[True]]}
+                for clock in CLOCKS
+            },
+        }
+    )
 
 
 def interleaved_worker(pairs: int) -> None:
@@ -165,7 +178,7 @@ def interleaved_worker(pairs: int) -> None:
         # The kind of micro-step alternates with the pair (no_sync, synced), and the first step of a pair follows
         # a step of the other kind, which costs it more: the order turns every two pairs, so each side goes first
         # as often in each kind (turning every pair made "first" and "no_sync" the same pairs: a 7-12% artefact).
-        for guarded in ((False, True) if (index // 2) % 2 == 0 else (True, False)):
+        for guarded in (False, True) if (index // 2) % 2 == 0 else (True, False):
             made = None if guarded else put_aside()  # outside the clocks, like the guarded side's install
             dist.barrier()  # both ranks start each step together, as blocks do
             start = {name: clock() for name, clock in CLOCKS.items()}
@@ -173,14 +186,23 @@ def interleaved_worker(pairs: int) -> None:
             samples[guarded].append({name: clock() - start[name] for name, clock in CLOCKS.items()})
             if made is not None:
                 put_back(made)
-    watchdog_us_per_s = ((C.thread_cpu(watchdog) - cpu) / (time.perf_counter() - started) * 1e6
-                         if watchdog is not None else None)
+    watchdog_us_per_s = (
+        (C.thread_cpu(watchdog) - cpu) / (time.perf_counter() - started) * 1e6 if watchdog is not None else None
+    )
     ddpwatch.uninstall()
     dist.barrier()
     dist.destroy_process_group()
-    C.emit({"rank": int(os.environ["RANK"]), "pairs": pairs, "watchdog_us_per_s": watchdog_us_per_s,
-            "samples": {clock: {"off": [s[clock] for s in samples[False]], "on": [s[clock] for s in samples[True]]}
-                        for clock in CLOCKS}})
+    C.emit(
+        {
+            "rank": int(os.environ["RANK"]),
+            "pairs": pairs,
+            "watchdog_us_per_s": watchdog_us_per_s,
+            "samples": {
+                clock: {"off": [s[clock] for s in samples[False]], "on": [s[clock] for s in samples[True]]}
+                for clock in CLOCKS
+            },
+        }
+    )
 
 
 def run_interleaved(mode: str) -> None:
@@ -199,24 +221,47 @@ def run_interleaved(mode: str) -> None:
         diffs = [b - a for a, b in zip(off, on)]
         mean_off, added = sum(off) / len(off), sum(diffs) / len(diffs)
         stderr = (sum((d - added) ** 2 for d in diffs) / max(1, len(diffs) - 1) / len(diffs)) ** 0.5
-        stats = {"off": mean_off * 1e3, "added": added * 1e6, "stderr": stderr * 1e6,
-                 "percent": added / mean_off * 100, "percent_stderr": stderr / mean_off * 100}
+        stats = {
+            "off": mean_off * 1e3,
+            "added": added * 1e6,
+            "stderr": stderr * 1e6,
+            "percent": added / mean_off * 100,
+            "percent_stderr": stderr / mean_off * 100,
+        }
         wall = stats if clock == "wall" else wall
-        rows.append([clock, stats["off"], f"{stats['added']:.0f} +- {stats['stderr']:.0f}",
-                     f"{stats['percent']:+.2f}% +- {stats['percent_stderr']:.2f}%"])
+        rows.append(
+            [
+                clock,
+                stats["off"],
+                f"{stats['added']:.0f} +- {stats['stderr']:.0f}",
+                f"{stats['percent']:+.2f}% +- {stats['percent_stderr']:.2f}%",
+            ]
+        )
     watchdog = sum(r["watchdog_us_per_s"] or 0.0 for r in results) / 2
-    C.print_table(f"The same DDP loop, step by step: {pairs} pairs of micro-steps, each pair one step without the "
-                  f"guard's patches and one with them (A/B/B/A by pair, the same kind of micro-step), the guard "
-                  f"installed throughout; means over the pairs and both ranks, +- the standard error",
-                  ["clock", "without (ms/step)", "added (us/step)", "added (% of the step)"], rows)
-    print(f"the watchdog thread used {watchdog:.0f} us of CPU per second meanwhile ({watchdog / 1e4:.3f}% of one "
-          f"core), on both sides alike: at most that much more of the loop's time")
+    C.print_table(
+        f"The same DDP loop, step by step: {pairs} pairs of micro-steps, each pair one step without the "
+        f"guard's patches and one with them (A/B/B/A by pair, the same kind of micro-step), the guard "
+        f"installed throughout; means over the pairs and both ranks, +- the standard error",
+        ["clock", "without (ms/step)", "added (us/step)", "added (% of the step)"],
+        rows,
+    )
+    print(
+        f"the watchdog thread used {watchdog:.0f} us of CPU per second meanwhile ({watchdog / 1e4:.3f}% of one "
+        f"core), on both sides alike: at most that much more of the loop's time"
+    )
     bound = wall["percent"] + 2 * wall["percent_stderr"] + watchdog / 1e4
-    verdict = ("undecided: two standard errors are not below 1%" if 2 * wall["percent_stderr"] >= 1.0 else
-               "met" if bound < (TARGET_RATIO - 1) * 100 else "NOT met")
-    print(f"target: training-loop time within 1% of unguarded, spread below 1%: wall {wall['percent']:+.2f}% "
-          f"+- {wall['percent_stderr']:.2f}% per step, plus at most {watchdog / 1e4:.3f}% for the watchdog thread "
-          f"(upper bound {bound:+.2f}%): {verdict}\n")
+    verdict = (
+        "undecided: two standard errors are not below 1%"
+        if 2 * wall["percent_stderr"] >= 1.0
+        else "met"
+        if bound < (TARGET_RATIO - 1) * 100
+        else "NOT met"
+    )
+    print(
+        f"target: training-loop time within 1% of unguarded, spread below 1%: wall {wall['percent']:+.2f}% "
+        f"+- {wall['percent_stderr']:.2f}% per step, plus at most {watchdog / 1e4:.3f}% for the watchdog thread "
+        f"(upper bound {bound:+.2f}%): {verdict}\n"
+    )
 
 
 def run_config(name: str, mode: str, rounds: int | None = None) -> dict:
@@ -226,8 +271,15 @@ def run_config(name: str, mode: str, rounds: int | None = None) -> dict:
     extra, toggle = CONFIGS[name]
     steps, default_rounds = SIZES[mode]
     rounds = rounds or default_rounds
-    command = [sys.executable, "-m", "benchmarks.overhead_training", "--worker", str(steps), str(rounds),
-               "1" if toggle else "0"]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.overhead_training",
+        "--worker",
+        str(steps),
+        str(rounds),
+        "1" if toggle else "0",
+    ]
     limit = (300 if mode == "full" else 120) * max(1, rounds // default_rounds)
     ranks = run_ranks(command, 2, env=C.child_env(**extra), timeout=limit, cwd=C.ROOT)
     results = [doc for r in ranks for doc in C.parse_results(r.stdout)]
@@ -239,8 +291,11 @@ def describe_failure(ranks) -> str:
     parts = []
     for r in ranks:
         code = r.returncode
-        how = "killed at the time limit" if code == -signal.SIGKILL else (
-            f"signal {signal_name(-code)}" if code is not None and code < 0 else f"exit {code}")
+        how = (
+            "killed at the time limit"
+            if code == -signal.SIGKILL
+            else (f"signal {signal_name(-code)}" if code is not None and code < 0 else f"exit {code}")
+        )
         constructed = "after" if "ddp-constructed" in r.stdout else "before"
         last = last_error_line(r.stderr)
         parts.append(f"rank {r.rank}: {how}, {constructed} DDP was constructed" + (f" ({last})" if last else ""))
@@ -283,20 +338,39 @@ def row(run: dict) -> list:
         return [run["name"], stats["off"]] + [None] * 6 + [entries, run["outcome"]]
     thread, process = summarize(run, "thread"), summarize(run, "process")
     verdict = " (< 1%)" if stats["ratio"] < TARGET_RATIO else " (>= 1%)"
-    return [run["name"], stats["off"], stats["on"], stats["added"] * 1e3,
-            f"{stats['added_min'] * 1e3:.0f} .. {stats['added_max'] * 1e3:.0f}", f"{stats['ratio']:.3f}{verdict}",
-            f"{thread['added'] * 1e3:.0f} ({(thread['ratio'] - 1) * 100:+.2f}%)",
-            f"{process['added'] * 1e3:.0f} ({(process['ratio'] - 1) * 100:+.2f}%)", entries, run["outcome"]]
+    return [
+        run["name"],
+        stats["off"],
+        stats["on"],
+        stats["added"] * 1e3,
+        f"{stats['added_min'] * 1e3:.0f} .. {stats['added_max'] * 1e3:.0f}",
+        f"{stats['ratio']:.3f}{verdict}",
+        f"{thread['added'] * 1e3:.0f} ({(thread['ratio'] - 1) * 100:+.2f}%)",
+        f"{process['added'] * 1e3:.0f} ({(process['ratio'] - 1) * 100:+.2f}%)",
+        entries,
+        run["outcome"],
+    ]
 
 
 def table(runs: list) -> None:
-    C.print_table("Small DDP loop on 2 gloo ranks (CNN + BatchNorm, SGD, gradients accumulated over 2 micro-steps with "
-                  "no_sync, a barrier per optimizer step, a metric all_reduce per micro-step); "
-                  "medians of per-round means over both ranks",
-                  ["configuration", "wall without guard (ms/step)", "wall with guard (ms/step)",
-                   "wall added (us/step)", "wall added, min .. max (us)", "wall ratio",
-                   "main-thread CPU added (us/step)", "process CPU added (us/step)", "FR entries held", "outcome"],
-                  [row(run) for run in runs])
+    C.print_table(
+        "Small DDP loop on 2 gloo ranks (CNN + BatchNorm, SGD, gradients accumulated over 2 micro-steps with "
+        "no_sync, a barrier per optimizer step, a metric all_reduce per micro-step); "
+        "medians of per-round means over both ranks",
+        [
+            "configuration",
+            "wall without guard (ms/step)",
+            "wall with guard (ms/step)",
+            "wall added (us/step)",
+            "wall added, min .. max (us)",
+            "wall ratio",
+            "main-thread CPU added (us/step)",
+            "process CPU added (us/step)",
+            "FR entries held",
+            "outcome",
+        ],
+        [row(run) for run in runs],
+    )
 
 
 def main(argv=None) -> None:
@@ -315,8 +389,10 @@ def main(argv=None) -> None:
     C.header("overhead_training: step time with and without the guard", opts.quick)
     steps, rounds = SIZES[mode]
     rounds = opts.rounds or rounds
-    print(f"{steps} steps per block, {rounds} A/B/B/A rounds per configuration; each configuration is its own "
-          f"launch (the environment is read at start-up)")
+    print(
+        f"{steps} steps per block, {rounds} A/B/B/A rounds per configuration; each configuration is its own "
+        f"launch (the environment is read at start-up)"
+    )
     names = QUICK_CONFIGS if opts.quick else tuple(CONFIGS)
     names = names[:1] if opts.only_default else names
     runs = [run_config(name, mode, rounds) for name in names]
@@ -324,13 +400,17 @@ def main(argv=None) -> None:
     for run in runs:
         stats = summarize(run) if run["toggle"] else None
         if stats is not None:
-            print(f"target: training-loop time within 1% of unguarded ({run['name']}): "
-                  f"{C.ratio_verdict(stats['ratios'], TARGET_RATIO)}")
+            print(
+                f"target: training-loop time within 1% of unguarded ({run['name']}): "
+                f"{C.ratio_verdict(stats['ratios'], TARGET_RATIO)}"
+            )
     on_off = [summarize(run) for run in runs if run["name"].startswith("Flight Recorder")]
     if len(on_off) == 2 and all(on_off):
-        print(f"Flight Recorder on vs off, without the guard (two launches, so noisier than the A/B/B/A ratios): "
-              f"{on_off[0]['off']:.2f} vs {on_off[1]['off']:.2f} ms/step, "
-              f"ratio {on_off[0]['off'] / on_off[1]['off']:.3f}")
+        print(
+            f"Flight Recorder on vs off, without the guard (two launches, so noisier than the A/B/B/A ratios): "
+            f"{on_off[0]['off']:.2f} vs {on_off[1]['off']:.2f} ms/step, "
+            f"ratio {on_off[0]['off'] / on_off[1]['off']:.3f}"
+        )
     run_interleaved(mode)
     if opts.quick:
         print("(quick mode skips: " + ", ".join(n for n in CONFIGS if n not in names) + ")")

@@ -26,6 +26,7 @@ LOOP = 20  # healthy training iterations recorded before the hang: 3 collectives
 
 # ---------------------------------------------------------------- what every simulated rank does
 
+
 class CountingStore:
     """A store client that counts calls and the bytes it sends, so traffic is measured, not assumed."""
 
@@ -113,8 +114,13 @@ def block(recorder, leader: bool) -> None:
         if leader:
             site = frame_site(user_frame(sys._getframe()))
             with recorder.region((build.DDP_FORWARD, site, "DistributedDataParallel.forward", None)):
-                recorder.begin("broadcast", build.DDP_BUFFER_BROADCAST, "0", tensor_meta([_Meta((16,)), _Meta(())]),
-                               sys._getframe())
+                recorder.begin(
+                    "broadcast",
+                    build.DDP_BUFFER_BROADCAST,
+                    "0",
+                    tensor_meta([_Meta((16,)), _Meta(())]),
+                    sys._getframe(),
+                )
         else:
             recorder.begin("barrier", "barrier", "0", (), sys._getframe())
     finally:
@@ -140,6 +146,7 @@ def client(port: int, namespace: str):
 
 
 # ---------------------------------------------------------------- worker: simulates a slice of the ranks
+
 
 def worker(port: int) -> None:
     """Commands on stdin, one JSON reply per line on stdout; ends on 'quit' or end of input."""
@@ -173,9 +180,18 @@ class Workers:
 
     def __init__(self, port: int, count: int):
         command = [sys.executable, "-m", "benchmarks.scale", "--worker", str(port)]
-        self.procs = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                       env=C.child_env(), cwd=C.ROOT, start_new_session=True)
-                      for _ in range(count)]
+        self.procs = [
+            subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=C.child_env(),
+                cwd=C.ROOT,
+                start_new_session=True,
+            )
+            for _ in range(count)
+        ]
 
     def ask(self, commands: list, timeout: float = 300.0) -> list:
         """Send one command to each worker (all at once, so they run in parallel), then read every reply."""
@@ -222,6 +238,7 @@ def _readline(proc, deadline: float) -> str:
 
 # ---------------------------------------------------------------- the leader (this process, rank 0)
 
+
 def leader_pass(job, what: str, number: int = 0) -> dict:
     """What rank 0's watchdog does on a hang: gather, assess, group positions, render; each timed.
 
@@ -233,11 +250,14 @@ def leader_pass(job, what: str, number: int = 0) -> dict:
     from ddpwatch.render.positions import groups_by_position
 
     store, world_size = job.store, job.world_size
-    keys = {"positions": [store.key("pos", r) for r in range(world_size)],
-            "states": [store.key("state", r) for r in range(world_size)],
-            "incident": [store.key("incident", number, "rank", r) for r in range(world_size)]}[what]
-    gather = {"positions": job.positions, "states": job.states,
-              "incident": lambda: job.collect(number, deadline=0.0)}[what]  # every answer is in: no waiting
+    keys = {
+        "positions": [store.key("pos", r) for r in range(world_size)],
+        "states": [store.key("state", r) for r in range(world_size)],
+        "incident": [store.key("incident", number, "rank", r) for r in range(world_size)],
+    }[what]
+    gather = {"positions": job.positions, "states": job.states, "incident": lambda: job.collect(number, deadline=0.0)}[
+        what
+    ]  # every answer is in: no waiting
     times, before = {}, rss_mib()
     start = time.perf_counter()
     states = gather()
@@ -248,11 +268,19 @@ def leader_pass(job, what: str, number: int = 0) -> dict:
     start = time.perf_counter()
     groups_by_position(states, GRACE)
     times["positions"] = time.perf_counter() - start
-    incident = {"format_version": 1, "run_id": "bench", "world_size": world_size, "created_at": time.time(),
-                "trigger": assessment.verdict, "written_by": 0, "grace": GRACE, "timeout": TIMEOUT,
-                "ranks": [states[r] for r in sorted(states)],
-                "missing_ranks": [r for r in range(world_size) if r not in states],
-                "findings": assessment.findings}
+    incident = {
+        "format_version": 1,
+        "run_id": "bench",
+        "world_size": world_size,
+        "created_at": time.time(),
+        "trigger": assessment.verdict,
+        "written_by": 0,
+        "grace": GRACE,
+        "timeout": TIMEOUT,
+        "ranks": [states[r] for r in sorted(states)],
+        "missing_ranks": [r for r in range(world_size) if r not in states],
+        "findings": assessment.findings,
+    }
     start = time.perf_counter()
     text = render_text(incident)
     times["render"] = time.perf_counter() - start
@@ -263,12 +291,20 @@ def leader_pass(job, what: str, number: int = 0) -> dict:
     times["transfer"] = time.perf_counter() - start
     start = time.perf_counter()
     for i in range(0, len(keys), CHUNK):  # the same keys in slices: TCPStore's multi_get grows faster than linearly
-        store._store.multi_get(keys[i:i + CHUNK])
+        store._store.multi_get(keys[i : i + CHUNK])
     times["chunked"] = time.perf_counter() - start
-    return {"times": times, "held_mib": held, "peak_rss_mib": peak_rss_mib(), "states": len(states),
-            "mib": sum(len(v) for v in raw) / 2**20, "verdict": assessment.verdict,
-            "kinds": [f["kind"] for f in assessment.findings], "lines": text.count("\n"),
-            "text_bytes": len(text.encode()), "text": text}
+    return {
+        "times": times,
+        "held_mib": held,
+        "peak_rss_mib": peak_rss_mib(),
+        "states": len(states),
+        "mib": sum(len(v) for v in raw) / 2**20,
+        "verdict": assessment.verdict,
+        "kinds": [f["kind"] for f in assessment.findings],
+        "lines": text.count("\n"),
+        "text_bytes": len(text.encode()),
+        "text": text,
+    }
 
 
 def rss_mib() -> float:
@@ -327,42 +363,92 @@ def one_interval(workers: Workers, leader, counting, leader_ticks: bool = True) 
             calls[name] = calls.get(name, 0) + count
     simulated = sum(r["ranks"] for r in replies)
     ops = sum(v for k, v in calls.items() if k != "bytes")
-    return {"wall": wall, "ops_per_rank": ops / simulated, "bytes_per_rank": calls.get("bytes", 0) / simulated,
-            "ops_per_s": ops / wall, "calls": calls, "leader": leader_counts}
+    return {
+        "wall": wall,
+        "ops_per_rank": ops / simulated,
+        "bytes_per_rank": calls.get("bytes", 0) / simulated,
+        "ops_per_s": ops / wall,
+        "calls": calls,
+        "leader": leader_counts,
+    }
 
 
 # ---------------------------------------------------------------- output
+
 
 def traffic_rows(results: list) -> list:
     rows = []
     for r in results:
         steady, hang = r["steady"][-1], r["hang"][-1]
         first_hang = r["hang"][0]
-        rows.append([r["ranks"], f"{steady['ops_per_rank']:.2f}", f"{first_hang['ops_per_rank']:.2f} then "
-                     f"{hang['ops_per_rank']:.2f}", f"{steady['bytes_per_rank'] / 1024:.1f}",
-                     f"{hang['bytes_per_rank'] / 1024:.1f}", f"{r['contribute_bytes'] / 1024:.1f}",
-                     f"{max(i['wall'] for i in r['steady']):.3f}", f"{steady['ops_per_s']:.0f}",
-                     f"{r['ranks'] * steady['ops_per_rank'] / INTERVAL:.0f}"])
+        rows.append(
+            [
+                r["ranks"],
+                f"{steady['ops_per_rank']:.2f}",
+                f"{first_hang['ops_per_rank']:.2f} then {hang['ops_per_rank']:.2f}",
+                f"{steady['bytes_per_rank'] / 1024:.1f}",
+                f"{hang['bytes_per_rank'] / 1024:.1f}",
+                f"{r['contribute_bytes'] / 1024:.1f}",
+                f"{max(i['wall'] for i in r['steady']):.3f}",
+                f"{steady['ops_per_s']:.0f}",
+                f"{r['ranks'] * steady['ops_per_rank'] / INTERVAL:.0f}",
+            ]
+        )
     return rows
 
 
 def leader_rows(results: list) -> list:
     rows = []
     for r in results:
-        for name, key in (("positions (what the leader reads each interval)", "positions"),
-                          ("heartbeat states", "light"), ("incident states (stacks)", "full")):
+        for name, key in (
+            ("positions (what the leader reads each interval)", "positions"),
+            ("heartbeat states", "light"),
+            ("incident states (stacks)", "full"),
+        ):
             p = r[key]
             t = p["times"]
             analysis_s = t["assess"] + t["positions"] + t["render"]
             total = t["gather"] + analysis_s
-            rows.append([r["ranks"], name, p["states"], f"{p['mib']:.1f}", f"{t['gather']:.3f}",
-                         f"{t['transfer']:.3f}", f"{t['chunked']:.3f}", f"{t['assess']:.3f}",
-                         f"{t['positions']:.3f}", f"{t['render']:.3f}",
-                         f"{analysis_s:.3f}", f"{total:.3f}" + (" (< 1 s)" if total < TARGET_S else " (>= 1 s)"),
-                         f"{p['held_mib']:.0f}", f"{p['peak_rss_mib']:.0f}", p["lines"],
-                         ", ".join(p["kinds"]) or p["verdict"] or "none"])
-        rows.append([r["ranks"], "contributions to the incident, all ranks", "-", "-", f"{r['contribute_s']:.3f}",
-                     "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"])
+            rows.append(
+                [
+                    r["ranks"],
+                    name,
+                    p["states"],
+                    f"{p['mib']:.1f}",
+                    f"{t['gather']:.3f}",
+                    f"{t['transfer']:.3f}",
+                    f"{t['chunked']:.3f}",
+                    f"{t['assess']:.3f}",
+                    f"{t['positions']:.3f}",
+                    f"{t['render']:.3f}",
+                    f"{analysis_s:.3f}",
+                    f"{total:.3f}" + (" (< 1 s)" if total < TARGET_S else " (>= 1 s)"),
+                    f"{p['held_mib']:.0f}",
+                    f"{p['peak_rss_mib']:.0f}",
+                    p["lines"],
+                    ", ".join(p["kinds"]) or p["verdict"] or "none",
+                ]
+            )
+        rows.append(
+            [
+                r["ranks"],
+                "contributions to the incident, all ranks",
+                "-",
+                "-",
+                f"{r['contribute_s']:.3f}",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+            ]
+        )
     return rows
 
 
@@ -378,10 +464,11 @@ def main(argv=None) -> None:
 
     mode = "quick" if opts.quick else "full"
     C.header("scale: many simulated ranks on one TCPStore", opts.quick)
-    server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=60),
-                           wait_for_workers=False)
-    print(f"TCPStore server in this process (libuv: {server.libuvBackend}); ranks 1..W-1 simulated by {WORKERS} "
-          f"processes with one store client each; rank 0 (the leader) is this process; interval {INTERVAL} s")
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False)
+    print(
+        f"TCPStore server in this process (libuv: {server.libuvBackend}); ranks 1..W-1 simulated by {WORKERS} "
+        f"processes with one store client each; rank 0 (the leader) is this process; interval {INTERVAL} s"
+    )
     workers = Workers(server.port, WORKERS)
     results = []
     try:
@@ -389,17 +476,44 @@ def main(argv=None) -> None:
             results.append(simulate(world_size, mode, server.port, workers))
     finally:
         workers.close()
-    C.print_table("Store traffic per simulated rank (measured by counting the calls ddpwatch's Watchdog makes)",
-                  ["ranks", "ops/rank/interval, healthy", "ops/rank/interval, hang (first, then)",
-                   "KiB sent/rank/interval, healthy", "KiB, hang", "KiB per incident answer",
-                   "one interval of all ranks here (s)", "store ops/s achieved", "ops/s the server must take"],
-                  traffic_rows(results))
-    C.print_table("The leader (rank 0): gather every state, then analysis.assess + render positions + "
-                  "render_text; memory: RSS growth while the states are held, and the process's peak RSS so far",
-                  ["ranks", "what", "states", "MiB in the store", "gather (s)", "of which multi_get (s)",
-                   f"multi_get in slices of {CHUNK} (s)", "assess (s)", "positions (s)", "render_text (s)",
-                   "analysis (s)", "total (s)", "RSS growth (MiB)", "peak RSS (MiB)", "report lines", "finding"],
-                  leader_rows(results))
+    C.print_table(
+        "Store traffic per simulated rank (measured by counting the calls ddpwatch's Watchdog makes)",
+        [
+            "ranks",
+            "ops/rank/interval, healthy",
+            "ops/rank/interval, hang (first, then)",
+            "KiB sent/rank/interval, healthy",
+            "KiB, hang",
+            "KiB per incident answer",
+            "one interval of all ranks here (s)",
+            "store ops/s achieved",
+            "ops/s the server must take",
+        ],
+        traffic_rows(results),
+    )
+    C.print_table(
+        "The leader (rank 0): gather every state, then analysis.assess + render positions + "
+        "render_text; memory: RSS growth while the states are held, and the process's peak RSS so far",
+        [
+            "ranks",
+            "what",
+            "states",
+            "MiB in the store",
+            "gather (s)",
+            "of which multi_get (s)",
+            f"multi_get in slices of {CHUNK} (s)",
+            "assess (s)",
+            "positions (s)",
+            "render_text (s)",
+            "analysis (s)",
+            "total (s)",
+            "RSS growth (MiB)",
+            "peak RSS (MiB)",
+            "report lines",
+            "finding",
+        ],
+        leader_rows(results),
+    )
     for r in results:
         if opts.show_report == r["ranks"]:
             print(r["full"]["text"])

@@ -32,7 +32,8 @@ def worker(minutes: float) -> None:
         dist.init_process_group("gloo")
         rank = dist.get_rank()
         model = torch.nn.parallel.DistributedDataParallel(
-            torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 1)))
+            torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 1))
+        )
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         end = time.monotonic() + minutes * 60
         epoch = 0
@@ -74,19 +75,38 @@ def main(argv=None) -> int:
     from ddpwatch.launch import run_ranks
 
     report_dir = tempfile.mkdtemp(prefix="ddpwatch-soak-")
-    env = C.child_env(DDPWATCH_DIR=report_dir, DDPWATCH_TIMEOUT=str(TIMEOUT_S), DDPWATCH_GRACE="0.5",
-                      DDPWATCH_INTERVAL="0.2", DDPWATCH_ACTION="report")
+    env = C.child_env(
+        DDPWATCH_DIR=report_dir,
+        DDPWATCH_TIMEOUT=str(TIMEOUT_S),
+        DDPWATCH_GRACE="0.5",
+        DDPWATCH_INTERVAL="0.2",
+        DDPWATCH_ACTION="report",
+    )
     started = time.monotonic()
-    results = run_ranks([sys.executable, "-m", "benchmarks.soak", "--worker", "--minutes", str(minutes)], 2,
-                        env=env, timeout=minutes * 60 + 180, cwd=C.ROOT)
+    results = run_ranks(
+        [sys.executable, "-m", "benchmarks.soak", "--worker", "--minutes", str(minutes)],
+        2,
+        env=env,
+        timeout=minutes * 60 + 180,
+        cwd=C.ROOT,
+    )
     elapsed = (time.monotonic() - started) / 60
     reports = glob.glob(os.path.join(report_dir, "*", "report.json"))
     lines = [line for r in results for line in r.stdout.splitlines() if line.startswith(C.RESULT_TAG)]
-    fields = dict(part.split("=") for part in lines[0][len(C.RESULT_TAG):].split()) if lines else {}
-    C.print_table("Soak: benign uneven work (rank 0 busy 90% of the timeout each epoch), grace 0.5 s",
-                  ["minutes", "epochs", "collectives per rank", "exit codes", "reports (false alarms)"],
-                  [[f"{elapsed:.1f}", fields.get("epochs", "?"), fields.get("ops", "?"),
-                    ",".join(str(r.returncode) for r in results), len(reports)]])
+    fields = dict(part.split("=") for part in lines[0][len(C.RESULT_TAG) :].split()) if lines else {}
+    C.print_table(
+        "Soak: benign uneven work (rank 0 busy 90% of the timeout each epoch), grace 0.5 s",
+        ["minutes", "epochs", "collectives per rank", "exit codes", "reports (false alarms)"],
+        [
+            [
+                f"{elapsed:.1f}",
+                fields.get("epochs", "?"),
+                fields.get("ops", "?"),
+                ",".join(str(r.returncode) for r in results),
+                len(reports),
+            ]
+        ],
+    )
     ok = all(r.returncode == 0 for r in results) and lines
     return 0 if ok else 1
 

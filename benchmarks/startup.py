@@ -31,7 +31,8 @@ def make_venv(folder: str, installed: bool) -> str:
     python = os.path.join(folder, "Scripts" if os.name == "nt" else "bin", "python")
     if installed:
         site_dir = subprocess.check_output(
-            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True).strip()
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
         shutil.copy(PTH, site_dir)
         with open(os.path.join(site_dir, "ddpwatch-checkout.pth"), "w") as handle:
             handle.write(C.ROOT + "\n")
@@ -51,8 +52,11 @@ def measure(rounds: int) -> dict:
         installed = make_venv(os.path.join(folder, "installed"), installed=True)
         cwd = os.path.join(folder, "cwd")  # no setup.cfg / pyproject.toml to read
         os.mkdir(cwd)
-        cases = {"bare": (bare, base), "installed, DDPWATCH unset": (installed, base),
-                 "installed, DDPWATCH=1": (installed, dict(base, DDPWATCH="1"))}
+        cases = {
+            "bare": (bare, base),
+            "installed, DDPWATCH unset": (installed, base),
+            "installed, DDPWATCH=1": (installed, dict(base, DDPWATCH="1")),
+        }
         for python, env in cases.values():
             time_once(python, env, cwd)  # warm the file cache
         times = {name: [] for name in cases}
@@ -76,12 +80,24 @@ def main(argv=None) -> int:
     for name, samples in times.items():
         samples = sorted(samples)
         median = statistics.median(samples)
-        rows.append([name, len(samples), median * 1000, samples[len(samples) // 10] * 1000,
-                     samples[(9 * len(samples)) // 10] * 1000, (median - bare) * 1000, median / bare])
-    C.print_table("`python -c pass`, wall time per start (ms)",
-                  ["case", "runs", "median", "p10", "p90", "added", "ratio"], rows)
-    print(f"ddpwatch installed, DDPWATCH unset: {rows[1][6]:.3f}x the bare start-up "
-          f"({rows[1][5]:+.1f} ms); DDPWATCH=1: {rows[2][6]:.2f}x ({rows[2][5]:+.1f} ms)")
+        rows.append(
+            [
+                name,
+                len(samples),
+                median * 1000,
+                samples[len(samples) // 10] * 1000,
+                samples[(9 * len(samples)) // 10] * 1000,
+                (median - bare) * 1000,
+                median / bare,
+            ]
+        )
+    C.print_table(
+        "`python -c pass`, wall time per start (ms)", ["case", "runs", "median", "p10", "p90", "added", "ratio"], rows
+    )
+    print(
+        f"ddpwatch installed, DDPWATCH unset: {rows[1][6]:.3f}x the bare start-up "
+        f"({rows[1][5]:+.1f} ms); DDPWATCH=1: {rows[2][6]:.2f}x ({rows[2][5]:+.1f} ms)"
+    )
     return 0
 
 

@@ -29,9 +29,16 @@ def build():
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=datetime.timedelta(seconds=30))
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(),
-        nn.Linear(256, 10)))
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(4),
+            nn.Flatten(),
+            nn.Linear(256, 10),
+        )
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     data, labels = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
 
@@ -76,12 +83,29 @@ def main(argv=None) -> int:
         step()
     records_per_step = (session.recorder.progress - before) / 2 / steps  # progress counts each begin and finish
     ddpwatch.uninstall()
-    C.print_table("Training step on 1 rank: thread CPU per step, guard off/on (A/B/B/A blocks)",
-                  ["step CPU off, min (us)", "on, min (us)", "added, min-based (us)", "off, median", "on, median",
-                   "added, median-based (us)", "records per step"],
-                  [[f"{min(off):.0f}", f"{min(on):.0f}", f"{min(on) - min(off):.0f}", f"{statistics.median(off):.0f}",
-                    f"{statistics.median(on):.0f}", f"{statistics.median(on) - statistics.median(off):.0f}",
-                    f"{records_per_step:g}"]])
+    C.print_table(
+        "Training step on 1 rank: thread CPU per step, guard off/on (A/B/B/A blocks)",
+        [
+            "step CPU off, min (us)",
+            "on, min (us)",
+            "added, min-based (us)",
+            "off, median",
+            "on, median",
+            "added, median-based (us)",
+            "records per step",
+        ],
+        [
+            [
+                f"{min(off):.0f}",
+                f"{min(on):.0f}",
+                f"{min(on) - min(off):.0f}",
+                f"{statistics.median(off):.0f}",
+                f"{statistics.median(on):.0f}",
+                f"{statistics.median(on) - statistics.median(off):.0f}",
+                f"{records_per_step:g}",
+            ]
+        ],
+    )
     return 0
 
 

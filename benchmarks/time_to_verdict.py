@@ -26,10 +26,20 @@ CASES = {
     "p2p send cycle (p2p_deadlock)": ([P2P, "send_first"], {}, True),
     "pipeline microbatches (p2p_deadlock)": ([P2P, "pipeline_microbatches"], {}, True),
     f"straggler (busy:60, DDPWATCH_TIMEOUT={STRAGGLER_TIMEOUT})": (
-        [HANGS, "busy:60"], {"DDPWATCH_TIMEOUT": STRAGGLER_TIMEOUT}, False),
+        [HANGS, "busy:60"],
+        {"DDPWATCH_TIMEOUT": STRAGGLER_TIMEOUT},
+        False,
+    ),
 }
-REPEATS = {"full": {"seed stall (ddp_forward_on_subset)": 3, "collective_on_subset": 3,
-                    "p2p send cycle (p2p_deadlock)": 3, "pipeline microbatches (p2p_deadlock)": 3}, "quick": {}}
+REPEATS = {
+    "full": {
+        "seed stall (ddp_forward_on_subset)": 3,
+        "collective_on_subset": 3,
+        "p2p send cycle (p2p_deadlock)": 3,
+        "pipeline microbatches (p2p_deadlock)": 3,
+    },
+    "quick": {},
+}
 NATIVE_TIMEOUT = {"full": 20, "quick": 3}
 LIMIT_S = 90  # per run: far above any verdict, far below the 30-minute native default
 
@@ -55,10 +65,14 @@ def run_guarded(name: str) -> dict:
         if found and formed is not None:
             with open(found[0]) as handle:
                 incident = json.load(handle)
-            row.update(created=incident["created_at"] - formed, mtime=os.path.getmtime(found[0]) - formed,
-                       appeared=None if appeared is None else appeared - formed,
-                       ended=ended - formed, kinds=[f["kind"] for f in incident["findings"]],
-                       culprits=[f["ranks"] for f in incident["findings"]])
+            row.update(
+                created=incident["created_at"] - formed,
+                mtime=os.path.getmtime(found[0]) - formed,
+                appeared=None if appeared is None else appeared - formed,
+                ended=ended - formed,
+                kinds=[f["kind"] for f in incident["findings"]],
+                culprits=[f["ranks"] for f in incident["findings"]],
+            )
         else:
             row["stderr"] = "\n".join(r.stderr[-1500:] for r in results)
         return row
@@ -89,8 +103,13 @@ def run_native(timeout_s: int) -> dict:
     """The same seed stall with no ddpwatch: it ends only when torch's process-group timeout fires."""
     from ddpwatch.launch import run_ranks
 
-    results = run_ranks([sys.executable, NATIVE, "--timeout", str(timeout_s)], 2, env=C.child_env(),
-                        timeout=timeout_s + LIMIT_S, cwd=C.ROOT)
+    results = run_ranks(
+        [sys.executable, NATIVE, "--timeout", str(timeout_s)],
+        2,
+        env=C.child_env(),
+        timeout=timeout_s + LIMIT_S,
+        cwd=C.ROOT,
+    )
     ended = time.time()
     formed = max(marks(results, "DDPWATCH-MARK hang-forms"), default=None)
     row = {"codes": [r.returncode for r in results], "formed": formed, "errors": {}}
@@ -129,14 +148,32 @@ def guarded_rows(runs: list) -> list:
         med = lambda key: statistics.median(r[key] for r in good) if good else None  # noqa: B023 (used in this pass)
         spread = f"{min(r['created'] for r in good):.2f} .. {max(r['created'] for r in good):.2f}" if good else "-"
         proven = CASES[name][2]
-        target = (f"< {TARGET_S:g} s: {'yes' if med('created') < TARGET_S else 'NO'}" if proven
-                  else f"timeout {STRAGGLER_TIMEOUT} s + {med('created') - STRAGGLER_TIMEOUT:.2f} s") if good else "-"
+        target = (
+            (
+                f"< {TARGET_S:g} s: {'yes' if med('created') < TARGET_S else 'NO'}"
+                if proven
+                else f"timeout {STRAGGLER_TIMEOUT} s + {med('created') - STRAGGLER_TIMEOUT:.2f} s"
+            )
+            if good
+            else "-"
+        )
         kinds = sorted({k for r in good for k in r["kinds"]})
         codes = sorted({c for r in mine for c in r["codes"]}, key=str)
         appeared = [r["appeared"] for r in good if r.get("appeared") is not None]
-        rows.append([name, f"{len(good)}/{len(mine)}", med("created"), spread,
-                     statistics.median(appeared) if appeared else None, med("mtime"), med("ended"),
-                     ", ".join(kinds) or "none", codes, target])
+        rows.append(
+            [
+                name,
+                f"{len(good)}/{len(mine)}",
+                med("created"),
+                spread,
+                statistics.median(appeared) if appeared else None,
+                med("mtime"),
+                med("ended"),
+                ", ".join(kinds) or "none",
+                codes,
+                target,
+            ]
+        )
     return rows
 
 
@@ -153,22 +190,36 @@ def main(argv=None) -> None:
         for _ in range(REPEATS[mode].get(name, 1)):
             runs.append(run_guarded(name))
     native = native_join() if native_join else run_native(native_timeout)
-    C.print_table("ddpwatch, 2 gloo ranks, DDPWATCH_ACTION=abort: seconds after the hang-forms mark "
-                  "(the latest mark of the ranks)",
-                  ["case", "runs with a report", "report created_at (s, median)", "created_at, min .. max",
-                   "report.json on disk (s)", "report.json mtime (s)", "all ranks ended (s)", "finding",
-                   "exit codes", "target"],
-                  guarded_rows(runs))
-    print("created_at: the writer's clock when it built the report (the verdict is on stderr just after); on disk: "
-          "first seen by this process (polled every 50 ms); mtime: the file's write (the folder is written once, "
-          "when py-spy's native stacks are in hand); ended: every rank's process gone.")
+    C.print_table(
+        "ddpwatch, 2 gloo ranks, DDPWATCH_ACTION=abort: seconds after the hang-forms mark "
+        "(the latest mark of the ranks)",
+        [
+            "case",
+            "runs with a report",
+            "report created_at (s, median)",
+            "created_at, min .. max",
+            "report.json on disk (s)",
+            "report.json mtime (s)",
+            "all ranks ended (s)",
+            "finding",
+            "exit codes",
+            "target",
+        ],
+        guarded_rows(runs),
+    )
+    print(
+        "created_at: the writer's clock when it built the report (the verdict is on stderr just after); on disk: "
+        "first seen by this process (polled every 50 ms); mtime: the file's write (the folder is written once, "
+        "when py-spy's native stacks are in hand); ended: every rank's process gone."
+    )
     for failed in (r for r in runs if "created" not in r):
         print(f"no report in a run of {failed['case']} (exit codes {failed['codes']}):\n{failed.get('stderr', '')}")
     messages = sorted({f"rank {rank}: {text}" for rank, (_, text) in native["errors"].items()})
-    C.print_table(f"The same seed stall without ddpwatch, process-group timeout {native_timeout} s "
-                  f"(gloo's default is 30 min)",
-                  ["first error (s after the mark)", "all ranks ended (s)", "exit codes", "what it ends with"],
-                  [[native.get("first_error"), native.get("ended"), native["codes"], " / ".join(messages) or "-"]])
+    C.print_table(
+        f"The same seed stall without ddpwatch, process-group timeout {native_timeout} s (gloo's default is 30 min)",
+        ["first error (s after the mark)", "all ranks ended (s)", "exit codes", "what it ends with"],
+        [[native.get("first_error"), native.get("ended"), native["codes"], " / ".join(messages) or "-"]],
+    )
 
 
 if __name__ == "__main__":

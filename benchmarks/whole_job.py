@@ -40,8 +40,11 @@ JOBS = ("ddp", "fsdp2", "many")
 # of each job, 6 s of start-up), so an estimate for a quiet one: the benchmark prints each run's times.
 STEPS = {"ddp": 400, "fsdp2": 400, "many": 500}
 QUICK_STEPS = {"ddp": 12, "fsdp2": 6, "many": 4}
-MEASURES = {"loop_wall_s": "training-loop wall (s)", "job_cpu_s": "whole-job CPU, launcher included (s)",
-            "total_wall_s": "whole-job wall (s)"}
+MEASURES = {
+    "loop_wall_s": "training-loop wall (s)",
+    "job_cpu_s": "whole-job CPU, launcher included (s)",
+    "total_wall_s": "whole-job wall (s)",
+}
 NEIGHBOUR = "while True: pass"  # one core kept busy by a pure-Python loop, for as long as the measurement runs
 FORMAT = 1  # the JSON document's version: 1, the first
 
@@ -56,8 +59,17 @@ def launch(job: str, steps: int, level: int, limit: float) -> dict:
             env["DDPWATCH"] = "1"
         if PLAIN < level < SHIPPED:
             env["BENCH_WHOLEJOB_LEVEL"] = str(level)
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", TRAIN,
-                   job, str(steps)]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            TRAIN,
+            job,
+            str(steps),
+        ]
         with open(os.path.join(out, "output.txt"), "w+") as output:
             status, usage, wall = _run_and_reap(command, env, out, output, limit)
             output.seek(0)
@@ -67,15 +79,27 @@ def launch(job: str, steps: int, level: int, limit: float) -> dict:
     if status is None or status != 0 or None in ranks:
         how = "killed at the time limit" if status is None else f"exit {status}"
         return dict(run, error=f"{how}; last output: {text[-1500:]}")
-    return dict(run, loop_wall_s=max(r["loop_wall_s"] for r in ranks), job_cpu_s=usage,
-                ranks_cpu_s=sum(r["process_cpu_s"] for r in ranks), ddpwatch=[r["ddpwatch"] for r in ranks])
+    return dict(
+        run,
+        loop_wall_s=max(r["loop_wall_s"] for r in ranks),
+        job_cpu_s=usage,
+        ranks_cpu_s=sum(r["process_cpu_s"] for r in ranks),
+        ddpwatch=[r["ddpwatch"] for r in ranks],
+    )
 
 
 def _run_and_reap(command: list, env: dict, cwd: str, output, limit: float) -> tuple:
     """(exit code or None if killed, CPU seconds of the process and its reaped descendants, wall seconds)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=output,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     reaped: dict = {}
 
     def reap() -> None:  # wait4, not Popen.wait: the rusage of torchrun and every rank it reaped
@@ -173,10 +197,15 @@ def measure(jobs: list, pairs: int, steps: dict, attributed: list, limit: float,
         run = dict(launch(job, steps[job], level, limit), pair=pair)
         run["problem"] = run.get("error") or label_problem(run)
         runs.append(run)
-        shown = (f"loop {run['loop_wall_s']:.2f} s, job CPU {run['job_cpu_s']:.2f} s, "
-                 f"wall {run['total_wall_s']:.2f} s" if "loop_wall_s" in run else "")
-        print(f"[{index + 1}/{len(order)}] pair {pair + 1} {job} {label(level)}: {shown} {run['problem']}".rstrip(),
-              flush=True)
+        shown = (
+            f"loop {run['loop_wall_s']:.2f} s, job CPU {run['job_cpu_s']:.2f} s, wall {run['total_wall_s']:.2f} s"
+            if "loop_wall_s" in run
+            else ""
+        )
+        print(
+            f"[{index + 1}/{len(order)}] pair {pair + 1} {job} {label(level)}: {shown} {run['problem']}".rstrip(),
+            flush=True,
+        )
     return runs
 
 
@@ -185,8 +214,7 @@ def label(level: int) -> str:
 
 
 def by_pair(runs: list, job: str, level: int, measure_name: str) -> dict:
-    return {r["pair"]: r[measure_name] for r in runs
-            if r["job"] == job and r["level"] == level and not r["problem"]}
+    return {r["pair"]: r[measure_name] for r in runs if r["job"] == job and r["level"] == level and not r["problem"]}
 
 
 def summary(runs: list, job: str) -> dict:
@@ -199,11 +227,16 @@ def summary(runs: list, job: str) -> dict:
             stats[name] = None
             continue
         ratios = [armed[p] / plain[p] for p in pairs]
-        stats[name] = {"plain": statistics.median(plain[p] for p in pairs),
-                       "armed": statistics.median(armed[p] for p in pairs),
-                       "added": statistics.median(armed[p] - plain[p] for p in pairs),
-                       "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-                       "ratios": ratios, "pairs": len(pairs)}
+        stats[name] = {
+            "plain": statistics.median(plain[p] for p in pairs),
+            "armed": statistics.median(armed[p] for p in pairs),
+            "added": statistics.median(armed[p] - plain[p] for p in pairs),
+            "ratio": statistics.median(ratios),
+            "ratio_min": min(ratios),
+            "ratio_max": max(ratios),
+            "ratios": ratios,
+            "pairs": len(pairs),
+        }
     return stats
 
 
@@ -217,15 +250,20 @@ def attribution(runs: list, job: str) -> dict:
         if not pairs:
             result[name] = None
             continue
-        cumulative = [statistics.median(values[level][p] - values[PLAIN][p] for p in pairs)
-                      for level in range(len(LEVELS))]
+        cumulative = [
+            statistics.median(values[level][p] - values[PLAIN][p] for p in pairs) for level in range(len(LEVELS))
+        ]
         total = cumulative[SHIPPED]
         rows = {}
         for level in range(PLAIN + 1, len(LEVELS)):
             steps = [values[level][p] - values[level - 1][p] for p in pairs]
             added = cumulative[level] - cumulative[level - 1]
-            rows[LEVELS[level]] = {"added": added, "share": added / total if total else None,
-                                   "step_min": min(steps), "step_max": max(steps)}
+            rows[LEVELS[level]] = {
+                "added": added,
+                "share": added / total if total else None,
+                "step_min": min(steps),
+                "step_max": max(steps),
+            }
         result[name] = {"total": total, "pairs": len(pairs), "rows": rows}
     return result
 
@@ -238,11 +276,32 @@ def print_summary(summaries: dict) -> None:
             if s is None:
                 rows.append([job, title, None, None, None, "no complete pair", None, None])
                 continue
-            rows.append([job, title, s["plain"], s["armed"], f"{s['added']:+.3f}", f"{s['ratio']:.4f}",
-                         f"{s['ratio_min']:.4f} .. {s['ratio_max']:.4f}", " ".join(f"{r:.3f}" for r in s["ratios"])])
-    C.print_table("Whole jobs, armed (DDPWATCH=1) vs plain: medians over the pairs; the ratio is armed / plain "
-                  "within a pair", ["job", "measure", "plain (median)", "armed (median)", "added (median of pairs)",
-                                    "ratio (median)", "ratio min .. max", "ratio per pair"], rows)
+            rows.append(
+                [
+                    job,
+                    title,
+                    s["plain"],
+                    s["armed"],
+                    f"{s['added']:+.3f}",
+                    f"{s['ratio']:.4f}",
+                    f"{s['ratio_min']:.4f} .. {s['ratio_max']:.4f}",
+                    " ".join(f"{r:.3f}" for r in s["ratios"]),
+                ]
+            )
+    C.print_table(
+        "Whole jobs, armed (DDPWATCH=1) vs plain: medians over the pairs; the ratio is armed / plain within a pair",
+        [
+            "job",
+            "measure",
+            "plain (median)",
+            "armed (median)",
+            "added (median of pairs)",
+            "ratio (median)",
+            "ratio min .. max",
+            "ratio per pair",
+        ],
+        rows,
+    )
 
 
 def print_attribution(job: str, result: dict) -> None:
@@ -251,9 +310,14 @@ def print_attribution(job: str, result: dict) -> None:
         row = [ROWS[level]]
         for name in MEASURES:
             r = result[name] and result[name]["rows"][LEVELS[level]]
-            row += [None, None] if not r else [
-                f"{r['added']:+.3f}" + (f" ({r['share'] * 100:.0f}%)" if r["share"] is not None else ""),
-                f"{r['step_min']:+.2f} .. {r['step_max']:+.2f}"]
+            row += (
+                [None, None]
+                if not r
+                else [
+                    f"{r['added']:+.3f}" + (f" ({r['share'] * 100:.0f}%)" if r["share"] is not None else ""),
+                    f"{r['step_min']:+.2f} .. {r['step_max']:+.2f}",
+                ]
+            )
         rows.append(row)
     totals = [(f"{result[name]['total']:+.3f}", "") if result[name] else (None, None) for name in MEASURES]
     rows.append(["total: armed - plain (the main table's added)"] + [cell for pair in totals for cell in pair])
@@ -261,16 +325,19 @@ def print_attribution(job: str, result: dict) -> None:
     for title in MEASURES.values():
         columns += [f"{title}: added", "step min .. max"]
     pairs = max((r["pairs"] for r in result.values() if r), default=0)
-    C.print_table(f"Where the difference comes from, {job} job ({pairs} pairs; benchmarks/whole_job_parts.py): "
-                  f"steps between the medians over pairs of (level - plain), which add up to the total",
-                  columns, rows)
+    C.print_table(
+        f"Where the difference comes from, {job} job ({pairs} pairs; benchmarks/whole_job_parts.py): "
+        f"steps between the medians over pairs of (level - plain), which add up to the total",
+        columns,
+        rows,
+    )
 
 
 def parse_steps(items: list, jobs: list, quick: bool) -> dict:
     steps = dict(QUICK_STEPS if quick else STEPS)
     for item in items or []:
         job, _, count = item.rpartition("=")
-        for name in ([job] if job else jobs):
+        for name in [job] if job else jobs:
             if name not in JOBS:
                 raise SystemExit(f"--steps: no job {name!r} (jobs: {', '.join(JOBS)})")
             steps[name] = int(count)
@@ -285,10 +352,19 @@ def main(argv=None) -> int:
     args = C.parser(__doc__)
     args.add_argument("--jobs", nargs="+", choices=JOBS, default=list(JOBS), help="which jobs (default: all)")
     args.add_argument("--pairs", type=int, help="ABBA pairs of runs per job (default 5; --quick: 1)")
-    args.add_argument("--steps", nargs="+", metavar="N|JOB=N",
-                      help=f"micro-steps per rank, for every job or one (default {STEPS}; --quick: {QUICK_STEPS})")
-    args.add_argument("--attribute", nargs="*", choices=JOBS, default=["ddp"],
-                      help="jobs whose difference is attributed part by part (default: ddp; none: --attribute)")
+    args.add_argument(
+        "--steps",
+        nargs="+",
+        metavar="N|JOB=N",
+        help=f"micro-steps per rank, for every job or one (default {STEPS}; --quick: {QUICK_STEPS})",
+    )
+    args.add_argument(
+        "--attribute",
+        nargs="*",
+        choices=JOBS,
+        default=["ddp"],
+        help="jobs whose difference is attributed part by part (default: ddp; none: --attribute)",
+    )
     args.add_argument("--neighbour", action="store_true", help="a CPU-bound process beside the jobs throughout")
     args.add_argument("--run-limit", type=float, help="seconds one job may run (default 600; --quick: 120)")
     args.add_argument("--json", metavar="PATH", help="write every run and the summaries here")
@@ -299,9 +375,12 @@ def main(argv=None) -> int:
     attributed = [job for job in opts.attribute if job in opts.jobs]
     limit = opts.run_limit or (120.0 if opts.quick else 600.0)
     C.header("whole_job: whole torchrun jobs, armed vs plain", opts.quick)
-    print(f"jobs {', '.join(opts.jobs)}; micro-steps per rank {', '.join(f'{j} {steps[j]}' for j in opts.jobs)}; "
-          f"{pairs} pairs; attributed: {', '.join(attributed) or 'none'}; "
-          f"{'beside a CPU-bound neighbour (' + NEIGHBOUR + ')' if opts.neighbour else 'no neighbour'}", flush=True)
+    print(
+        f"jobs {', '.join(opts.jobs)}; micro-steps per rank {', '.join(f'{j} {steps[j]}' for j in opts.jobs)}; "
+        f"{pairs} pairs; attributed: {', '.join(attributed) or 'none'}; "
+        f"{'beside a CPU-bound neighbour (' + NEIGHBOUR + ')' if opts.neighbour else 'no neighbour'}",
+        flush=True,
+    )
     started, neighbour = time.perf_counter(), start_neighbour() if opts.neighbour else None
     try:
         runs = measure(opts.jobs, pairs, steps, attributed, limit, warm_up=not opts.quick)
@@ -315,15 +394,31 @@ def main(argv=None) -> int:
     for job, result in attributions.items():
         print_attribution(job, result)
     problems = [f"pair {r['pair'] + 1} {r['job']} {label(r['level'])}: {r['problem']}" for r in runs if r["problem"]]
-    print(f"{len(runs)} runs in {time.perf_counter() - started:.0f} s; load average at the end: "
-          f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; runs that failed or were not what their label says: "
-          f"{len(problems)}" + "".join(f"\n  {p[:300]}" for p in problems))
+    print(
+        f"{len(runs)} runs in {time.perf_counter() - started:.0f} s; load average at the end: "
+        f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; runs that failed or were not what their label says: "
+        f"{len(problems)}" + "".join(f"\n  {p[:300]}" for p in problems)
+    )
     if opts.json:
         with open(opts.json, "w") as handle:
-            json.dump({"format": FORMAT, "machine": C.machine(), "ddpwatch": C.code_version(), "quick": opts.quick,
-                       "neighbour": opts.neighbour, "pairs": pairs, "steps": {j: steps[j] for j in opts.jobs},
-                       "levels": list(LEVELS), "measures": MEASURES, "summary": summaries,
-                       "attribution": attributions, "runs": runs}, handle, indent=1)
+            json.dump(
+                {
+                    "format": FORMAT,
+                    "machine": C.machine(),
+                    "ddpwatch": C.code_version(),
+                    "quick": opts.quick,
+                    "neighbour": opts.neighbour,
+                    "pairs": pairs,
+                    "steps": {j: steps[j] for j in opts.jobs},
+                    "levels": list(LEVELS),
+                    "measures": MEASURES,
+                    "summary": summaries,
+                    "attribution": attributions,
+                    "runs": runs,
+                },
+                handle,
+                indent=1,
+            )
     return 1 if problems else 0
 
 

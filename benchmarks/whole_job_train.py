@@ -87,8 +87,10 @@ def ddp_job(steps: int, rank: int, world: int, out: str):
                     break
             validate()
             if rank == 0:
-                torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
-                           os.path.join(out, "checkpoint.pt"))
+                torch.save(
+                    {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
+                    os.path.join(out, "checkpoint.pt"),
+                )
             dist.barrier()
             epoch += 1
         bar.close()
@@ -103,17 +105,33 @@ def small_resnet():
     class Block(nn.Module):
         def __init__(self, inp: int, out: int, stride: int):
             super().__init__()
-            self.body = nn.Sequential(nn.Conv2d(inp, out, 3, stride, 1, bias=False), nn.BatchNorm2d(out), nn.ReLU(),
-                                      nn.Conv2d(out, out, 3, 1, 1, bias=False), nn.BatchNorm2d(out))
-            self.skip = (nn.Identity() if stride == 1 and inp == out else
-                         nn.Sequential(nn.Conv2d(inp, out, 1, stride, bias=False), nn.BatchNorm2d(out)))
+            self.body = nn.Sequential(
+                nn.Conv2d(inp, out, 3, stride, 1, bias=False),
+                nn.BatchNorm2d(out),
+                nn.ReLU(),
+                nn.Conv2d(out, out, 3, 1, 1, bias=False),
+                nn.BatchNorm2d(out),
+            )
+            self.skip = (
+                nn.Identity()
+                if stride == 1 and inp == out
+                else nn.Sequential(nn.Conv2d(inp, out, 1, stride, bias=False), nn.BatchNorm2d(out))
+            )
             self.relu = nn.ReLU()
 
         def forward(self, x):
             return self.relu(self.body(x) + self.skip(x))
 
-    return nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-                         Block(16, 16, 1), Block(16, 32, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        Block(16, 16, 1),
+        Block(16, 32, 2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(32, 10),
+    )
 
 
 def synthetic(size: int, seed: int):
@@ -121,8 +139,9 @@ def synthetic(size: int, seed: int):
     from torch.utils.data import TensorDataset
 
     generator = torch.Generator().manual_seed(seed)
-    return TensorDataset(torch.randn(size, 3, 32, 32, generator=generator),
-                         torch.randint(0, 10, (size,), generator=generator))
+    return TensorDataset(
+        torch.randn(size, 3, 32, 32, generator=generator), torch.randint(0, 10, (size,), generator=generator)
+    )
 
 
 def fsdp2_job(steps: int, rank: int, world: int, out: str):
@@ -203,10 +222,13 @@ def armed_facts() -> dict | None:
     if session is None:
         return None
     watchdog = session.watchdog
-    return {"patches": len(session.patcher.patches.made()), "records": session.recorder.progress,
-            "watchdog": watchdog is not None and watchdog.is_alive(),
-            "heartbeats": watchdog.states.beat if watchdog is not None else 0,
-            "file": os.path.dirname(os.path.dirname(sys.modules["ddpwatch"].__file__))}
+    return {
+        "patches": len(session.patcher.patches.made()),
+        "records": session.recorder.progress,
+        "watchdog": watchdog is not None and watchdog.is_alive(),
+        "heartbeats": watchdog.states.beat if watchdog is not None else 0,
+        "file": os.path.dirname(os.path.dirname(sys.modules["ddpwatch"].__file__)),
+    }
 
 
 def main() -> None:
@@ -232,9 +254,19 @@ def main() -> None:
     dist.destroy_process_group()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
-        json.dump({"rank": rank, "job": job, "steps": steps, "loop_wall_s": wall, "loop_cpu_s": cpu,
-                   "process_cpu_s": usage.ru_utime + usage.ru_stime, "ddpwatch": facts,
-                   "level": int(level) if level else None}, handle)
+        json.dump(
+            {
+                "rank": rank,
+                "job": job,
+                "steps": steps,
+                "loop_wall_s": wall,
+                "loop_cpu_s": cpu,
+                "process_cpu_s": usage.ru_utime + usage.ru_stime,
+                "ddpwatch": facts,
+                "level": int(level) if level else None,
+            },
+            handle,
+        )
 
 
 if __name__ == "__main__":

@@ -5,8 +5,7 @@ __all__ = ["guard", "install", "uninstall", "ConfigError", "__version__"]
 
 # Loaded on first use (PEP 562), not here: with DDPWATCH=1 every Python process imports this package at start-up,
 # and most of them (tools, DataLoader workers, the torchrun agent) never touch the guard.
-_LAZY = {"guard": "session", "install": "session", "uninstall": "session",
-         "ConfigError": "config"}
+_LAZY = {"guard": "session", "install": "session", "uninstall": "session", "ConfigError": "config"}
 
 
 def __getattr__(name):

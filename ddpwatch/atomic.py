@@ -32,8 +32,9 @@ def umask() -> int:
     return mask
 
 
-def write_file(dir_fd: int, name: str, data: bytes, mode: int = 0o666, temp: str | None = None,
-               wait: bool = False) -> None:
+def write_file(
+    dir_fd: int, name: str, data: bytes, mode: int = 0o666, temp: str | None = None, wait: bool = False
+) -> None:
     """Put `data` at `name` in the folder open at `dir_fd`, replacing what was there in one step, or writing through
     what is there when it is no regular file (see the module's docstring; `wait`: a FIFO may make the open wait for
     its reader, as for any tool on the command line; otherwise nothing waits: no reader is an error).
@@ -76,7 +77,7 @@ def _write_through(dir_fd: int, name: str, data: bytes, mode: int, wait: bool) -
             os.set_blocking(fd, True)  # O_NONBLOCK was for the open (a FIFO without a reader); the writes may wait
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
 
@@ -113,8 +114,10 @@ def place_folder(base_fd: int, base: str, names, fill) -> str:
             fill(staging_fd, final)
             os.fchmod(staging_fd, 0o777 & ~umask())
             if not private.same_entry(base_fd, staging, staging_fd):
-                raise private.UnsafeFolder(f"{os.path.join(base, staging)} was replaced while the report was "
-                                           "written; someone else can write that folder")
+                raise private.UnsafeFolder(
+                    f"{os.path.join(base, staging)} was replaced while the report was "
+                    "written; someone else can write that folder"
+                )
             try:
                 os.rename(staging, name, src_dir_fd=base_fd, dst_dir_fd=base_fd)  # readers see none or all of it
             except OSError:

@@ -85,10 +85,17 @@ FUNCTIONAL_COLLECTIVES = {
 
 # The backends' own op names (the Flight Recorder's profiling_name, "gloo:allreduce") that are not a public name.
 BACKEND_OP_NAMES = {
-    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce", "allgather": "all_gather",
-    "allgather_base": "all_gather", "all_gather_base": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
-    "reduce_scatter_base": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "alltoall": "all_to_all", "alltoall_base": "all_to_all", "sendrecv": "send",
+    "allreduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce",
+    "allgather": "all_gather",
+    "allgather_base": "all_gather",
+    "all_gather_base": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all",
+    "sendrecv": "send",
 }
 
 

@@ -48,9 +48,11 @@ def _cmd_run(rest) -> int:
 
     command = rest[1:] if rest[:1] == ["--"] else rest
     if not command or command[0] in ("-h", "--help"):
-        print("usage: ddpwatch run [--] CMD [ARG ...]\n\nRun CMD with DDPWATCH=1 and ddpwatch's sitecustomize first on "
-              "PYTHONPATH,\nso that every Python rank it starts is guarded with no change to its code.",
-              file=sys.stderr if not command else sys.stdout)
+        print(
+            "usage: ddpwatch run [--] CMD [ARG ...]\n\nRun CMD with DDPWATCH=1 and ddpwatch's sitecustomize first on "
+            "PYTHONPATH,\nso that every Python rank it starts is guarded with no change to its code.",
+            file=sys.stderr if not command else sys.stdout,
+        )
         return 2 if not command else 0
     env = config.activation_environ(BOOTSTRAP_DIR)
     try:
@@ -92,25 +94,44 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the seed stall on 2 CPU ranks and watch ddpwatch catch it")
     demo.add_argument("--fixed", action="store_true", help="run the fixed loop (model.module(x)); no report expected")
-    demo.add_argument("--dir", default=None, help="report directory (default: DDPWATCH_DIR or the dir of "
-                      "setup.cfg/pyproject.toml if set, else a folder under the temp dir)")
+    demo.add_argument(
+        "--dir",
+        default=None,
+        help="report directory (default: DDPWATCH_DIR or the dir of "
+        "setup.cfg/pyproject.toml if set, else a folder under the temp dir)",
+    )
     rep = sub.add_parser("report", help="re-render a saved incident, or merge rank dumps / Flight Recorder dumps")
-    rep.add_argument("path", nargs="*", help="an incident folder or report.json; or rank-<r>.json files and folders "
-                     "holding them (searched recursively) to merge")
-    rep.add_argument("--format", choices=report_formats(), default="text",
-                     help="text (report.txt, the default), json (report.json), html (report.html, one self-contained "
-                     "page) or trace (trace.json, for Perfetto)")
+    rep.add_argument(
+        "path",
+        nargs="*",
+        help="an incident folder or report.json; or rank-<r>.json files and folders "
+        "holding them (searched recursively) to merge",
+    )
+    rep.add_argument(
+        "--format",
+        choices=report_formats(),
+        default="text",
+        help="text (report.txt, the default), json (report.json), html (report.html, one self-contained "
+        "page) or trace (trace.json, for Perfetto)",
+    )
     rep.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
     rep.add_argument("--reanalyze", action="store_true", help="run the analysis again on the saved rank states")
-    rep.add_argument("--flight-recorder", metavar="DIR", action="append", help="read PyTorch Flight Recorder "
-                     "dumps (<prefix><rank>, pickle or JSON) under DIR instead; repeatable")
-    rep.add_argument("--grace", type=float, default=None,
-                     help=f"analysis grace in seconds (default {DEFAULTS['grace']:g})")
-    rep.add_argument("--timeout", type=float, default=None,
-                     help=f"analysis timeout in seconds (default {DEFAULTS['timeout']:g})")
+    rep.add_argument(
+        "--flight-recorder",
+        metavar="DIR",
+        action="append",
+        help="read PyTorch Flight Recorder dumps (<prefix><rank>, pickle or JSON) under DIR instead; repeatable",
+    )
+    rep.add_argument(
+        "--grace", type=float, default=None, help=f"analysis grace in seconds (default {DEFAULTS['grace']:g})"
+    )
+    rep.add_argument(
+        "--timeout", type=float, default=None, help=f"analysis timeout in seconds (default {DEFAULTS['timeout']:g})"
+    )
     sub.add_parser("lint", help="find hangs in the source before it runs (see docs/lint.md)", add_help=False)
-    sub.add_parser("run", help="run a command (torchrun ...) with every Python rank guarded, no code change",
-                   add_help=False)
+    sub.add_parser(
+        "run", help="run a command (torchrun ...) with every Python rank guarded, no code change", add_help=False
+    )
     dump = sub.add_parser("dump", help="ask a live guarded job on this host for a report now (SIGUSR1)")
     dump.add_argument("--pid", type=int, help="the rank to ask (default: the lowest rank of the one local job)")
     dump.add_argument("--job", help="the job (TORCHELASTIC_RUN_ID, SLURM_JOB_ID or MASTER_ADDR:MASTER_PORT)")

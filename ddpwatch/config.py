@@ -9,7 +9,6 @@ import sys
 from typing import Any, Callable, Mapping, NamedTuple
 
 
-
 def _toml():
     """tomllib (3.11+), or tomli, its earlier name; None without either. Imported when a pyproject.toml is read,
     not with this module: under DDPWATCH=1 with settings in the environment every Python process imports it."""
@@ -74,11 +73,13 @@ MAX_RING_SIZE = 1_000_000  # records of about 0.3 KiB: at most a few hundred MB,
 
 def _seconds(name: str) -> Callable[[str], float]:
     """The parser of option `name`: a positive number of seconds, at most MAX_SECONDS[name]."""
+
     def parse(text: str) -> float:
         value = _parse_seconds(text)
         if value > MAX_SECONDS[name]:
             raise ValueError(f"at most {MAX_SECONDS[name]:g} seconds")
         return value
+
     return parse
 
 
@@ -151,44 +152,122 @@ class Option:
 
 # The one table of options. docs/configuration.md documents each row; a test checks that it does.
 OPTIONS = (
-    Option("enabled", False, _parse_bool, "1/0, true/false, yes/no, on/off",
-           "Install the guard in every Python process that starts (zero-code activation).", (bool, int)),
-    Option("dir", "./ddpwatch-reports", str, "a directory path",
-           "Where incident folders are written.", (os.PathLike,)),
-    Option("timeout", 300.0, _seconds("timeout"), _seconds_accepted("timeout"),
-           "How long a rank may wait in a collective, while a peer is busy elsewhere, before a straggler is reported.",
-           (int, float)),
-    Option("action", REPORT, _parse_action, " or ".join(row.name for row in ACTIONS),
-           "What to do after a report: " + " or ".join(f"{row.does} ({row.name})" for row in ACTIONS) + "."),
-    Option("grace", 0.5, _seconds("grace"), _seconds_accepted("grace"),
-           "How long every rank must be blocked with no progress before a deadlock counts as proven.", (int, float)),
-    Option("interval", 1.0, _seconds("interval"), _seconds_accepted("interval"),
-           "How often each rank publishes its state and looks at its peers.", (int, float)),
-    Option("dead_after", 10.0, _seconds("dead_after"), _seconds_accepted("dead_after"),
-           "How long a peer's heartbeat may stay still before it is taken for dead or unresponsive.", (int, float)),
-    Option("ring_size", 2048, _parse_ring_size, f"a positive integer, at most {MAX_RING_SIZE}",
-           "How many collective records each rank keeps (a bounded ring buffer).", (int,)),
-    Option("exit_code", 3, _parse_exit_code, "an integer from 1 to 255",
-           "The exit status of a rank ended by action=abort.", (int,)),
-    Option("lint_ignore", (), _parse_codes, "comma-separated lint codes, e.g. DDP004",
-           "Lint checks to turn off by default.", (list, tuple)),
-    Option("user_packages", (), _parse_packages, "comma-separated top-level package names, e.g. mylab",
-           "Installed packages whose frames are your own code: the report may name their lines as yours.",
-           (list, tuple)),
-    Option("library_packages", (), _parse_packages, "comma-separated top-level package names, e.g. trainkit",
-           "Packages (installed or not) whose frames are library code, never named as your line. Every package "
-           "installed in site-packages other than those in user_packages already is.", (list, tuple)),
-    Option("signals", True, _parse_bool, "1/0, true/false, yes/no, on/off",
-           "While armed, SIGUSR1 asks for a report now (`ddpwatch dump`) and SIGTERM lets a report being written "
-           "finish (at most 3 s) before the process ends as it would have.", (bool, int)),
-    Option("on_incident", None, _parse_command, "a shell command line (guard()/install(): also a callable)",
-           "Run once per incident by the rank that writes the report, with the report's folder and a one-line "
-           "summary in its environment (DDPWATCH_INCIDENT_DIR, DDPWATCH_INCIDENT_SUMMARY); killed after 30 s, "
-           "its failure logged, never raised.", callable_ok=True),
+    Option(
+        "enabled",
+        False,
+        _parse_bool,
+        "1/0, true/false, yes/no, on/off",
+        "Install the guard in every Python process that starts (zero-code activation).",
+        (bool, int),
+    ),
+    Option("dir", "./ddpwatch-reports", str, "a directory path", "Where incident folders are written.", (os.PathLike,)),
+    Option(
+        "timeout",
+        300.0,
+        _seconds("timeout"),
+        _seconds_accepted("timeout"),
+        "How long a rank may wait in a collective, while a peer is busy elsewhere, before a straggler is reported.",
+        (int, float),
+    ),
+    Option(
+        "action",
+        REPORT,
+        _parse_action,
+        " or ".join(row.name for row in ACTIONS),
+        "What to do after a report: " + " or ".join(f"{row.does} ({row.name})" for row in ACTIONS) + ".",
+    ),
+    Option(
+        "grace",
+        0.5,
+        _seconds("grace"),
+        _seconds_accepted("grace"),
+        "How long every rank must be blocked with no progress before a deadlock counts as proven.",
+        (int, float),
+    ),
+    Option(
+        "interval",
+        1.0,
+        _seconds("interval"),
+        _seconds_accepted("interval"),
+        "How often each rank publishes its state and looks at its peers.",
+        (int, float),
+    ),
+    Option(
+        "dead_after",
+        10.0,
+        _seconds("dead_after"),
+        _seconds_accepted("dead_after"),
+        "How long a peer's heartbeat may stay still before it is taken for dead or unresponsive.",
+        (int, float),
+    ),
+    Option(
+        "ring_size",
+        2048,
+        _parse_ring_size,
+        f"a positive integer, at most {MAX_RING_SIZE}",
+        "How many collective records each rank keeps (a bounded ring buffer).",
+        (int,),
+    ),
+    Option(
+        "exit_code",
+        3,
+        _parse_exit_code,
+        "an integer from 1 to 255",
+        "The exit status of a rank ended by action=abort.",
+        (int,),
+    ),
+    Option(
+        "lint_ignore",
+        (),
+        _parse_codes,
+        "comma-separated lint codes, e.g. DDP004",
+        "Lint checks to turn off by default.",
+        (list, tuple),
+    ),
+    Option(
+        "user_packages",
+        (),
+        _parse_packages,
+        "comma-separated top-level package names, e.g. mylab",
+        "Installed packages whose frames are your own code: the report may name their lines as yours.",
+        (list, tuple),
+    ),
+    Option(
+        "library_packages",
+        (),
+        _parse_packages,
+        "comma-separated top-level package names, e.g. trainkit",
+        "Packages (installed or not) whose frames are library code, never named as your line. Every package "
+        "installed in site-packages other than those in user_packages already is.",
+        (list, tuple),
+    ),
+    Option(
+        "signals",
+        True,
+        _parse_bool,
+        "1/0, true/false, yes/no, on/off",
+        "While armed, SIGUSR1 asks for a report now (`ddpwatch dump`) and SIGTERM lets a report being written "
+        "finish (at most 3 s) before the process ends as it would have.",
+        (bool, int),
+    ),
+    Option(
+        "on_incident",
+        None,
+        _parse_command,
+        "a shell command line (guard()/install(): also a callable)",
+        "Run once per incident by the rank that writes the report, with the report's folder and a one-line "
+        "summary in its environment (DDPWATCH_INCIDENT_DIR, DDPWATCH_INCIDENT_SUMMARY); killed after 30 s, "
+        "its failure logged, never raised.",
+        callable_ok=True,
+    ),
 )
 # What the on_incident command finds in its environment: set by ddpwatch for the hook, not options to warn about.
-INCIDENT_VARIABLES = ("DDPWATCH_INCIDENT_DIR", "DDPWATCH_INCIDENT_SUMMARY", "DDPWATCH_INCIDENT_KIND",
-                      "DDPWATCH_INCIDENT_CULPRITS")
+INCIDENT_VARIABLES = (
+    "DDPWATCH_INCIDENT_DIR",
+    "DDPWATCH_INCIDENT_SUMMARY",
+    "DDPWATCH_INCIDENT_KIND",
+    "DDPWATCH_INCIDENT_CULPRITS",
+)
 ON_INCIDENT_TIMEOUT_S = 30.0  # the longest an on_incident hook may run before it is killed (a command) or left
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS}
 DEFAULTS = {option.name: option.default for option in OPTIONS}  # each default is written once, in OPTIONS
@@ -242,8 +321,10 @@ def _as_text(option: Option, raw: Any, source: str) -> Any:
             return ",".join(raw)
     elif takes and isinstance(raw, takes):
         return os.fspath(raw) if isinstance(raw, os.PathLike) else str(raw)
-    raise ConfigError(f"ddpwatch: bad value {raw!r} for {option.name} (from {source}): "
-                      f"a {type(raw).__name__} is not accepted here; accepted: {option.accepted}")
+    raise ConfigError(
+        f"ddpwatch: bad value {raw!r} for {option.name} (from {source}): "
+        f"a {type(raw).__name__} is not accepted here; accepted: {option.accepted}"
+    )
 
 
 # ---------------------------------------------------------------- bounds that involve more than one value
@@ -267,23 +348,36 @@ class Bound(NamedTuple):  # a NamedTuple, not a dataclass: this module is import
         if self.basis is None:
             return f"{self.factor:g} s"
         times = f"{self.factor:g} x " if self.factor != 1 else ""
-        return (f"{times}{self.basis} = {self.least(values):g} s "
-                f"({self.basis} from {_described_source(sources[self.basis])})")
+        return (
+            f"{times}{self.basis} = {self.least(values):g} s "
+            f"({self.basis} from {_described_source(sources[self.basis])})"
+        )
 
 
 # Checked in this order: each bound rests on a value that an earlier row has already accepted.
 BOUNDS = (
-    Bound("interval", MIN_INTERVAL_S, None,
-          "each round publishes this rank's state to the store and reads its peers', so shorter rounds take "
-          "time from training (an interval of 1e-9 s cost 45% of the throughput)"),
-    Bound("grace", 0.5, "interval",
-          "every wait longer than grace registers the rank as waiting (a round trip, and a look by the leader) until "
-          "its next round, so a grace far below the interval would keep ordinary waits on a slower peer registering"),
-    Bound("dead_after", 3.0, "interval",
-          "a heartbeat comes once per interval, and one or two late rounds on a loaded machine must not make a "
-          "live rank look dead"),
-    Bound("timeout", 1.0, "grace",
-          "a straggler would be reported before its wait even counts as blocked"),
+    Bound(
+        "interval",
+        MIN_INTERVAL_S,
+        None,
+        "each round publishes this rank's state to the store and reads its peers', so shorter rounds take "
+        "time from training (an interval of 1e-9 s cost 45% of the throughput)",
+    ),
+    Bound(
+        "grace",
+        0.5,
+        "interval",
+        "every wait longer than grace registers the rank as waiting (a round trip, and a look by the leader) until "
+        "its next round, so a grace far below the interval would keep ordinary waits on a slower peer registering",
+    ),
+    Bound(
+        "dead_after",
+        3.0,
+        "interval",
+        "a heartbeat comes once per interval, and one or two late rounds on a loaded machine must not make a "
+        "live rank look dead",
+    ),
+    Bound("timeout", 1.0, "grace", "a straggler would be reported before its wait even counts as blocked"),
 )
 
 
@@ -297,9 +391,11 @@ def _described_source(source: str) -> str:
 def _check_bounds(values: dict, sources: dict) -> None:
     for bound in BOUNDS:
         if values[bound.name] < bound.least(values) * (1 - 1e-9):  # 3 x 0.05 is 0.15000000000000002 in floats
-            raise ConfigError(f"ddpwatch: {bound.name} = {values[bound.name]:g} s "
-                              f"(from {_described_source(sources[bound.name])}) is "
-                              f"too small: the least is {bound.describe(values, sources)}, because {bound.why}")
+            raise ConfigError(
+                f"ddpwatch: {bound.name} = {values[bound.name]:g} s "
+                f"(from {_described_source(sources[bound.name])}) is "
+                f"too small: the least is {bound.describe(values, sources)}, because {bound.why}"
+            )
 
 
 def _check_dir(path: str, source: str, cwd: str) -> None:
@@ -315,9 +411,11 @@ def _check_dir(path: str, source: str, cwd: str) -> None:
         here = parent
     if not os.path.isdir(here):
         where = "is" if here == target else "lies under"
-        raise ConfigError(f"ddpwatch: bad value {path!r} for dir (from {source}): it {where} {here}, which exists "
-                          f"and is not a directory, so no report folder can be made there; "
-                          f"accepted: a directory path")
+        raise ConfigError(
+            f"ddpwatch: bad value {path!r} for dir (from {source}): it {where} {here}, which exists "
+            f"and is not a directory, so no report folder can be made there; "
+            f"accepted: a directory path"
+        )
 
 
 # ---------------------------------------------------------------- names ddpwatch does not know: warn once
@@ -348,13 +446,11 @@ def _warn_unknown_variables(environ: Mapping[str, str]) -> None:
     known = {option.env_var for option in OPTIONS}
     for name in environ:
         upper = name.upper()
-        if name in known or name in INCIDENT_VARIABLES or not (upper == "DDPWATCH"
-                                                               or upper.startswith("DDPWATCH_")):
+        if name in known or name in INCIDENT_VARIABLES or not (upper == "DDPWATCH" or upper.startswith("DDPWATCH_")):
             continue
-        suffix = upper[len("DDPWATCH_"):].lower() if upper != "DDPWATCH" else "enabled"
+        suffix = upper[len("DDPWATCH_") :].lower() if upper != "DDPWATCH" else "enabled"
         nearest = _SPELT_OTHERWISE.get(suffix) or _did_you_mean(suffix, OPTIONS_BY_NAME)
-        hint = (f"did you mean {OPTIONS_BY_NAME[nearest].env_var}?" if nearest
-                else f"known: {', '.join(sorted(known))}")
+        hint = f"did you mean {OPTIONS_BY_NAME[nearest].env_var}?" if nearest else f"known: {', '.join(sorted(known))}"
         _warn_once(f"env:{name}", f"ddpwatch: ignoring the environment variable {name}: no such option; {hint}")
 
 
@@ -382,9 +478,11 @@ _NO_DEFAULT_SECTION = "\x00ddpwatch-no-default"
 # unrelated broken pyproject.toml must not stop every Python process started under DDPWATCH=1). Any case, so
 # that a broken file with a [DDPWATCH] section is reported too.
 _SETUP_CFG_OURS = r"^\s*\[\s*(tool\s*[:.]\s*)?ddpwatch\s*\]"
-_PYPROJECT_OURS = (r'^\s*\[+\s*"?tool"?\s*\.\s*"?ddpwatch\b'       # [tool.ddpwatch], [tool.ddpwatch.x]
-                   r'|^\s*"?tool"?\s*\.\s*"?ddpwatch"?\s*[.=]'        # tool.ddpwatch.timeout = 5
-                   r'|^\s*"?ddpwatch"?\s*(\.|=\s*\{)')               # ddpwatch = {...} inside [tool]
+_PYPROJECT_OURS = (
+    r'^\s*\[+\s*"?tool"?\s*\.\s*"?ddpwatch\b'  # [tool.ddpwatch], [tool.ddpwatch.x]
+    r'|^\s*"?tool"?\s*\.\s*"?ddpwatch"?\s*[.=]'  # tool.ddpwatch.timeout = 5
+    r'|^\s*"?ddpwatch"?\s*(\.|=\s*\{)'
+)  # ddpwatch = {...} inside [tool]
 
 
 def _holds_ddpwatch_settings(text: str, pattern: str) -> bool:
@@ -398,8 +496,9 @@ def _read_text(path: str) -> tuple:
         with open(path, "rb") as handle:
             raw = handle.read()
     except OSError as exc:  # mode 0000, say: it may hold ddpwatch's settings, so it cannot be passed over
-        raise ConfigError(f"ddpwatch: cannot read {path}, where ddpwatch looks for its settings: "
-                          f"{exc.strerror or exc}") from None
+        raise ConfigError(
+            f"ddpwatch: cannot read {path}, where ddpwatch looks for its settings: {exc.strerror or exc}"
+        ) from None
     try:
         return raw.decode("utf-8"), None
     except UnicodeDecodeError as exc:
@@ -418,8 +517,10 @@ def _looks_like_ours(name: str) -> bool:
 
 
 def _warn_misnamed_section(path: str, found: str, meant: str) -> None:
-    _warn_once(f"section:{path}:{found}", f"ddpwatch: ignoring [{found}] in {path}: section names are "
-                                          f"case-sensitive; did you mean [{meant}]?")
+    _warn_once(
+        f"section:{path}:{found}",
+        f"ddpwatch: ignoring [{found}] in {path}: section names are case-sensitive; did you mean [{meant}]?",
+    )
 
 
 def _setup_cfg_section(path: str) -> dict | None:
@@ -448,9 +549,11 @@ def _pyproject_section(path: str) -> dict | None:
     tomllib = _toml()
     if tomllib is None:
         if _holds_ddpwatch_settings(text, _PYPROJECT_OURS):
-            raise ConfigError(f"ddpwatch: {path} has a [tool.ddpwatch] section, but this Python "
-                              f"({sys.version.split()[0]}) cannot read TOML: pip install tomli, "
-                              f"or move the settings to setup.cfg [ddpwatch] or DDPWATCH_* variables")
+            raise ConfigError(
+                f"ddpwatch: {path} has a [tool.ddpwatch] section, but this Python "
+                f"({sys.version.split()[0]}) cannot read TOML: pip install tomli, "
+                f"or move the settings to setup.cfg [ddpwatch] or DDPWATCH_* variables"
+            )
         return None
     if undecodable:
         _unreadable(path, text, _PYPROJECT_OURS, undecodable)
@@ -487,8 +590,9 @@ def _check_names(names, source: str) -> None:
         )
 
 
-def load(overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None,
-         cwd: str | None = None) -> Config:
+def load(
+    overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None, cwd: str | None = None
+) -> Config:
     """Build the configuration: defaults, then setup.cfg/pyproject.toml, then DDPWATCH_* variables, then overrides."""
     environ = os.environ if environ is None else environ
     values = {option.name: option.default for option in OPTIONS}

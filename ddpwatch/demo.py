@@ -47,8 +47,11 @@ def run_demo(fixed: bool = False, report_dir: str | None = None, nprocs: int = 2
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "ddpwatch.examples.seed_stall"] + (["--fixed"] if fixed else [])
-    what = ("the fixed loop (model.module(x) in validation)" if fixed
-            else "the seed stall (DDP wrapper in rank-0 validation)")
+    what = (
+        "the fixed loop (model.module(x) in validation)"
+        if fixed
+        else "the seed stall (DDP wrapper in rank-0 validation)"
+    )
     print(f"ddpwatch demo: {nprocs} CPU ranks on gloo run {what}; reports go to {report_dir}", file=sys.stderr)
     started = time.monotonic()
     results = run_ranks(command, nprocs, env=env, timeout=DEMO_TIMEOUT_S, capture=False)
@@ -57,12 +60,18 @@ def run_demo(fixed: bool = False, report_dir: str | None = None, nprocs: int = 2
     codes = [r.returncode for r in results]
     if fixed:
         ok = all(code == 0 for code in codes) and not new
-        print(f"ddpwatch demo: the fixed loop {'finished cleanly with no report' if ok else 'did NOT finish cleanly'}"
-              f" in {elapsed:.1f} s (exit codes {codes})", file=sys.stderr)
+        print(
+            f"ddpwatch demo: the fixed loop {'finished cleanly with no report' if ok else 'did NOT finish cleanly'}"
+            f" in {elapsed:.1f} s (exit codes {codes})",
+            file=sys.stderr,
+        )
         return 0 if ok else 1
     if new:
-        print(f"ddpwatch demo: stall caught; every rank ended (exit codes {codes}) after {elapsed:.1f} s.\n"
-              f"ddpwatch demo: report folder: {os.path.dirname(new[-1])}", file=sys.stderr)
+        print(
+            f"ddpwatch demo: stall caught; every rank ended (exit codes {codes}) after {elapsed:.1f} s.\n"
+            f"ddpwatch demo: report folder: {os.path.dirname(new[-1])}",
+            file=sys.stderr,
+        )
         return 0
     print(f"ddpwatch demo: no report was written (exit codes {codes}); the stall was NOT caught", file=sys.stderr)
     return 1

@@ -13,16 +13,23 @@ from .terminal import visible
 
 def _report_folders(base: str) -> set:
     try:
-        return {entry.path for entry in os.scandir(base) if not entry.name.startswith(".")  # .incoming-*: staging
-                and entry.is_dir() and os.path.isfile(os.path.join(entry.path, "report.json"))}
+        return {
+            entry.path
+            for entry in os.scandir(base)
+            if not entry.name.startswith(".")  # .incoming-*: staging
+            and entry.is_dir()
+            and os.path.isfile(os.path.join(entry.path, "report.json"))
+        }
     except OSError:
         return set()
 
 
 def describe(entry: dict) -> str:
     program = f" ({entry['program']})" if entry.get("program") else ""
-    return visible(f"pid {entry.get('pid')}{program}: rank {entry.get('rank')} of {entry.get('world_size')}, "
-                   f"job {job_key(entry)}, reports to {entry.get('dir')}")
+    return visible(
+        f"pid {entry.get('pid')}{program}: rank {entry.get('rank')} of {entry.get('world_size')}, "
+        f"job {job_key(entry)}, reports to {entry.get('dir')}"
+    )
 
 
 def _entries_or_say_why(folder: str | None, err) -> list | None:
@@ -33,8 +40,15 @@ def _entries_or_say_why(folder: str | None, err) -> list | None:
         return None
 
 
-def dump(pid: int | None = None, job: str | None = None, report_dir: str | None = None, wait: float = 30.0,
-         out=None, err=None, folder: str | None = None) -> int:
+def dump(
+    pid: int | None = None,
+    job: str | None = None,
+    report_dir: str | None = None,
+    wait: float = 30.0,
+    out=None,
+    err=None,
+    folder: str | None = None,
+) -> int:
     """Signal one armed rank (the lowest of the one local job, or `pid`) and print the new report folder's path.
 
     0: printed; 1: no rank, or no report within `wait` seconds; 2: several jobs and nothing to choose between them.
@@ -46,8 +60,10 @@ def dump(pid: int | None = None, job: str | None = None, report_dir: str | None 
     if pid is not None:
         matching = [entry for entry in entries if entry.get("pid") == pid]
         if not matching:
-            err.write(f"ddpwatch dump: pid {pid} is not an armed ddpwatch rank on this host "
-                      f"(`ddpwatch dump --list` shows those that are)\n")
+            err.write(
+                f"ddpwatch dump: pid {pid} is not an armed ddpwatch rank on this host "
+                f"(`ddpwatch dump --list` shows those that are)\n"
+            )
             return 1
         target = matching[0]
     else:
@@ -55,12 +71,17 @@ def dump(pid: int | None = None, job: str | None = None, report_dir: str | None 
             entries = [entry for entry in entries if job in (entry.get("job"), entry.get("master"), job_key(entry))]
         jobs = sorted({job_key(entry) for entry in entries})
         if not jobs:
-            err.write("ddpwatch dump: no armed ddpwatch rank on this host" + (f" in job {job}" if job else "")
-                      + f" (registry: {folder or registry_dir()})\n")
+            err.write(
+                "ddpwatch dump: no armed ddpwatch rank on this host"
+                + (f" in job {job}" if job else "")
+                + f" (registry: {folder or registry_dir()})\n"
+            )
             return 1
         if len(jobs) > 1:
-            err.write("ddpwatch dump: ranks of several jobs run here; choose one with --job or --pid:\n"
-                      + "".join(f"  {describe(entry)}\n" for entry in entries))
+            err.write(
+                "ddpwatch dump: ranks of several jobs run here; choose one with --job or --pid:\n"
+                + "".join(f"  {describe(entry)}\n" for entry in entries)
+            )
             return 2
         target = min(entries, key=rank_of)
     base = report_dir or target.get("dir") or "."

@@ -76,8 +76,9 @@ class _ThisMachine:
 
     def __init__(self) -> None:
         paths = sysconfig.get_paths()
-        self.stdlib_prefixes = tuple(dict.fromkeys(
-            os.path.abspath(paths[k]) + os.sep for k in ("stdlib", "platstdlib") if paths.get(k)))
+        self.stdlib_prefixes = tuple(
+            dict.fromkeys(os.path.abspath(paths[k]) + os.sep for k in ("stdlib", "platstdlib") if paths.get(k))
+        )
 
     @staticmethod
     def normal(path: str) -> str:
@@ -117,9 +118,11 @@ def _find_own_prefixes() -> tuple:
 
 
 # Dumped paths (by path text, so dumps from other machines classify the same way).
-_TORCH_FILE = re.compile(r"(^|[/\\])(site|dist)-packages[/\\]torch[/\\]|(^|[/\\])torch[/\\](distributed|nn|autograd|"
-                         r"utils|optim|_dynamo|_C|cuda|fx|_functorch|multiprocessing)[/\\]|(^|[/\\])torch[/\\]"
-                         r"(_tensor|functional|_ops|_compile|_utils|overrides|serialization|library|__init__)\.py$")
+_TORCH_FILE = re.compile(
+    r"(^|[/\\])(site|dist)-packages[/\\]torch[/\\]|(^|[/\\])torch[/\\](distributed|nn|autograd|"
+    r"utils|optim|_dynamo|_C|cuda|fx|_functorch|multiprocessing)[/\\]|(^|[/\\])torch[/\\]"
+    r"(_tensor|functional|_ops|_compile|_utils|overrides|serialization|library|__init__)\.py$"
+)
 _STDLIB_FILE = re.compile(r"[/\\]lib[/\\]python3(\.\d+)?[/\\](?!.*(site|dist)-packages)")
 # ddpwatch's own files at any depth (ddpwatch/capture/wrappers.py), but not its examples, which play the user's part.
 _DDPWATCH_FILE = re.compile(r"(^|[/\\])ddpwatch[/\\](?!examples[/\\])([^/\\]+[/\\])*[^/\\]+\.py$")
@@ -131,8 +134,10 @@ _DDPWATCH_EXAMPLE = re.compile(r"(^|[/\\])ddpwatch[/\\]examples[/\\]")
 # examples, which play the user's part), the start-up hook, and the generated per-collective wrappers
 # "<ddpwatch hot path: barrier>". At most one folder deep: torch in a virtualenv inside a checkout named ddpwatch
 # (ddpwatch/.venv/lib/.../torch/...) stays torch. Also read by report.html's script.
-OWN_FRAME_FILE = re.compile(r"(^|[/\\])ddpwatch[/\\]((?!examples[/\\])[^/\\]+[/\\])?[^/\\]+\.py$"
-                            r"|(^|[/\\])_ddpwatch_startup\.py$|^<ddpwatch ")
+OWN_FRAME_FILE = re.compile(
+    r"(^|[/\\])ddpwatch[/\\]((?!examples[/\\])[^/\\]+[/\\])?[^/\\]+\.py$"
+    r"|(^|[/\\])_ddpwatch_startup\.py$|^<ddpwatch "
+)
 
 
 class _Dumped:

@@ -34,8 +34,15 @@ def _kill_group(pgid: int | None) -> None:
         pass
 
 
-def run_ranks(command: list, nprocs: int, env: dict | None = None, timeout: float = 120.0,
-              capture: bool = True, cwd: str | None = None, stop_when=None) -> list:
+def run_ranks(
+    command: list,
+    nprocs: int,
+    env: dict | None = None,
+    timeout: float = 120.0,
+    capture: bool = True,
+    cwd: str | None = None,
+    stop_when=None,
+) -> list:
     """Run `command` as ranks 0..nprocs-1 (RANK/WORLD_SIZE/MASTER_* set); kill the whole group at the limit.
 
     `stop_when`: a callable polled while the ranks run; once it returns true the whole group is killed
@@ -43,8 +50,13 @@ def run_ranks(command: list, nprocs: int, env: dict | None = None, timeout: floa
     """
     port = free_port()
     base = dict(os.environ if env is None else env)
-    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(nprocs),
-                PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    base.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(nprocs),
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="1",
+    )
     procs, pgid, files = [], None, []
     try:
         for rank in range(nprocs):
@@ -53,8 +65,16 @@ def run_ranks(command: list, nprocs: int, env: dict | None = None, timeout: floa
             # Files, not pipes: a rank blocked on a full pipe nobody reads would look like a hang.
             streams = (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) if capture else (None, None)
             files.append(streams)
-            proc = subprocess.Popen(command, env=rank_env, stdout=streams[0], stderr=streams[1], text=True,
-                                    cwd=cwd, stdin=subprocess.DEVNULL, **kwargs)
+            proc = subprocess.Popen(
+                command,
+                env=rank_env,
+                stdout=streams[0],
+                stderr=streams[1],
+                text=True,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                **kwargs,
+            )
             if pgid is None:
                 pgid = proc.pid
             procs.append(proc)
@@ -71,8 +91,10 @@ def run_ranks(command: list, nprocs: int, env: dict | None = None, timeout: floa
             except subprocess.TimeoutExpired:
                 _kill_group(pgid)
                 proc.wait()
-        return [RankResult(rank, proc.returncode, _read(files[rank][0]), _read(files[rank][1]))
-                for rank, proc in enumerate(procs)]
+        return [
+            RankResult(rank, proc.returncode, _read(files[rank][0]), _read(files[rank][1]))
+            for rank, proc in enumerate(procs)
+        ]
     finally:
         if pgid is not None:
             _kill_group(pgid)  # nothing this started outlives it, whatever happened above

@@ -35,8 +35,10 @@ def check_owner(fd: int, shown: str) -> os.stat_result:
     if not stat.S_ISDIR(info.st_mode):
         raise UnsafeFolder(f"{shown} is not a folder; {_ADVICE}")
     if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
-        raise UnsafeFolder(f"{shown} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); "
-                           f"ddpwatch will not use it: {_ADVICE}")
+        raise UnsafeFolder(
+            f"{shown} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); "
+            f"ddpwatch will not use it: {_ADVICE}"
+        )
     return info
 
 
@@ -44,8 +46,10 @@ def check_own(fd: int, shown: str) -> os.stat_result:
     """The folder open at `fd` must be this user's and writable by nobody else; a readable one is made 0700."""
     info = check_owner(fd, shown)
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafeFolder(f"{shown} is writable by others (mode {stat.S_IMODE(info.st_mode):04o}); "
-                           f"ddpwatch will not use it: {_ADVICE}")
+        raise UnsafeFolder(
+            f"{shown} is writable by others (mode {stat.S_IMODE(info.st_mode):04o}); "
+            f"ddpwatch will not use it: {_ADVICE}"
+        )
     if info.st_mode & 0o077:
         os.fchmod(fd, 0o700)  # ours, only readable by others (older ddpwatch versions left 0755): private now
     return info
@@ -156,12 +160,13 @@ def write_new_file(dir_fd: int, name: str, data: bytes, mode: int = 0o666) -> No
     """Create `name` in `dir_fd` (never an existing file, never through a link), write it whole, fsync it.
 
     `mode` is given to the kernel, which applies the umask, as for any file the user's program creates."""
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode,
-                 dir_fd=dir_fd)
+    fd = os.open(
+        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode, dir_fd=dir_fd
+    )
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)

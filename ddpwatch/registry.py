@@ -64,8 +64,12 @@ def register(entry: dict, folder: str | None = None) -> str | None:
     pid = entry["pid"]
     identity = _identity(pid)
     entry = {key: value for key, value in entry.items() if key != "argv"}  # arguments may hold secrets (--token)
-    entry.update(host=socket.gethostname(), created=identity and identity[0], command=identity and identity[1],
-                 registered_at=time.time())
+    entry.update(
+        host=socket.gethostname(),
+        created=identity and identity[0],
+        command=identity and identity[1],
+        registered_at=time.time(),
+    )
     shown = folder or registry_dir()
     try:
         fd = _open_registry(folder)

@@ -78,9 +78,15 @@ class Session:
             return
         try:
             control = signals.LiveControl(self)
-            entry = {"pid": self.pid, "rank": rank, "world_size": world_size, "job": job,
-                     "master": config_module.rendezvous_address(), "dir": os.path.abspath(self.config.dir),
-                     "program": _program_name()}
+            entry = {
+                "pid": self.pid,
+                "rank": rank,
+                "world_size": world_size,
+                "job": job,
+                "master": config_module.rendezvous_address(),
+                "dir": os.path.abspath(self.config.dir),
+                "program": _program_name(),
+            }
             if control.start(entry):
                 self.control = control
         except Exception:
@@ -141,8 +147,10 @@ class Session:
             return original_destroy(group, *args, **kwargs)
 
         for owner in (dist, c10d):
-            for name, wrapper, original in (("init_process_group", init_process_group, original_init),
-                                            ("destroy_process_group", destroy_process_group, original_destroy)):
+            for name, wrapper, original in (
+                ("init_process_group", init_process_group, original_init),
+                ("destroy_process_group", destroy_process_group, original_destroy),
+            ):
                 if getattr(owner, name, None) is original:
                     wrapper.__wrapped__ = original
                     self.patcher.patches.replace(owner, name, wrapper)
@@ -263,8 +271,10 @@ def _hold() -> Session | None:
                 install().held = True
             return _session
     except config_module.ConfigError as exc:  # an error before training starts, as with guard(): never unwatched
-        raise config_module.ConfigError(f"{exc} (DDPWATCH is set, so init_process_group starts ddpwatch's guard "
-                                        f"here; fix the setting, or unset DDPWATCH to run unwatched)") from None
+        raise config_module.ConfigError(
+            f"{exc} (DDPWATCH is set, so init_process_group starts ddpwatch's guard "
+            f"here; fix the setting, or unset DDPWATCH to run unwatched)"
+        ) from None
     except Exception:
         log.warning("ddpwatch: could not install the guard; training continues unwatched", exc_info=True)
         return None

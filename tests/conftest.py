@@ -43,8 +43,12 @@ def fast_tier_starts_no_process(request):
         yield
         return
     seen = []
-    popen_init, fork, start, sleep = (subprocess.Popen.__init__, os.fork, multiprocessing.process.BaseProcess.start,
-                                      time.sleep)
+    popen_init, fork, start, sleep = (
+        subprocess.Popen.__init__,
+        os.fork,
+        multiprocessing.process.BaseProcess.start,
+        time.sleep,
+    )
     test_thread = threading.current_thread()
 
     def noted_popen_init(self, args, *more, **kwargs):
@@ -72,9 +76,12 @@ def fast_tier_starts_no_process(request):
         subprocess.Popen.__init__, os.fork, time.sleep = popen_init, fork, sleep
         multiprocessing.process.BaseProcess.start = start
     if seen:
-        pytest.fail(f"{request.node.nodeid} is in the fast tier but {seen[0]}"
-                    + (f" (and {len(seen) - 1} more)" if len(seen) > 1 else "")
-                    + ": mark it @pytest.mark.real (tests/conftest.py)", pytrace=False)
+        pytest.fail(
+            f"{request.node.nodeid} is in the fast tier but {seen[0]}"
+            + (f" (and {len(seen) - 1} more)" if len(seen) > 1 else "")
+            + ": mark it @pytest.mark.real (tests/conftest.py)",
+            pytrace=False,
+        )
 
 
 @pytest.fixture
@@ -106,8 +113,12 @@ def nothing_left_behind():
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's deprecated module attributes warn when looked at
-            patched = [name for module in (c10d, dist) for name, value in list(vars(module).items())
-                       if isinstance(value, types.FunctionType) and hasattr(value, "__ddpwatch_original__")]
+            patched = [
+                name
+                for module in (c10d, dist)
+                for name, value in list(vars(module).items())
+                if isinstance(value, types.FunctionType) and hasattr(value, "__ddpwatch_original__")
+            ]
         assert not patched, f"functions left patched: {patched}"
     try:
         import psutil

@@ -33,8 +33,21 @@ def object_region(where, api="all_gather_object") -> dict:
     return {"kind": "object_collective", "site": as_site(where), "api": api}
 
 
-def rec(seq, op, api=None, group="0", site=DEFAULT_SITE, region=None, age=3.0, state="in_flight",
-        shapes=None, dtypes=None, peer=None, thread="MainThread", error=None) -> dict:
+def rec(
+    seq,
+    op,
+    api=None,
+    group="0",
+    site=DEFAULT_SITE,
+    region=None,
+    age=3.0,
+    state="in_flight",
+    shapes=None,
+    dtypes=None,
+    peer=None,
+    thread="MainThread",
+    error=None,
+) -> dict:
     """One record; api defaults to the op's own name (a plain dist.<op> call)."""
     if shapes is None:
         shapes = [] if op == "barrier" else [[8]]
@@ -85,12 +98,18 @@ def _waiting(inflight):
 def wrapped_stack() -> dict:
     """Rank 0's main stack in the seed stall with ddpwatch's own frames, shaped like a real report's: 3 of them (its
     package's files and a generated hot-path wrapper) between the user's line and torch's, 3 innermost."""
-    return main_stack(("train.py", 120, "main"), ("val.py", 42, "validate"),
-                      (PATCH_FILE, 524, "forward", True), (PATCH_FILE, 512, "wrapper", True),
-                      ("<ddpwatch hot path: broadcast>", 32, "broadcast", True),
-                      (DDP_FILE, 1600, "forward", True), (TORCH_FILE, 2400, "_broadcast_coalesced", True),
-                      (PATCH_FILE, 287, "wrapper", True), (PATCH_FILE, 474, "body", True),
-                      (PATCH_FILE, 296, "_finish_on_error", True))
+    return main_stack(
+        ("train.py", 120, "main"),
+        ("val.py", 42, "validate"),
+        (PATCH_FILE, 524, "forward", True),
+        (PATCH_FILE, 512, "wrapper", True),
+        ("<ddpwatch hot path: broadcast>", 32, "broadcast", True),
+        (DDP_FILE, 1600, "forward", True),
+        (TORCH_FILE, 2400, "_broadcast_coalesced", True),
+        (PATCH_FILE, 287, "wrapper", True),
+        (PATCH_FILE, 474, "body", True),
+        (PATCH_FILE, 296, "_finish_on_error", True),
+    )
 
 
 def default_stacks(inflight, user_line=DEFAULT_SITE) -> list:
@@ -110,8 +129,19 @@ def default_stacks(inflight, user_line=DEFAULT_SITE) -> list:
     return [main_stack(*frames)]
 
 
-def rank_state(rank, world_size, inflight=(), recent=(), idle=3.0, stacks=None, status="running",
-               groups=None, user_line=DEFAULT_SITE, host="node0", pid=None) -> dict:
+def rank_state(
+    rank,
+    world_size,
+    inflight=(),
+    recent=(),
+    idle=3.0,
+    stacks=None,
+    status="running",
+    groups=None,
+    user_line=DEFAULT_SITE,
+    host="node0",
+    pid=None,
+) -> dict:
     inflight, recent = list(inflight), list(recent)
     last_seq: dict = {}
     for r in recent + inflight:
@@ -145,8 +175,8 @@ def states(*rank_states) -> dict:
 
 # ---------------------------------------------------------------- the seed stall and friends
 
-SEED_VAL = ("val.py", 42, "validate")       # rank 0 calls the DDP model here, in an `if rank == 0:` branch
-SEED_BARRIER = ("train.py", 88, "train")    # everyone else waits here
+SEED_VAL = ("val.py", 42, "validate")  # rank 0 calls the DDP model here, in an `if rank == 0:` branch
+SEED_BARRIER = ("train.py", 88, "train")  # everyone else waits here
 SEED_SEQ = 11
 # The record's own site is deliberately not the DDP call site, so that a test can tell which one was reported.
 DDP_INTERNAL_SITE = (DDP_FILE, 1400, "_sync_buffers")
@@ -168,6 +198,7 @@ def seed_states(world_size=2, api="_broadcast_coalesced", age=3.0, idle=3.0) -> 
 
 
 # ---------------------------------------------------------------- one hand-built trace per finding kind
+
 
 class Trace(NamedTuple):
     """What assess() is given: the ranks' states, the world size and the ranks whose heartbeat stopped."""
@@ -198,8 +229,10 @@ def trace_different_positions() -> Trace:
 
 def trace_empty_tensor() -> Trace:
     """The same all_reduce at the same line, rank 1 with an empty tensor."""
-    return _two([rec(4, "all_reduce", site=("x.py", 10, "f"), shapes=[[8]])],
-                [rec(4, "all_reduce", site=("x.py", 10, "f"), shapes=[[0]])])
+    return _two(
+        [rec(4, "all_reduce", site=("x.py", 10, "f"), shapes=[[8]])],
+        [rec(4, "all_reduce", site=("x.py", 10, "f"), shapes=[[0]])],
+    )
 
 
 def trace_shape_mismatch_in_ddp_forward() -> Trace:
@@ -211,14 +244,19 @@ def trace_shape_mismatch_in_ddp_forward() -> Trace:
 def trace_groups_in_opposite_orders() -> Trace:
     """Ranks 0 and 1 share groups A and B; rank 0 waits on A, rank 1 on B."""
     groups = {"A": [0, 1], "B": [0, 1]}
-    return _two([rec(3, "all_reduce", group="A", site=("x.py", 10, "f"))],
-                [rec(3, "all_reduce", group="B", site=("x.py", 12, "f"))], groups=groups)
+    return _two(
+        [rec(3, "all_reduce", group="A", site=("x.py", 10, "f"))],
+        [rec(3, "all_reduce", group="B", site=("x.py", 12, "f"))],
+        groups=groups,
+    )
 
 
 def training_history(last_seq, matched_after_loop) -> list:
     """Six DDP steps (gradient all-reduces) before `last_seq`, then maybe a barrier every rank matched after them."""
-    recent = [done(s, "all_reduce", api="DDP.backward_all_reduce", site=("train.py", 20, "train"))
-              for s in range(last_seq - 6, last_seq)]
+    recent = [
+        done(s, "all_reduce", api="DDP.backward_all_reduce", site=("train.py", 20, "train"))
+        for s in range(last_seq - 6, last_seq)
+    ]
     if matched_after_loop:
         recent.append(done(last_seq, "barrier", site=("train.py", 30, "train")))
     return recent
@@ -240,14 +278,24 @@ def trace_skip_after_matched_barrier() -> Trace:
 
 def trace_exited_peer() -> Trace:
     """Rank 0 waits in a barrier; rank 1 has exited."""
-    return Trace(states(rank_state(0, 2, inflight=[rec(9, "barrier", site=("train.py", 41, "f"))]),
-                        rank_state(1, 2, status="exited")), 2)
+    return Trace(
+        states(
+            rank_state(0, 2, inflight=[rec(9, "barrier", site=("train.py", 41, "f"))]),
+            rank_state(1, 2, status="exited"),
+        ),
+        2,
+    )
 
 
 def trace_busy_peer(wait=400.0) -> Trace:
     """Rank 0 works outside collectives at val.py:40 while rank 1 has waited `wait` seconds in a barrier."""
-    return Trace(states(rank_state(0, 2, idle=wait, user_line=("val.py", 40, "v")),
-                        rank_state(1, 2, inflight=[barrier(age=wait)], idle=wait)), 2)
+    return Trace(
+        states(
+            rank_state(0, 2, idle=wait, user_line=("val.py", 40, "v")),
+            rank_state(1, 2, inflight=[barrier(age=wait)], idle=wait),
+        ),
+        2,
+    )
 
 
 def trace_everyone_in_one_call(wait=400.0) -> Trace:
@@ -270,8 +318,17 @@ def trace_stopped_peer() -> Trace:
     return trace_silent_peer({"exists": True, "status": "stopped"})
 
 
-def incident(states_by_rank: dict, findings: list, trigger="deadlock", run_id="20250101-120000-job7",
-             world_size=None, grace=2.0, timeout=300.0, written_by=0, missing=()) -> dict:
+def incident(
+    states_by_rank: dict,
+    findings: list,
+    trigger="deadlock",
+    run_id="20250101-120000-job7",
+    world_size=None,
+    grace=2.0,
+    timeout=300.0,
+    written_by=0,
+    missing=(),
+) -> dict:
     return {
         "format_version": 1,
         "run_id": run_id,
@@ -289,8 +346,8 @@ def incident(states_by_rank: dict, findings: list, trigger="deadlock", run_id="2
 
 # ---------------------------------------------------------------- point-to-point
 
-def p2p(seq, op, peer, tag=0, api=None, site=("halo.py", 12, "exchange"), age=3.0, waited=None, ops=None,
-        **kw) -> dict:
+
+def p2p(seq, op, peer, tag=0, api=None, site=("halo.py", 12, "exchange"), age=3.0, waited=None, ops=None, **kw) -> dict:
     """A send/recv record (seq: the per-pair position); `api` isend/irecv/batch_isend_irecv makes it async, and
     `waited` says whether a thread waits on its Work now."""
     record = rec(seq, op, api=api, site=site, age=age, peer=peer, **kw)
@@ -309,6 +366,7 @@ def trace_send_cycle() -> Trace:
 
 
 # ---------------------------------------------------------------- control flow that departs (analysis/departure.py)
+
 
 def code_of(source: str, lines, file="train.py") -> dict:
     """A rank state's `code` for `lines` of `source` (as static.exits reads them when an incident is taken)."""
@@ -348,18 +406,24 @@ EARLY_STOP_SOURCE = """def train(model, data, stopper):
 """
 
 
-def trace_early_stop(epochs=((2, [4, 4]), (3, [4, 4, 1])), source=EARLY_STOP_SOURCE, step=5,
-                     after=("train.py", 8, "train")) -> Trace:
+def trace_early_stop(
+    epochs=((2, [4, 4]), (3, [4, 4, 1])), source=EARLY_STOP_SOURCE, step=5, after=("train.py", 8, "train")
+) -> Trace:
     """Rank 0 breaks out of the epoch loop on its own validation loss after 2 epochs of 4 steps (backward at line
     `step`) and waits at `after`; rank 1 trains on."""
     code = code_of(source, (step, after[1]))
-    history = [done(s, "all_reduce", api="DDP.backward_all_reduce", site=("train.py", step, "train"))
-               for s in range(2, 10)]
+    history = [
+        done(s, "all_reduce", api="DDP.backward_all_reduce", site=("train.py", step, "train")) for s in range(2, 10)
+    ]
     loaders = [None if e is None else [{"loader": 0, "epochs": e[0], "steps": list(e[1])}] for e in epochs]
     main = ("main.py", 30, "main")
-    return Trace(states(
-        departed_state(0, 2, history, barrier(10, after), [main, after], code, loaders[0]),
-        departed_state(1, 2, history, grad_sync(10, step), [main, ("train.py", step, "train")], code, loaders[1])), 2)
+    return Trace(
+        states(
+            departed_state(0, 2, history, barrier(10, after), [main, after], code, loaders[0]),
+            departed_state(1, 2, history, grad_sync(10, step), [main, ("train.py", step, "train")], code, loaders[1]),
+        ),
+        2,
+    )
 
 
 CAUGHT_SOURCE = """def train(model, data):
@@ -385,13 +449,19 @@ def _steps(count, forward_line, backward_line, file="train.py", function="train"
 def trace_caught_exception(source=CAUGHT_SOURCE, forward_line=4, backward_line=7) -> Trace:
     """Rank 1's forward raised after DDP broadcast the buffers; `except ValueError: continue` skipped backward."""
     code = code_of(source, (forward_line, backward_line))
-    history = _steps(2, forward_line, backward_line) + [
-        forward_sync(4, forward_line, age=30.0, state="completed")]
+    history = _steps(2, forward_line, backward_line) + [forward_sync(4, forward_line, age=30.0, state="completed")]
     main = ("main.py", 30, "main")
-    return Trace(states(
-        departed_state(0, 2, history, grad_sync(5, backward_line), [main, ("train.py", backward_line, "train")], code),
-        departed_state(1, 2, history, forward_sync(5, forward_line), [main, ("train.py", forward_line, "train")],
-                       code)), 2)
+    return Trace(
+        states(
+            departed_state(
+                0, 2, history, grad_sync(5, backward_line), [main, ("train.py", backward_line, "train")], code
+            ),
+            departed_state(
+                1, 2, history, forward_sync(5, forward_line), [main, ("train.py", forward_line, "train")], code
+            ),
+        ),
+        2,
+    )
 
 
 NAN_RETURN_SOURCE = """def train_until_nan(model, data):
@@ -412,11 +482,22 @@ def trace_nan_return(source=NAN_RETURN_SOURCE) -> Trace:
     """Rank 1 returns from its training function on a NaN loss, between forward and backward; rank 0 trains on."""
     code = code_of(source, (3, 6, 10, 11))
     history = _steps(2, 3, 6, function="train_until_nan") + [
-        forward_sync(4, 3, age=30.0, state="completed", function="train_until_nan")]
-    return Trace(states(
-        departed_state(0, 2, history, grad_sync(5, 6, function="train_until_nan"),
-                       [("train.py", 10, "main"), ("train.py", 6, "train_until_nan")], code),
-        departed_state(1, 2, history, barrier(5, ("train.py", 11, "main")), [("train.py", 11, "main")], code)), 2)
+        forward_sync(4, 3, age=30.0, state="completed", function="train_until_nan")
+    ]
+    return Trace(
+        states(
+            departed_state(
+                0,
+                2,
+                history,
+                grad_sync(5, 6, function="train_until_nan"),
+                [("train.py", 10, "main"), ("train.py", 6, "train_until_nan")],
+                code,
+            ),
+            departed_state(1, 2, history, barrier(5, ("train.py", 11, "main")), [("train.py", 11, "main")], code),
+        ),
+        2,
+    )
 
 
 COUNTED_STOP_SOURCE = """def train(model, data, stopper):
@@ -459,13 +540,25 @@ def trace_skipped_iteration(source=SKIPPED_SOURCE, epochs=(None, None)) -> Trace
     10) while rank 0 runs its last step (line 8)."""
     code = code_of(source, (8, 10))
     history = _steps(3, 8, 8)
-    loaders = [None if e is None else [dict({"loader": 0, "epochs": e[0], "steps": list(e[1])}, **e[2])]
-               for e in epochs]
+    loaders = [
+        None if e is None else [dict({"loader": 0, "epochs": e[0], "steps": list(e[1])}, **e[2])] for e in epochs
+    ]
     main = ("main.py", 30, "main")
-    return Trace(states(
-        departed_state(0, 2, history, forward_sync(6, 8), [main, ("train.py", 8, "train")], code, loaders[0]),
-        departed_state(1, 2, history, barrier(6, ("train.py", 10, "train")), [main, ("train.py", 10, "train")], code,
-                       loaders[1])), 2)
+    return Trace(
+        states(
+            departed_state(0, 2, history, forward_sync(6, 8), [main, ("train.py", 8, "train")], code, loaders[0]),
+            departed_state(
+                1,
+                2,
+                history,
+                barrier(6, ("train.py", 10, "train")),
+                [main, ("train.py", 10, "train")],
+                code,
+                loaders[1],
+            ),
+        ),
+        2,
+    )
 
 
 HANDLER_SOURCE = """def train(model, rank):
@@ -494,12 +587,20 @@ def trace_handler_collective(source=HANDLER_SOURCE) -> Trace:
     still training inside the try, never joins. Two steps of history: too little for the history rule."""
     code = code_of(source, (4, 9, 14, 17))
     history = [grad_sync(1, 4, age=30.0, state="completed")]
-    bcast = rec(2, "broadcast", api="broadcast", site=("train.py", 9, "save_checkpoint"),
-                region=object_region(("train.py", 9, "save_checkpoint"), "broadcast_object_list"))
-    return Trace(states(
-        departed_state(0, 2, history, grad_sync(2, 4), [("train.py", 14, "main"), ("train.py", 4, "train")], code),
-        departed_state(1, 2, history, bcast, [("train.py", 17, "main"), ("train.py", 9, "save_checkpoint")],
-                       code)), 2)
+    bcast = rec(
+        2,
+        "broadcast",
+        api="broadcast",
+        site=("train.py", 9, "save_checkpoint"),
+        region=object_region(("train.py", 9, "save_checkpoint"), "broadcast_object_list"),
+    )
+    return Trace(
+        states(
+            departed_state(0, 2, history, grad_sync(2, 4), [("train.py", 14, "main"), ("train.py", 4, "train")], code),
+            departed_state(1, 2, history, bcast, [("train.py", 17, "main"), ("train.py", 9, "save_checkpoint")], code),
+        ),
+        2,
+    )
 
 
 PASSED_BY_SOURCE = """def compute_epoch_metrics(metric, targets):
@@ -522,14 +623,27 @@ def trace_passed_by(source=PASSED_BY_SOURCE, epochs=(None, None)) -> Trace:
     waits (line 4, called at 12); rank 1 is back in the next epoch's step (line 10), a move it made before."""
     code = code_of(source, (4, 10, 12))
     history = [grad_sync(s, 10, age=30.0, state="completed", function="main") for s in range(3)]
-    loaders = [None if e is None else [dict({"loader": 0, "epochs": e[0], "steps": list(e[1])}, **e[2])]
-               for e in epochs]
+    loaders = [
+        None if e is None else [dict({"loader": 0, "epochs": e[0], "steps": list(e[1])}, **e[2])] for e in epochs
+    ]
     sync = rec(3, "barrier", site=("train.py", 4, "compute_epoch_metrics"))
-    return Trace(states(
-        departed_state(0, 2, history, sync, [("train.py", 12, "main"), ("train.py", 4, "compute_epoch_metrics")],
-                       code, loaders[0]),
-        departed_state(1, 2, history, grad_sync(3, 10, function="main"), [("train.py", 10, "main")], code,
-                       loaders[1])), 2)
+    return Trace(
+        states(
+            departed_state(
+                0,
+                2,
+                history,
+                sync,
+                [("train.py", 12, "main"), ("train.py", 4, "compute_epoch_metrics")],
+                code,
+                loaders[0],
+            ),
+            departed_state(
+                1, 2, history, grad_sync(3, 10, function="main"), [("train.py", 10, "main")], code, loaders[1]
+            ),
+        ),
+        2,
+    )
 
 
 def trace_exited_after_early_stop(source=COUNTED_STOP_SOURCE) -> Trace:
@@ -557,19 +671,36 @@ def trace_departed_ahead() -> Trace:
 
 # ---------------------------------------------------------------- collectives that completed without matching
 
+
 def signature(op="all_reduce", reduce="sum", dtypes=("float32",), counts=(4,), site=DEFAULT_SITE, region=None):
     """One fingerprint as watch/fingerprints.py publishes it."""
-    return {"op": op, "reduce": reduce, "dtypes": list(dtypes), "counts": list(counts), "site": as_site(site),
-            "region": region}
+    return {
+        "op": op,
+        "reduce": reduce,
+        "dtypes": list(dtypes),
+        "counts": list(counts),
+        "site": as_site(site),
+        "region": region,
+    }
 
 
 def fingerprints(rank, signatures, first=0, group="0", step=12, epoch=2) -> dict:
     """A rank's published positions: `signatures` at seqs first, first + 1, ..."""
     table = {str(i): sig for i, sig in enumerate(signatures)}
-    return {"v": 1, "n": 1, "rank": rank,
-            "groups": {group: {"first": first, "ids": list(range(len(signatures))), "steps": [step] * len(signatures),
-                               "epoch": epoch}},
-            "signatures": table}
+    return {
+        "v": 1,
+        "n": 1,
+        "rank": rank,
+        "groups": {
+            group: {
+                "first": first,
+                "ids": list(range(len(signatures))),
+                "steps": [step] * len(signatures),
+                "epoch": epoch,
+            }
+        },
+        "signatures": table,
+    }
 
 
 def trace_completed(per_rank: dict) -> Trace:
@@ -588,24 +719,42 @@ LOSS, HIST = ("metrics.py", 10, "log_loss"), ("metrics.py", 14, "log_hist")
 
 def trace_float_against_int() -> Trace:
     """Rank 1 all_reduced 4 int32 where rank 0 all_reduced 4 float32 (same bytes: gloo let it through)."""
-    return trace_completed({0: [signature(), signature(site=LOSS)],
-                            1: [signature(), signature(dtypes=("int32",), site=LOSS)]})
+    return trace_completed(
+        {0: [signature(), signature(site=LOSS)], 1: [signature(), signature(dtypes=("int32",), site=LOSS)]}
+    )
 
 
 def trace_crossed_metrics() -> Trace:
     """Rank 0 reduced loss then hist; rank 1 hist then loss: same shapes, values exchanged."""
-    return trace_completed({0: [signature(), signature(site=LOSS), signature(site=HIST)],
-                            1: [signature(), signature(site=HIST), signature(site=LOSS)]})
+    return trace_completed(
+        {
+            0: [signature(), signature(site=LOSS), signature(site=HIST)],
+            1: [signature(), signature(site=HIST), signature(site=LOSS)],
+        }
+    )
 
 
 def trace_mismatch_crash() -> Trace:
     """Rank 0 aborted by gloo inside all_reduce at log_loss (its fault file); rank 1's all_reduce of 8 failed."""
-    survivor = rank_state(1, 2, recent=[done(2, "all_reduce"),
-                                        rec(3, "all_reduce", site=HIST, state="failed", shapes=[[8]],
-                                            error="RuntimeError: Connection reset by peer")], idle=0.2)
-    stack = main_stack(("train.py", 30, "<module>"), LOSS, (PATCH_FILE, 33, "all_reduce", True),
-                       (TORCH_FILE, 3252, "all_reduce", True))
+    survivor = rank_state(
+        1,
+        2,
+        recent=[
+            done(2, "all_reduce"),
+            rec(
+                3, "all_reduce", site=HIST, state="failed", shapes=[[8]], error="RuntimeError: Connection reset by peer"
+            ),
+        ],
+        idle=0.2,
+    )
+    stack = main_stack(
+        ("train.py", 30, "<module>"), LOSS, (PATCH_FILE, 33, "all_reduce", True), (TORCH_FILE, 3252, "all_reduce", True)
+    )
     last = rank_state(0, 2, recent=[done(2, "all_reduce")], idle=0.1, stacks=[stack])
-    view = {"silent_s": 0.0, "last_state": last, "process": {"exists": False},
-            "fault": {"error": "Aborted", "file": "/tmp/ddpwatch-0/faults/job-rank-0.txt"}}
+    view = {
+        "silent_s": 0.0,
+        "last_state": last,
+        "process": {"exists": False},
+        "fault": {"error": "Aborted", "file": "/tmp/ddpwatch-0/faults/job-rank-0.txt"},
+    }
     return Trace(states(survivor), 2, {0: view})

@@ -220,8 +220,7 @@ class _Stream:
                 return
             self._deferred.append(op)
             if self._launcher is None:
-                self._launcher = threading.Thread(target=self._launch_deferred, name="fakenccl-launcher",
-                                                  daemon=True)
+                self._launcher = threading.Thread(target=self._launch_deferred, name="fakenccl-launcher", daemon=True)
                 self._launcher.start()
             self._wake.notify()
 
@@ -235,7 +234,7 @@ class _Stream:
                 while not self._deferred:
                     self._wake.wait()
                 op = self._deferred[0]
-                earlier = self._unfinished[:self._unfinished.index(op)]
+                earlier = self._unfinished[: self._unfinished.index(op)]
             for other in earlier:
                 other.done.wait()
             with self._lock:
@@ -331,8 +330,16 @@ class Work(dist._Work):
 
 
 # c10d's object collectives read sizes and payloads on the host between their collectives: a sync point on NCCL.
-_HOST_READERS = frozenset(("all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
-                           "send_object_list", "recv_object_list"))
+_HOST_READERS = frozenset(
+    (
+        "all_gather_object",
+        "broadcast_object_list",
+        "gather_object",
+        "scatter_object_list",
+        "send_object_list",
+        "recv_object_list",
+    )
+)
 
 
 def _blocks_host(frame) -> bool:
@@ -355,8 +362,9 @@ def _blocks_host(frame) -> bool:
 class FakeNcclGroup(dist.ProcessGroup):
     """A Python ProcessGroup whose ops go through the process's one stream to an inner gloo group."""
 
-    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, group_name: str = "",
-                 global_ranks=None):
+    def __init__(
+        self, store, rank: int, size: int, timeout: datetime.timedelta, group_name: str = "", global_ranks=None
+    ):
         super().__init__(rank, size)
         options = ProcessGroupGloo._Options()
         options._devices = [ProcessGroupGloo.create_default_device()]
@@ -430,8 +438,9 @@ class FakeNcclGroup(dist.ProcessGroup):
         return self._issue("allgather", lambda: self._inner._allgather_base(output, input, opts))
 
     def all_gather_single_coalesced(self, outputs, inputs, opts):
-        return self._issue("allgather", lambda: [self._inner._allgather_base(o, i, opts)
-                                                 for o, i in zip(outputs, inputs)])
+        return self._issue(
+            "allgather", lambda: [self._inner._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        )
 
     def gather(self, output_lists, inputs, opts):
         return self._issue("gather", lambda: self._inner.gather(output_lists, inputs, opts))
@@ -446,12 +455,14 @@ class FakeNcclGroup(dist.ProcessGroup):
         return self._issue("reduce_scatter", lambda: self._inner._reduce_scatter_base(output, input, opts))
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
-        return self._issue("reduce_scatter", lambda: [self._inner._reduce_scatter_base(o, i, opts)
-                                                      for o, i in zip(outputs, inputs)])
+        return self._issue(
+            "reduce_scatter", lambda: [self._inner._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
+        )
 
     def all_to_all_single(self, output, input, output_splits, input_splits, opts):
-        return self._issue("alltoall", lambda: self._inner.alltoall_base(output, input, output_splits,
-                                                                         input_splits, opts))
+        return self._issue(
+            "alltoall", lambda: self._inner.alltoall_base(output, input, output_splits, input_splits, opts)
+        )
 
     def alltoall(self, outputs, inputs, opts):
         return self._issue("alltoall", lambda: self._inner.alltoall(outputs, inputs, opts))
@@ -482,8 +493,14 @@ class FakeNcclGroup(dist.ProcessGroup):
 
 
 def _create(backend_options, _pg_options=None) -> FakeNcclGroup:
-    return FakeNcclGroup(backend_options.store, backend_options.group_rank, backend_options.group_size,
-                         backend_options.timeout, backend_options.group_id, backend_options.global_ranks_in_group)
+    return FakeNcclGroup(
+        backend_options.store,
+        backend_options.group_rank,
+        backend_options.group_size,
+        backend_options.timeout,
+        backend_options.group_id,
+        backend_options.global_ranks_in_group,
+    )
 
 
 def register() -> None:

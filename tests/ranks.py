@@ -75,13 +75,31 @@ def run_torchrun(args, nprocs, report_dir, timeout=90, **env_overrides):
     in a session of its own, killed whole at the limit: (exit status, its output and its workers', interleaved)."""
     from ddpwatch.launch import free_port
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPWATCH", "TORCHELASTIC", "MASTER_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update({"DDPWATCH_DIR": str(report_dir), "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
-                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DDPWATCH", "TORCHELASTIC", "MASTER_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
+    env.update(
+        {
+            "DDPWATCH_DIR": str(report_dir),
+            "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     env.update({k: str(v) for k, v in env_overrides.items()})
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nprocs), "--master-addr",
-               "127.0.0.1", "--master-port", str(free_port())] + [str(a) for a in args]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nprocs),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+    ] + [str(a) for a in args]
     return run_job(command, env, None, timeout)
 
 
@@ -92,8 +110,16 @@ def run_job(command, env, cwd, timeout):
     import tempfile
 
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(command, env=env, cwd=None if cwd is None else str(cwd), stdout=out,
-                                stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            command,
+            env=env,
+            cwd=None if cwd is None else str(cwd),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

@@ -73,13 +73,15 @@ def test_a_peer_acts_on_a_posted_verdict_only_under_its_own_rank_ending_action(s
     assert policy.state == abort.PENDING
     policy.check_posted(lambda: own)
     assert policy.state == abort.PENDING and acted == []  # nothing posted yet
-    job.post_verdict(1, {"folder": "/r", "kinds": ["deadlock"],
-                         "positions": verdict.ranges_by_position({1: own}, 2, 0.5)})
+    job.post_verdict(
+        1, {"folder": "/r", "kinds": ["deadlock"], "positions": verdict.ranges_by_position({1: own}, 2, 0.5)}
+    )
     policy.check_posted(lambda: own)
     assert acted == [Outcome(1, "/r", leader=False)] and policy.state == abort.IDLE
 
 
 # ---------------------------------------------------------------- the recipe, followed with a toy policy
+
 
 def test_a_new_policy_is_one_row_and_one_function(tmp_path, store, monkeypatch):
     """Follows docs/contributing.md: a `record` policy that only records the verdict, added with one row in
@@ -98,8 +100,9 @@ def test_a_new_policy_is_one_row_and_one_function(tmp_path, store, monkeypatch):
         recorded.append(outcome)
 
     assert config.OPTIONS_BY_NAME["action"].parse("record") == "record"
-    dog = watchdog_module.Watchdog(Recorder(), Config(action="record", dir=str(tmp_path)), 0, 1,
-                                   StateStore(store, "toy"), "toy")
+    dog = watchdog_module.Watchdog(
+        Recorder(), Config(action="record", dir=str(tmp_path)), 0, 1, StateStore(store, "toy"), "toy"
+    )
     dog.run_incident(analysis.Assessment(analysis.TIMEOUT, [], "toy-1"))
     [outcome] = recorded
     assert outcome.leader and outcome.number == 1 and outcome.folder.startswith(str(tmp_path))

@@ -29,8 +29,10 @@ from ddpwatch.launch import free_port
 PTH = os.path.join(ROOT, bootstrap.PTH_NAME)
 PLAIN = os.path.join(SCENARIOS, "plain_seed.py")
 SPAWN = os.path.join(SCENARIOS, "plain_spawn.py")
-LIST_MODULES = ("import json, sys; print(json.dumps(sorted(m for m in sys.modules if m == 'ddpwatch' "
-                "or m.startswith(('ddpwatch.', '_ddpwatch')))))")
+LIST_MODULES = (
+    "import json, sys; print(json.dumps(sorted(m for m in sys.modules if m == 'ddpwatch' "
+    "or m.startswith(('ddpwatch.', '_ddpwatch')))))"
+)
 
 
 def installed_pth():
@@ -38,8 +40,10 @@ def installed_pth():
     folders = list(site.getsitepackages()) + [site.getusersitepackages()]
     found = [path for path in (os.path.join(f, bootstrap.PTH_NAME) for f in folders) if os.path.isfile(path)]
     if not found:
-        pytest.skip(f"ddpwatch is not installed into site-packages of {sys.executable} "
-                    f"(no {bootstrap.PTH_NAME}; run `pip install -e .`)")
+        pytest.skip(
+            f"ddpwatch is not installed into site-packages of {sys.executable} "
+            f"(no {bootstrap.PTH_NAME}; run `pip install -e .`)"
+        )
     with open(found[0]) as installed, open(PTH) as ours:
         if installed.read() != ours.read():
             pytest.skip(f"{found[0]} is not this checkout's {bootstrap.PTH_NAME}: reinstall (`pip install -e .`)")
@@ -48,8 +52,12 @@ def installed_pth():
 
 def clean_env(**extra):
     """os.environ without any DDPWATCH* or launcher variable, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPWATCH", "TORCHELASTIC", "MASTER_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PYTHONPATH")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DDPWATCH", "TORCHELASTIC", "MASTER_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PYTHONPATH")
+    }
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update({k: str(v) for k, v in extra.items()})
     return env
@@ -61,8 +69,15 @@ def activation_path(*first):
 
 
 def python(code, env, cwd, timeout=30):
-    return subprocess.run([sys.executable, "-c", code], env=env, cwd=str(cwd), capture_output=True, text=True,
-                          timeout=timeout, start_new_session=True)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=str(cwd),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=True,
+    )
 
 
 def _killpg(pgid):
@@ -73,8 +88,17 @@ def _killpg(pgid):
 
 
 def torchrun(*args):
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(free_port())] + list(args)
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+    ] + list(args)
 
 
 def only_report(folder):
@@ -85,6 +109,7 @@ def only_report(folder):
 
 
 # ----- start-up of a bare interpreter -----
+
 
 @pytest.mark.real
 def test_unset_imports_nothing_of_ddpwatch(tmp_path):
@@ -97,8 +122,10 @@ def test_unset_imports_nothing_of_ddpwatch(tmp_path):
 @pytest.mark.real
 def test_set_activates_at_startup_without_importing_torch(tmp_path):
     installed_pth()
-    code = ("import sys, ddpwatch.bootstrap as b; print(b.activated_by, 'torch' in sys.modules, "
-            "any(type(f).__name__ == '_PostImportFinder' for f in sys.meta_path))")
+    code = (
+        "import sys, ddpwatch.bootstrap as b; print(b.activated_by, 'torch' in sys.modules, "
+        "any(type(f).__name__ == '_PostImportFinder' for f in sys.meta_path))"
+    )
     done = python(code, clean_env(DDPWATCH="1"), tmp_path)
     assert (done.returncode, done.stdout.split(), done.stderr) == (0, ["pth", "False", "True"], "")
 
@@ -109,10 +136,12 @@ def test_the_pth_line_itself(tmp_path):
     with open(PTH) as handle:
         lines = handle.read().splitlines()
     assert len(lines) == 1 and lines[0].startswith("import ")
-    code = (f"import importlib.util, json, sys; before = set(sys.modules); exec(open({PTH!r}).read()); "
-            f"importlib.util.find_spec('sitecustomize'); "  # what site.py does last
-            f"print(json.dumps(sorted(m for m in set(sys.modules) - before if 'ddpwatch' in m))); "
-            f"b = sys.modules.get('ddpwatch.bootstrap'); print(b.activated_by if b else '-')")
+    code = (
+        f"import importlib.util, json, sys; before = set(sys.modules); exec(open({PTH!r}).read()); "
+        f"importlib.util.find_spec('sitecustomize'); "  # what site.py does last
+        f"print(json.dumps(sorted(m for m in set(sys.modules) - before if 'ddpwatch' in m))); "
+        f"b = sys.modules.get('ddpwatch.bootstrap'); print(b.activated_by if b else '-')"
+    )
     unset = python(code, clean_env(PYTHONPATH=ROOT), tmp_path)
     assert unset.returncode == 0 and unset.stdout.split("\n")[:2] == ["[]", "-"], unset.stderr
     zero = python(code, clean_env(PYTHONPATH=ROOT, DDPWATCH="0"), tmp_path)
@@ -129,13 +158,17 @@ def test_sitecustomize_activates_and_runs_the_users_own(tmp_path):
     code = "import sys, ddpwatch.bootstrap as b; print(b.activated_by, 'torch' in sys.modules)"
     done = python(code, clean_env(DDPWATCH="1", PYTHONPATH=activation_path(str(user))), tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() in (["USER-SITECUSTOMIZE", "sitecustomize", "False"],
-                                   ["USER-SITECUSTOMIZE", "pth", "False"])  # pth: also installed here
+    assert done.stdout.split() in (
+        ["USER-SITECUSTOMIZE", "sitecustomize", "False"],
+        ["USER-SITECUSTOMIZE", "pth", "False"],
+    )  # pth: also installed here
     assert done.stderr == ""
 
 
-STARTUP_PROBE = ("import sys, ddpwatch.bootstrap as b; print(b.activated_by, 'ddpwatch.config' in sys.modules, "
-                 "any(type(f).__name__ == '_PostImportFinder' for f in sys.meta_path))")
+STARTUP_PROBE = (
+    "import sys, ddpwatch.bootstrap as b; print(b.activated_by, 'ddpwatch.config' in sys.modules, "
+    "any(type(f).__name__ == '_PostImportFinder' for f in sys.meta_path))"
+)
 
 
 @pytest.mark.real
@@ -150,8 +183,9 @@ def test_with_no_settings_to_read_start_up_imports_no_configuration(tmp_path):
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("setting", ["DDPWATCH_ACTION=abort", "ddpwatch_timout=5", "DDPWATCH=maybe", "setup.cfg",
-                                     "pyproject.toml"])
+@pytest.mark.parametrize(
+    "setting", ["DDPWATCH_ACTION=abort", "ddpwatch_timout=5", "DDPWATCH=maybe", "setup.cfg", "pyproject.toml"]
+)
 def test_with_settings_to_read_start_up_reads_them(tmp_path, setting):
     extra = {}
     if "=" in setting:
@@ -177,12 +211,18 @@ def test_the_start_up_glance_reads_DDPWATCH_as_the_enabled_option_does(word):
 
 
 BAD_SETTINGS = {  # how each bad setting is made, and the reason its warning and its error must give
-    "env": ({"DDPWATCH_GRACE": "0"}, None,
-            "bad value '0' for grace (from environment variable DDPWATCH_GRACE): accepted: a positive number"),
+    "env": (
+        {"DDPWATCH_GRACE": "0"},
+        None,
+        "bad value '0' for grace (from environment variable DDPWATCH_GRACE): accepted: a positive number",
+    ),
     "file": ({}, ("setup.cfg", "[ddpwatch]\ntimeout = -1\n"), "bad value '-1' for timeout (from {cwd}"),
     "enabled": ({"DDPWATCH": "maybe"}, None, "bad value 'maybe' for enabled (from environment variable DDPWATCH)"),
-    "broken file": ({}, ("pyproject.toml", "[tool.ddpwatch]\ntimeout = 5\n[project\n"),
-                    "cannot read {cwd}/pyproject.toml, which holds ddpwatch settings"),
+    "broken file": (
+        {},
+        ("pyproject.toml", "[tool.ddpwatch]\ntimeout = 5\n[project\n"),
+        "cannot read {cwd}/pyproject.toml, which holds ddpwatch settings",
+    ),
 }
 PROGRAMS = {  # unrelated Python programs that inherit DDPWATCH=1: they must run exactly as without ddpwatch
     "python -c": ["-c", "import sys; print('hi'); sys.stdout.flush(); sys.exit(7)"],
@@ -198,8 +238,16 @@ def make_bad_setting(cwd, setting):
 
 
 def run_python(args, env, cwd, **kwargs):
-    return subprocess.run([sys.executable] + list(args), env=env, cwd=str(cwd), capture_output=True, text=True,
-                          timeout=60, start_new_session=True, **kwargs)
+    return subprocess.run(
+        [sys.executable] + list(args),
+        env=env,
+        cwd=str(cwd),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+        **kwargs,
+    )
 
 
 def assert_runs_as_without_ddpwatch(args, env, cwd, reason, **kwargs):
@@ -215,9 +263,16 @@ def assert_runs_as_without_ddpwatch(args, env, cwd, reason, **kwargs):
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("setting, program", [("env", "python -c"), ("env", "pip --version"),
-                                              ("file", "python -c"), ("enabled", "python -c"),
-                                              ("broken file", "pip --version")])
+@pytest.mark.parametrize(
+    "setting, program",
+    [
+        ("env", "python -c"),
+        ("env", "pip --version"),
+        ("file", "python -c"),
+        ("enabled", "python -c"),
+        ("broken file", "pip --version"),
+    ],
+)
 def test_a_bad_setting_is_one_warning_and_the_program_runs_as_without_ddpwatch(tmp_path, setting, program):
     extra, reason = make_bad_setting(tmp_path, setting)
     env = clean_env(**dict({"DDPWATCH": "1", "PYTHONPATH": activation_path()}, **extra))
@@ -226,26 +281,34 @@ def test_a_bad_setting_is_one_warning_and_the_program_runs_as_without_ddpwatch(t
 
 @pytest.mark.real
 def test_the_warning_is_said_once_per_process_and_not_at_all_without_DDPWATCH(tmp_path):
-    code = ("import ddpwatch, ddpwatch.bootstrap as b, ddpwatch.config, _ddpwatch_startup as s; "
-            "print(b.process_startup(), s.start(), b.activated_by)")
+    code = (
+        "import ddpwatch, ddpwatch.bootstrap as b, ddpwatch.config, _ddpwatch_startup as s; "
+        "print(b.process_startup(), s.start(), b.activated_by)"
+    )
     on = python(code, clean_env(DDPWATCH="1", DDPWATCH_GRACE="0", PYTHONPATH=activation_path()), tmp_path)
     assert on.returncode == 0 and on.stdout.split()[:2] == ["False", "None"], on.stderr
     assert on.stdout.split()[2] in ("pth", "sitecustomize")  # the import hook is in place all the same
     assert len(on.stderr.splitlines()) == 1 and "for grace" in on.stderr, on.stderr
-    for off in (clean_env(DDPWATCH_GRACE="0", PYTHONPATH=activation_path()),
-                clean_env(DDPWATCH="0", DDPWATCH_GRACE="0", PYTHONPATH=activation_path())):
+    for off in (
+        clean_env(DDPWATCH_GRACE="0", PYTHONPATH=activation_path()),
+        clean_env(DDPWATCH="0", DDPWATCH_GRACE="0", PYTHONPATH=activation_path()),
+    ):
         done = python("print('RAN')", off, tmp_path)
         assert (done.returncode, done.stdout, done.stderr) == (0, "RAN\n", "")
 
 
 @pytest.mark.real
 def test_an_explicit_guard_still_raises_the_config_error_on_entry(tmp_path):
-    code = ("import ddpwatch\n"
-            "try:\n    ddpwatch.guard().__enter__()\n"
-            "except ddpwatch.ConfigError as exc:\n    print('GUARD RAISED:', exc)\n")
+    code = (
+        "import ddpwatch\n"
+        "try:\n    ddpwatch.guard().__enter__()\n"
+        "except ddpwatch.ConfigError as exc:\n    print('GUARD RAISED:', exc)\n"
+    )
     done = python(code, clean_env(DDPWATCH="1", DDPWATCH_GRACE="0", PYTHONPATH=activation_path()), tmp_path)
-    assert done.returncode == 0 and done.stdout.startswith("GUARD RAISED: ddpwatch: bad value '0' for grace"), \
-        (done.stdout, done.stderr)
+    assert done.returncode == 0 and done.stdout.startswith("GUARD RAISED: ddpwatch: bad value '0' for grace"), (
+        done.stdout,
+        done.stderr,
+    )
 
 
 CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, PR_CAPBSET_DROP = 1, 2, 24
@@ -284,8 +347,7 @@ def unreadable_pyproject(tmp_path):
 
 @pytest.mark.real
 @pytest.mark.parametrize("program", sorted(PROGRAMS))
-def test_an_unreadable_unrelated_pyproject_is_one_warning_and_the_program_runs(tmp_path, unreadable_pyproject,
-                                                                             program):
+def test_an_unreadable_unrelated_pyproject_is_one_warning_and_the_program_runs(tmp_path, unreadable_pyproject, program):
     path, preexec = unreadable_pyproject
     env = clean_env(DDPWATCH="1", PYTHONPATH=activation_path())
     assert_runs_as_without_ddpwatch(PROGRAMS[program], env, tmp_path, f"cannot read {path}", preexec_fn=preexec)
@@ -306,12 +368,20 @@ def test_a_failing_activation_is_one_warning_line_and_the_program_runs(tmp_path)
 @pytest.mark.real
 def test_ddpwatch_run_sets_the_environment_and_checks_the_settings_first(tmp_path):
     def run(*args, **env):
-        return subprocess.run([sys.executable, "-m", "ddpwatch", "run"] + list(args),
-                              env=clean_env(PYTHONPATH=ROOT, **env), cwd=str(tmp_path), capture_output=True,
-                              text=True, timeout=30, start_new_session=True)
+        return subprocess.run(
+            [sys.executable, "-m", "ddpwatch", "run"] + list(args),
+            env=clean_env(PYTHONPATH=ROOT, **env),
+            cwd=str(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            start_new_session=True,
+        )
 
-    code = ("import os, ddpwatch.bootstrap as b; "
-            "print(os.environ['DDPWATCH'], os.environ['PYTHONPATH'].split(os.pathsep)[0], b.activated_by)")
+    code = (
+        "import os, ddpwatch.bootstrap as b; "
+        "print(os.environ['DDPWATCH'], os.environ['PYTHONPATH'].split(os.pathsep)[0], b.activated_by)"
+    )
     done = run("--", sys.executable, "-c", code)
     assert done.returncode == 0, done.stderr
     flag, first, how = done.stdout.split()
@@ -323,6 +393,7 @@ def test_ddpwatch_run_sets_the_environment_and_checks_the_settings_first(tmp_pat
 
 
 # ----- in-process: the import hook, the init_process_group hook, the handlers -----
+
 
 def test_post_import_hook_runs_after_the_module_and_leaves_no_trace(tmp_path, monkeypatch):
     (tmp_path / "ddpw_probe_module.py").write_text("VALUE = 1\nLAST = 'set at the end'\n")
@@ -670,19 +741,26 @@ def test_dump_chooses_one_job_or_says_why_not(isolated_registry, capsys):
 
 # ----- real jobs -----
 
+
 @pytest.mark.real
 @pytest.mark.timeout(120)
 def test_torchrun_with_DDPWATCH_catches_the_unmodified_seed_and_aborts(tmp_path):
     """DDPWATCH=1 python -m torch.distributed.run: the .pth file guards each worker; abort keeps torchrun's ways."""
     installed_pth()
-    env = clean_env(DDPWATCH="1", DDPWATCH_DIR=tmp_path / "reports", DDPWATCH_ACTION="abort", DDPWATCH_GRACE="1",
-                    DDPWATCH_INTERVAL="0.2", TMPDIR=tmp_path)
+    env = clean_env(
+        DDPWATCH="1",
+        DDPWATCH_DIR=tmp_path / "reports",
+        DDPWATCH_ACTION="abort",
+        DDPWATCH_GRACE="1",
+        DDPWATCH_INTERVAL="0.2",
+        TMPDIR=tmp_path,
+    )
     code, output = run_job(torchrun(PLAIN), env, tmp_path, timeout=90)
     assert code not in (0, None), output[-4000:]
     [finding] = only_report(tmp_path / "reports")["findings"]
     assert (finding["kind"], finding["ranks"]) == ("ddp_forward_on_subset", [0])
     assert finding["location"]["line"] == tagged_line(PLAIN, "plain_ddp_call")
-    summary = output[output.rfind("Root Cause"):]
+    summary = output[output.rfind("Root Cause") :]
     assert "traceback : ddpwatch: ddp_forward_on_subset" in summary, output[-4000:]
     error_files = glob.glob(str(tmp_path / "torchelastic_*" / "**" / "error.json"), recursive=True)
     assert any("ddp_forward_on_subset" in open(path).read() for path in error_files), error_files
@@ -704,23 +782,37 @@ def test_torchrun_without_DDPWATCH_is_plain_torch(tmp_path):
 @pytest.mark.real
 @pytest.mark.timeout(120)
 def test_ddpwatch_run_guards_torchrun_workers(tmp_path):
-    env = clean_env(PYTHONPATH=ROOT, DDPWATCH_DIR=tmp_path / "reports", DDPWATCH_ACTION="abort",
-                    DDPWATCH_GRACE="1", DDPWATCH_INTERVAL="0.2", TMPDIR=tmp_path)
+    env = clean_env(
+        PYTHONPATH=ROOT,
+        DDPWATCH_DIR=tmp_path / "reports",
+        DDPWATCH_ACTION="abort",
+        DDPWATCH_GRACE="1",
+        DDPWATCH_INTERVAL="0.2",
+        TMPDIR=tmp_path,
+    )
     command = [sys.executable, "-m", "ddpwatch", "run", "--"] + torchrun(PLAIN, "subset")
     code, output = run_job(command, env, tmp_path, timeout=90)
     assert code not in (0, None), output[-4000:]
     [finding] = only_report(tmp_path / "reports")["findings"]
     assert (finding["kind"], finding["ranks"]) == ("collective_on_subset", [0])
     assert finding["location"]["line"] == tagged_line(PLAIN, "plain_subset_all_reduce")
-    assert "traceback : ddpwatch: collective_on_subset" in output[output.rfind("Root Cause"):], output[-4000:]
+    assert "traceback : ddpwatch: collective_on_subset" in output[output.rfind("Root Cause") :], output[-4000:]
 
 
 @pytest.mark.real
 @pytest.mark.timeout(120)
 def test_a_job_with_a_bad_setting_fails_at_init_process_group_with_the_reason(tmp_path):
     """Each rank of an unmodified program starts (one warning), then its init_process_group raises the ConfigError."""
-    results = run_case([PLAIN, "subset"], 2, tmp_path / "reports", timeout=90, DDPWATCH="1", DDPWATCH_GRACE="0",
-                       PYTHONPATH=activation_path(), TMPDIR=tmp_path)
+    results = run_case(
+        [PLAIN, "subset"],
+        2,
+        tmp_path / "reports",
+        timeout=90,
+        DDPWATCH="1",
+        DDPWATCH_GRACE="0",
+        PYTHONPATH=activation_path(),
+        TMPDIR=tmp_path,
+    )
     reason = "bad value '0' for grace (from environment variable DDPWATCH_GRACE): accepted: a positive number"
     for result in results:
         assert result.returncode == 1, describe(results)
@@ -748,8 +840,9 @@ def test_spawned_ranks_are_armed_and_forked_dataloader_workers_are_not(tmp_path)
     for rank in (0, 1):
         with open(results / f"rank-{rank}.json") as handle:
             found[rank] = json.load(handle)
-    assert found == {r: {"rank": r, "armed": 1, "threads": 2, "worker_armed": 0, "worker_threads": 0, "workers": 2}
-                     for r in (0, 1)}, output[-4000:]
+    assert found == {
+        r: {"rank": r, "armed": 1, "threads": 2, "worker_armed": 0, "worker_threads": 0, "workers": 2} for r in (0, 1)
+    }, output[-4000:]
     assert not os.path.exists(tmp_path / "reports")
 
 
@@ -757,22 +850,42 @@ def test_spawned_ranks_are_armed_and_forked_dataloader_workers_are_not(tmp_path)
 @pytest.mark.timeout(120)
 def test_dump_a_live_job_then_sigterm_ends_each_rank_as_torch_would(tmp_path):
     """`ddpwatch dump` on a job that is alive (rank 0 busy, rank 1 blocked in a barrier inside C++)."""
-    env = clean_env(DDPWATCH="1", PYTHONPATH=activation_path(), DDPWATCH_DIR=tmp_path / "reports",
-                    DDPWATCH_INTERVAL="0.2", TMPDIR=tmp_path, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(),
-                    WORLD_SIZE="2")
+    env = clean_env(
+        DDPWATCH="1",
+        PYTHONPATH=activation_path(),
+        DDPWATCH_DIR=tmp_path / "reports",
+        DDPWATCH_INTERVAL="0.2",
+        TMPDIR=tmp_path,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=free_port(),
+        WORLD_SIZE="2",
+    )
     registry = os.path.join(str(tmp_path), f"ddpwatch-{os.getuid()}", "ranks")
     procs = []
     try:
         for rank in (0, 1):
-            procs.append(subprocess.Popen([sys.executable, PLAIN, "busy:80"], env=dict(env, RANK=str(rank)),
-                                          cwd=str(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                          stdin=subprocess.DEVNULL, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, PLAIN, "busy:80"],
+                    env=dict(env, RANK=str(rank)),
+                    cwd=str(tmp_path),
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
         assert _wait_for(lambda: len(os.listdir(registry)) == 2 if os.path.isdir(registry) else False, 60)
 
         def dump(*args):
-            return subprocess.run([sys.executable, "-m", "ddpwatch", "dump", "--wait", "30"] + list(args),
-                                  env=dict(env, PYTHONPATH=ROOT), cwd=str(tmp_path), capture_output=True, text=True,
-                                  timeout=60)
+            return subprocess.run(
+                [sys.executable, "-m", "ddpwatch", "dump", "--wait", "30"] + list(args),
+                env=dict(env, PYTHONPATH=ROOT),
+                cwd=str(tmp_path),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
 
         blocked = dump("--pid", str(procs[1].pid))  # its main thread waits in gloo: the wakeup pipe answers
         assert blocked.returncode == 0, blocked.stderr

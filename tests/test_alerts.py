@@ -12,9 +12,17 @@ import pytest
 from ddpwatch import config
 from ddpwatch.watch import alerts
 
-INCIDENT = {"run_id": "20260101-000000-job", "trigger": "deadlock",
-            "findings": [{"kind": "ddp_forward_on_subset", "ranks": [0],
-                          "summary": "Rank 0 called the DistributedDataParallel model\nat train.py:54 alone."}]}
+INCIDENT = {
+    "run_id": "20260101-000000-job",
+    "trigger": "deadlock",
+    "findings": [
+        {
+            "kind": "ddp_forward_on_subset",
+            "ranks": [0],
+            "summary": "Rank 0 called the DistributedDataParallel model\nat train.py:54 alone.",
+        }
+    ],
+}
 DUMP = {"run_id": "x", "trigger": "dump", "findings": []}
 
 
@@ -39,12 +47,20 @@ def alive(pid):
 
 def test_the_alert_is_one_line_naming_kind_culprit_summary_and_folder():
     alert = alerts.alert_of(INCIDENT, "/r/20260101-000000-job")
-    assert alert.summary == ("ddpwatch: ddp_forward_on_subset (culprit rank 0): Rank 0 called the "
-                             "DistributedDataParallel model at train.py:54 alone. Report: /r/20260101-000000-job")
+    assert alert.summary == (
+        "ddpwatch: ddp_forward_on_subset (culprit rank 0): Rank 0 called the "
+        "DistributedDataParallel model at train.py:54 alone. Report: /r/20260101-000000-job"
+    )
     assert (alert.folder, alert.kind, alert.culprits, alert.trigger) == (
-        "/r/20260101-000000-job", "ddp_forward_on_subset", (0,), "deadlock")
-    assert alerts.alert_of({"findings": [{"kind": "p2p_deadlock", "summary": "\x1b[2Jx"}]}, None).summary == \
-        "ddpwatch: p2p_deadlock: \\x1b[2Jx Report: (none could be written)"  # a peer's words never drive a terminal
+        "/r/20260101-000000-job",
+        "ddp_forward_on_subset",
+        (0,),
+        "deadlock",
+    )
+    assert (
+        alerts.alert_of({"findings": [{"kind": "p2p_deadlock", "summary": "\x1b[2Jx"}]}, None).summary
+        == "ddpwatch: p2p_deadlock: \\x1b[2Jx Report: (none could be written)"
+    )  # a peer's words never drive a terminal
 
 
 def test_the_verdict_is_an_error_record_on_the_ddpwatch_logger_with_the_alert_attached(caplog):
@@ -69,9 +85,11 @@ def test_the_command_gets_folder_and_summary_in_its_environment_and_not_ddpwatch
     monkeypatch.setenv("DDPWATCH", "1")
     monkeypatch.setenv("DDPWATCH_ACTION", "abort")
     out = tmp_path / "env.txt"
-    command = (f'printf "%s|%s|%s|%s|%s|%s" "$DDPWATCH_INCIDENT_DIR" "$DDPWATCH_INCIDENT_SUMMARY" '
-               f'"$DDPWATCH_INCIDENT_KIND" "$DDPWATCH_INCIDENT_CULPRITS" "${{DDPWATCH-unset}}" '
-               f'"${{DDPWATCH_ACTION-unset}}" > {out}')
+    command = (
+        f'printf "%s|%s|%s|%s|%s|%s" "$DDPWATCH_INCIDENT_DIR" "$DDPWATCH_INCIDENT_SUMMARY" '
+        f'"$DDPWATCH_INCIDENT_KIND" "$DDPWATCH_INCIDENT_CULPRITS" "${{DDPWATCH-unset}}" '
+        f'"${{DDPWATCH_ACTION-unset}}" > {out}'
+    )
     finish(alerts.start_hook(command, alerts.alert_of(INCIDENT, str(tmp_path / "incident"))))
     folder, summary, kind, culprits, enabled, action = out.read_text().split("|")
     assert folder == str(tmp_path / "incident") and kind == "ddp_forward_on_subset" and culprits == "0"
@@ -102,8 +120,11 @@ def test_a_command_that_hangs_holds_nothing_up_and_is_killed_at_the_bound(tmp_pa
 
 def test_the_callable_gets_the_alert_on_a_thread_of_its_own():
     seen = []
-    finish(alerts.start_hook(lambda alert: seen.append((alert, threading.current_thread().name)),
-                             alerts.alert_of(INCIDENT, "/r/x")))
+    finish(
+        alerts.start_hook(
+            lambda alert: seen.append((alert, threading.current_thread().name)), alerts.alert_of(INCIDENT, "/r/x")
+        )
+    )
     [(alert, thread_name)] = seen
     assert alert.folder == "/r/x" and alert.culprits == (0,) and thread_name == "ddpwatch-on-incident-call"
 

@@ -8,8 +8,18 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from factory import (SEED_SEQ, barrier, ddp_broadcast, ddp_region, done, object_region, rank_state,  # noqa: E402
-                     rec, seed_states, states)
+from factory import (
+    SEED_SEQ,
+    barrier,
+    ddp_broadcast,
+    ddp_region,
+    done,
+    object_region,
+    rank_state,  # noqa: E402
+    rec,
+    seed_states,
+    states,
+)
 
 from ddpwatch import analysis  # noqa: E402
 from ddpwatch.format import build, documents  # noqa: E402
@@ -43,6 +53,7 @@ def rows(finding):
 
 # ---------------------------------------------------------------- the seed stall: DDP forward on one rank
 
+
 def test_seed_stall_two_ranks_blames_rank0_at_the_ddp_call_site():
     a = run(seed_states(2))
     assert a.verdict == DEADLOCK
@@ -73,8 +84,11 @@ def test_seed_stall_many_ranks_names_only_the_ddp_caller(world_size):
 
 def test_seed_stall_with_the_ddp_caller_not_rank0():
     """Rank 2 runs the validation; nothing may assume the culprit is rank 0 (or is not rank 0)."""
-    st = states(rank_state(0, 3, inflight=[barrier()]), rank_state(1, 3, inflight=[barrier()]),
-                rank_state(2, 3, inflight=[ddp_broadcast()]))
+    st = states(
+        rank_state(0, 3, inflight=[barrier()]),
+        rank_state(1, 3, inflight=[barrier()]),
+        rank_state(2, 3, inflight=[ddp_broadcast()]),
+    )
     f = only(run(st))
     assert f["kind"] == "ddp_forward_on_subset"
     assert f["ranks"] == [2]
@@ -94,9 +108,12 @@ def test_bucket_rebuild_variant():
 
 # ---------------------------------------------------------------- plain collectives on a subset of ranks
 
+
 def test_collective_on_subset_barrier_rule():
-    st = states(rank_state(0, 2, inflight=[rec(4, "all_reduce", site=("x.py", 10, "f"))]),
-                rank_state(1, 2, inflight=[rec(4, "barrier", site=("x.py", 20, "f"))]))
+    st = states(
+        rank_state(0, 2, inflight=[rec(4, "all_reduce", site=("x.py", 10, "f"))]),
+        rank_state(1, 2, inflight=[rec(4, "barrier", site=("x.py", 20, "f"))]),
+    )
     a = run(st)
     assert a.verdict == DEADLOCK
     f = only(a)
@@ -108,8 +125,10 @@ def test_collective_on_subset_barrier_rule():
 
 
 def test_collective_on_subset_barrier_rule_culprit_is_rank1():
-    st = states(rank_state(0, 2, inflight=[rec(4, "barrier", site=("x.py", 20, "f"))]),
-                rank_state(1, 2, inflight=[rec(4, "all_reduce", site=("x.py", 10, "f"))]))
+    st = states(
+        rank_state(0, 2, inflight=[rec(4, "barrier", site=("x.py", 20, "f"))]),
+        rank_state(1, 2, inflight=[rec(4, "all_reduce", site=("x.py", 10, "f"))]),
+    )
     f = only(run(st))
     assert (f["kind"], f["ranks"], f["location"]["line"]) == ("collective_on_subset", [1], 10)
 
@@ -117,8 +136,12 @@ def test_collective_on_subset_barrier_rule_culprit_is_rank1():
 def test_collective_on_subset_barrier_rule_two_against_two():
     ar = lambda: rec(4, "all_reduce", site=("x.py", 10, "f"))  # noqa: E731
     br = lambda: rec(4, "barrier", site=("x.py", 20, "f"))  # noqa: E731
-    st = states(rank_state(0, 4, inflight=[ar()]), rank_state(1, 4, inflight=[br()]),
-                rank_state(2, 4, inflight=[ar()]), rank_state(3, 4, inflight=[br()]))
+    st = states(
+        rank_state(0, 4, inflight=[ar()]),
+        rank_state(1, 4, inflight=[br()]),
+        rank_state(2, 4, inflight=[ar()]),
+        rank_state(3, 4, inflight=[br()]),
+    )
     f = only(run(st))
     assert f["kind"] == "collective_on_subset"
     assert f["ranks"] == [0, 2]
@@ -127,10 +150,18 @@ def test_collective_on_subset_barrier_rule_two_against_two():
 
 @pytest.mark.parametrize("culprit", [0, 1, 2])
 def test_collective_on_subset_majority_rule(culprit):
-    st = states(*[
-        rank_state(r, 3, inflight=[rec(7, "broadcast", site=("y.py", 50, "g"))] if r == culprit
-                   else [rec(7, "all_reduce", site=("y.py", 30, "g"))])
-        for r in range(3)])
+    st = states(
+        *[
+            rank_state(
+                r,
+                3,
+                inflight=[rec(7, "broadcast", site=("y.py", 50, "g"))]
+                if r == culprit
+                else [rec(7, "all_reduce", site=("y.py", 30, "g"))],
+            )
+            for r in range(3)
+        ]
+    )
     a = run(st)
     assert a.verdict == DEADLOCK
     f = only(a)
@@ -141,8 +172,13 @@ def test_collective_on_subset_majority_rule(culprit):
 
 
 def test_majority_with_three_partitions_names_both_minorities():
-    calls = {0: ("all_reduce", 30), 1: ("broadcast", 50), 2: ("all_reduce", 30), 3: ("all_gather", 60),
-             4: ("all_reduce", 30)}
+    calls = {
+        0: ("all_reduce", 30),
+        1: ("broadcast", 50),
+        2: ("all_reduce", 30),
+        3: ("all_gather", 60),
+        4: ("all_reduce", 30),
+    }
     st = states(*[rank_state(r, 5, inflight=[rec(7, op, site=("y.py", line, "g"))]) for r, (op, line) in calls.items()])
     f = only(run(st))
     assert f["kind"] == "collective_on_subset"
@@ -151,8 +187,10 @@ def test_majority_with_three_partitions_names_both_minorities():
 
 
 def test_collective_mismatch_without_a_tie_breaker():
-    st = states(rank_state(0, 2, inflight=[rec(4, "all_reduce", site=("x.py", 10, "f"))]),
-                rank_state(1, 2, inflight=[rec(4, "broadcast", site=("x.py", 20, "f"))]))
+    st = states(
+        rank_state(0, 2, inflight=[rec(4, "all_reduce", site=("x.py", 10, "f"))]),
+        rank_state(1, 2, inflight=[rec(4, "broadcast", site=("x.py", 20, "f"))]),
+    )
     a = run(st)
     assert a.verdict == DEADLOCK
     f = only(a)
@@ -164,16 +202,20 @@ def test_collective_mismatch_without_a_tie_breaker():
 
 def test_collective_mismatch_when_both_lines_are_familiar():
     history = [done(1, "all_reduce", site=("x.py", 10, "f")), done(2, "broadcast", site=("x.py", 20, "f"))]
-    st = states(rank_state(0, 2, inflight=[rec(4, "all_reduce", site=("x.py", 10, "f"))], recent=history),
-                rank_state(1, 2, inflight=[rec(4, "broadcast", site=("x.py", 20, "f"))], recent=history))
+    st = states(
+        rank_state(0, 2, inflight=[rec(4, "all_reduce", site=("x.py", 10, "f"))], recent=history),
+        rank_state(1, 2, inflight=[rec(4, "broadcast", site=("x.py", 20, "f"))], recent=history),
+    )
     f = only(run(st))
     assert f["kind"] == "collective_mismatch"
 
 
 def test_history_rule():
     history = [done(1, "all_gather", site=("b.py", 9, "h")), done(2, "all_gather", site=("b.py", 9, "h"))]
-    st = states(rank_state(0, 2, inflight=[rec(3, "all_reduce", site=("a.py", 5, "h"))], recent=history),
-                rank_state(1, 2, inflight=[rec(3, "all_gather", site=("b.py", 9, "h"))], recent=history))
+    st = states(
+        rank_state(0, 2, inflight=[rec(3, "all_reduce", site=("a.py", 5, "h"))], recent=history),
+        rank_state(1, 2, inflight=[rec(3, "all_gather", site=("b.py", 9, "h"))], recent=history),
+    )
     a = run(st)
     assert a.verdict == DEADLOCK
     f = only(a)
@@ -185,23 +227,37 @@ def test_history_rule():
 
 def test_history_rule_needs_every_rank_to_have_seen_the_line():
     """Only rank 1 has been at b.py:9 before: no rule applies, so no culprit is named."""
-    st = states(rank_state(0, 2, inflight=[rec(3, "all_reduce", site=("a.py", 5, "h"))]),
-                rank_state(1, 2, inflight=[rec(3, "all_gather", site=("b.py", 9, "h"))],
-                           recent=[done(2, "all_gather", site=("b.py", 9, "h"))]))
+    st = states(
+        rank_state(0, 2, inflight=[rec(3, "all_reduce", site=("a.py", 5, "h"))]),
+        rank_state(
+            1,
+            2,
+            inflight=[rec(3, "all_gather", site=("b.py", 9, "h"))],
+            recent=[done(2, "all_gather", site=("b.py", 9, "h"))],
+        ),
+    )
     assert only(run(st))["kind"] == "collective_mismatch"
 
 
 def test_collectives_on_two_groups_give_one_finding_each():
     st = states(
-        rank_state(0, 2, inflight=[rec(4, "all_reduce", site=("x.py", 10, "f")),
-                                   rec(2, "broadcast", group="1", site=("z.py", 3, "f"), age=2.5)]),
-        rank_state(1, 2, inflight=[rec(4, "barrier", site=("x.py", 20, "f"))]))
+        rank_state(
+            0,
+            2,
+            inflight=[
+                rec(4, "all_reduce", site=("x.py", 10, "f")),
+                rec(2, "broadcast", group="1", site=("z.py", 3, "f"), age=2.5),
+            ],
+        ),
+        rank_state(1, 2, inflight=[rec(4, "barrier", site=("x.py", 20, "f"))]),
+    )
     # waiting_record() picks the oldest collective, so only group 0 is compared.
     f = only(run(st))
     assert (f["kind"], f["ranks"]) == ("collective_on_subset", [0])
 
 
 # ---------------------------------------------------------------- no verdict while anyone may still move
+
 
 @pytest.mark.parametrize("busy", ["no_inflight", "young_op", "recent_progress"])
 def test_no_deadlock_while_a_rank_is_busy(busy):
@@ -218,8 +274,10 @@ def test_no_deadlock_while_a_rank_is_busy(busy):
 
 
 def test_straggler_after_the_timeout():
-    st = states(rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
-                rank_state(1, 2, inflight=[barrier(age=TIMEOUT_S + 1)], idle=TIMEOUT_S + 1))
+    st = states(
+        rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
+        rank_state(1, 2, inflight=[barrier(age=TIMEOUT_S + 1)], idle=TIMEOUT_S + 1),
+    )
     a = run(st)
     assert a.verdict == TIMEOUT
     f = only(a)
@@ -232,22 +290,28 @@ def test_straggler_after_the_timeout():
 
 
 def test_straggler_exactly_at_the_timeout():
-    st = states(rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
-                rank_state(1, 2, inflight=[barrier(age=TIMEOUT_S)], idle=TIMEOUT_S))
+    st = states(
+        rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
+        rank_state(1, 2, inflight=[barrier(age=TIMEOUT_S)], idle=TIMEOUT_S),
+    )
     assert run(st).verdict == TIMEOUT
 
 
 def test_no_straggler_before_the_timeout():
-    st = states(rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
-                rank_state(1, 2, inflight=[barrier(age=TIMEOUT_S - 1)], idle=TIMEOUT_S - 1))
+    st = states(
+        rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
+        rank_state(1, 2, inflight=[barrier(age=TIMEOUT_S - 1)], idle=TIMEOUT_S - 1),
+    )
     a = run(st)
     assert a.verdict is None
     assert a.findings == []
 
 
 def test_straggler_among_many_ranks_names_the_busy_one():
-    st = states(*[rank_state(r, 4, inflight=[barrier(age=500.0)], idle=500.0) for r in (0, 1, 3)],
-                rank_state(2, 4, inflight=[], idle=500.0, user_line=("ckpt.py", 12, "save")))
+    st = states(
+        *[rank_state(r, 4, inflight=[barrier(age=500.0)], idle=500.0) for r in (0, 1, 3)],
+        rank_state(2, 4, inflight=[], idle=500.0, user_line=("ckpt.py", 12, "save")),
+    )
     f = only(run(st))
     assert (f["kind"], f["ranks"], f["location"]["line"]) == ("straggler", [2], 12)
     assert f["evidence"]["waiting"] == [0, 1, 3]
@@ -257,15 +321,21 @@ def test_matching_waits_are_not_a_deadlock():
     """Every rank in the same op at the same seq: the calls match; nothing is proven (it may just be slow)."""
     st = states(*[rank_state(r, 3, inflight=[barrier()]) for r in range(3)])
     assert run(st).verdict is None
-    st = states(*[rank_state(r, 3, inflight=[rec(5, "all_reduce", site=("x.py", 10, "f"), age=30.0)], idle=30.0)
-                  for r in range(3)])
+    st = states(
+        *[
+            rank_state(r, 3, inflight=[rec(5, "all_reduce", site=("x.py", 10, "f"), age=30.0)], idle=30.0)
+            for r in range(3)
+        ]
+    )
     assert run(st).verdict is None
 
 
 def test_matching_waits_from_different_lines_are_not_a_deadlock():
     """Same seq, op and api reached from different lines still pair up in c10d."""
-    st = states(rank_state(0, 2, inflight=[barrier(where=("val.py", 50, "v"))]),
-                rank_state(1, 2, inflight=[barrier(where=("train.py", 88, "t"))]))
+    st = states(
+        rank_state(0, 2, inflight=[barrier(where=("val.py", 50, "v"))]),
+        rank_state(1, 2, inflight=[barrier(where=("train.py", 88, "t"))]),
+    )
     assert run(st).verdict is None
 
 
@@ -285,6 +355,7 @@ def test_exited_rank_is_not_part_of_a_deadlock():
 
 
 # ---------------------------------------------------------------- fingerprint
+
 
 def test_fingerprint_is_stable_and_ignores_the_passing_of_time():
     st = seed_states(3)
@@ -308,6 +379,7 @@ def test_fingerprint_changes_with_the_position():
 
 # ---------------------------------------------------------------- positions and rank lists
 
+
 def test_positions_at_1024_ranks():
     st = seed_states(1024)
     groups = groups_by_position(st, GRACE)
@@ -317,15 +389,18 @@ def test_positions_at_1024_ranks():
     assert groups[0]["where"] == "barrier at train.py:88"
     assert rank_list(groups[0]["ranks"]) == "ranks 1-1023"
     assert groups[1]["ranks"] == [0]
-    assert groups[1]["where"] == ("broadcast of module buffers inside DistributedDataParallel.forward "
-                                  "called at val.py:42")
+    assert groups[1]["where"] == (
+        "broadcast of module buffers inside DistributedDataParallel.forward called at val.py:42"
+    )
     assert groups[1]["wait_s"] == 3.0
 
 
 def test_positions_busy_and_exited():
-    st = states(rank_state(0, 3, inflight=[barrier()]),
-                rank_state(1, 3, inflight=[barrier(age=GRACE / 2)], user_line=("a.py", 1, "f")),
-                rank_state(2, 3, status=build.EXITED))
+    st = states(
+        rank_state(0, 3, inflight=[barrier()]),
+        rank_state(1, 3, inflight=[barrier(age=GRACE / 2)], user_line=("a.py", 1, "f")),
+        rank_state(2, 3, status=build.EXITED),
+    )
     groups = {tuple(g["ranks"]): g for g in groups_by_position(st, GRACE)}
     assert set(groups) == {(0,), (1,), (2,)}
     assert groups[(0,)]["state"] == "waiting"
@@ -334,27 +409,34 @@ def test_positions_busy_and_exited():
     assert groups[(2,)]["state"] == "exited"
 
 
-@pytest.mark.parametrize("ranks, text", [
-    ([0, 1, 2, 5], "ranks 0-2,5"),
-    ([3], "rank 3"),
-    ([5, 1, 0, 2, 2], "ranks 0-2,5"),
-    ([0, 2, 4], "ranks 0,2,4"),
-    ([7, 8], "ranks 7-8"),
-    (range(1, 1024), "ranks 1-1023"),
-    ([0, 1, 3, 4, 9], "ranks 0-1,3-4,9"),
-])
+@pytest.mark.parametrize(
+    "ranks, text",
+    [
+        ([0, 1, 2, 5], "ranks 0-2,5"),
+        ([3], "rank 3"),
+        ([5, 1, 0, 2, 2], "ranks 0-2,5"),
+        ([0, 2, 4], "ranks 0,2,4"),
+        ([7, 8], "ranks 7-8"),
+        (range(1, 1024), "ranks 1-1023"),
+        ([0, 1, 3, 4, 9], "ranks 0-1,3-4,9"),
+    ],
+)
 def test_rank_list(ranks, text):
     assert rank_list(ranks) == text
 
 
 def test_describe_op():
-    assert describe_op(ddp_broadcast()) == ("broadcast of module buffers inside DistributedDataParallel.forward "
-                                            "called at val.py:42")
+    assert describe_op(ddp_broadcast()) == (
+        "broadcast of module buffers inside DistributedDataParallel.forward called at val.py:42"
+    )
     assert describe_op(ddp_broadcast(api=build.DDP_BUCKET_REBUILD)).startswith(
-        "broadcast for DDP's gradient bucket rebuild inside")
+        "broadcast for DDP's gradient bucket rebuild inside"
+    )
     assert describe_op(rec(1, "all_reduce", site=("x.py", 10, "f"))) == "all_reduce at x.py:10"
-    assert describe_op(rec(1, "all_gather", api="all_gather_into_tensor", site=("x.py", 10, "f"))) == \
-        "all_gather (all_gather_into_tensor) at x.py:10"
+    assert (
+        describe_op(rec(1, "all_gather", api="all_gather_into_tensor", site=("x.py", 10, "f")))
+        == "all_gather (all_gather_into_tensor) at x.py:10"
+    )
     inside = rec(1, "all_gather", site=("x.py", 10, "f"), region=object_region(("m.py", 3, "g")))
     assert describe_op(inside) == "all_gather inside all_gather_object at m.py:3"
 
@@ -371,6 +453,7 @@ def test_waiting_record_prefers_the_oldest_collective_over_p2p():
 
 # ---------------------------------------------------------------- every finding is well-formed
 
+
 def _scenarios():
     ar, br = rec(4, "all_reduce", site=("x.py", 10, "f")), rec(4, "broadcast", site=("x.py", 20, "f"))
     bar = rec(4, "barrier", site=("x.py", 20, "f"))
@@ -380,8 +463,10 @@ def _scenarios():
         "rebuild": seed_states(2, api=build.DDP_BUCKET_REBUILD),
         "barrier_rule": states(rank_state(0, 2, inflight=[ar]), rank_state(1, 2, inflight=[bar])),
         "mismatch": states(rank_state(0, 2, inflight=[ar]), rank_state(1, 2, inflight=[br])),
-        "straggler": states(rank_state(0, 2, idle=999.0, user_line=("val.py", 40, "v")),
-                            rank_state(1, 2, inflight=[barrier(age=999.0)], idle=999.0)),
+        "straggler": states(
+            rank_state(0, 2, idle=999.0, user_line=("val.py", 40, "v")),
+            rank_state(1, 2, inflight=[barrier(age=999.0)], idle=999.0),
+        ),
     }
 
 
@@ -409,20 +494,33 @@ def test_findings_are_well_formed(name):
 
 # ---------------------------------------------------------------- once bugs, now fixed
 
+
 def test_majority_in_ddp_forward_is_innocent():
     """Rank 2 runs `if rank == 2: dist.all_reduce(t)` at x.py:10; ranks 0,1 go on to the next model(x) at
     train.py:60 and block in its buffer broadcast. Rank 2 is the culprit (collective_on_subset, majority rule)."""
-    history = [done(s, "broadcast", api="_broadcast_coalesced", site=("train.py", 60, "train"),
-                    region=ddp_region(("train.py", 60, "train"))) for s in (8, 9)]
-    st = states(rank_state(0, 3, inflight=[ddp_broadcast(call_site=("train.py", 60, "train"))], recent=history),
-                rank_state(1, 3, inflight=[ddp_broadcast(call_site=("train.py", 60, "train"))], recent=history),
-                rank_state(2, 3, inflight=[rec(SEED_SEQ, "all_reduce", site=("x.py", 10, "f"))], recent=history))
+    history = [
+        done(
+            s,
+            "broadcast",
+            api="_broadcast_coalesced",
+            site=("train.py", 60, "train"),
+            region=ddp_region(("train.py", 60, "train")),
+        )
+        for s in (8, 9)
+    ]
+    st = states(
+        rank_state(0, 3, inflight=[ddp_broadcast(call_site=("train.py", 60, "train"))], recent=history),
+        rank_state(1, 3, inflight=[ddp_broadcast(call_site=("train.py", 60, "train"))], recent=history),
+        rank_state(2, 3, inflight=[rec(SEED_SEQ, "all_reduce", site=("x.py", 10, "f"))], recent=history),
+    )
     f = only(run(st))
     assert f["kind"] == "collective_on_subset"
     assert f["ranks"] == [2]
 
 
 def test_matching_send_and_recv_are_not_a_deadlock():
-    st = states(rank_state(0, 2, inflight=[rec(0, "send", peer=1, site=("pipe.py", 30, "step"))]),
-                rank_state(1, 2, inflight=[rec(0, "recv", peer=0, site=("pipe.py", 34, "step"))]))
+    st = states(
+        rank_state(0, 2, inflight=[rec(0, "send", peer=1, site=("pipe.py", 30, "step"))]),
+        rank_state(1, 2, inflight=[rec(0, "recv", peer=0, site=("pipe.py", 34, "step"))]),
+    )
     assert run(st).verdict != DEADLOCK

@@ -12,15 +12,25 @@ from ddpwatch.analysis import DEADLOCK, assess  # noqa: E402
 from ddpwatch.render.wording import describe_op, worded  # noqa: E402
 
 GRACE, TIMEOUT_S = 2.0, 300.0
-LIGHTNING_BARRIER = {"file": "/venv/site-packages/lightning/pytorch/strategies/ddp.py", "line": 303,
-                     "function": "DDPStrategy.barrier", "package": "lightning"}
-ACCELERATE_WAIT = {"file": "/venv/site-packages/accelerate/accelerator.py", "line": 2900,
-                   "function": "Accelerator.wait_for_everyone", "package": "accelerate"}
+LIGHTNING_BARRIER = {
+    "file": "/venv/site-packages/lightning/pytorch/strategies/ddp.py",
+    "line": 303,
+    "function": "DDPStrategy.barrier",
+    "package": "lightning",
+}
+ACCELERATE_WAIT = {
+    "file": "/venv/site-packages/accelerate/accelerator.py",
+    "line": 2900,
+    "function": "Accelerator.wait_for_everyone",
+    "package": "accelerate",
+}
 
 
 def under(text, line=40, file="/u/train.py", kind="if"):
-    return {"frame": {"file": file, "line": line + 1, "function": "f"},
-            "condition": {"line": line, "text": text, "kind": kind}}
+    return {
+        "frame": {"file": file, "line": line + 1, "function": "f"},
+        "condition": {"line": line, "text": text, "kind": kind},
+    }
 
 
 def run(st):
@@ -118,17 +128,19 @@ def test_describe_op_names_the_library_call():
 
 
 def test_rank_only_decorators_are_rank_conditions():
-    source = ("from lightning.pytorch.utilities import rank_zero_only\n"
-              "@rank_zero_only\n"
-              "def save(trainer):\n"
-              "    trainer.strategy.barrier()\n"
-              "class Loop:\n"
-              "    @accelerator.on_main_process\n"
-              "    def report(self):\n"
-              "        accelerator.gather(1)\n"
-              "    @functools.cache\n"
-              "    def plain(self):\n"
-              "        accelerator.gather(1)\n")
+    source = (
+        "from lightning.pytorch.utilities import rank_zero_only\n"
+        "@rank_zero_only\n"
+        "def save(trainer):\n"
+        "    trainer.strategy.barrier()\n"
+        "class Loop:\n"
+        "    @accelerator.on_main_process\n"
+        "    def report(self):\n"
+        "        accelerator.gather(1)\n"
+        "    @functools.cache\n"
+        "    def plain(self):\n"
+        "        accelerator.gather(1)\n"
+    )
     assert rankcond.rank_condition_at(source, 4) == {"line": 2, "kind": "decorator", "text": "@rank_zero_only"}
     assert rankcond.rank_condition_at(source, 8)["text"] == "@accelerator.on_main_process"
     assert rankcond.rank_condition_at(source, 11) is None

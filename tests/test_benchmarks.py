@@ -13,8 +13,18 @@ pytestmark = pytest.mark.real  # every test runs a benchmark in a process of its
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # memory: runner; hot_path_instructions: its cases below (valgrind takes 45 s)
-BENCHMARKS = ["overhead_ops", "attribution", "overhead_training", "time_to_verdict", "scale", "soak", "startup",
-              "step_cost", "flight_recorder", "forged_incidents"]
+BENCHMARKS = [
+    "overhead_ops",
+    "attribution",
+    "overhead_training",
+    "time_to_verdict",
+    "scale",
+    "soak",
+    "startup",
+    "step_cost",
+    "flight_recorder",
+    "forged_incidents",
+]
 LIMIT_S = 150  # hard limit per quick run; each takes 5-25 s here
 TABLE_ROW = re.compile(r"^\|.*\|$", re.MULTILINE)
 TABLE_RULE = re.compile(r"^\|-[-|]*\|$", re.MULTILINE)
@@ -24,8 +34,16 @@ def run_quick(args, limit=LIMIT_S):
     """Run `python -m <args>` in its own process group; kill the whole group at the limit or on any failure."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("DDPWATCH", None)
-    proc = subprocess.Popen([sys.executable, "-m"] + args, cwd=ROOT, env=env, text=True, start_new_session=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m"] + args,
+        cwd=ROOT,
+        env=env,
+        text=True,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         out, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:

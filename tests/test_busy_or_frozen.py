@@ -22,31 +22,34 @@ def facts(status, cpu_s=10.0, exists=True):
     return {"exists": exists, "status": status, "cpu_s": cpu_s, "rss_mb": 200.0, "threads": 9}
 
 
-@pytest.mark.parametrize("now, before, seconds, expected", [
-    # Halted: runs no code whatever the counters say (SIGSTOP, a debugger's stop).
-    (facts("stopped"), None, 0.0, FROZEN),
-    (facts("tracing-stop"), facts("tracing-stop"), 1.0, FROZEN),
-    (facts("stopped", cpu_s=11.0), facts("running", cpu_s=10.0), 1.0, FROZEN),
-    (facts("dead"), None, 0.0, FROZEN),
-    # Gone: no process, or a zombie (peer_process_facts reports a zombie as not existing).
-    ({"exists": False}, None, 0.0, GONE),
-    ({"exists": False, "status": "zombie"}, facts("running"), 1.0, GONE),
-    # Busy: running now (one GIL-holding C call), or CPU time advances between the looks.
-    (facts("running"), None, 0.0, BUSY),
-    (facts("running", cpu_s=10.0), facts("running", cpu_s=10.0), 1.0, BUSY),  # runnable but starved of CPU
-    (facts("sleeping", cpu_s=10.9), facts("sleeping", cpu_s=10.0), 1.0, BUSY),  # another thread holds the GIL
-    (facts("disk-sleep", cpu_s=10.5), facts("running", cpu_s=10.0), 2.0, BUSY),  # short I/O waits while working
-    # Waiting, never frozen: asleep in the kernel with (next to) no CPU, e.g. a C call that holds the GIL while it
-    # sleeps (ctypes.PyDLL), slow storage (D state). It may return any moment: only the timeout may report it.
-    (facts("sleeping", cpu_s=10.01), facts("sleeping", cpu_s=10.0), 1.0, WAITING),  # the store thread's ticks
-    (facts("disk-sleep", cpu_s=10.0), facts("disk-sleep", cpu_s=10.0), 0.5, WAITING),
-    (facts("idle", cpu_s=10.0), facts("sleeping", cpu_s=10.0), 0.5, WAITING),
-    (facts("sleeping"), None, 0.0, WAITING),
-    (facts("disk-sleep"), None, 0.0, WAITING),
-    # psutil cannot look: today's behaviour (the watchdog keeps the rank silent).
-    (None, None, 0.0, UNKNOWN),
-    ({"error": "AccessDenied: psutil.AccessDenied"}, None, 0.0, UNKNOWN),
-])
+@pytest.mark.parametrize(
+    "now, before, seconds, expected",
+    [
+        # Halted: runs no code whatever the counters say (SIGSTOP, a debugger's stop).
+        (facts("stopped"), None, 0.0, FROZEN),
+        (facts("tracing-stop"), facts("tracing-stop"), 1.0, FROZEN),
+        (facts("stopped", cpu_s=11.0), facts("running", cpu_s=10.0), 1.0, FROZEN),
+        (facts("dead"), None, 0.0, FROZEN),
+        # Gone: no process, or a zombie (peer_process_facts reports a zombie as not existing).
+        ({"exists": False}, None, 0.0, GONE),
+        ({"exists": False, "status": "zombie"}, facts("running"), 1.0, GONE),
+        # Busy: running now (one GIL-holding C call), or CPU time advances between the looks.
+        (facts("running"), None, 0.0, BUSY),
+        (facts("running", cpu_s=10.0), facts("running", cpu_s=10.0), 1.0, BUSY),  # runnable but starved of CPU
+        (facts("sleeping", cpu_s=10.9), facts("sleeping", cpu_s=10.0), 1.0, BUSY),  # another thread holds the GIL
+        (facts("disk-sleep", cpu_s=10.5), facts("running", cpu_s=10.0), 2.0, BUSY),  # short I/O waits while working
+        # Waiting, never frozen: asleep in the kernel with (next to) no CPU, e.g. a C call that holds the GIL while it
+        # sleeps (ctypes.PyDLL), slow storage (D state). It may return any moment: only the timeout may report it.
+        (facts("sleeping", cpu_s=10.01), facts("sleeping", cpu_s=10.0), 1.0, WAITING),  # the store thread's ticks
+        (facts("disk-sleep", cpu_s=10.0), facts("disk-sleep", cpu_s=10.0), 0.5, WAITING),
+        (facts("idle", cpu_s=10.0), facts("sleeping", cpu_s=10.0), 0.5, WAITING),
+        (facts("sleeping"), None, 0.0, WAITING),
+        (facts("disk-sleep"), None, 0.0, WAITING),
+        # psutil cannot look: today's behaviour (the watchdog keeps the rank silent).
+        (None, None, 0.0, UNKNOWN),
+        ({"error": "AccessDenied: psutil.AccessDenied"}, None, 0.0, UNKNOWN),
+    ],
+)
 def test_peer_condition_from_hand_built_psutil_facts(now, before, seconds, expected):
     assert peer_condition(now, before, seconds)["condition"] == expected
 
@@ -93,8 +96,10 @@ def quiet_tracker(answers, rank=1, world_size=2):
 
 def gil_holder_states(host=HOST):
     """Rank 0 published last while still in the barrier it then left; rank 1 waits in the next one."""
-    return states(rank_state(0, 2, inflight=[barrier(seq=1, age=5.0)], idle=5.0, host=host),
-                  rank_state(1, 2, inflight=[barrier(seq=2, age=9.0)], idle=9.0, host=host))
+    return states(
+        rank_state(0, 2, inflight=[barrier(seq=1, age=5.0)], idle=5.0, host=host),
+        rank_state(1, 2, inflight=[barrier(seq=2, age=9.0)], idle=9.0, host=host),
+    )
 
 
 def test_a_running_silent_peer_is_busy_and_its_stale_wait_no_longer_counts():
@@ -192,11 +197,13 @@ def test_a_frozen_peers_stack_is_read_from_outside_once(monkeypatch):
     from ddpwatch.watch.incident_writer import IncidentWriter
 
     reads = []
-    monkeypatch.setattr(evidence, "native_stacks",
-                        lambda pid, native=True: reads.append((pid, native)) or {"unavailable": "no py-spy"})
+    monkeypatch.setattr(
+        evidence, "native_stacks", lambda pid, native=True: reads.append((pid, native)) or {"unavailable": "no py-spy"}
+    )
     tracker = quiet_tracker([facts("stopped"), facts("stopped")])
-    writer = IncidentWriter(None, Config(), 1, 2, HOST, "", answers=None, policy=None, logged=set(),
-                            stopping=threading.Event())
+    writer = IncidentWriter(
+        None, Config(), 1, 2, HOST, "", answers=None, policy=None, logged=set(), stopping=threading.Event()
+    )
     for now in (START + 20.0, START + 21.0):
         silent = tracker.silent_peers(gil_holder_states(), now)
         writer.read_frozen_stacks(silent)

@@ -15,8 +15,15 @@ pytestmark = pytest.mark.timeout(200)
 def _run(args, tmp_path, timeout=180):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("DDPWATCH", None)
-    return subprocess.run([sys.executable, "-m", "ddpwatch"] + args, capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=str(tmp_path), start_new_session=True)
+    return subprocess.run(
+        [sys.executable, "-m", "ddpwatch"] + args,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=str(tmp_path),
+        start_new_session=True,
+    )
 
 
 @pytest.mark.real
@@ -30,7 +37,7 @@ def test_demo_catches_the_seed_stall_and_report_rerenders_it(tmp_path):
     folder = os.path.dirname(report_json)
     # README.md shows this verdict as a real excerpt: it must still be what the demo prints (paths relative to the
     # checkout, wrapping aside, since the absolute path changes where lines break).
-    verdict = done.stderr[done.stderr.index("[ddp_forward_on_subset]"):].split("\n\n")[0]
+    verdict = done.stderr[done.stderr.index("[ddp_forward_on_subset]") :].split("\n\n")[0]
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     shown = readme.split("<!-- docs-test: demo-excerpt -->\n```\n")[1].split("```")[0]
     assert " ".join(shown.split()) == " ".join(verdict.replace(ROOT + os.sep, "").split())
@@ -63,12 +70,19 @@ def test_report_on_a_missing_or_foreign_folder_is_a_clear_error(tmp_path):
 def test_version_prints_the_package_version():
     import ddpwatch
 
-    done = subprocess.run([sys.executable, "-m", "ddpwatch", "--version"], capture_output=True, text=True,
-                          timeout=60, env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpwatch", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        cwd=ROOT,
+    )
     assert (done.returncode, done.stdout, done.stderr) == (0, f"ddpwatch {ddpwatch.__version__}\n", "")
 
 
 # ----- `ddpwatch demo` takes its report directory like every command: defaults < files < env < --dir -----
+
 
 @pytest.fixture
 def demo_dir_used(monkeypatch, tmp_path):
@@ -137,6 +151,10 @@ def _parsers():
 
 
 def test_every_option_of_every_command_has_help():
-    missing = [(name, action.option_strings or action.dest) for name, parser in _parsers()
-               for action in parser._actions if not (action.help or "").strip() and action.dest != "command"]
+    missing = [
+        (name, action.option_strings or action.dest)
+        for name, parser in _parsers()
+        for action in parser._actions
+        if not (action.help or "").strip() and action.dest != "command"
+    ]
     assert missing == []

@@ -22,6 +22,7 @@ def write(folder, name, text):
 
 # ----- each source on its own -----
 
+
 def test_setup_cfg_is_read_literally_without_interpolation(tmp_path):
     write(tmp_path, "setup.cfg", "[ddpwatch]\ndir = /scratch/100%\ntimeout = 7\n")
     cfg = load(environ={}, cwd=str(tmp_path))
@@ -44,12 +45,15 @@ def test_default_section_alone_is_no_ddpwatch_section(tmp_path):
     assert load(environ={}, cwd=str(tmp_path)) == config.Config()
 
 
-@pytest.mark.parametrize("text", [
-    "[ddpwatch]\ntimeout = 5\ntimeout = 6\n",            # duplicate option
-    "[ddpwatch]\ntimeout = 5\n[ddpwatch]\ngrace = 1\n",  # duplicate section
-    "timeout = 5\n[ddpwatch]\ngrace = 3\n",              # no section header above the first line
-    "[ddpwatch]\n  indented continuation\n",               # parsing error
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[ddpwatch]\ntimeout = 5\ntimeout = 6\n",  # duplicate option
+        "[ddpwatch]\ntimeout = 5\n[ddpwatch]\ngrace = 1\n",  # duplicate section
+        "timeout = 5\n[ddpwatch]\ngrace = 3\n",  # no section header above the first line
+        "[ddpwatch]\n  indented continuation\n",  # parsing error
+    ],
+)
 def test_any_setup_cfg_error_is_a_config_error(tmp_path, text):
     setup_cfg = write(tmp_path, "setup.cfg", text)
     with pytest.raises(ConfigError, match="cannot read") as info:
@@ -91,16 +95,56 @@ def test_tomli_is_the_fallback_parser():
 
 
 def test_environment_variable_of_every_option(tmp_path):
-    raw = {"enabled": "yes", "dir": "/r", "timeout": "9", "action": "abort", "grace": "1.5", "interval": "0.25",
-           "dead_after": "4", "ring_size": "16", "exit_code": "9", "lint_ignore": "ddp001", "signals": "off",
-           "user_packages": "mylab, other", "library_packages": "trainkit", "on_incident": "notify hang"}
+    raw = {
+        "enabled": "yes",
+        "dir": "/r",
+        "timeout": "9",
+        "action": "abort",
+        "grace": "1.5",
+        "interval": "0.25",
+        "dead_after": "4",
+        "ring_size": "16",
+        "exit_code": "9",
+        "lint_ignore": "ddp001",
+        "signals": "off",
+        "user_packages": "mylab, other",
+        "library_packages": "trainkit",
+        "on_incident": "notify hang",
+    }
     assert set(raw) == set(config.OPTIONS_BY_NAME), "a new option needs a row here"
     environ = {config.OPTIONS_BY_NAME[name].env_var: value for name, value in raw.items()}
     cfg = load(environ=environ, cwd=str(tmp_path))
-    assert (cfg.enabled, cfg.dir, cfg.timeout, cfg.action, cfg.grace, cfg.interval, cfg.dead_after, cfg.ring_size,
-            cfg.exit_code, cfg.lint_ignore, cfg.signals, cfg.user_packages, cfg.library_packages, cfg.on_incident) == (
-        True, "/r", 9.0, "abort", 1.5, 0.25, 4.0, 16, 9, ("DDP001",), False, ("mylab", "other"), ("trainkit",),
-        "notify hang")
+    assert (
+        cfg.enabled,
+        cfg.dir,
+        cfg.timeout,
+        cfg.action,
+        cfg.grace,
+        cfg.interval,
+        cfg.dead_after,
+        cfg.ring_size,
+        cfg.exit_code,
+        cfg.lint_ignore,
+        cfg.signals,
+        cfg.user_packages,
+        cfg.library_packages,
+        cfg.on_incident,
+    ) == (
+        True,
+        "/r",
+        9.0,
+        "abort",
+        1.5,
+        0.25,
+        4.0,
+        16,
+        9,
+        ("DDP001",),
+        False,
+        ("mylab", "other"),
+        ("trainkit",),
+        "notify hang",
+    )
     assert all(cfg.sources[name] == config.OPTIONS_BY_NAME[name].env_var for name in raw)
 
 
@@ -119,6 +163,7 @@ def test_the_working_directory_is_the_default_cwd(tmp_path, monkeypatch):
 
 # ----- bad values and names -----
 
+
 def test_unknown_override_is_rejected_even_when_its_value_is_none(tmp_path):
     with pytest.raises(ConfigError, match="unknown option.*timout.*guard"):
         load({"timout": None}, environ={}, cwd=str(tmp_path))
@@ -132,16 +177,19 @@ def test_known_override_of_none_means_not_given(tmp_path):
 def test_bad_signals_value(tmp_path, value):
     with pytest.raises(ConfigError) as info:
         load(environ={"DDPWATCH_SIGNALS": value}, cwd=str(tmp_path))
-    assert str(info.value) == (f"ddpwatch: bad value {value!r} for signals (from environment variable "
-                               f"DDPWATCH_SIGNALS): accepted: 1/0, true/false, yes/no, on/off")
+    assert str(info.value) == (
+        f"ddpwatch: bad value {value!r} for signals (from environment variable "
+        f"DDPWATCH_SIGNALS): accepted: 1/0, true/false, yes/no, on/off"
+    )
 
 
 def test_bad_value_in_setup_cfg_names_file_option_value_and_accepted(tmp_path):
     setup_cfg = write(tmp_path, "setup.cfg", "[ddpwatch]\nexit-code = 0\n")
     with pytest.raises(ConfigError) as info:
         load(environ={}, cwd=str(tmp_path))
-    assert str(info.value) == (f"ddpwatch: bad value '0' for exit_code (from {setup_cfg} [ddpwatch]): "
-                               f"accepted: an integer from 1 to 255")
+    assert str(info.value) == (
+        f"ddpwatch: bad value '0' for exit_code (from {setup_cfg} [ddpwatch]): accepted: an integer from 1 to 255"
+    )
 
 
 def test_a_file_error_comes_before_a_good_environment(tmp_path):
@@ -152,6 +200,7 @@ def test_a_file_error_comes_before_a_good_environment(tmp_path):
 
 # ----- names ddpwatch does not know: one warning each, with the nearest real name (issue 13 point 7) -----
 
+
 @pytest.fixture
 def warnings_seen(monkeypatch, caplog):
     """The ddpwatch warnings logged during the test, as text; the once-per-process memory starts empty."""
@@ -160,18 +209,22 @@ def warnings_seen(monkeypatch, caplog):
     return lambda: [r.getMessage() for r in caplog.records if r.name == "ddpwatch"]
 
 
-@pytest.mark.parametrize("name, suggestion", [
-    ("DDPWATCH_TIMOUT", "DDPWATCH_TIMEOUT"),
-    ("DDPWATCH_DEADAFTER", "DDPWATCH_DEAD_AFTER"),
-    ("ddpwatch_grace", "DDPWATCH_GRACE"),  # variable names are case-sensitive
-    ("DDPWATCH_ENABLED", "DDPWATCH"),
-    ("DDPWATCH_REPORT_DIR", "DDPWATCH_DIR"),
-])
+@pytest.mark.parametrize(
+    "name, suggestion",
+    [
+        ("DDPWATCH_TIMOUT", "DDPWATCH_TIMEOUT"),
+        ("DDPWATCH_DEADAFTER", "DDPWATCH_DEAD_AFTER"),
+        ("ddpwatch_grace", "DDPWATCH_GRACE"),  # variable names are case-sensitive
+        ("DDPWATCH_ENABLED", "DDPWATCH"),
+        ("DDPWATCH_REPORT_DIR", "DDPWATCH_DIR"),
+    ],
+)
 def test_a_misspelt_variable_is_a_warning_with_did_you_mean(tmp_path, warnings_seen, name, suggestion):
     cfg = load(environ={name: "5"}, cwd=str(tmp_path))
     assert cfg == config.Config()  # ignored, as before, but no longer silently
-    assert warnings_seen() == [f"ddpwatch: ignoring the environment variable {name}: no such option; "
-                               f"did you mean {suggestion}?"]
+    assert warnings_seen() == [
+        f"ddpwatch: ignoring the environment variable {name}: no such option; did you mean {suggestion}?"
+    ]
 
 
 def test_an_unknown_variable_with_no_near_name_lists_the_known_ones(tmp_path, warnings_seen):
@@ -187,14 +240,27 @@ def test_each_unknown_variable_is_warned_about_once_per_process(tmp_path, warnin
         load(environ=environ, cwd=str(tmp_path))
     assert sorted(warnings_seen()) == [
         "ddpwatch: ignoring the environment variable DDPWATCH_GRCE: no such option; did you mean DDPWATCH_GRACE?",
-        "ddpwatch: ignoring the environment variable DDPWATCH_TIMOUT: no such option; "
-        "did you mean DDPWATCH_TIMEOUT?"]
+        "ddpwatch: ignoring the environment variable DDPWATCH_TIMOUT: no such option; did you mean DDPWATCH_TIMEOUT?",
+    ]
 
 
 def test_known_and_unrelated_variables_give_no_warning(tmp_path, warnings_seen):
-    raw = {"enabled": "0", "dir": "/tmp", "timeout": "300", "action": "report", "grace": "2", "interval": "0.5",
-           "dead_after": "10", "ring_size": "64", "exit_code": "3", "lint_ignore": "", "signals": "1",
-           "user_packages": "mylab", "library_packages": "", "on_incident": ""}
+    raw = {
+        "enabled": "0",
+        "dir": "/tmp",
+        "timeout": "300",
+        "action": "report",
+        "grace": "2",
+        "interval": "0.5",
+        "dead_after": "10",
+        "ring_size": "64",
+        "exit_code": "3",
+        "lint_ignore": "",
+        "signals": "1",
+        "user_packages": "mylab",
+        "library_packages": "",
+        "on_incident": "",
+    }
     assert set(raw) == set(config.OPTIONS_BY_NAME), "a new option needs a value here"
     environ = {config.OPTIONS_BY_NAME[name].env_var: value for name, value in raw.items()}
     environ.update({"DDPWATCHX": "1", "MY_DDPWATCH_TIMEOUT": "1", "PATH": "/bin"})
@@ -207,27 +273,33 @@ def test_the_warning_reaches_stderr_once_in_a_real_process(tmp_path):
     code = "import ddpwatch.config as c; c.load(); c.load(); print('RAN')"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDPWATCH")}
     env.update(PYTHONPATH=ROOT, DDPWATCH_TIMOUT="5")
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=str(tmp_path), capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and done.stdout == "RAN\n", done.stderr
-    assert done.stderr == ("ddpwatch: ignoring the environment variable DDPWATCH_TIMOUT: no such option; "
-                           "did you mean DDPWATCH_TIMEOUT?\n")
+    assert done.stderr == (
+        "ddpwatch: ignoring the environment variable DDPWATCH_TIMOUT: no such option; did you mean DDPWATCH_TIMEOUT?\n"
+    )
 
 
-@pytest.mark.parametrize("file, text, found, meant", [
-    ("setup.cfg", "[DDPWATCH]\ntimeout = 5\n", "DDPWATCH", "ddpwatch"),
-    ("setup.cfg", "[tool:ddpwatch]\ntimeout = 5\n", "tool:ddpwatch", "ddpwatch"),
-    ("pyproject.toml", "[tool.DDPWATCH]\ntimeout = 5\n", "tool.DDPWATCH", "tool.ddpwatch"),
-    ("pyproject.toml", "[DDPWatch]\ntimeout = 5\n", "DDPWatch", "tool.ddpwatch"),
-    ("pyproject.toml", "[ddpwatch]\ntimeout = 5\n", "ddpwatch", "tool.ddpwatch"),
-    ("pyproject.toml", "[Tool.ddpwatch]\ntimeout = 5\n", "Tool.ddpwatch", "tool.ddpwatch"),
-])
+@pytest.mark.parametrize(
+    "file, text, found, meant",
+    [
+        ("setup.cfg", "[DDPWATCH]\ntimeout = 5\n", "DDPWATCH", "ddpwatch"),
+        ("setup.cfg", "[tool:ddpwatch]\ntimeout = 5\n", "tool:ddpwatch", "ddpwatch"),
+        ("pyproject.toml", "[tool.DDPWATCH]\ntimeout = 5\n", "tool.DDPWATCH", "tool.ddpwatch"),
+        ("pyproject.toml", "[DDPWatch]\ntimeout = 5\n", "DDPWatch", "tool.ddpwatch"),
+        ("pyproject.toml", "[ddpwatch]\ntimeout = 5\n", "ddpwatch", "tool.ddpwatch"),
+        ("pyproject.toml", "[Tool.ddpwatch]\ntimeout = 5\n", "Tool.ddpwatch", "tool.ddpwatch"),
+    ],
+)
 def test_a_section_in_the_wrong_case_or_place_is_a_warning(tmp_path, warnings_seen, file, text, found, meant):
     path = write(tmp_path, file, text)
     assert load(environ={}, cwd=str(tmp_path)).timeout == 300.0
     load(environ={}, cwd=str(tmp_path))
-    assert warnings_seen() == [f"ddpwatch: ignoring [{found}] in {path}: section names are case-sensitive; "
-                               f"did you mean [{meant}]?"]
+    assert warnings_seen() == [
+        f"ddpwatch: ignoring [{found}] in {path}: section names are case-sensitive; did you mean [{meant}]?"
+    ]
 
 
 def test_a_right_section_next_to_a_wrong_one_is_read_and_the_wrong_one_warned_about(tmp_path, warnings_seen):
@@ -244,13 +316,17 @@ def test_a_misspelt_key_inside_the_section_stays_an_error_and_suggests_the_name(
 
 # ----- a file that cannot be parsed is ddpwatch's problem only if it holds ddpwatch settings -----
 
-@pytest.mark.parametrize("file, text", [
-    ("pyproject.toml", "[project\nname = 'x'\n"),
-    ("pyproject.toml", "[project]\nname = 'x'\nname = 'y'\n"),
-    ("pyproject.toml", "[project]\ndependencies = ['ddpwatch', 'torch'\n"),  # names ddpwatch, not a section of it
-    ("setup.cfg", "name = x\n[metadata]\n"),
-    ("setup.cfg", "[metadata]\nname = x\nname = y\n"),
-])
+
+@pytest.mark.parametrize(
+    "file, text",
+    [
+        ("pyproject.toml", "[project\nname = 'x'\n"),
+        ("pyproject.toml", "[project]\nname = 'x'\nname = 'y'\n"),
+        ("pyproject.toml", "[project]\ndependencies = ['ddpwatch', 'torch'\n"),  # names ddpwatch, not a section of it
+        ("setup.cfg", "name = x\n[metadata]\n"),
+        ("setup.cfg", "[metadata]\nname = x\nname = y\n"),
+    ],
+)
 def test_an_unrelated_file_that_cannot_be_parsed_is_ignored(tmp_path, warnings_seen, file, text):
     write(tmp_path, file, text)
     assert load(environ={"DDPWATCH_TIMEOUT": "9"}, cwd=str(tmp_path)).timeout == 9.0
@@ -263,15 +339,18 @@ def test_an_unrelated_file_that_is_not_utf8_is_ignored(tmp_path):
     assert load(environ={}, cwd=str(tmp_path)) == config.Config()
 
 
-@pytest.mark.parametrize("file, text", [
-    ("pyproject.toml", "[tool.ddpwatch]\ntimeout = 5\n[project\n"),
-    ("pyproject.toml", "[project\n[tool.ddpwatch]\ntimeout = 5\n"),
-    ("pyproject.toml", "tool.ddpwatch.timeout = 5\n[[broken\n"),
-    ("pyproject.toml", "[tool]\nddpwatch = { timeout = 5 \n"),
-    ("pyproject.toml", "[tool.DDPWATCH]\ntimeout = 5\n[project\n"),
-    ("setup.cfg", "name = x\n[ddpwatch]\ntimeout = 5\n"),
-    ("setup.cfg", "[metadata]\nname = x\nname = y\n[ddpwatch]\ntimeout = 5\n"),
-])
+@pytest.mark.parametrize(
+    "file, text",
+    [
+        ("pyproject.toml", "[tool.ddpwatch]\ntimeout = 5\n[project\n"),
+        ("pyproject.toml", "[project\n[tool.ddpwatch]\ntimeout = 5\n"),
+        ("pyproject.toml", "tool.ddpwatch.timeout = 5\n[[broken\n"),
+        ("pyproject.toml", "[tool]\nddpwatch = { timeout = 5 \n"),
+        ("pyproject.toml", "[tool.DDPWATCH]\ntimeout = 5\n[project\n"),
+        ("setup.cfg", "name = x\n[ddpwatch]\ntimeout = 5\n"),
+        ("setup.cfg", "[metadata]\nname = x\nname = y\n[ddpwatch]\ntimeout = 5\n"),
+    ],
+)
 def test_a_file_with_ddpwatch_settings_that_cannot_be_parsed_is_an_error(tmp_path, file, text):
     path = write(tmp_path, file, text)
     with pytest.raises(ConfigError, match=f"cannot read {re.escape(path)}, which holds ddpwatch settings: "):
@@ -290,12 +369,19 @@ def activation_env(**extra):
 @pytest.mark.real
 def test_every_python_process_still_runs_under_ddpwatch_1_next_to_a_broken_unrelated_pyproject(tmp_path):
     write(tmp_path, "pyproject.toml", "[project\nname = 'x'\n")
-    done = subprocess.run([sys.executable, "-c", "import ddpwatch.bootstrap as b; print('RAN', bool(b.activated_by))"],
-                          env=activation_env(), cwd=str(tmp_path), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", "import ddpwatch.bootstrap as b; print('RAN', bool(b.activated_by))"],
+        env=activation_env(),
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (done.returncode, done.stdout, done.stderr) == (0, "RAN True\n", "")
 
 
 # ----- helpers used by activation -----
+
 
 def test_is_enabled_in_defaults_to_os_environ(monkeypatch):
     monkeypatch.setenv("DDPWATCH", "yes")
@@ -305,8 +391,9 @@ def test_is_enabled_in_defaults_to_os_environ(monkeypatch):
 
 
 def test_activation_environ_puts_the_bootstrap_first_once():
-    env = config.activation_environ("/boot", {"PYTHONPATH": "/a" + os.pathsep + "/boot" + os.pathsep, "X": "1",
-                                              "DDPWATCH": "0"})
+    env = config.activation_environ(
+        "/boot", {"PYTHONPATH": "/a" + os.pathsep + "/boot" + os.pathsep, "X": "1", "DDPWATCH": "0"}
+    )
     assert env["PYTHONPATH"] == "/boot" + os.pathsep + "/a"
     assert env["DDPWATCH"] == "1" and env["X"] == "1"
     assert config.activation_environ("/boot", {})["PYTHONPATH"] == "/boot"
@@ -326,6 +413,7 @@ def test_rendezvous_address():
 
 # ----- the documentation -----
 
+
 def test_every_option_is_documented_with_its_variable_and_default():
     with open(os.path.join(ROOT, "docs", "configuration.md"), encoding="utf-8") as handle:
         rows = {line.split("|")[1].strip().strip("`"): line for line in handle if line.startswith("| `")}
@@ -334,6 +422,9 @@ def test_every_option_is_documented_with_its_variable_and_default():
         row = [cell.strip().strip("`") for cell in rows[option.name].split("|")[1:-1]]
         assert row[1] == option.env_var
         default = option.default
-        shown = {False: "off", True: "on", (): "none", None: "none"}.get(default, default) \
-            if not isinstance(default, (int, float)) or isinstance(default, bool) else f"{default:g}"
+        shown = (
+            {False: "off", True: "on", (): "none", None: "none"}.get(default, default)
+            if not isinstance(default, (int, float)) or isinstance(default, bool)
+            else f"{default:g}"
+        )
         assert row[2] == str(shown), (option.name, row[2], shown)

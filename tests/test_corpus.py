@@ -57,8 +57,18 @@ BENIGN = os.path.join(score.CASES_DIR, "52_benign_ddp_join_uneven.py")
 
 
 def report(kind, ranks, line, fix, file=CASE, created_at=100.0):
-    return {"created_at": created_at, "findings": [{"kind": kind, "ranks": ranks, "summary": "...", "fix": fix,
-                                                    "location": {"file": file, "line": line, "function": "main"}}]}
+    return {
+        "created_at": created_at,
+        "findings": [
+            {
+                "kind": kind,
+                "ranks": ranks,
+                "summary": "...",
+                "fix": fix,
+                "location": {"file": file, "line": line, "function": "main"},
+            }
+        ],
+    }
 
 
 def test_a_hit_scores_every_check_and_the_latency():
@@ -73,8 +83,9 @@ def test_a_hit_scores_every_check_and_the_latency():
 
 def test_a_miss_says_what_ddpwatch_said_instead():
     expect = score.load_expect(CASE)
-    got = report("uneven_inputs", [1], 60, "Give every rank the same number of batches: " + "x" * 200,
-                 file="/elsewhere/train.py")
+    got = report(
+        "uneven_inputs", [1], 60, "Give every rank the same number of batches: " + "x" * 200, file="/elsewhere/train.py"
+    )
     row = score.score(expect, CASE, got, [3, 3], mark=None)
     assert (row["kind"], row["ranks"], row["line"], row["fix"]) == (False, False, False, False)
     assert row["latency"] is None
@@ -98,8 +109,11 @@ def test_a_benign_case_with_a_report_or_a_failed_rank_is_a_false_alarm():
 
 
 def test_the_last_mark_is_the_latest_rank_s_last_one():
-    stderr = ["DDPWATCH-MARK hang-forms 10.500\nother\nDDPWATCH-MARK hang-forms 12.000\n",
-              "noise\nDDPWATCH-MARK hang-forms 11.250\n", ""]
+    stderr = [
+        "DDPWATCH-MARK hang-forms 10.500\nother\nDDPWATCH-MARK hang-forms 12.000\n",
+        "noise\nDDPWATCH-MARK hang-forms 11.250\n",
+        "",
+    ]
     assert score.last_mark(stderr) == 12.0
     assert score.last_mark(["nothing here", None]) is None
 
@@ -116,6 +130,7 @@ def test_the_table_prints_every_case_and_the_totals():
 
 
 # ---------------------------------------------------------------- one real run (processes, up to 60 s)
+
 
 @pytest.mark.real
 @pytest.mark.timeout(120)

@@ -39,9 +39,15 @@ def _limit_memory():
 
 def report_cli(*argv, timeout=120):
     """`ddpwatch report ARGV` in a subprocess with at most 3 GiB of address space."""
-    return subprocess.run([sys.executable, "-m", "ddpwatch", "report", *map(str, argv)], capture_output=True,
-                          text=True, timeout=timeout, cwd=ROOT, preexec_fn=_limit_memory,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "ddpwatch", "report", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        preexec_fn=_limit_memory,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
 
 
 def assert_one_line_error(done_run, *expected):
@@ -67,6 +73,7 @@ def write_json(path, doc, text=None):
 
 
 # ---------------------------------------------------------------- report.json and rank files
+
 
 def broken_incidents():
     def finding_without_ranks(doc):
@@ -99,8 +106,18 @@ def broken_incidents():
     def row_junk(doc):
         doc["findings"][0]["evidence"]["mismatched"] = [{"ranks": "0"}]
 
-    return [finding_without_ranks, junk_stacks, junk_frames, junk_inflight, record_without_op, string_rank,
-            rank_outside_the_world, huge_time, huge_world, row_junk]
+    return [
+        finding_without_ranks,
+        junk_stacks,
+        junk_frames,
+        junk_inflight,
+        record_without_op,
+        string_rank,
+        rank_outside_the_world,
+        huge_time,
+        huge_world,
+        row_junk,
+    ]
 
 
 @pytest.mark.real
@@ -177,8 +194,9 @@ def test_the_largest_accepted_rank_still_renders_as_html(tmp_path):
     """At the record limit the page is still made in one pass (the lookup per box used to be linear)."""
     doc = seed_incident()
     template = doc["ranks"][0]["recent"][0]
-    doc["ranks"][0]["recent"] = [dict(template, seq=seq, start=1_700_000_000.0 + seq)
-                                 for seq in range(validate.MAX_RECORDS - 5)]
+    doc["ranks"][0]["recent"] = [
+        dict(template, seq=seq, start=1_700_000_000.0 + seq) for seq in range(validate.MAX_RECORDS - 5)
+    ]
     path = write_json(tmp_path / "report.json", doc)
     done_run = report_cli(path, "--format", "html", "-o", tmp_path / "out.html", timeout=240)
     assert done_run.returncode == 0, done_run.stderr[-3000:]
@@ -201,6 +219,7 @@ def test_what_ddpwatch_writes_passes_the_schema(tmp_path):
 
 
 # ---------------------------------------------------------------- Flight Recorder dumps
+
 
 class Reduce:
     """Pickles as a call of `func(*args)`: how a crafted dump makes the unpickler call an allowed builtin."""
@@ -242,14 +261,18 @@ def test_a_pickle_sharing_one_entry_a_million_times_is_refused(tmp_path):
 
 
 @pytest.mark.real
-@pytest.mark.parametrize("data", [
-    b"\x80\x02c__builtin__\nbytes\nJ\x00\x00\x00\x7f\x85R.",           # bytes(2130706432)
-    b"\x80\x02c__builtin__\nstr\nJ\x00\x00\x00\x7f\x85R.",             # not an allocation, still not data
-    b"\x80\x04\x95\xff\xff\xff\xff\xff\xff\xff\x7f}.",                   # a frame claiming 2**63 bytes
-    b"\x80\x04\x8c\x04evil\x8c\x04name\x93.",                            # STACK_GLOBAL of a foreign name
-    b"\x80\x02]q\xffh\xff\x85.",                                         # memo use: plain, but not a dump
-    b"\x80\x04\x8c\x01a\x94\x8c\x01b\x94h\x00\x81.",                       # NEWOBJ on a string
-], ids=["bytes", "str", "frame", "stack_global", "memo", "newobj"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x80\x02c__builtin__\nbytes\nJ\x00\x00\x00\x7f\x85R.",  # bytes(2130706432)
+        b"\x80\x02c__builtin__\nstr\nJ\x00\x00\x00\x7f\x85R.",  # not an allocation, still not data
+        b"\x80\x04\x95\xff\xff\xff\xff\xff\xff\xff\x7f}.",  # a frame claiming 2**63 bytes
+        b"\x80\x04\x8c\x04evil\x8c\x04name\x93.",  # STACK_GLOBAL of a foreign name
+        b"\x80\x02]q\xffh\xff\x85.",  # memo use: plain, but not a dump
+        b"\x80\x04\x8c\x01a\x94\x8c\x01b\x94h\x00\x81.",  # NEWOBJ on a string
+    ],
+    ids=["bytes", "str", "frame", "stack_global", "memo", "newobj"],
+)
 def test_crafted_pickle_opcodes_end_in_one_line(tmp_path, data):
     folder = fr_folder(tmp_path, data)
     assert_one_line_error(report_cli("--flight-recorder", folder), str(folder))
@@ -263,8 +286,12 @@ def test_the_spellings_torch_writes_pass_the_checks(tmp_path, kind):
         dump["nccl_comm_state"] = {}
         dump["pg_status"]["0"] = {k: str(v) for k, v in dump["pg_status"]["0"].items()}
         for entry in dump["entries"]:
-            entry.update(process_group=tuple(entry["process_group"]), thread_id="139766887193472",
-                         time_discovered_completed_ns=0, output_sizes=[[4]])
+            entry.update(
+                process_group=tuple(entry["process_group"]),
+                thread_id="139766887193472",
+                time_discovered_completed_ns=0,
+                output_sizes=[[4]],
+            )
     incident_doc = fr.load_incident([str(write_dumps(tmp_path / "fr", dumps, kind))])
     assert [f["ranks"] for f in incident_doc["findings"]] == [[0]]
 
@@ -302,12 +329,27 @@ def test_a_nan_in_a_json_dump_is_refused(tmp_path):
 # ---------------------------------------------------------------- fuzz: mutated documents through every loader
 
 JUNK = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
-    st.sampled_from(['0"><script>x</script>', "", "-1", "nan", "0-1000000000", "\x1b[2J\u202e\x00", "x" * 300_000,
-                     "ranks 0-99999999999,1,2,3,4,5,6,7,8,9,10,11,12"]),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(
+        [
+            '0"><script>x</script>',
+            "",
+            "-1",
+            "nan",
+            "0-1000000000",
+            "\x1b[2J\u202e\x00",
+            "x" * 300_000,
+            "ranks 0-99999999999,1,2,3,4,5,6,7,8,9,10,11,12",
+        ]
+    ),
     st.lists(st.integers(min_value=-3, max_value=10**12), max_size=3),
-    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2), st.just([[[[]]]]), st.just({"": None}),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+    st.just([[[[]]]]),
+    st.just({"": None}),
 )
 
 
@@ -358,15 +400,15 @@ def loads_or_format_error(load):
 
 # Examples per loader from the Hypothesis profile (tests/conftest.py): 100 by default (about a second each here),
 # `--hypothesis-profile=long` (5000) for a longer hunt by hand.
-FUZZ = settings(deadline=None, database=None,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 
 @FUZZ
 @given(st.data())
 def test_fuzz_report_json(tmp_path_factory, data):
-    path = write_json(tmp_path_factory.mktemp("inc") / "report.json", None,
-                      json.dumps(mutate(data, seed_incident()), allow_nan=True))
+    path = write_json(
+        tmp_path_factory.mktemp("inc") / "report.json", None, json.dumps(mutate(data, seed_incident()), allow_nan=True)
+    )
     loads_or_format_error(lambda: report_command.build_incident(_Args([str(path)], reanalyze=data.draw(st.booleans()))))
 
 
@@ -376,9 +418,13 @@ def test_fuzz_rank_files(tmp_path_factory, data):
     folder = tmp_path_factory.mktemp("ranks")
     for state in seed_states(2).values():
         state = mutate(data, state) if data.draw(st.booleans()) else state
-        write_json(folder / f"rank-{state.get('rank') if isinstance(state.get('rank'), int) else 0}-x"
-                   / f"rank-{state['rank'] if isinstance(state.get('rank'), int) else 1}.json", None,
-                   json.dumps(state, allow_nan=True))
+        write_json(
+            folder
+            / f"rank-{state.get('rank') if isinstance(state.get('rank'), int) else 0}-x"
+            / f"rank-{state['rank'] if isinstance(state.get('rank'), int) else 1}.json",
+            None,
+            json.dumps(state, allow_nan=True),
+        )
     loads_or_format_error(lambda: merge.merged_incident([str(folder)]))
 
 
@@ -391,8 +437,11 @@ def test_fuzz_flight_recorder_dumps(tmp_path_factory, data):
     for rank, dump in dumps.items():
         path = folder / f"fr_trace_{rank}"
         try:
-            path.write_bytes(pickle.dumps(dump, protocol=data.draw(st.integers(2, 5))) if kind == "pickle"
-                             else json.dumps(dump, allow_nan=True).encode())
+            path.write_bytes(
+                pickle.dumps(dump, protocol=data.draw(st.integers(2, 5)))
+                if kind == "pickle"
+                else json.dumps(dump, allow_nan=True).encode()
+            )
         except (TypeError, ValueError):
             return  # junk JSON cannot hold (a dict with non-string keys in a JSON dump)
         os.utime(path, (NOW_NS / 1e9, NOW_NS / 1e9))

@@ -26,6 +26,7 @@ def only(trace):
 
 # ---------------------------------------------------------------- a decision on a rank-local value
 
+
 def test_early_stopping_on_a_local_loss_names_the_rank_that_broke_the_break_and_its_condition():
     f = only(F.trace_early_stop())
     assert (f["kind"], f["ranks"]) == ("local_decision", [0])  # not rank 1, which still trains as it should
@@ -92,8 +93,9 @@ RETURN_AT_THE_END_SOURCE = """def train(model, data):
 
 
 def test_a_short_last_epoch_after_equal_epochs_is_a_decision_equal_short_epochs_are_uneven_data():
-    decided = F.trace_early_stop(epochs=((2, [4, 2]), (2, [4, 3])), source=RETURN_AT_THE_END_SOURCE,
-                                 after=("main.py", 31, "main"))  # returned from train(): in main() now
+    decided = F.trace_early_stop(
+        epochs=((2, [4, 2]), (2, [4, 3])), source=RETURN_AT_THE_END_SOURCE, after=("main.py", 31, "main")
+    )  # returned from train(): in main() now
     f = only(decided)
     assert (f["kind"], f["ranks"], f["location"]["line"]) == ("local_decision", [0], 7)
     assert f["evidence"]["departure"]["proof"]["rule"] == "short_last_epoch"
@@ -104,6 +106,7 @@ def test_a_short_last_epoch_after_equal_epochs_is_a_decision_equal_short_epochs_
 
 
 # ---------------------------------------------------------------- an exception caught on one rank
+
 
 def test_a_caught_exception_names_the_rank_the_except_line_and_what_it_skipped():
     f = only(F.trace_caught_exception())
@@ -134,9 +137,11 @@ def test_an_except_pass_around_forward_and_backward_skips_backward_too():
 
 # ---------------------------------------------------------------- what stays as it was
 
+
 def test_a_loop_without_an_exit_ran_out_of_data_and_stays_uneven_inputs():
-    source = F.EARLY_STOP_SOURCE.replace("        if stopper.should_stop(local_val_loss()):\n            break\n",
-                                         "        pass\n        pass\n")
+    source = F.EARLY_STOP_SOURCE.replace(
+        "        if stopper.should_stop(local_val_loss()):\n            break\n", "        pass\n        pass\n"
+    )
     f = only(F.trace_early_stop(source=source))
     assert (f["kind"], f["ranks"]) == ("uneven_inputs", [1])
 
@@ -151,8 +156,10 @@ def test_a_break_under_a_rank_condition_is_left_to_the_rank_condition_rules():
     source = F.EARLY_STOP_SOURCE.replace("if stopper.should_stop(local_val_loss()):", "if rank == 0 and epoch == 1:")
     assert only(F.trace_early_stop(source=source))["kind"] == "uneven_inputs"
     trace = F.trace_caught_exception()
-    trace.states[0]["rank_condition"] = {"frame": F.as_site(("train.py", 7, "train")),
-                                         "condition": {"line": 2, "text": "if rank == 0:", "kind": "if"}}
+    trace.states[0]["rank_condition"] = {
+        "frame": F.as_site(("train.py", 7, "train")),
+        "condition": {"line": 2, "text": "if rank == 0:", "kind": "if"},
+    }
     assert only(trace)["kind"] != "caught_exception"
 
 
@@ -176,6 +183,7 @@ def test_when_every_rank_departs_from_its_history_none_is_named():
 
 # ---------------------------------------------------------------- a saved report says the same
 
+
 def test_a_saved_report_validates_reanalyses_to_the_same_finding_and_renders():
     trace = F.trace_early_stop()
     built = worded_incident(incident.build(trace.states, 2, GRACE, TIMEOUT_S, run_id="r"))
@@ -183,7 +191,8 @@ def test_a_saved_report_validates_reanalyses_to_the_same_finding_and_renders():
     validate.incident(read_back, "report.json")
     again = incident.reanalyze(read_back)
     assert [(f["kind"], f["ranks"], f["location"]) for f in again["findings"]] == [
-        ("local_decision", [0], {"file": "/u/train.py", "line": 7, "function": "train"})]
+        ("local_decision", [0], {"file": "/u/train.py", "line": 7, "function": "train"})
+    ]
     text = render_text(F.incident(trace.states, again["findings"]))
     assert "[local_decision] culprit: rank 0 at train.py:7" in text
 
@@ -200,11 +209,14 @@ def test_source_readings_and_epochs_in_another_shape_are_ignored_not_an_error():
 
 # ---------------------------------------------------------------- loops that run as many iterations on every rank
 
+
 def test_a_break_out_of_loops_over_range_of_constants_is_a_decision_without_a_dataloader():
     f = only(F.trace_counted_early_stop())
     assert (f["kind"], f["ranks"], f["location"]["line"]) == ("local_decision", [0], 7)
-    assert f["evidence"]["departure"]["proof"] == {"rule": "counted",
-                                                   "loops": ["for step in range(8):", "for epoch in range(EPOCHS):"]}
+    assert f["evidence"]["departure"]["proof"] == {
+        "rule": "counted",
+        "loops": ["for step in range(8):", "for epoch in range(EPOCHS):"],
+    }
     assert "`for step in range(8):`, `for epoch in range(EPOCHS):` run as many iterations on every rank" in f["summary"]
 
 
@@ -212,9 +224,10 @@ def test_a_loop_over_a_length_or_with_a_skip_as_well_as_the_break_proves_nothing
     data_sized = F.COUNTED_STOP_SOURCE.replace("range(8)", "range(len(data))")
     assert only(F.trace_counted_early_stop(data_sized))["kind"] == "uneven_inputs"
     # a continue could have skipped iterations just as well: which one it took, the loops do not say
-    skipping = F.COUNTED_STOP_SOURCE.replace("            loss.backward()\n",
-                                             "            if loss.isnan():\n                continue\n"
-                                             "            loss.backward()\n")
+    skipping = F.COUNTED_STOP_SOURCE.replace(
+        "            loss.backward()\n",
+        "            if loss.isnan():\n                continue\n            loss.backward()\n",
+    )
     trace = F.trace_early_stop(epochs=(None, None), source=skipping, step=7, after=("train.py", 10, "train"))
     assert only(trace)["kind"] == "uneven_inputs"
 
@@ -244,17 +257,24 @@ def test_dataloaders_of_equal_length_in_the_same_epoch_prove_it_as_counted_loops
     assert (f["kind"], f["ranks"], f["location"]["line"]) == ("caught_exception", [1], 6)
     assert f["evidence"]["departure"]["proof"] == {"rule": "equal_lengths", "length": 4, "epochs": 1, "skipped": True}
     assert "every rank's DataLoader has 4 batches per epoch and every rank is in epoch 1" in f["summary"]
-    for uneven in (((1, [3], {"length": 3}), (1, [4], {"length": 4})), ((1, [3], {}), (1, [4], {})),
-                   ((2, [4, 3], {"length": 4}), (1, [4], {"length": 4}))):
+    for uneven in (
+        ((1, [3], {"length": 3}), (1, [4], {"length": 4})),
+        ((1, [3], {}), (1, [4], {})),
+        ((2, [4, 3], {"length": 4}), (1, [4], {"length": 4})),
+    ):
         assert only(F.trace_skipped_iteration(over_data, epochs=uneven))["kind"] == "uneven_inputs", uneven
 
 
 # ---------------------------------------------------------------- an except handler that talks to the others
 
+
 def test_a_rank_in_an_except_handler_whose_try_holds_the_others_caught_an_exception_no_history_needed():
     f = only(F.trace_handler_collective())
     assert (f["kind"], f["ranks"], f["location"]) == (
-        "caught_exception", [1], {"file": "/u/train.py", "line": 15, "function": "main"})
+        "caught_exception",
+        [1],
+        {"file": "/u/train.py", "line": 15, "function": "main"},
+    )
     assert f["evidence"]["departure"]["proof"] == {"rule": "in_handler", "try": 13, "at": 17, "others_at": 14}
     assert "raised on rank 1 only, in the try at train.py:13" in f["summary"]
     assert "still in the try's body" in f["summary"]
@@ -263,15 +283,19 @@ def test_a_rank_in_an_except_handler_whose_try_holds_the_others_caught_an_except
 
 def test_a_handler_rank_under_a_rank_condition_or_ranks_in_the_same_place_are_not_named():
     trace = F.trace_handler_collective(F.HANDLER_SOURCE.replace("    except Exception:\n", "    except Exception:\n"))
-    trace.states[1]["rank_condition"] = {"frame": F.as_site(("train.py", 9, "save_checkpoint")),
-                                         "condition": {"line": 8, "text": "if rank == 1:", "kind": "if"}}
+    trace.states[1]["rank_condition"] = {
+        "frame": F.as_site(("train.py", 9, "save_checkpoint")),
+        "condition": {"line": 8, "text": "if rank == 1:", "kind": "if"},
+    }
     assert only(trace)["kind"] != "caught_exception"
-    body = F.trace_handler_collective(F.HANDLER_SOURCE.replace("    try:\n", "    if True:\n").replace(
-        "    except Exception:\n", "    else:\n"))
+    body = F.trace_handler_collective(
+        F.HANDLER_SOURCE.replace("    try:\n", "    if True:\n").replace("    except Exception:\n", "    else:\n")
+    )
     assert only(body)["kind"] != "caught_exception"
 
 
 # ---------------------------------------------------------------- the others went past the call a rank stands in
+
 
 def test_ranks_back_in_the_loop_went_past_the_call_the_others_stand_in_and_returned_before_its_collective():
     f = only(F.trace_passed_by())
@@ -279,8 +303,13 @@ def test_ranks_back_in_the_loop_went_past_the_call_the_others_stand_in_and_retur
     assert f["location"] == {"file": "/u/train.py", "line": 3, "function": "compute_epoch_metrics"}
     departure = f["evidence"]["departure"]
     assert departure["condition"]["text"] == "if len(targets) == 0:"
-    assert departure["proof"] == {"rule": "passed_by", "by": "counted", "loops": ["for _ in range(3):"], "at": 12,
-                                  "call": 4}
+    assert departure["proof"] == {
+        "rule": "passed_by",
+        "by": "counted",
+        "loops": ["for _ in range(3):"],
+        "at": 12,
+        "call": 4,
+    }
     assert "returned from compute_epoch_metrics() before the collective at train.py:4" in f["summary"]
     assert "Rank 0 stands in the call made at train.py:12, which rank 1 went past" in f["summary"]
 
@@ -293,8 +322,9 @@ def test_passing_by_needs_the_loops_before_the_call_to_run_as_many_iterations():
     assert (f["kind"], f["ranks"], f["location"]["line"]) == ("local_decision", [1], 3)
     assert f["evidence"]["departure"]["proof"]["by"] == "began_more"
     assert "rank 1 began epoch 2, rank 0 did not" in f["summary"]
-    two_returns = F.PASSED_BY_SOURCE.replace("    return {\"iou\"",
-                                             "    if not ready(metric):\n        return {}\n    return {\"iou\"")
+    two_returns = F.PASSED_BY_SOURCE.replace(
+        '    return {"iou"', '    if not ready(metric):\n        return {}\n    return {"iou"'
+    )
     assert only(F.trace_passed_by(two_returns))["kind"] != "local_decision"
 
 
@@ -320,8 +350,9 @@ def test_an_exit_on_what_a_helper_returned_is_located_at_the_helpers_return_with
     trace = F.trace_caught_exception(HELPER_SOURCE, forward_line=2, backward_line=13)
     for state in trace.states.values():  # the helper's frame under train()'s call, as a real stack has it
         state["code"].update(F.code_of(HELPER_SOURCE, (10,)))
-    trace.states[1]["stacks"] = [F.main_stack(("main.py", 30, "main"), ("train.py", 10, "train"),
-                                              ("train.py", 2, "training_step"))]
+    trace.states[1]["stacks"] = [
+        F.main_stack(("main.py", 30, "main"), ("train.py", 10, "train"), ("train.py", 2, "training_step"))
+    ]
     f = only(trace)
     assert (f["kind"], f["ranks"]) == ("local_decision", [1])
     assert f["location"] == {"file": "/u/train.py", "line": 4, "function": "training_step"}
@@ -334,6 +365,7 @@ def test_an_exit_on_what_a_helper_returned_is_located_at_the_helpers_return_with
 
 
 # ---------------------------------------------------------------- a departed rank that exited
+
 
 def test_a_rank_that_left_the_loop_by_a_decision_and_exited_is_named_as_departed_not_as_skipping():
     f = only(F.trace_exited_after_early_stop())
@@ -354,8 +386,15 @@ def test_a_departed_rank_that_went_on_through_a_collective_the_others_never_join
 
 def test_passing_by_needs_no_repeated_move_only_the_same_calls_behind_every_rank():
     trace = F.trace_passed_by()
-    rebuild = F.rec(1, "broadcast", api="Reducer._rebuild_buckets", site=F.DDP_INTERNAL_SITE,
-                    region=F.ddp_region(("train.py", 10, "main")), state="completed", age=30.0)
+    rebuild = F.rec(
+        1,
+        "broadcast",
+        api="Reducer._rebuild_buckets",
+        site=F.DDP_INTERNAL_SITE,
+        region=F.ddp_region(("train.py", 10, "main")),
+        state="completed",
+        age=30.0,
+    )
     for state in trace.states.values():  # DDP's bucket rebuild after the first step: no move made twice yet
         state["recent"] = [state["recent"][0], rebuild, state["recent"][2]]
     f = only(trace)

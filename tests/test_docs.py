@@ -35,8 +35,15 @@ def tagged(tag):
 
 def run_shell(line, cwd, env, timeout=120):
     """One README command line through bash, in its own process group, killed whole at the limit."""
-    proc = subprocess.Popen(["bash", "-c", line], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", "-c", line],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -116,8 +123,10 @@ def test_readme_zero_code_command_catches_an_unmodified_script_and_report_rerend
     for line in tagged("report").strip().splitlines():
         code, out, err = run_shell(line, tmp_path, user_env(tmp_path), timeout=60)
         assert code == 0, (line, err)
-    assert "[ddp_forward_on_subset] culprit: rank 0 at train.py:" in run_shell(
-        tagged("report").splitlines()[0], tmp_path, user_env(tmp_path), timeout=60)[1]
+    assert (
+        "[ddp_forward_on_subset] culprit: rank 0 at train.py:"
+        in run_shell(tagged("report").splitlines()[0], tmp_path, user_env(tmp_path), timeout=60)[1]
+    )
     assert (tmp_path / "incident.html").read_text().startswith("<!DOCTYPE html>")
 
 
@@ -125,8 +134,11 @@ def test_readme_zero_code_command_catches_an_unmodified_script_and_report_rerend
 @pytest.mark.timeout(200)
 def test_readme_guard_example_runs_clean(tmp_path):
     (tmp_path / "train.py").write_text(tagged("guard"))
-    code, out, err = run_shell(f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone "
-                               "--nproc-per-node 2 train.py", tmp_path, user_env(tmp_path))
+    code, out, err = run_shell(
+        f"{shlex.quote(sys.executable)} -m torch.distributed.run --standalone --nproc-per-node 2 train.py",
+        tmp_path,
+        user_env(tmp_path),
+    )
     assert code == 0, err[-3000:]
     assert not (tmp_path / "ddpwatch-reports").exists()
 
@@ -135,15 +147,19 @@ def test_every_lint_example_flags_exactly_the_lines_its_comments_name(tmp_path, 
     """docs/lint.md marks each line a check should flag with `# DDP00N`: lint each example and compare."""
     from ddpwatch import lint
 
-    examples = [code for _, _, code in blocks(os.path.join(ROOT, "docs", "lint.md"), "python")
-                if re.search(r"#\s*DDP\d{3}", code)]
+    examples = [
+        code
+        for _, _, code in blocks(os.path.join(ROOT, "docs", "lint.md"), "python")
+        if re.search(r"#\s*DDP\d{3}", code)
+    ]
     assert len(examples) >= 4
     for index, code in enumerate(examples):
         source = textwrap.dedent(code)
         path = tmp_path / f"example_{index}.py"
         path.write_text(source)
-        expected = sorted((n, code) for n, line in enumerate(source.splitlines(), 1)
-                          for code in re.findall(r"#\s*(DDP\d{3})", line))
+        expected = sorted(
+            (n, code) for n, line in enumerate(source.splitlines(), 1) for code in re.findall(r"#\s*(DDP\d{3})", line)
+        )
         capsys.readouterr()
         lint.main([str(path), "--format", "json"])
         found = sorted((item["line"], item["code"]) for item in json.loads(capsys.readouterr().out))

@@ -21,22 +21,36 @@ RUNNERS = (
     (r"python -m ddpwatch demo --dir ddpwatch-reports$", "here"),
     (r"ddpwatch report \./ddpwatch-reports/\*/ --format ", "here"),
     (r"ddpwatch lint train\.py$", "here"),
-    (r"DDPWATCH=1 torchrun --standalone --nproc-per-node 2 train\.py$",
-     "test_docs.py::test_readme_zero_code_command_catches_an_unmodified_script_and_report_rerenders_it"),
-    (r"DDPWATCH=1 (DDPWATCH_ACTION=abort )?torchrun --nproc-per-node 2 train\.py$",
-     "test_activation.py::test_torchrun_with_DDPWATCH_catches_the_unmodified_seed_and_aborts"),
-    (r"ddpwatch run -- (torchrun|python -m torch\.distributed\.run) --nproc-per-node 2 train\.py$",
-     "test_activation.py::test_ddpwatch_run_guards_torchrun_workers"),
-    (r"export DDPWATCH_ON_INCIDENT=",
-     "test_real_restarts.py::test_a_job_that_hangs_in_its_first_attempt_only_is_aborted_restarted_and_finishes_with_one_report"),
-    (r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 DDPWATCH=1 DDPWATCH_ACTION=abort torchrun --standalone "
-     r"--nproc-per-node 2 --max-restarts \d+ train\.py$",
-     "test_real_restarts.py::test_a_job_that_hangs_in_its_first_attempt_only_is_aborted_restarted_and_finishes_with_one_report"),
-    (r"python -m benchmarks\.whole_job ",
-     "test_benchmarks.py::test_whole_job_quick_mode_runs_every_job_and_level_and_its_attribution_adds_up"),
+    (
+        r"DDPWATCH=1 torchrun --standalone --nproc-per-node 2 train\.py$",
+        "test_docs.py::test_readme_zero_code_command_catches_an_unmodified_script_and_report_rerenders_it",
+    ),
+    (
+        r"DDPWATCH=1 (DDPWATCH_ACTION=abort )?torchrun --nproc-per-node 2 train\.py$",
+        "test_activation.py::test_torchrun_with_DDPWATCH_catches_the_unmodified_seed_and_aborts",
+    ),
+    (
+        r"ddpwatch run -- (torchrun|python -m torch\.distributed\.run) --nproc-per-node 2 train\.py$",
+        "test_activation.py::test_ddpwatch_run_guards_torchrun_workers",
+    ),
+    (
+        r"export DDPWATCH_ON_INCIDENT=",
+        "test_real_restarts.py::test_a_job_that_hangs_in_its_first_attempt_only_is_aborted_restarted_and_finishes_with_one_report",
+    ),
+    (
+        r"TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 DDPWATCH=1 DDPWATCH_ACTION=abort torchrun --standalone "
+        r"--nproc-per-node 2 --max-restarts \d+ train\.py$",
+        "test_real_restarts.py::test_a_job_that_hangs_in_its_first_attempt_only_is_aborted_restarted_and_finishes_with_one_report",
+    ),
+    (
+        r"python -m benchmarks\.whole_job ",
+        "test_benchmarks.py::test_whole_job_quick_mode_runs_every_job_and_level_and_its_attribution_adds_up",
+    ),
     (r"python -m benchmarks", "test_benchmarks.py::test_quick_mode_runs_and_prints_its_table"),
-    (r"python -m pytest -q tests/test_benchmarks\.py$",
-     "test_benchmarks.py::test_quick_mode_runs_and_prints_its_table"),
+    (
+        r"python -m pytest -q tests/test_benchmarks\.py$",
+        "test_benchmarks.py::test_quick_mode_runs_and_prints_its_table",
+    ),
     (r"ddpwatch dump\b", "test_activation.py::test_dump_a_live_job_then_sigterm_ends_each_rank_as_torch_would"),
     (r"kill -USR1 ", "test_activation.py::test_first_init_installs_and_arms_and_sigusr1_dumps"),
 )
@@ -77,7 +91,8 @@ def test_the_commands_run_here_are_the_ones_readme_and_lint_md_show():
     assert "python -m ddpwatch demo --dir ddpwatch-reports" in shown
     assert "ddpwatch lint train.py" in shown
     assert [line for line in tagged("report").splitlines() if line.strip()] == [
-        c for _, c in commands() if c.startswith("ddpwatch report ./ddpwatch-reports/")][:2]
+        c for _, c in commands() if c.startswith("ddpwatch report ./ddpwatch-reports/")
+    ][:2]
 
 
 def without_numpy(tmp_path):

@@ -85,18 +85,24 @@ def test_the_table_is_read_when_assess_runs_so_a_patched_table_reaches_every_cal
 
 # ---------------------------------------------------------------- a new kind is one row, one pass, one wording entry
 
+
 def odd_one_out(parts, states):
     """A made-up pass: the smallest partition is to blame, whatever it waits in. Facts only: no words."""
     smallest = min(parts, key=lambda p: (len(p.ranks), p.ranks))
-    return passes.finding("odd_one_out", smallest.ranks, smallest.record.get("site"), {"apart": len(smallest.ranks)},
-                          culprits=smallest.ranks, record=smallest.record)
+    return passes.finding(
+        "odd_one_out",
+        smallest.ranks,
+        smallest.record.get("site"),
+        {"apart": len(smallest.ranks)},
+        culprits=smallest.ranks,
+        record=smallest.record,
+    )
 
 
 def odd_one_out_words(facts, ranks_text=wording.rank_list):
     """The made-up kind's wording entry: its facts -> (summary, fix)."""
     who = ranks_text(facts["culprits"])
-    return (f"{who[:1].upper() + who[1:]} stands apart in {wording.describe_op(facts['record'])}.",
-            "Bring it back.")
+    return (f"{who[:1].upper() + who[1:]} stands apart in {wording.describe_op(facts['record'])}.", "Bring it back.")
 
 
 def test_a_new_kind_is_one_row_one_pass_and_one_wording_entry_and_reaches_every_renderer(monkeypatch):
@@ -122,15 +128,23 @@ def test_a_new_kind_is_one_row_one_pass_and_one_wording_entry_and_reaches_every_
     [written] = json.loads(report.render_format(built, "json"))["findings"]
     assert list(written) == ["kind", "ranks", "summary", "fix", "location", "evidence", "facts"]  # report.json's
     assert (written["summary"].startswith(sentence), written["fix"], written["evidence"]) == (
-        True, "Bring it back.", {"apart": 1})
+        True,
+        "Bring it back.",
+        {"apart": 1},
+    )
     assert written["facts"]["culprits"] == [0]
 
 
 def test_a_kind_without_its_wording_entry_cannot_be_rendered(monkeypatch):
     trace = F.trace_lone_barrier()
     new_row = analysis.FindingPass(odd_one_out, analysis.STAGE_MISMATCH, ("odd_one_out",))
-    built = incident.build(trace.states, trace.world_size, GRACE, TIMEOUT_S, findings=run(
-        trace, passes=(new_row,) + analysis.FINDING_PASSES).findings)
+    built = incident.build(
+        trace.states,
+        trace.world_size,
+        GRACE,
+        TIMEOUT_S,
+        findings=run(trace, passes=(new_row,) + analysis.FINDING_PASSES).findings,
+    )
     with pytest.raises(KeyError, match="odd_one_out"):
         report.render_format(built, "json")
 
@@ -148,8 +162,14 @@ def test_a_pass_may_emit_only_the_kinds_its_row_names():
 def worded_pass(parts, states):
     """A pass in the old manner: it writes its own summary and fix."""
     smallest = min(parts, key=lambda p: (len(p.ranks), p.ranks))
-    return {"kind": "odd_one_out", "ranks": smallest.ranks, "summary": "It stands apart.", "fix": "Bring it back.",
-            "location": None, "evidence": {}}
+    return {
+        "kind": "odd_one_out",
+        "ranks": smallest.ranks,
+        "summary": "It stands apart.",
+        "fix": "Bring it back.",
+        "location": None,
+        "evidence": {},
+    }
 
 
 def test_a_pass_hands_over_facts_never_words_of_its_own():
@@ -200,6 +220,7 @@ MORE_TRACES = {
 
 def spied_table(won: set):
     """The table with each pass wrapped to note its name when it finds something."""
+
     def spied(row):
         @functools.wraps(row.run)
         def run_and_note(*arguments):
@@ -207,7 +228,9 @@ def spied_table(won: set):
             if found:
                 won.add(row.run.__name__)
             return found
+
         return row._replace(run=run_and_note)
+
     return tuple(spied(row) for row in analysis.FINDING_PASSES)
 
 
@@ -228,14 +251,23 @@ def test_every_kind_and_every_row_of_the_table_is_reached_by_a_hand_built_trace(
 
 # ---------------------------------------------------------------- words are render's, and a saved report keeps them
 
+
 @pytest.mark.parametrize("kind", sorted(TRACE_OF_KIND))
 def test_a_report_read_back_renders_as_the_fresh_one_from_its_stored_facts(kind, monkeypatch):
     """report.json keeps each finding's facts (lists where the analysis had tuples): read back, every format renders
     the same bytes, and report.txt and report.html word the summary from the facts, with the short rank lists."""
     monkeypatch.setattr(render, "RANKS_TEXT_BUDGET", 0)  # every rank list shortened, even on two ranks
     trace = TRACE_OF_KIND[kind]()
-    built = incident.build(trace.states, trace.world_size, GRACE, TIMEOUT_S, silent=trace.silent, run_id="r",
-                           written_by=0, created_at=1.0e9)
+    built = incident.build(
+        trace.states,
+        trace.world_size,
+        GRACE,
+        TIMEOUT_S,
+        silent=trace.silent,
+        run_id="r",
+        written_by=0,
+        created_at=1.0e9,
+    )
     assert [f["kind"] for f in built["findings"]] == [kind] and "summary" not in built["findings"][0]
     saved = json.loads(report.render_format(built, "json"))
     [finding] = saved["findings"]
@@ -255,18 +287,21 @@ SUMMARY_WITHOUT_RANK_LIST = {"dead_rank", "unresponsive_rank", "collective_stuck
 
 def trace_even_ranks_in_a_lone_barrier(world_size: int) -> F.Trace:
     barrier, reduce = F.rec(4, "barrier", site=("x.py", 20, "f")), F.rec(4, "all_reduce", site=("x.py", 10, "f"))
-    return F.Trace(F.states(*(F.rank_state(r, world_size, inflight=[reduce if r % 2 else barrier])
-                              for r in range(world_size))), world_size)
+    return F.Trace(
+        F.states(*(F.rank_state(r, world_size, inflight=[reduce if r % 2 else barrier]) for r in range(world_size))),
+        world_size,
+    )
 
 
 def test_at_40_ranks_people_read_short_rank_lists_and_report_json_the_full_ones():
     trace = trace_even_ranks_in_a_lone_barrier(40)
-    built = incident.build(trace.states, trace.world_size, GRACE, TIMEOUT_S, run_id="r", written_by=0,
-                           created_at=1.0e9)
+    built = incident.build(trace.states, trace.world_size, GRACE, TIMEOUT_S, run_id="r", written_by=0, created_at=1.0e9)
     saved = json.loads(report.render_format(built, "json"))
     assert "ranks 0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,32,34,36,38" in saved["findings"][0]["summary"]
-    said = ("Ranks 1,3,5,7,9,11,13,...,39 (20 ranks) called all_reduce at x.py:10 (/u/x.py:10 in f()), which "
-            "ranks 0,2,4,6,8,10,12,...,38 (20 ranks) do not call at this point")
+    said = (
+        "Ranks 1,3,5,7,9,11,13,...,39 (20 ranks) called all_reduce at x.py:10 (/u/x.py:10 in f()), which "
+        "ranks 0,2,4,6,8,10,12,...,38 (20 ranks) do not call at this point"
+    )
     for fmt in ("text", "html"):
         live, read_back = report.render_format(built, fmt), report.render_format(saved, fmt)
         assert live == read_back and said in " ".join(live.split()), fmt
@@ -279,8 +314,7 @@ def crafted_facts():
         "empty": {},
         "wrong_types": {"culprits": 5, "record": "x", "innocent": 3, "location": [], "waiting": None},
         "ranks_that_are_not_numbers": {"culprits": ["a", 1], "record": {"op": "x"}},
-        "a_record_without_op": {"culprits": [0], "record": {}, "location": None, "innocent": None,
-                                "condition": None},
+        "a_record_without_op": {"culprits": [0], "record": {}, "location": None, "innocent": None, "condition": None},
         "unpacking_too_few": {"culprits": [0], "innocent": [], "culprit_record": None, "location": None},
         "deep": {"culprits": [[[[[[[[0]]]]]]]]},
     }
@@ -290,8 +324,16 @@ def crafted_facts():
 @pytest.mark.parametrize("kind", sorted(TRACE_OF_KIND))
 def test_crafted_facts_show_the_stored_summary_never_a_traceback(kind, name):
     trace = TRACE_OF_KIND[kind]()
-    built = incident.build(trace.states, trace.world_size, GRACE, TIMEOUT_S, silent=trace.silent, run_id="r",
-                           written_by=0, created_at=1.0e9)
+    built = incident.build(
+        trace.states,
+        trace.world_size,
+        GRACE,
+        TIMEOUT_S,
+        silent=trace.silent,
+        run_id="r",
+        written_by=0,
+        created_at=1.0e9,
+    )
     saved = json.loads(report.render_format(built, "json"))
     saved["findings"][0]["facts"] = crafted_facts()[name]
     saved["findings"][0]["summary"] = "The stored summary, shown as it is."
@@ -325,9 +367,18 @@ def test_facts_give_the_same_words_with_tuples_in_memory_and_lists_read_back(kin
     trace = TRACE_OF_KIND[kind]()
     [found] = run(trace).findings
     read_back = json.loads(json.dumps(found["facts"]))
-    assert read_back != found["facts"] or kind in ("dead_rank", "unresponsive_rank", "straggler", "collective_stuck",
-                                                   "p2p_deadlock", "local_decision", "caught_exception",
-                                                   "silent_mismatch", "crossed_collectives", "mismatch_crash")
+    assert read_back != found["facts"] or kind in (
+        "dead_rank",
+        "unresponsive_rank",
+        "straggler",
+        "collective_stuck",
+        "p2p_deadlock",
+        "local_decision",
+        "caught_exception",
+        "silent_mismatch",
+        "crossed_collectives",
+        "mismatch_crash",
+    )
     for ranks_text in (wording.rank_list, render.short_rank_list):
         sentences = wording.SENTENCES[kind]
         assert sentences(read_back, ranks_text) == sentences(found["facts"], ranks_text), ranks_text.__name__

@@ -22,6 +22,7 @@ NOW_NS = 1_796_219_199_000_000_000
 
 # ---------------------------------------------------------------- hand-built dumps shaped like torch 2.13's (gloo)
 
+
 def frame(name, filename, line):
     return {"name": name, "filename": filename, "line": line}
 
@@ -41,37 +42,71 @@ DDP_BUFFER_SYNC = [  # innermost first, as FR writes them
 
 
 def barrier_frames(line):
-    return [frame("barrier", f"{TORCH}/distributed/distributed_c10d.py", 5349),
-            frame("wrapper", f"{TORCH}/distributed/c10d_logger.py", 83),
-            frame("train", USER, line), frame("<module>", USER, 99)]
+    return [
+        frame("barrier", f"{TORCH}/distributed/distributed_c10d.py", 5349),
+        frame("wrapper", f"{TORCH}/distributed/c10d_logger.py", 83),
+        frame("train", USER, line),
+        frame("<module>", USER, 99),
+    ]
 
 
 def entry(seq, op, frames=(), retired=True, sizes=(), dtypes=(), age_s=30.0, group=("0", "default_pg")):
-    return {"record_id": seq - 1, "pg_id": 0, "process_group": group, "thread_name": "python", "thread_id": "1",
-            "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq, "profiling_name": f"gloo:{op}",
-            "time_created_ns": NOW_NS - int(age_s * 1e9), "input_sizes": [list(s) for s in sizes],
-            "input_dtypes": list(dtypes), "output_sizes": [list(s) for s in sizes], "output_dtypes": list(dtypes),
-            "state": "scheduled", "time_discovered_started_ns": None, "time_discovered_completed_ns": None,
-            "retired": retired, "timeout_ms": 1800000, "is_p2p": False, "frames": list(frames)}
+    return {
+        "record_id": seq - 1,
+        "pg_id": 0,
+        "process_group": group,
+        "thread_name": "python",
+        "thread_id": "1",
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "op_id": seq,
+        "profiling_name": f"gloo:{op}",
+        "time_created_ns": NOW_NS - int(age_s * 1e9),
+        "input_sizes": [list(s) for s in sizes],
+        "input_dtypes": list(dtypes),
+        "output_sizes": [list(s) for s in sizes],
+        "output_dtypes": list(dtypes),
+        "state": "scheduled",
+        "time_discovered_started_ns": None,
+        "time_discovered_completed_ns": None,
+        "retired": retired,
+        "timeout_ms": 1800000,
+        "is_p2p": False,
+        "frames": list(frames),
+    }
 
 
 def dump(entries, world_size=2):
     last_done = max((e["collective_seq_id"] for e in entries if e["retired"]), default=-1)
-    return {"version": "2.10", "comm_lib_version": "",
-            # gloo's quirk: the default group sits under an empty-string key (torch's own analyzer crashes on it).
-            "pg_config": {"": {"name": "", "desc": "", "ranks": json.dumps(list(range(world_size)))}},
-            "pg_status": {"0": {"last_enqueued_collective": max(e["collective_seq_id"] for e in entries),
-                                "last_started_collective": -1, "last_completed_collective": last_done}},
-            "entries": entries}
+    return {
+        "version": "2.10",
+        "comm_lib_version": "",
+        # gloo's quirk: the default group sits under an empty-string key (torch's own analyzer crashes on it).
+        "pg_config": {"": {"name": "", "desc": "", "ranks": json.dumps(list(range(world_size)))}},
+        "pg_status": {
+            "0": {
+                "last_enqueued_collective": max(e["collective_seq_id"] for e in entries),
+                "last_started_collective": -1,
+                "last_completed_collective": last_done,
+            }
+        },
+        "entries": entries,
+    }
 
 
 def seed_dumps(world_size=2):
     """Rank 0 blocks in DDP's buffer broadcast (2 buckets) at train.py:42; the others wait in a barrier."""
     history = [entry(1, "barrier", barrier_frames(80)), entry(2, "all_reduce", sizes=[(28,)], dtypes=["Float"])]
-    dumps = {0: dump(history + [
-        entry(3, "broadcast", DDP_BUFFER_SYNC, retired=False, sizes=[(8,)], dtypes=["Float"], age_s=3.0),
-        entry(4, "broadcast", DDP_BUFFER_SYNC, retired=False, sizes=[(1,)], dtypes=["Long"], age_s=3.0)],
-        world_size)}
+    dumps = {
+        0: dump(
+            history
+            + [
+                entry(3, "broadcast", DDP_BUFFER_SYNC, retired=False, sizes=[(8,)], dtypes=["Float"], age_s=3.0),
+                entry(4, "broadcast", DDP_BUFFER_SYNC, retired=False, sizes=[(1,)], dtypes=["Long"], age_s=3.0),
+            ],
+            world_size,
+        )
+    }
     for rank in range(1, world_size):
         dumps[rank] = dump(history + [entry(3, "barrier", barrier_frames(88), retired=False, age_s=3.0)], world_size)
     return dumps
@@ -102,6 +137,7 @@ def report_json(capsys, *argv):
 
 # ---------------------------------------------------------------- fast tests
 
+
 @pytest.mark.parametrize("kind", ["pickle", "json"])
 def test_seed_stall_dump_names_rank0_and_ddp_forward(tmp_path, capsys, kind):
     incident = report_json(capsys, "--flight-recorder", str(write_dumps(tmp_path / "fr", seed_dumps(), kind)))
@@ -113,8 +149,10 @@ def test_seed_stall_dump_names_rank0_and_ddp_forward(tmp_path, capsys, kind):
     assert incident["trigger"] == "deadlock" and incident["written_by"] is None
     assert incident["source"]["kind"] == "flight_recorder" and len(incident["source"]["files"]) == 2
     rank0, rank1 = incident["ranks"]
-    assert [(r["seq"], r["op"], r["api"]) for r in rank0["inflight"]] == \
-        [(3, "broadcast", "_broadcast_coalesced"), (4, "broadcast", "_broadcast_coalesced")]
+    assert [(r["seq"], r["op"], r["api"]) for r in rank0["inflight"]] == [
+        (3, "broadcast", "_broadcast_coalesced"),
+        (4, "broadcast", "_broadcast_coalesced"),
+    ]
     assert rank0["inflight"][0]["dtypes"] == ["float32"] and rank0["inflight"][0]["shapes"] == [[8]]
     assert [(r["seq"], r["op"]) for r in rank1["inflight"]] == [(3, "barrier")]
     assert rank0["source"]["in_flight_rule"] == "torch_completion_marks"
@@ -197,15 +235,16 @@ def test_dumps_spread_over_two_host_folders_merge(tmp_path, capsys):
     dumps = seed_dumps()
     write_dumps(tmp_path / "host0", {0: dumps[0]})
     write_dumps(tmp_path / "host1", {1: dumps[1]})
-    incident = report_json(capsys, "--flight-recorder", str(tmp_path / "host0"),
-                           "--flight-recorder", str(tmp_path / "host1"))
+    incident = report_json(
+        capsys, "--flight-recorder", str(tmp_path / "host0"), "--flight-recorder", str(tmp_path / "host1")
+    )
     assert [(f["kind"], f["ranks"]) for f in incident["findings"]] == [("ddp_forward_on_subset", [0])]
 
 
 def test_a_damaged_dump_is_an_error_not_a_missing_rank(tmp_path, capsys):
     folder = write_dumps(tmp_path / "fr", seed_dumps())
     data = (folder / "fr_trace_1").read_bytes()
-    (folder / "fr_trace_1").write_bytes(data[:len(data) // 2])  # the rank died while writing it
+    (folder / "fr_trace_1").write_bytes(data[: len(data) // 2])  # the rank died while writing it
     assert cli.main(["report", "--flight-recorder", str(folder)]) == 2
     assert "fr_trace_1: unreadable Flight Recorder dump" in capsys.readouterr().err
 
@@ -215,7 +254,7 @@ def test_a_truncated_dump_says_so_never_an_empty_reason(tmp_path, capsys, keep):
     """Issue 27: a truncated pickle gave "unreadable Flight Recorder dump ()" (EOFError() has no message)."""
     folder = write_dumps(tmp_path / "fr", seed_dumps())
     data = (folder / "fr_trace_1").read_bytes()
-    (folder / "fr_trace_1").write_bytes(data[:int(len(data) * keep)] if keep > 0 else data[:keep])
+    (folder / "fr_trace_1").write_bytes(data[: int(len(data) * keep)] if keep > 0 else data[:keep])
     assert cli.main(["report", "--flight-recorder", str(folder)]) == 2
     err = capsys.readouterr().err
     assert "fr_trace_1: unreadable Flight Recorder dump (it ends early (truncated" in err and "()" not in err, err
@@ -249,36 +288,49 @@ def test_safe_unpickle_reads_plain_data():
     assert fr.safe_unpickle(pickle.dumps(data, protocol=5)) == data
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("gloo:broadcast", ("broadcast", None)), ("nccl:all_reduce", ("all_reduce", None)),
-    ("nccl:_allgather_base", ("all_gather", None)), ("nccl:_reduce_scatter_base", ("reduce_scatter", None)),
-    ("nccl:send 0->1", ("send", (0, 1))), ("gloo:barrier", ("barrier", None)), (None, ("?", None)),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("gloo:broadcast", ("broadcast", None)),
+        ("nccl:all_reduce", ("all_reduce", None)),
+        ("nccl:_allgather_base", ("all_gather", None)),
+        ("nccl:_reduce_scatter_base", ("reduce_scatter", None)),
+        ("nccl:send 0->1", ("send", (0, 1))),
+        ("gloo:barrier", ("barrier", None)),
+        (None, ("?", None)),
+    ],
+)
 def test_canonical_op(name, expected):
     assert fr.canonical_op(name) == expected
 
 
-@pytest.mark.parametrize("path, internal", [
-    ("/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", True),
-    ("/src/pytorch/torch/distributed/c10d_logger.py", True),
-    ("/usr/lib/python3.11/threading.py", True),
-    ("<frozen runpy>", True),
-    ("/opt/proj/ddpwatch/cli.py", True),
-    ("/opt/proj/ddpwatch/capture/wrappers.py", True),
-    ("<ddpwatch hot path: all_reduce>", True),
-    ("/opt/proj/ddpwatch/examples/seed_stall.py", False),
-    ("/home/u/train.py", False),
-    ("/home/u/torch/train.py", False),
-    ("/venv/lib/python3.11/site-packages/lightning/trainer.py", True),  # library code, as live: not the user's line
-    ("/usr/lib/python3/dist-packages/accelerate/state.py", True),
-])
+@pytest.mark.parametrize(
+    "path, internal",
+    [
+        ("/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", True),
+        ("/src/pytorch/torch/distributed/c10d_logger.py", True),
+        ("/usr/lib/python3.11/threading.py", True),
+        ("<frozen runpy>", True),
+        ("/opt/proj/ddpwatch/cli.py", True),
+        ("/opt/proj/ddpwatch/capture/wrappers.py", True),
+        ("<ddpwatch hot path: all_reduce>", True),
+        ("/opt/proj/ddpwatch/examples/seed_stall.py", False),
+        ("/home/u/train.py", False),
+        ("/home/u/torch/train.py", False),
+        ("/venv/lib/python3.11/site-packages/lightning/trainer.py", True),  # library code, as live: not the user's line
+        ("/usr/lib/python3/dist-packages/accelerate/state.py", True),
+    ],
+)
 def test_internal_frames_are_told_by_path_text(path, internal):
     assert fr.is_internal_path(path) is internal
 
 
 def test_gradient_all_reduce_and_bucket_rebuild_are_named():
-    backward = [frame("_engine_run_backward", f"{TORCH}/autograd/graph.py", 979),
-                frame("backward", f"{TORCH}/_tensor.py", 623), frame("train", USER, 70)]
+    backward = [
+        frame("_engine_run_backward", f"{TORCH}/autograd/graph.py", 979),
+        frame("backward", f"{TORCH}/_tensor.py", 623),
+        frame("train", USER, 70),
+    ]
     assert fr.classify([fr._frame(f) for f in backward], "all_reduce") == (build.DDP_GRAD_ALLREDUCE, None)
     rebuild = [frame("_pre_forward", f"{TORCH}/nn/parallel/distributed.py", 1775)] + DDP_BUFFER_SYNC[5:]
     api, region = fr.classify([fr._frame(f) for f in rebuild], "broadcast")
@@ -287,7 +339,7 @@ def test_gradient_all_reduce_and_bucket_rebuild_are_named():
 
 # ---------------------------------------------------------------- the real thing: torch's own dumps, gloo, 2 ranks
 
-SEED_WITHOUT_DDPWATCH = '''
+SEED_WITHOUT_DDPWATCH = """
 import datetime, os, sys, threading, time
 import torch, torch.distributed as dist, torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
@@ -337,7 +389,7 @@ def main():
 
 
 main()
-'''
+"""
 
 
 def _tagged(path, tag):
@@ -366,8 +418,19 @@ def test_real_gloo_seed_stall_dumps_name_rank0(tmp_path, capsys):
     assert {"version", "pg_config", "pg_status", "entries"} <= set(raw)
     assert "" in raw["pg_config"]  # gloo's empty-string key
     last = raw["entries"][-1]
-    assert {"collective_seq_id", "process_group", "profiling_name", "input_sizes", "input_dtypes", "frames",
-            "state", "retired", "time_created_ns", "is_p2p", "record_id"} <= set(last)
+    assert {
+        "collective_seq_id",
+        "process_group",
+        "profiling_name",
+        "input_sizes",
+        "input_dtypes",
+        "frames",
+        "state",
+        "retired",
+        "time_created_ns",
+        "is_p2p",
+        "record_id",
+    } <= set(last)
     assert last["profiling_name"] == "gloo:broadcast" and last["state"] == "scheduled"
     assert any(f["name"] == "_sync_buffers" for f in last["frames"])
 
@@ -396,8 +459,12 @@ MYLAB_LOOP = "/venv/lib/python3.11/site-packages/mylab/loop.py"
 
 def through(library_file):
     """A barrier the user's train.py reached through an installed package's function (innermost first)."""
-    return [frame("barrier", f"{TORCH}/distributed/distributed_c10d.py", 5349),
-            frame("barrier", library_file, 303), frame("train", USER, 42), frame("<module>", USER, 99)]
+    return [
+        frame("barrier", f"{TORCH}/distributed/distributed_c10d.py", 5349),
+        frame("barrier", library_file, 303),
+        frame("train", USER, 42),
+        frame("<module>", USER, 99),
+    ]
 
 
 def test_a_library_frame_is_not_the_users_line_offline_as_live():
@@ -418,9 +485,17 @@ def test_user_packages_are_honoured_offline_where_the_setting_is_known():
 
 def mylab_dumps():
     """Both ranks blocked at a barrier they reached through mylab (an installed package), at different lines."""
-    return {rank: dump([entry(1, "all_reduce", sizes=[(1,)], dtypes=["Float"]),
-                        entry(2, "barrier", through(MYLAB_LOOP)[:2] + [frame("train", USER, 40 + rank)],
-                              retired=False, age_s=3.0)]) for rank in range(2)}
+    return {
+        rank: dump(
+            [
+                entry(1, "all_reduce", sizes=[(1,)], dtypes=["Float"]),
+                entry(
+                    2, "barrier", through(MYLAB_LOOP)[:2] + [frame("train", USER, 40 + rank)], retired=False, age_s=3.0
+                ),
+            ]
+        )
+        for rank in range(2)
+    }
 
 
 def test_report_from_flight_recorder_dumps_reads_user_packages_from_the_configuration(tmp_path, capsys, monkeypatch):
@@ -448,8 +523,15 @@ def test_a_bad_package_setting_stops_the_flight_recorder_report_with_one_line(tm
     assert cli.main(["report", "--flight-recorder", folder]) == 0
 
 
-@pytest.mark.parametrize("fr_op, record_op", [("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
-                                              ("_allgather_base", "all_gather"), ("allgather_base", "all_gather")])
+@pytest.mark.parametrize(
+    "fr_op, record_op",
+    [
+        ("allreduce", "all_reduce"),
+        ("all_reduce", "all_reduce"),
+        ("_allgather_base", "all_gather"),
+        ("allgather_base", "all_gather"),
+    ],
+)
 def test_live_pairing_with_the_flight_recorder_names_ops_as_the_catalogue_does(fr_op, record_op):
     """watch/evidence.py had its own op-name key ('allgather_base' never met 'all_gather'); catalogue.canonical_op
     is the one now."""
@@ -463,16 +545,21 @@ def test_live_pairing_with_the_flight_recorder_names_ops_as_the_catalogue_does(f
 
 
 def _reduce_frames(line, function="log_metrics"):
-    return [frame("all_reduce", f"{TORCH}/distributed/distributed_c10d.py", 3252), frame(function, USER, line),
-            frame("<module>", USER, 99)]
+    return [
+        frame("all_reduce", f"{TORCH}/distributed/distributed_c10d.py", 3252),
+        frame(function, USER, line),
+        frame("<module>", USER, 99),
+    ]
 
 
 def test_collectives_that_completed_with_different_dtypes_are_found_in_the_dumps(tmp_path, capsys):
     """Issue 28: every op completed, so nothing hangs; the dumps still show rank 1 reduced int32 where rank 0
     reduced float32, and where."""
     common = [entry(1, "barrier", barrier_frames(80))]
-    dumps = {0: dump(common + [entry(2, "all_reduce", _reduce_frames(20), sizes=[(4,)], dtypes=["Float"])]),
-             1: dump(common + [entry(2, "all_reduce", _reduce_frames(20), sizes=[(4,)], dtypes=["Int"])])}
+    dumps = {
+        0: dump(common + [entry(2, "all_reduce", _reduce_frames(20), sizes=[(4,)], dtypes=["Float"])]),
+        1: dump(common + [entry(2, "all_reduce", _reduce_frames(20), sizes=[(4,)], dtypes=["Int"])]),
+    }
     report = report_json(capsys, "--flight-recorder", str(write_dumps(tmp_path / "fr", dumps)))
     [finding] = report["findings"]
     assert report["trigger"] == "mismatch" and finding["kind"] == "silent_mismatch"
@@ -481,16 +568,23 @@ def test_collectives_that_completed_with_different_dtypes_are_found_in_the_dumps
 
 def test_the_same_lines_in_another_order_in_the_dumps_are_crossed_collectives(tmp_path, capsys):
     def ops(lines):
-        return [entry(2 + i, "all_reduce", _reduce_frames(line), sizes=[(1,)], dtypes=["Float"])
-                for i, line in enumerate(lines)]
-    dumps = {0: dump([entry(1, "barrier", barrier_frames(80))] + ops([30, 31])),
-             1: dump([entry(1, "barrier", barrier_frames(80))] + ops([31, 30]))}
+        return [
+            entry(2 + i, "all_reduce", _reduce_frames(line), sizes=[(1,)], dtypes=["Float"])
+            for i, line in enumerate(lines)
+        ]
+
+    dumps = {
+        0: dump([entry(1, "barrier", barrier_frames(80))] + ops([30, 31])),
+        1: dump([entry(1, "barrier", barrier_frames(80))] + ops([31, 30])),
+    }
     [finding] = report_json(capsys, "--flight-recorder", str(write_dumps(tmp_path / "fr", dumps)))["findings"]
     assert finding["kind"] == "crossed_collectives" and finding["facts"]["seqs"] == [2, 3]
 
 
 def test_matching_dumps_without_a_hang_give_no_finding(tmp_path, capsys):
-    same = [entry(1, "barrier", barrier_frames(80)),
-            entry(2, "all_reduce", _reduce_frames(20), sizes=[(4,)], dtypes=["Float"])]
+    same = [
+        entry(1, "barrier", barrier_frames(80)),
+        entry(2, "all_reduce", _reduce_frames(20), sizes=[(4,)], dtypes=["Float"]),
+    ]
     report = report_json(capsys, "--flight-recorder", str(write_dumps(tmp_path / "fr", {0: dump(same), 1: dump(same)})))
     assert report["findings"] == []

@@ -21,15 +21,45 @@ def assert_written_as_typed(doc: dict, shape) -> None:
 
 
 def a_record(**more) -> dict:
-    return build.record(3, "0", "all_reduce", api=None, p2p=False, peer=None, shapes=[[2]], dtypes=["float32"],
-                        site=build.site("/u/train.py", 7, "step"), region=None, start=1.0, age_s=0.5,
-                        duration_s=None, state=build.IN_FLIGHT, error=None, thread="MainThread", **more)
+    return build.record(
+        3,
+        "0",
+        "all_reduce",
+        api=None,
+        p2p=False,
+        peer=None,
+        shapes=[[2]],
+        dtypes=["float32"],
+        site=build.site("/u/train.py", 7, "step"),
+        region=None,
+        start=1.0,
+        age_s=0.5,
+        duration_s=None,
+        state=build.IN_FLIGHT,
+        error=None,
+        thread="MainThread",
+        **more,
+    )
 
 
 def a_rank_state(**more) -> dict:
-    return build.rank_state(1, 2, pid=None, host=None, beat=0, published_at=2.0, status=build.RUNNING, progress=4,
-                            idle_s=0.0, inflight=[a_record()], recent=[], last_seq={"0": 3}, groups={"0": None},
-                            ops_recorded=4, **more)
+    return build.rank_state(
+        1,
+        2,
+        pid=None,
+        host=None,
+        beat=0,
+        published_at=2.0,
+        status=build.RUNNING,
+        progress=4,
+        idle_s=0.0,
+        inflight=[a_record()],
+        recent=[],
+        last_seq={"0": 3},
+        groups={"0": None},
+        ops_recorded=4,
+        **more,
+    )
 
 
 def test_a_record_holds_every_always_written_key_in_the_order_of_its_type():
@@ -40,7 +70,7 @@ def test_a_record_holds_every_always_written_key_in_the_order_of_its_type():
 def test_a_rank_state_holds_every_always_written_key_in_the_order_of_its_type():
     state = a_rank_state()
     assert_written_as_typed(state, types.RankState)
-    assert list(state)[:len(always_written(types.RankState))] == always_written(types.RankState)
+    assert list(state)[: len(always_written(types.RankState))] == always_written(types.RankState)
     assert state["format_version"] == FORMAT_VERSION
 
 
@@ -54,4 +84,3 @@ def test_via_is_written_in_its_place_only_when_given():
 def test_optional_keys_follow_the_always_written_ones_in_the_order_given():
     assert list(a_record(fr={}, flight_recorder={}))[-2:] == ["fr", "flight_recorder"]
     assert list(a_rank_state(stacks=[], source={}))[-2:] == ["stacks", "source"]
-

@@ -51,8 +51,9 @@ def test_ddp_forward_is_a_region_and_patches_are_restored_after_an_exception(one
     with pytest.raises(KeyError):
         with ddpwatch.guard() as session:
             one_rank_group()
-            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4),
-                                                                                  torch.nn.BatchNorm1d(4)))
+            model = torch.nn.parallel.DistributedDataParallel(
+                torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+            )
             model(torch.randn(8, 4)).sum().backward()
             model(torch.randn(8, 4))  # MARK-DDP
             snap = session.recorder.snapshot(recent=50)
@@ -119,8 +120,10 @@ def test_collectives_from_a_second_thread_and_async_ops_are_recorded(one_rank_gr
         snap = session.recorder.snapshot(recent=10)
     assert len(pending) == 1  # "in flight" until the Work completes, not until the call returns
     assert snap["inflight"] == []
-    assert [(r["op"], r["thread"]) for r in snap["recent"]] == [("all_reduce", "MainThread"),
-                                                                ("broadcast", "side-thread")]
+    assert [(r["op"], r["thread"]) for r in snap["recent"]] == [
+        ("all_reduce", "MainThread"),
+        ("broadcast", "side-thread"),
+    ]
     assert [r["seq"] for r in snap["recent"]] == [0, 1]
 
 
@@ -154,8 +157,9 @@ def test_py_spy_missing_or_refused_is_one_line_and_python_stacks_remain(monkeypa
     missing = evidence.native_stacks(os.getpid())
     assert missing == {"unavailable": "py-spy is not installed (pip install py-spy); Python stacks only"}
     fake = tmp_path / "py-spy"
-    fake.write_text("#!/bin/sh\necho 'Error: Permission Denied: try running again with elevated permissions' >&2\n"
-                    "exit 1\n")
+    fake.write_text(
+        "#!/bin/sh\necho 'Error: Permission Denied: try running again with elevated permissions' >&2\nexit 1\n"
+    )
     fake.chmod(0o755)
     monkeypatch.setattr(evidence.shutil, "which", lambda name: str(fake))
     refused = evidence.native_stacks(os.getpid())

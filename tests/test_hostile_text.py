@@ -96,8 +96,15 @@ def test_the_text_report_shows_hostile_text_in_every_field_visibly():
     text = render_text(doc)
     assert_shown_safely(text)
     # Every outside field is there, escaped: the run id, summary, fix, sites, frames, host, process, bars, folder.
-    for shown in (r"job7\x1b]0;pwned", r"node0\x1b]0;pwned", r"sleeping\x1b]0;pwned", r"epoch\x1b]0;pwned",
-                  r"validate\x1b]0;pwned", r"train.py\x1b]0;pwned", r"/reports/\x1b]0;pwned"):
+    for shown in (
+        r"job7\x1b]0;pwned",
+        r"node0\x1b]0;pwned",
+        r"sleeping\x1b]0;pwned",
+        r"epoch\x1b]0;pwned",
+        r"validate\x1b]0;pwned",
+        r"train.py\x1b]0;pwned",
+        r"/reports/\x1b]0;pwned",
+    ):
         assert shown in text, shown
     assert "\\" not in render_text(seed())  # plain text gains no escapes
 
@@ -146,8 +153,13 @@ def test_an_incident_with_fsdecode_surrogates_writes_its_folder(tmp_path):
 
 
 def report_cli(*argv, **env):
-    return subprocess.run([sys.executable, "-m", "ddpwatch", "report", *argv], capture_output=True, timeout=120,
-                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, **env))
+    return subprocess.run(
+        [sys.executable, "-m", "ddpwatch", "report", *argv],
+        capture_output=True,
+        timeout=120,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT, **env),
+    )
 
 
 @pytest.fixture
@@ -216,6 +228,7 @@ def test_report_command_writes_output_file_with_surrogates(tmp_path, surrogate_r
 
 # ---------------------------------------------------------------- a real job run from a folder named b'caf\xe9'
 
+
 @pytest.mark.real
 @pytest.mark.timeout(200)
 def test_a_deadlock_in_a_script_under_an_undecodable_folder_name_aborts_with_the_verdict(tmp_path):
@@ -233,6 +246,7 @@ def test_a_deadlock_in_a_script_under_an_undecodable_folder_name_aborts_with_the
 
 
 # ---------------------------------------------------------------- `ddpwatch dump` and the CLI's error lines
+
 
 @pytest.fixture
 def own_registry(tmp_path, monkeypatch):
@@ -268,8 +282,13 @@ def test_dump_prints_a_new_folder_named_by_someone_else_visibly(own_registry, ca
 
 
 def test_cli_settings_error_quoting_a_file_shows_escapes(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(config, "load", lambda **kw: (_ for _ in ()).throw(
-        config.ConfigError("ddpwatch: cannot read /x/\x1b]0;pwned\x07setup.cfg: bad")))
+    monkeypatch.setattr(
+        config,
+        "load",
+        lambda **kw: (_ for _ in ()).throw(
+            config.ConfigError("ddpwatch: cannot read /x/\x1b]0;pwned\x07setup.cfg: bad")
+        ),
+    )
     assert cli.main(["lint"]) == 2
     err = capsys.readouterr().err
     assert RAW.search(err) is None and r"/x/\x1b]0;pwned\x07setup.cfg" in err

@@ -73,10 +73,13 @@ def test_every_patched_collective_keeps_its_signature_and_records_keyword_calls(
                 continue
             original = getattr(wrapper, PATCH_MARKER)
             code = wrapper.__code__
-            own = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
-            assert list(own) == [p for p in inspect.signature(original).parameters
-                                 if inspect.signature(original).parameters[p].kind not in
-                                 (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)], name
+            own = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+            assert list(own) == [
+                p
+                for p in inspect.signature(original).parameters
+                if inspect.signature(original).parameters[p].kind
+                not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+            ], name
         group = dist.new_group([0])
         dist.all_reduce(tensor=torch.ones(2), op=dist.ReduceOp.MAX, group=group)
         dist.broadcast(torch.ones(3, 1), 0, group, False)
@@ -103,7 +106,10 @@ def test_the_site_is_the_line_of_a_call_spread_over_several_lines():
 
     def issue():
         return recorder.begin(
-            "all_reduce", "all_reduce", "0", (),
+            "all_reduce",
+            "all_reduce",
+            "0",
+            (),
             __import__("sys")._getframe(),
         )
 
@@ -128,8 +134,7 @@ def test_the_line_read_back_from_the_instruction_offset_is_what_f_lineno_says():
             if i == 1:
                 probe()
             [probe() for _ in range(1)]
-            probe(
-            )
+            probe()
             try:
                 probe()
                 raise ValueError

@@ -13,8 +13,18 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from factory import (DDP_FILE, TORCH_FILE, barrier, done, incident, main_stack, rank_state, seed_states,  # noqa: E402
-                     states, wrapped_stack)
+from factory import (
+    DDP_FILE,
+    TORCH_FILE,
+    barrier,
+    done,
+    incident,
+    main_stack,
+    rank_state,
+    seed_states,  # noqa: E402
+    states,
+    wrapped_stack,
+)
 
 from ddpwatch import analysis  # noqa: E402
 from ddpwatch.render.html import render_html  # noqa: E402
@@ -48,8 +58,11 @@ def test_seed_page_has_one_lane_per_rank_and_the_divergence_highlighted():
     assert "first diverging position: group 0 seq 11" in page
     assert boxes(page, "culprit") == ["0", "0"]  # sequence view and time view
     assert sorted(boxes(page, "waiting")) == ["1", "1", "2", "2"]
-    assert re.search(r'class="op in_flight mismatch culprit ddp"[^>]*><title>rank 0 - group 0 seq 11: broadcast of '
-                     r"module buffers inside DistributedDataParallel.forward called at val.py:42", page)
+    assert re.search(
+        r'class="op in_flight mismatch culprit ddp"[^>]*><title>rank 0 - group 0 seq 11: broadcast of '
+        r"module buffers inside DistributedDataParallel.forward called at val.py:42",
+        page,
+    )
 
 
 def wrapped_incident():
@@ -59,14 +72,21 @@ def wrapped_incident():
     return incident(st, analysis.analyze(st, 2, 2.0, 300.0))
 
 
-FOLDED_RANK0 = ["/u/train.py:120 in main", "/u/val.py:42 in validate", "... 3 ddpwatch frames",
-                f"{DDP_FILE}:1600 in forward", f"{TORCH_FILE}:2400 in _broadcast_coalesced", "... 3 ddpwatch frames"]
+FOLDED_RANK0 = [
+    "/u/train.py:120 in main",
+    "/u/val.py:42 in validate",
+    "... 3 ddpwatch frames",
+    f"{DDP_FILE}:1600 in forward",
+    f"{TORCH_FILE}:2400 in _broadcast_coalesced",
+    "... 3 ddpwatch frames",
+]
 
 
 def test_ddpwatch_own_frames_fold_into_one_line_in_the_stacks_section():
     page = render_html(wrapped_incident())
-    rank0 = re.search(r'<section id="stacks">.*?<summary>rank 0</summary><ol class="frames">(.*?)</ol>', page,
-                      re.S).group(1)
+    rank0 = re.search(
+        r'<section id="stacks">.*?<summary>rank 0</summary><ol class="frames">(.*?)</ol>', page, re.S
+    ).group(1)
     assert [html.unescape(item) for item in re.findall(r"<li[^>]*>(.*?)</li>", rank0)] == FOLDED_RANK0
     assert rank0.count('<li class="internal own">') == 2
     assert embedded(page)["ranks"][0]["stacks"] == [wrapped_stack()]  # the embedded data keeps every frame
@@ -76,10 +96,10 @@ def test_the_verdict_comes_first_then_the_timeline_then_the_stacks():
     page = render_html(seed_incident())
     order = [page.index(marker) for marker in ('id="verdict"', 'id="timeline"', 'id="positions"', 'id="stacks"')]
     assert order == sorted(order)
-    verdict = page[order[0]:order[1]]
+    verdict = page[order[0] : order[1]]
     assert "ddp_forward_on_subset" in verdict and "rank 0" in verdict and "model.module(x)" in verdict
     assert "<title>ddpwatch: ddp_forward_on_subset, rank 0 at val.py:42</title>" in page
-    assert "/u/val.py:42 in validate" in page[order[3]:]
+    assert "/u/val.py:42 in validate" in page[order[3] :]
 
 
 def test_self_contained_no_network():
@@ -107,19 +127,55 @@ def test_hostile_text_is_escaped_everywhere():
     assert html.escape(evil) in page
 
 
-HOSTILE = ['"><script>document.body.setAttribute("data-pwned","1")</script>',
-           "' onmouseover='document.body.setAttribute(\"data-pwned\",\"1\")' x='",
-           '</style><img src=x onerror="document.body.setAttribute(\'data-pwned\',\'1\')">',
-           "</script><b onmouseover=x>", "]]><svg onload=alert(4)>", "<!--", "&amp;&lt;"]
+HOSTILE = [
+    '"><script>document.body.setAttribute("data-pwned","1")</script>',
+    "' onmouseover='document.body.setAttribute(\"data-pwned\",\"1\")' x='",
+    "</style><img src=x onerror=\"document.body.setAttribute('data-pwned','1')\">",
+    "</script><b onmouseover=x>",
+    "]]><svg onload=alert(4)>",
+    "<!--",
+    "&amp;&lt;",
+]
 # The elements ddpwatch's page is made of: anything else in a parsed page came from the data.
-PAGE_TAGS = {"html", "head", "meta", "title", "style", "body", "header", "h1", "h2", "p", "b", "section", "div", "span",
-             "button", "svg", "g", "rect", "text", "line", "ul", "li", "table", "tr", "th", "td", "details", "summary",
-             "ol", "script"}
+PAGE_TAGS = {
+    "html",
+    "head",
+    "meta",
+    "title",
+    "style",
+    "body",
+    "header",
+    "h1",
+    "h2",
+    "p",
+    "b",
+    "section",
+    "div",
+    "span",
+    "button",
+    "svg",
+    "g",
+    "rect",
+    "text",
+    "line",
+    "ul",
+    "li",
+    "table",
+    "tr",
+    "th",
+    "td",
+    "details",
+    "summary",
+    "ol",
+    "script",
+}
 
 
 def straggler_incident():
-    st = states(rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
-                rank_state(1, 2, inflight=[barrier(age=301.0)], idle=301.0))
+    st = states(
+        rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
+        rank_state(1, 2, inflight=[barrier(age=301.0)], idle=301.0),
+    )
     return incident(st, analysis.analyze(st, 2, 2.0, 300.0), trigger="timeout")
 
 
@@ -173,9 +229,34 @@ def assert_no_markup_comes_through(page):
     handlers = [(tag, name) for tag, attrs in parser.tags for name, _ in attrs if name.lower().startswith("on")]
     assert handlers == []
     names = {name for _, attrs in parser.tags for name, _ in attrs}
-    assert names <= {"lang", "charset", "name", "content", "id", "class", "width", "height", "viewbox", "role",
-                     "aria-label", "x", "y", "rx", "x1", "x2", "y1", "y2", "data-ranks", "data-rank", "data-record",
-                     "tabindex", "type", "data-view", "hidden", "open"}, names
+    assert names <= {
+        "lang",
+        "charset",
+        "name",
+        "content",
+        "id",
+        "class",
+        "width",
+        "height",
+        "viewbox",
+        "role",
+        "aria-label",
+        "x",
+        "y",
+        "rx",
+        "x1",
+        "x2",
+        "y1",
+        "y2",
+        "data-ranks",
+        "data-rank",
+        "data-record",
+        "tabindex",
+        "type",
+        "data-view",
+        "hidden",
+        "open",
+    }, names
     return parser
 
 
@@ -198,13 +279,18 @@ def test_at_scale_ranks_that_look_alike_share_a_lane():
 
 
 def test_a_straggler_shows_the_busy_rank_as_the_culprit_and_no_divergence():
-    st = states(rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
-                rank_state(1, 2, inflight=[barrier(age=301.0)], idle=301.0))
+    st = states(
+        rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
+        rank_state(1, 2, inflight=[barrier(age=301.0)], idle=301.0),
+    )
     doc = incident(st, analysis.analyze(st, 2, 2.0, 300.0), trigger="timeout")
     page = render_html(doc)
     assert 'id="divergence"' not in page
-    assert re.search(r'<g class="op busy culprit" data-rank="0"><title>rank 0: busy outside collectives at '
-                     r"val.py:40", page)
+    assert re.search(
+        r'<g class="op busy culprit" data-rank="0"><title>rank 0: busy outside collectives at '
+        r"val.py:40",
+        page,
+    )
 
 
 def test_no_findings_and_no_records_still_render():
@@ -216,8 +302,9 @@ def test_no_findings_and_no_records_still_render():
 def test_many_positions_keep_the_divergence_in_view():
     st = seed_states(2)
     for state in st.values():
-        state["recent"] = [done(seq, "all_reduce", site=("train.py", 70, "train")) for seq in range(1, 11)] + \
-            [done(seq, "all_reduce") for seq in range(12, 100)]  # more positions than the view shows
+        state["recent"] = [done(seq, "all_reduce", site=("train.py", 70, "train")) for seq in range(1, 11)] + [
+            done(seq, "all_reduce") for seq in range(12, 100)
+        ]  # more positions than the view shows
         for index, record in enumerate(state["recent"]):
             record["start"] = 1_600_000_000.0 + index
     st[0]["inflight"][0]["start"] = st[1]["inflight"][0]["start"] = 1_500_000_000.0  # oldest: would be cut
@@ -229,14 +316,21 @@ BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.mark.real
-@pytest.mark.skipif(BROWSER is None, reason="no `chromium` on PATH (Debian package `chromium`): the page's script "
-                                            "is checked in a real headless browser only where one is installed")
+@pytest.mark.skipif(
+    BROWSER is None,
+    reason="no `chromium` on PATH (Debian package `chromium`): the page's script "
+    "is checked in a real headless browser only where one is installed",
+)
 @pytest.mark.timeout(90)
 def test_page_script_runs_in_a_headless_browser(tmp_path):
     path = tmp_path / "report.html"
     path.write_text(render_html(seed_incident(3)), encoding="utf-8")
-    done_run = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
-                               path.as_uri()], capture_output=True, text=True, timeout=60)
+    done_run = subprocess.run(
+        [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", path.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     dom = done_run.stdout
     assert 'data-ready="1"' in dom, done_run.stderr[-2000:]  # the script ran to its end without an error
     # It opened the culprit's details on load: its call site and the rank's stack.
@@ -247,9 +341,21 @@ def test_page_script_runs_in_a_headless_browser(tmp_path):
     assert lanes(dom) == ["rank 0", "rank 1", "rank 2"]
     assert dom.count('id="divergence"') == 1
     shot = tmp_path / "report.png"
-    subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    "--window-size=1200,900", f"--screenshot={shot}", path.as_uri()],
-                   capture_output=True, text=True, timeout=60)
+    subprocess.run(
+        [
+            BROWSER,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1200,900",
+            f"--screenshot={shot}",
+            path.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shot.exists() and shot.stat().st_size > 10_000  # a picture, saved under the test's temp dir
 
 
@@ -259,8 +365,12 @@ def test_page_script_runs_in_a_headless_browser(tmp_path):
 def test_a_hostile_report_runs_no_injected_script_in_a_browser(tmp_path):
     path = tmp_path / "report.html"
     path.write_text(render_html(poisoned(seed_incident(), ranks_too=True)), encoding="utf-8")
-    done_run = subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
-                               path.as_uri()], capture_output=True, text=True, timeout=60)
+    done_run = subprocess.run(
+        [BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", path.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     dom = done_run.stdout
     assert 'data-ready="1"' in dom, done_run.stderr[-2000:]  # the page's own script ran to its end
     assert not re.search(r"<body[^>]*data-pwned", dom)  # no injected script or handler did
@@ -311,8 +421,9 @@ def run_page_script(page, tmp_path) -> dict:
     data = re.search(r'id="incident-data">(.*?)</script>', page, re.S).group(1)
     (tmp_path / "page.json").write_text(json.dumps({"ops": ops, "buttons": buttons, "script": script, "data": data}))
     (tmp_path / "dom.js").write_text(FAKE_DOM)
-    run = subprocess.run([NODE, str(tmp_path / "dom.js"), str(tmp_path / "page.json")], capture_output=True,
-                         text=True, timeout=60)
+    run = subprocess.run(
+        [NODE, str(tmp_path / "dom.js"), str(tmp_path / "page.json")], capture_output=True, text=True, timeout=60
+    )
     assert run.returncode == 0, run.stderr
     return json.loads(run.stdout)
 

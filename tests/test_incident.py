@@ -27,16 +27,29 @@ def live(st, world_size, silent=None, timeout=TIMEOUT_S):
     final = dict(st)
     for rank, view in (silent or {}).items():
         final.setdefault(rank, dict(view["last_state"], stale=True))
-    return worded_incident(incident.build(final, world_size, GRACE, timeout, silent=silent,
-                                          trigger=assessment.verdict, findings=assessment.findings,
-                                          run_id="20260101-000000-job", written_by=0, created_at=1.0e9,
-                                          missing_ranks=[r for r in range(world_size) if r not in st]))
+    return worded_incident(
+        incident.build(
+            final,
+            world_size,
+            GRACE,
+            timeout,
+            silent=silent,
+            trigger=assessment.verdict,
+            findings=assessment.findings,
+            run_id="20260101-000000-job",
+            written_by=0,
+            created_at=1.0e9,
+            missing_ranks=[r for r in range(world_size) if r not in st],
+        )
+    )
 
 
 def seed_with_condition():
     st = seed_states()
-    st[0]["rank_condition"] = {"frame": {"file": "/u/train.py", "line": 90, "function": "train"},
-                               "condition": {"line": 89, "text": "if rank == 0:", "kind": "if"}}
+    st[0]["rank_condition"] = {
+        "frame": {"file": "/u/train.py", "line": 90, "function": "train"},
+        "condition": {"line": 89, "text": "if rank == 0:", "kind": "if"},
+    }
     return st
 
 
@@ -70,8 +83,9 @@ def test_reanalysed_offline_the_incident_is_the_live_one_hint_and_trigger_includ
     saved = json.loads(json.dumps(doc))  # through the file format, as `ddpwatch report --reanalyze` reads it
     again = worded_incident(incident.reanalyze(copy.deepcopy(saved)))
     assert again == saved
-    assert doc["trigger"] == {"seed": "deadlock", "straggler": "timeout", "stuck": "timeout",
-                              "dead": "silent_rank"}[case]
+    assert (
+        doc["trigger"] == {"seed": "deadlock", "straggler": "timeout", "stuck": "timeout", "dead": "silent_rank"}[case]
+    )
     if case == "seed":
         assert "if rank == 0:" in again["findings"][0]["summary"]  # the rank-condition hint survives offline
 
@@ -88,8 +102,9 @@ def test_merged_rank_files_give_the_live_trigger_and_hint(tmp_path):
 
 def test_a_dump_with_nothing_wrong_stays_a_dump_when_reanalysed():
     st = states(rank_state(0, 2, idle=0.1), rank_state(1, 2, idle=0.1))
-    doc = incident.build(st, 2, GRACE, TIMEOUT_S, trigger=analysis.DUMP, findings=[], run_id="r", written_by=0,
-                         created_at=1.0e9)
+    doc = incident.build(
+        st, 2, GRACE, TIMEOUT_S, trigger=analysis.DUMP, findings=[], run_id="r", written_by=0, created_at=1.0e9
+    )
     assert incident.reanalyze(json.loads(json.dumps(doc)))["trigger"] == analysis.DUMP
 
 
@@ -143,9 +158,18 @@ def _taken_with_sources(tmp_path):
     st[0]["stacks"] = [main_stack((str(source), 3, "validate"), (TORCH_FILE, 2400, "_broadcast_coalesced", True))]
     assessment = analysis.assess(st, 2, GRACE, TIMEOUT_S, None)
     rankcond.clear_cache()
-    doc = incident.build(st, 2, GRACE, TIMEOUT_S, trigger=assessment.verdict, findings=assessment.findings,
-                         run_id="20260101-000000-job", written_by=0, created_at=1.0e9,
-                         rank_conditions=rankcond.capture_rank_conditions(st))
+    doc = incident.build(
+        st,
+        2,
+        GRACE,
+        TIMEOUT_S,
+        trigger=assessment.verdict,
+        findings=assessment.findings,
+        run_id="20260101-000000-job",
+        written_by=0,
+        created_at=1.0e9,
+        rank_conditions=rankcond.capture_rank_conditions(st),
+    )
     return doc, source
 
 
@@ -201,10 +225,17 @@ def test_the_analysis_of_an_incident_opens_no_file(tmp_path, monkeypatch):
         def read(*args, **kwargs):
             reads.append(name)
             raise _FileRead(name)
+
         return read
 
-    for module, name in ((builtins, "open"), (io, "open"), (os, "open"), (os, "stat"), (tokenize, "open"),
-                         (linecache, "getlines")):
+    for module, name in (
+        (builtins, "open"),
+        (io, "open"),
+        (os, "open"),
+        (os, "stat"),
+        (tokenize, "open"),
+        (linecache, "getlines"),
+    ):
         monkeypatch.setattr(module, name, refuse(f"{module.__name__}.{name}"))
     try:
         again = incident.reanalyze(copy.deepcopy(saved))
@@ -239,12 +270,22 @@ def test_ranks_standing_at_the_same_lines_share_one_lookup_but_not_one_dict(tmp_
     source.write_text(RANK_ZERO_SOURCE)
     stack = [main_stack((str(source), 3, "validate"))]
     st = states(*[rank_state(r, 3, stacks=copy.deepcopy(stack)) for r in range(3)])
-    st[2]["rank_condition"] = {"frame": {"file": "/u/a.py", "line": 1, "function": "f"},
-                               "condition": {"line": 1, "text": "if rank:", "kind": "if"}}
+    st[2]["rank_condition"] = {
+        "frame": {"file": "/u/a.py", "line": 1, "function": "f"},
+        "condition": {"line": 1, "text": "if rank:", "kind": "if"},
+    }
     looked_up = []
-    monkeypatch.setattr(rankcond, "rank_condition_of", lambda state: looked_up.append(1) or {
-        "frame": {"file": str(source), "line": 3, "function": "validate"},
-        "condition": {"line": 2, "text": "if rank == 0:", "kind": "if"}})
+    monkeypatch.setattr(
+        rankcond,
+        "rank_condition_of",
+        lambda state: (
+            looked_up.append(1)
+            or {
+                "frame": {"file": str(source), "line": 3, "function": "validate"},
+                "condition": {"line": 2, "text": "if rank == 0:", "kind": "if"},
+            }
+        ),
+    )
     captured = rankcond.capture_rank_conditions(st)
     assert sorted(captured) == ["0", "1"] and len(looked_up) == 1  # rank 2 carries its own condition
     assert captured["0"] == captured["1"] and captured["0"]["frame"] is not captured["1"]["frame"]

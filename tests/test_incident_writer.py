@@ -19,8 +19,16 @@ from ddpwatch.watch.incident_writer import IncidentWriter  # noqa: E402
 
 
 def native(function: str) -> dict:
-    return {"threads": [{"thread": "MainThread", "active": True, "owns_gil": False,
-                         "frames": [{"function": function, "file": "libgloo.so", "line": 0}]}]}
+    return {
+        "threads": [
+            {
+                "thread": "MainThread",
+                "active": True,
+                "owns_gil": False,
+                "frames": [{"function": function, "file": "libgloo.so", "line": 0}],
+            }
+        ]
+    }
 
 
 class FakeJob:
@@ -97,8 +105,18 @@ def write_one(tmp_path, monkeypatch, stopping: bool = False):
     stop = threading.Event()
     if stopping:
         stop.set()
-    writer = IncidentWriter(job, Config(dir=str(tmp_path)), 0, 2, states[0]["host"], "t",
-                            answers=OwnAnswer(job, states[0]), policy=Policy(events), logged=set(), stopping=stop)
+    writer = IncidentWriter(
+        job,
+        Config(dir=str(tmp_path)),
+        0,
+        2,
+        states[0]["host"],
+        "t",
+        answers=OwnAnswer(job, states[0]),
+        policy=Policy(events),
+        logged=set(),
+        stopping=stop,
+    )
     folder, number = writer.write(analysis.Assessment(analysis.DUMP, [], "dump-0-1"), None, {}, "report")
     assert job.posted[number]["folder"] == folder
     return events, written, folder

@@ -20,7 +20,7 @@ def _modules() -> dict:
             if name.endswith(".py"):
                 path = os.path.join(folder, name)
                 module = "ddpwatch." + os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-                found[module[:-len(".__init__")] if module.endswith(".__init__") else module] = path
+                found[module[: -len(".__init__")] if module.endswith(".__init__") else module] = path
     return found
 
 
@@ -30,7 +30,7 @@ def _imports(module: str, path: str, modules: dict) -> set:
     found = set()
     for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
         if isinstance(node, ast.ImportFrom) and node.level:
-            base = package.split(".")[:len(package.split(".")) - node.level + 1]
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
             target = ".".join(base + ([node.module] if node.module else []))
             found.add(target)
             found.update(f"{target}.{alias.name}" for alias in node.names)
@@ -49,7 +49,7 @@ def _cycle(graph: dict):
         state[node] = "open"
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state:
                 found = visit(nxt, path + [nxt])
                 if found:
@@ -103,16 +103,31 @@ def test_every_output_format_is_one_row_and_the_command_offers_exactly_those():
 # taken or an old one loaded, never by the analysis or the renderers: they read only the incident.
 MAY_IMPORT = {
     "ddpwatch.capture": {"ddpwatch.format", "ddpwatch.static"},
-    "ddpwatch.watch": {"ddpwatch.capture", "ddpwatch.format", "ddpwatch.analysis", "ddpwatch.render",
-                       "ddpwatch.static"},
+    "ddpwatch.watch": {
+        "ddpwatch.capture",
+        "ddpwatch.format",
+        "ddpwatch.analysis",
+        "ddpwatch.render",
+        "ddpwatch.static",
+    },
     "ddpwatch.sources": {"ddpwatch.format", "ddpwatch.analysis", "ddpwatch.render", "ddpwatch.static"},
     "ddpwatch.analysis": {"ddpwatch.format"},
     "ddpwatch.render": {"ddpwatch.format", "ddpwatch.analysis"},
     "ddpwatch.static": {"ddpwatch.format"},
     "ddpwatch.format": set(),
 }
-OFFLINE = ("ddpwatch.analysis", "ddpwatch.render", "ddpwatch.sources", "ddpwatch.static", "ddpwatch.format",
-           "ddpwatch.catalogue", "ddpwatch.frames", "ddpwatch.atomic", "ddpwatch.logonce", "ddpwatch.terminal")
+OFFLINE = (
+    "ddpwatch.analysis",
+    "ddpwatch.render",
+    "ddpwatch.sources",
+    "ddpwatch.static",
+    "ddpwatch.format",
+    "ddpwatch.catalogue",
+    "ddpwatch.frames",
+    "ddpwatch.atomic",
+    "ddpwatch.logonce",
+    "ddpwatch.terminal",
+)
 
 
 def _stage(module: str):
@@ -140,8 +155,13 @@ def test_the_offline_stages_never_import_torch():
         if not module.startswith(OFFLINE):
             continue
         for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             torch_imports += [f"{module}: {n}" for n in names if n == "torch" or n.startswith("torch.")]
     assert torch_imports == []
 
@@ -156,14 +176,22 @@ def test_option_defaults_are_written_once_in_the_options_table():
         for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 args = node.args.args + node.args.kwonlyargs
-                defaults = [None] * (len(node.args.args) - len(node.args.defaults)) + node.args.defaults \
+                defaults = (
+                    [None] * (len(node.args.args) - len(node.args.defaults))
+                    + node.args.defaults
                     + node.args.kw_defaults
-                literal_defaults += [f"{module}.{node.name}({arg.arg}=...)" for arg, default in zip(args, defaults)
-                                     if arg.arg in config.DEFAULTS and isinstance(default, ast.Constant)
-                                     and default.value == config.DEFAULTS[arg.arg]]
+                )
+                literal_defaults += [
+                    f"{module}.{node.name}({arg.arg}=...)"
+                    for arg, default in zip(args, defaults)
+                    if arg.arg in config.DEFAULTS
+                    and isinstance(default, ast.Constant)
+                    and default.value == config.DEFAULTS[arg.arg]
+                ]
     assert literal_defaults == []
-    assert {f.name: f.default for f in dataclasses.fields(config.Config) if f.name in config.DEFAULTS} == \
-        config.DEFAULTS
+    assert {
+        f.name: f.default for f in dataclasses.fields(config.Config) if f.name in config.DEFAULTS
+    } == config.DEFAULTS
 
 
 def test_the_shell_side_client_loads_nothing_of_a_live_rank():
@@ -188,14 +216,20 @@ def test_terminal_safe_text_is_a_module_of_its_own():
 def test_a_ranks_file_has_one_encoder():
     """rank-<r>.json is written by the incident folder (render/report.py) and a rank's local dump (watch/
     incident_writer.py): both take its name and bytes from format/documents.py, which nothing else spells."""
-    spelled = [module for module, path in _modules().items() if module != "ddpwatch.format.documents"
-               and re.search(r"rank-\{[^}]*\}\.json", open(path, encoding="utf-8").read())]
+    spelled = [
+        module
+        for module, path in _modules().items()
+        if module != "ddpwatch.format.documents"
+        and re.search(r"rank-\{[^}]*\}\.json", open(path, encoding="utf-8").read())
+    ]
     assert spelled == []
     from ddpwatch.format import documents
 
     assert documents.rank_file_name(3) == "rank-3.json"
-    assert documents.rank_file_bytes({"rank": 3, "odd": {1}, "text": "\ud800"}) == \
-        b'{"rank":3,"odd":"{1}","text":"\\ud800"}\n'
+    assert (
+        documents.rank_file_bytes({"rank": 3, "odd": {1}, "text": "\ud800"})
+        == b'{"rank":3,"odd":"{1}","text":"\\ud800"}\n'
+    )
 
 
 # The watchdog's parts (issue 20 point 1): the loop calls them, they never call back into it.
@@ -211,8 +245,12 @@ def test_the_watchdogs_parts_never_import_the_watchdog():
 
 def test_the_peer_tracker_reads_no_clock_and_touches_no_store_or_thread():
     path = _modules()["ddpwatch.watch.peers"]
-    imported = {alias.name for node in ast.walk(ast.parse(open(path, encoding="utf-8").read()))
-                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    imported = {
+        alias.name
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read()))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
     assert not imported & {"time", "threading", "store", "JobProtocol", "socket"}
 
 
@@ -252,19 +290,45 @@ def test_the_format_package_imports_no_other_ddpwatch_module():
     """Every stage reads and writes the format, so it sits below them all: capture, watch, sources, analysis, render.
     It saves what it loads (format/documents.py) through the leaf modules of FORMAT_MAY_USE, which stay leaves."""
     modules = _modules()
-    outside = [f"{module} imports {imported}" for module, path in modules.items()
-               if module.startswith("ddpwatch.format")
-               for imported in _imports(module, path, modules)
-               if not imported.startswith("ddpwatch.format") and imported not in FORMAT_MAY_USE]
+    outside = [
+        f"{module} imports {imported}"
+        for module, path in modules.items()
+        if module.startswith("ddpwatch.format")
+        for imported in _imports(module, path, modules)
+        if not imported.startswith("ddpwatch.format") and imported not in FORMAT_MAY_USE
+    ]
     assert outside == []
-    below = [f"{module} imports {imported}" for module in FORMAT_MAY_USE
-             for imported in _imports(module, modules[module], modules) if imported not in FORMAT_MAY_USE]
+    below = [
+        f"{module} imports {imported}"
+        for module in FORMAT_MAY_USE
+        for imported in _imports(module, modules[module], modules)
+        if imported not in FORMAT_MAY_USE
+    ]
     assert below == []
 
 
 # What reads a file: modules whose business is files or source text, and the calls that open or look at one.
-_FILE_MODULES = frozenset({"io", "os", "pathlib", "linecache", "tokenize", "inspect", "glob", "shutil", "mmap",
-                           "importlib", "fileinput", "codecs", "zipfile", "tarfile", "tempfile", "runpy", "builtins"})
+_FILE_MODULES = frozenset(
+    {
+        "io",
+        "os",
+        "pathlib",
+        "linecache",
+        "tokenize",
+        "inspect",
+        "glob",
+        "shutil",
+        "mmap",
+        "importlib",
+        "fileinput",
+        "codecs",
+        "zipfile",
+        "tarfile",
+        "tempfile",
+        "runpy",
+        "builtins",
+    }
+)
 _FILE_CALLS = frozenset({"open", "read_text", "read_bytes", "getsource", "getlines", "__import__", "exec", "eval"})
 
 
@@ -298,17 +362,25 @@ def test_the_analysis_reads_no_file_and_no_source():
     modules = _modules()
     reads = {module: _file_reads(path) for module, path in modules.items() if module.startswith("ddpwatch.analysis")}
     assert {module: found for module, found in reads.items() if found} == {}
-    wrong = [f"{module} imports {imported}" for module, path in modules.items()
-             if module.startswith("ddpwatch.analysis") for imported in _imports(module, path, modules)
-             if imported.startswith(("ddpwatch.static", "ddpwatch.capture", "ddpwatch.watch", "ddpwatch.sources",
-                                      "ddpwatch.lint"))]
+    wrong = [
+        f"{module} imports {imported}"
+        for module, path in modules.items()
+        if module.startswith("ddpwatch.analysis")
+        for imported in _imports(module, path, modules)
+        if imported.startswith(
+            ("ddpwatch.static", "ddpwatch.capture", "ddpwatch.watch", "ddpwatch.sources", "ddpwatch.lint")
+        )
+    ]
     assert wrong == []
 
 
 def test_the_static_analysis_package_keeps_its_modules_small():
     """lint.py was 1,029 lines; split into ddpwatch/static/, each module stays under the project's 600."""
-    sizes = {module: sum(1 for _ in open(path, encoding="utf-8")) for module, path in _modules().items()
-             if module.startswith("ddpwatch.static") or module in ("ddpwatch.lint", "ddpwatch.analysis.conditions")}
+    sizes = {
+        module: sum(1 for _ in open(path, encoding="utf-8"))
+        for module, path in _modules().items()
+        if module.startswith("ddpwatch.static") or module in ("ddpwatch.lint", "ddpwatch.analysis.conditions")
+    }
     assert len(sizes) >= 7 and {module: size for module, size in sizes.items() if size > 600} == {}
 
 
@@ -321,9 +393,13 @@ _NAME_LIST = re.compile(r"\w+(, \w+)*")  # a Stage's `takes` ("live, blocked, ti
 
 def _defined_names(tree: ast.AST) -> set:
     defined = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-    return defined | {target.id for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AnnAssign))
-                      for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
-                      if isinstance(target, ast.Name)}
+    return defined | {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Name)
+    }
 
 
 def _sentences(tree: ast.AST) -> list:
@@ -340,35 +416,52 @@ def _sentences(tree: ast.AST) -> list:
         if isinstance(node, ast.JoinedStr) and id(node) not in skip:  # an f-string: each {value} counts as a word
             skip.update(id(part) for part in node.values)
             texts.append((node.lineno, "".join(p.value if isinstance(p, ast.Constant) else "{}" for p in node.values)))
-    texts += [(node.lineno, node.value) for node in ast.walk(tree)
-              if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip]
-    return sorted((line, text) for line, text in texts
-                  if len(text.split()) >= 3 and not _NAME_LIST.fullmatch(text.strip()))
+    texts += [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
+    ]
+    return sorted(
+        (line, text) for line, text in texts if len(text.split()) >= 3 and not _NAME_LIST.fullmatch(text.strip())
+    )
 
 
 def _wording_in(module: str, path: str, modules: dict) -> list:
     tree = ast.parse(open(path, encoding="utf-8").read())
-    return ([f"{module} defines {name}" for name in sorted(_defined_names(tree)) if name in WORDING_NAMES]
-            + [f"{module}:{line} builds words: {text!r}" for line, text in _sentences(tree)]
-            + [f"{module} imports {name}" for name in sorted(_imports(module, path, modules))
-               if name == "ddpwatch.render" or name.startswith("ddpwatch.render.")])
+    return (
+        [f"{module} defines {name}" for name in sorted(_defined_names(tree)) if name in WORDING_NAMES]
+        + [f"{module}:{line} builds words: {text!r}" for line, text in _sentences(tree)]
+        + [
+            f"{module} imports {name}"
+            for name in sorted(_imports(module, path, modules))
+            if name == "ddpwatch.render" or name.startswith("ddpwatch.render.")
+        ]
+    )
 
 
 def test_the_analysis_imports_no_wording_defines_none_and_builds_no_sentences():
     modules = _modules()
-    found = [problem for module, path in modules.items() if _stage(module) == "ddpwatch.analysis"
-             for problem in _wording_in(module, path, modules)]
+    found = [
+        problem
+        for module, path in modules.items()
+        if _stage(module) == "ddpwatch.analysis"
+        for problem in _wording_in(module, path, modules)
+    ]
     assert found == []
     assert "ddpwatch.render.wording" in modules  # where the words went
 
 
 def test_the_wording_check_finds_prose_and_wording_helpers(tmp_path):
     path = tmp_path / "pass.py"
-    path.write_text('"""A module."""\n\ndef rank_list(ranks):\n    """Its docstring is fine."""\n'
-                    '    return f"ranks {ranks} wait forever"\n\nTAKES = "live, blocked, timeout"\n')
+    path.write_text(
+        '"""A module."""\n\ndef rank_list(ranks):\n    """Its docstring is fine."""\n'
+        '    return f"ranks {ranks} wait forever"\n\nTAKES = "live, blocked, timeout"\n'
+    )
     found = _wording_in("ddpwatch.analysis.toy", str(path), {})
-    assert found == ["ddpwatch.analysis.toy defines rank_list",
-                     "ddpwatch.analysis.toy:5 builds words: 'ranks {} wait forever'"]
+    assert found == [
+        "ddpwatch.analysis.toy defines rank_list",
+        "ddpwatch.analysis.toy:5 builds words: 'ranks {} wait forever'",
+    ]
 
 
 def _source_lines(exclude: str) -> list:
@@ -383,8 +476,11 @@ def _source_lines(exclude: str) -> list:
 
 def test_only_the_atomic_writer_renames():
     """Four hand-rolled atomic writes (temp file + rename) were one too many: every rename is ddpwatch.atomic's."""
-    renames = [f"{module}:{number}" for module, number, line in _source_lines("ddpwatch.atomic")
-               if "os.replace" in line or "os.rename" in line]
+    renames = [
+        f"{module}:{number}"
+        for module, number, line in _source_lines("ddpwatch.atomic")
+        if "os.replace" in line or "os.rename" in line
+    ]
     assert renames == []
 
 
@@ -396,17 +492,27 @@ def _classifying_constants(path: str) -> list:
     """(line, text) of string constants that look like frame classification: a path piece or a pattern (no space:
     prose in a help text or a message is not classification), and imports of sysconfig."""
     tree = ast.parse(open(path, encoding="utf-8").read())
-    skipped = {id(node) for top in ast.walk(tree) if isinstance(top, ast.Assign)
-               and any(isinstance(t, ast.Name) and t.id == "_SKIPPED_DIRS" for t in top.targets)
-               for node in ast.walk(top)}  # lint's folders it never walks into: not frames
-    patterns = {id(node) for call in ast.walk(tree) if isinstance(call, ast.Call)
-                and isinstance(call.func, ast.Attribute) and call.func.attr == "compile"
-                for node in call.args}  # a regex is classification even with a space in it ("^<ddpwatch ")
+    skipped = {
+        id(node)
+        for top in ast.walk(tree)
+        if isinstance(top, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_SKIPPED_DIRS" for t in top.targets)
+        for node in ast.walk(top)
+    }  # lint's folders it never walks into: not frames
+    patterns = {
+        id(node)
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "compile"
+        for node in call.args
+    }  # a regex is classification even with a space in it ("^<ddpwatch ")
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped \
-                and (" " not in node.value or id(node) in patterns) \
-                and any(marker in node.value for marker in _PATH_MARKERS):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in skipped
+            and (" " not in node.value or id(node) in patterns)
+            and any(marker in node.value for marker in _PATH_MARKERS)
+        ):
             found.append((node.lineno, node.value))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
@@ -415,8 +521,12 @@ def _classifying_constants(path: str) -> list:
 
 
 def test_only_the_frame_classifier_classifies_paths():
-    elsewhere = [f"{module}:{line}: {text}" for module, path in _modules().items() if module != "ddpwatch.frames"
-                 for line, text in _classifying_constants(path)]
+    elsewhere = [
+        f"{module}:{line}: {text}"
+        for module, path in _modules().items()
+        if module != "ddpwatch.frames"
+        for line, text in _classifying_constants(path)
+    ]
     assert elsewhere == []
 
 
@@ -424,11 +534,16 @@ def test_the_path_classification_check_finds_a_copy():
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
-        handle.write('import sysconfig\nMARK = "site-packages" + os.sep\nHELP = "in site-packages or not"\n'
-                     'OWN = re.compile(r"ddpwatch[/]|^<ddpwatch ")\n')
+        handle.write(
+            'import sysconfig\nMARK = "site-packages" + os.sep\nHELP = "in site-packages or not"\n'
+            'OWN = re.compile(r"ddpwatch[/]|^<ddpwatch ")\n'
+        )
     try:
         assert [text for _, text in _classifying_constants(handle.name)] == [
-            "import sysconfig", "site-packages", "ddpwatch[/]|^<ddpwatch "]
+            "import sysconfig",
+            "site-packages",
+            "ddpwatch[/]|^<ddpwatch ",
+        ]
     finally:
         os.unlink(handle.name)
 
@@ -441,7 +556,7 @@ def test_one_log_once_helper():
     for module, path in _modules().items():
         lines = open(path, encoding="utf-8").read().split("\n")
         for number, line in enumerate(lines):
-            window = "\n".join(lines[number:number + 4])  # a key added to a set, then a warning about it
+            window = "\n".join(lines[number : number + 4])  # a key added to a set, then a warning about it
             if module != "ddpwatch.logonce" and re.search(r"\.add\(\w+\)", line) and ".warning(" in window:
                 copies.append(f"{module}:{number + 1}")
     assert copies == []
@@ -455,8 +570,11 @@ def test_log_once_warns_once_per_key_and_set(caplog):
         log_once(seen, "a", "ddpwatch: %s", "first")
     log_once(seen, "b", "ddpwatch: second")
     log_once(set(), "a", "ddpwatch: another watchdog's own")
-    assert [r.getMessage() for r in caplog.records] == ["ddpwatch: first", "ddpwatch: second",
-                                                      "ddpwatch: another watchdog's own"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "ddpwatch: first",
+        "ddpwatch: second",
+        "ddpwatch: another watchdog's own",
+    ]
 
 
 MAX_MODULE_LINES = 600  # issue 20: a module over this holds more than one thing (watchdog.py was 726, lint.py 1,029)
@@ -478,10 +596,19 @@ def _patterns_over_rank_words(path: str) -> list:
     ranks, or any string that names ranks next to a digit class (a pattern kept in a constant)."""
     found = []
     for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _RE_FUNCTIONS \
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "re":
-            texts = [n.value for arg in node.args for n in ast.walk(arg)
-                     if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _RE_FUNCTIONS
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "re"
+        ):
+            texts = [
+                n.value
+                for arg in node.args
+                for n in ast.walk(arg)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            ]
             found += [(node.lineno, text) for text in texts if "ank" in text.lower()]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             if "ank" in node.value.lower() and "\\d" in node.value:
@@ -492,8 +619,12 @@ def _patterns_over_rank_words(path: str) -> list:
 def test_render_parses_no_rank_list_out_of_english():
     """Issue 20: report.txt and report.html word each finding from its facts (short rank lists); no renderer
     regex-parses rank runs out of prose any more."""
-    found = [f"{module}:{line}: {text}" for module, path in _modules().items() if module.startswith("ddpwatch.render")
-             for line, text in _patterns_over_rank_words(path)]
+    found = [
+        f"{module}:{line}: {text}"
+        for module, path in _modules().items()
+        if module.startswith("ddpwatch.render")
+        for line, text in _patterns_over_rank_words(path)
+    ]
     assert found == []
 
 
@@ -501,8 +632,10 @@ def test_the_rank_words_check_finds_a_rank_parser():
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as handle:
-        handle.write('import re\nRUN = re.compile(r"\\b([Rr])anks ((?:\\d+(?:-\\d+)?,)+\\d+(?:-\\d+)?)")\n'
-                     'KEPT = r"ranks (\\d+)"\nre.sub("Ranks", "", "x")\nHELP = "ranks 0-3"\n')
+        handle.write(
+            'import re\nRUN = re.compile(r"\\b([Rr])anks ((?:\\d+(?:-\\d+)?,)+\\d+(?:-\\d+)?)")\n'
+            'KEPT = r"ranks (\\d+)"\nre.sub("Ranks", "", "x")\nHELP = "ranks 0-3"\n'
+        )
     try:
         assert sorted(line for line, _ in _patterns_over_rank_words(handle.name)) == [2, 2, 3, 4]
     finally:
@@ -511,14 +644,32 @@ def test_the_rank_words_check_finds_a_rank_parser():
 
 # Issue 20: the Recorder was a bag of public fields that the Patcher and the watchdog wrote. Now it owns its state:
 # others read properties and say what happened through its methods (note_group, note_ddp_forward...).
-_MUTATORS = frozenset({"append", "appendleft", "add", "clear", "pop", "popitem", "popleft", "update", "discard",
-                       "remove", "setdefault", "extend", "insert", "__setitem__", "__delitem__"})
+_MUTATORS = frozenset(
+    {
+        "append",
+        "appendleft",
+        "add",
+        "clear",
+        "pop",
+        "popitem",
+        "popleft",
+        "update",
+        "discard",
+        "remove",
+        "setdefault",
+        "extend",
+        "insert",
+        "__setitem__",
+        "__delitem__",
+    }
+)
 
 
 def _is_recorder(node) -> bool:
     """`recorder` or `<anything>.recorder`: how ddpwatch's modules name the Recorder they hold."""
     return (isinstance(node, ast.Name) and node.id == "recorder") or (
-        isinstance(node, ast.Attribute) and node.attr == "recorder")
+        isinstance(node, ast.Attribute) and node.attr == "recorder"
+    )
 
 
 def _on_recorder_field(node) -> bool:
@@ -550,23 +701,33 @@ def _recorder_writes(path: str) -> list:
 
 
 def test_only_the_recorder_writes_its_fields():
-    writes = {module: lines for module, path in _modules().items() if module != "ddpwatch.capture.record"
-              for lines in [_recorder_writes(path)] if lines}
+    writes = {
+        module: lines
+        for module, path in _modules().items()
+        if module != "ddpwatch.capture.record"
+        for lines in [_recorder_writes(path)]
+        if lines
+    }
     assert writes == {}
 
 
 def test_a_write_to_a_recorder_field_is_found_when_there_is_one(tmp_path):
     planted = tmp_path / "planted.py"
-    planted.write_text("\n".join([
-        "self.recorder.failure_hook = hook",  # 1: assignment
-        "recorder.ddp_steps += 1",  # 2: augmented assignment
-        "self.recorder.groups[name] = ranks",  # 3: item assignment
-        "recorder.busy.add(ident)",  # 4: a mutating call
-        "patcher.recorder.inflight.clear()",  # 5
-        "a, self.recorder.progress = 1, 2",  # 6: inside a tuple target
-        "del recorder.host_sync[name]",  # 7
-        "ok = self.recorder.progress_mono + recorder.inflight.get(1, 0)",  # reads are fine
-        "recorder.note_group(name, ranks, True); self.recorder.set_failure_hook(None)",  # so are its methods
-        "other.busy.add(1); self.cache[k] = v",  # and other objects
-    ]) + "\n")
+    planted.write_text(
+        "\n".join(
+            [
+                "self.recorder.failure_hook = hook",  # 1: assignment
+                "recorder.ddp_steps += 1",  # 2: augmented assignment
+                "self.recorder.groups[name] = ranks",  # 3: item assignment
+                "recorder.busy.add(ident)",  # 4: a mutating call
+                "patcher.recorder.inflight.clear()",  # 5
+                "a, self.recorder.progress = 1, 2",  # 6: inside a tuple target
+                "del recorder.host_sync[name]",  # 7
+                "ok = self.recorder.progress_mono + recorder.inflight.get(1, 0)",  # reads are fine
+                "recorder.note_group(name, ranks, True); self.recorder.set_failure_hook(None)",  # so are its methods
+                "other.busy.add(1); self.cache[k] = v",  # and other objects
+            ]
+        )
+        + "\n"
+    )
     assert _recorder_writes(str(planted)) == [1, 2, 3, 4, 5, 6, 7]

@@ -44,6 +44,7 @@ def line_of(path: Path, text: str) -> int:
 
 # --- each check on its fixtures ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("code", ["DDP001", "DDP002", "DDP003", "DDP004"])
 def test_check_fires_on_every_bad_case(code):
     path = FIXTURES / f"{code.lower()}_bad.py"
@@ -65,8 +66,9 @@ def test_seed_is_flagged_at_the_validation_call():
     assert "`self.encoder`" in finding.message
     call_site = line_of(path, "self.validation()")
     condition = line_of(path, "if torch.distributed.get_rank() == 0:")
-    assert (f"validation() is called at line {call_site}, under `if torch.distributed.get_rank() == 0:` "
-            f"(line {condition})") in finding.message
+    assert (
+        f"validation() is called at line {call_site}, under `if torch.distributed.get_rank() == 0:` (line {condition})"
+    ) in finding.message
     assert "self.encoder.module(...)" in finding.hint
 
 
@@ -77,8 +79,13 @@ def test_fixed_seed_is_clean():
 def test_corpus_has_the_promised_styles():
     names = {path.stem for path in CORPUS}
     assert len(CORPUS) >= 5
-    assert {"corpus_plain_ddp", "corpus_torchrun", "corpus_lightning", "corpus_accelerate",
-            "corpus_checkpoint"} <= names
+    assert {
+        "corpus_plain_ddp",
+        "corpus_torchrun",
+        "corpus_lightning",
+        "corpus_accelerate",
+        "corpus_checkpoint",
+    } <= names
 
 
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
@@ -96,110 +103,120 @@ def codes(source: str) -> list[tuple[int, str]]:
 
 
 def test_attribute_methods_of_the_wrapper_are_not_model_calls():
-    source = ("def f(m, x, rank):\n"
-              "    m = DDP(m)\n"
-              "    if rank == 0:\n"
-              "        m.eval(); m.train(); m.state_dict(); m.module(x); m.module.forward(x)\n")
+    source = (
+        "def f(m, x, rank):\n"
+        "    m = DDP(m)\n"
+        "    if rank == 0:\n"
+        "        m.eval(); m.train(); m.state_dict(); m.module(x); m.module.forward(x)\n"
+    )
     assert codes(source) == []
 
 
 def test_wrapper_passed_through_to_a_method_chain_is_still_wrapped():
-    source = ("def f(m, x, rank):\n"
-              "    m = DDP(m).to('cuda')\n"
-              "    net = m\n"
-              "    if rank == 0:\n"
-              "        net(x)\n")
+    source = "def f(m, x, rank):\n    m = DDP(m).to('cuda')\n    net = m\n    if rank == 0:\n        net(x)\n"
     assert codes(source) == [(7, "DDP001")]
 
 
 def test_functools_reduce_and_torch_gather_are_not_collectives():
-    source = ("from functools import reduce\nimport torch\n"
-              "def f(xs, rank):\n"
-              "    if rank == 0:\n"
-              "        reduce(lambda a, b: a + b, xs); torch.gather(xs, 0, xs)\n")
+    source = (
+        "from functools import reduce\nimport torch\n"
+        "def f(xs, rank):\n"
+        "    if rank == 0:\n"
+        "        reduce(lambda a, b: a + b, xs); torch.gather(xs, 0, xs)\n"
+    )
     assert codes(source) == []
 
 
 def test_two_identical_rank_conditions_do_not_pair_up():
-    source = ("def f(rank):\n"
-              "    if rank == 0:\n"
-              "        dist.barrier()\n"
-              "    if rank == 0:\n"
-              "        dist.barrier()\n")
+    source = "def f(rank):\n    if rank == 0:\n        dist.barrier()\n    if rank == 0:\n        dist.barrier()\n"
     assert codes(source) == [(5, "DDP002"), (7, "DDP002")]
 
 
 def test_elif_chain_whose_branches_all_reach_the_collective_is_balanced():
-    source = ("def a(): dist.new_group([1, 2])\n"
-              "def b(): dist.new_group([1, 2])\n"
-              "def run(rank):\n"
-              "    if rank == 0:\n"
-              "        a()\n"
-              "    elif rank == 1:\n"
-              "        b()\n"
-              "    else:\n"
-              "        dist.new_group([1, 2])\n")
+    source = (
+        "def a(): dist.new_group([1, 2])\n"
+        "def b(): dist.new_group([1, 2])\n"
+        "def run(rank):\n"
+        "    if rank == 0:\n"
+        "        a()\n"
+        "    elif rank == 1:\n"
+        "        b()\n"
+        "    else:\n"
+        "        dist.new_group([1, 2])\n"
+    )
     assert codes(source) == []
 
 
 def test_different_models_in_the_two_branches_are_not_balanced():
-    source = ("def f(m1, m2, x, rank):\n"
-              "    m1 = DDP(m1)\n"
-              "    m2 = DDP(m2)\n"
-              "    if rank == 0:\n"
-              "        m1(x)\n"
-              "    else:\n"
-              "        m2(x)\n")
+    source = (
+        "def f(m1, m2, x, rank):\n"
+        "    m1 = DDP(m1)\n"
+        "    m2 = DDP(m2)\n"
+        "    if rank == 0:\n"
+        "        m1(x)\n"
+        "    else:\n"
+        "        m2(x)\n"
+    )
     assert codes(source) == [(7, "DDP001"), (9, "DDP001")]
 
 
 def test_wrapped_attribute_is_inherited_by_subclasses_in_the_same_file():
-    source = ("class Base:\n"
-              "    def __init__(self, m):\n"
-              "        self.net = DDP(m)\n"
-              "class Child(Base):\n"
-              "    def peek(self, x):\n"
-              "        if self.is_master:\n"
-              "            return self.net(x)\n")
+    source = (
+        "class Base:\n"
+        "    def __init__(self, m):\n"
+        "        self.net = DDP(m)\n"
+        "class Child(Base):\n"
+        "    def peek(self, x):\n"
+        "        if self.is_master:\n"
+        "            return self.net(x)\n"
+    )
     assert codes(source) == [(9, "DDP001")]
 
 
 def test_rank_used_as_a_loop_variable_is_not_the_process_rank():
-    source = ("def f(t, world_size):\n"
-              "    for rank in range(world_size):\n"
-              "        if rank == 0:\n"
-              "            dist.broadcast(t, src=rank)\n")
+    source = (
+        "def f(t, world_size):\n"
+        "    for rank in range(world_size):\n"
+        "        if rank == 0:\n"
+        "            dist.broadcast(t, src=rank)\n"
+    )
     assert codes(source) == []
 
 
 def test_match_and_except_star_bodies_are_walked():
-    source = ("async def f(rank, command):\n"
-              "    match command:\n"
-              "        case 'sync':\n"
-              "            if rank == 0:\n"
-              "                dist.barrier()\n"
-              "    try:\n"
-              "        pass\n"
-              "    except* ValueError:\n"
-              "        if rank == 0:\n"
-              "            dist.barrier()\n")
+    source = (
+        "async def f(rank, command):\n"
+        "    match command:\n"
+        "        case 'sync':\n"
+        "            if rank == 0:\n"
+        "                dist.barrier()\n"
+        "    try:\n"
+        "        pass\n"
+        "    except* ValueError:\n"
+        "        if rank == 0:\n"
+        "            dist.barrier()\n"
+    )
     assert codes(source) == [(7, "DDP002"), (12, "DDP002")]
 
 
 def test_module_level_script_is_checked():
-    source = ("import os\nrank = int(os.environ['RANK'])\nmodel = DDP(object())\n"
-              "if rank == 0:\n    dist.barrier()\n    model(1)\n")
+    source = (
+        "import os\nrank = int(os.environ['RANK'])\nmodel = DDP(object())\n"
+        "if rank == 0:\n    dist.barrier()\n    model(1)\n"
+    )
     assert codes(source) == [(7, "DDP002"), (8, "DDP001")]
 
 
 def test_noqa_suppresses_on_its_line_only():
-    source = ("def f(rank):\n"
-              "    if rank == 0:\n"
-              "        dist.barrier()  # noqa\n"
-              "        dist.barrier()  # noqa: DDP002\n"
-              "        dist.barrier()  # noqa: E501, DDP002\n"
-              "        dist.barrier()  # noqa: DDP001\n"
-              "        dist.barrier()\n")
+    source = (
+        "def f(rank):\n"
+        "    if rank == 0:\n"
+        "        dist.barrier()  # noqa\n"
+        "        dist.barrier()  # noqa: DDP002\n"
+        "        dist.barrier()  # noqa: E501, DDP002\n"
+        "        dist.barrier()  # noqa: DDP001\n"
+        "        dist.barrier()\n"
+    )
     assert codes(source) == [(8, "DDP002"), (9, "DDP002")]
 
 
@@ -215,18 +232,44 @@ def test_unparsable_source_raises_and_lint_file_reports_it(tmp_path):
 # --- the rank-condition recogniser ---------------------------------------------------------------------------
 
 RANK_CONDITIONS = [
-    "rank == 0", "local_rank != 0", "global_rank > 0", "dist.get_rank() == 0", "torch.distributed.get_rank() == 0",
-    "get_rank() == 0", "os.environ['RANK'] == '0'", "int(os.environ['LOCAL_RANK']) == 0",
-    "os.environ.get('RANK') == '0'", "is_main_process()", "is_master", "self.is_master",
-    "trainer.is_global_zero", "self.trainer.is_global_zero", "accelerator.is_main_process",
-    "not accelerator.is_local_main_process", "args.local_rank in [-1, 0]", "args.local_rank not in (-1, 0)",
-    "self.rank == 0", "rank % 2 == 1", "rank == 0 and epoch % 5 == 0",
-    "not dist.is_initialized() or dist.get_rank() == 0", "hvd.rank() == 0", "rank", "not rank",
+    "rank == 0",
+    "local_rank != 0",
+    "global_rank > 0",
+    "dist.get_rank() == 0",
+    "torch.distributed.get_rank() == 0",
+    "get_rank() == 0",
+    "os.environ['RANK'] == '0'",
+    "int(os.environ['LOCAL_RANK']) == 0",
+    "os.environ.get('RANK') == '0'",
+    "is_main_process()",
+    "is_master",
+    "self.is_master",
+    "trainer.is_global_zero",
+    "self.trainer.is_global_zero",
+    "accelerator.is_main_process",
+    "not accelerator.is_local_main_process",
+    "args.local_rank in [-1, 0]",
+    "args.local_rank not in (-1, 0)",
+    "self.rank == 0",
+    "rank % 2 == 1",
+    "rank == 0 and epoch % 5 == 0",
+    "not dist.is_initialized() or dist.get_rank() == 0",
+    "hvd.rank() == 0",
+    "rank",
+    "not rank",
 ]
 NOT_RANK_CONDITIONS = [
-    "world_size > 1", "dist.is_initialized()", "args.local_rank == -1", "args.local_rank != -1",
-    "rank is None", "local_rank >= 0", "epoch % 5 == 0", "os.environ['WORLD_SIZE'] == '1'",
-    "self.training", "matrix.ranking == 0", "dist.get_world_size() > 1",
+    "world_size > 1",
+    "dist.is_initialized()",
+    "args.local_rank == -1",
+    "args.local_rank != -1",
+    "rank is None",
+    "local_rank >= 0",
+    "epoch % 5 == 0",
+    "os.environ['WORLD_SIZE'] == '1'",
+    "self.training",
+    "matrix.ranking == 0",
+    "dist.get_world_size() > 1",
 ]
 
 
@@ -272,23 +315,33 @@ def helper():
 """
 
 
-@pytest.mark.parametrize("marker, expected", [
-    ("only_zero", {"line": 7, "text": "if r == 0:", "kind": "if"}),
-    ("the_others", {"line": 7, "text": "if r == 0:", "kind": "else"}),
-    ("after_exit", {"line": 11, "text": "if local_rank != 0:", "kind": "early_exit", "exit_line": 12}),
-    ("polling", {"line": 15, "text": "while dist.get_rank() > step:", "kind": "while"}),
-    ("everyone", None),
-    ("anywhere", None),
-])
+@pytest.mark.parametrize(
+    "marker, expected",
+    [
+        ("only_zero", {"line": 7, "text": "if r == 0:", "kind": "if"}),
+        ("the_others", {"line": 7, "text": "if r == 0:", "kind": "else"}),
+        ("after_exit", {"line": 11, "text": "if local_rank != 0:", "kind": "early_exit", "exit_line": 12}),
+        ("polling", {"line": 15, "text": "while dist.get_rank() > step:", "kind": "while"}),
+        ("everyone", None),
+        ("anywhere", None),
+    ],
+)
 def test_rank_condition_at(marker, expected):
     line = next(n for n, text in enumerate(CONDITION_SOURCE.splitlines(), 1) if marker in text)
     assert rank_condition_at(CONDITION_SOURCE, line) == expected
 
 
-@pytest.mark.parametrize("source, line", [
-    ("def broken(:\n    pass\n", 2), (CONDITION_SOURCE, 0), (CONDITION_SOURCE, 10_000), (None, 3),
-    (CONDITION_SOURCE, "8"), ("x = '\0'\n", 1),
-])
+@pytest.mark.parametrize(
+    "source, line",
+    [
+        ("def broken(:\n    pass\n", 2),
+        (CONDITION_SOURCE, 0),
+        (CONDITION_SOURCE, 10_000),
+        (None, 3),
+        (CONDITION_SOURCE, "8"),
+        ("x = '\0'\n", 1),
+    ],
+)
 def test_rank_condition_at_never_raises(source, line):
     assert rank_condition_at(source, line) is None
 
@@ -306,6 +359,7 @@ def test_rank_condition_at_path_reads_caches_and_notices_edits(tmp_path):
 
 
 # --- the command line ----------------------------------------------------------------------------------------
+
 
 def test_cli_exit_0_when_clean(capsys):
     assert main([str(FIXTURES / "seed_trainer_fixed.py")]) == 0
@@ -340,8 +394,9 @@ def test_cli_parse_error_exits_2_and_still_checks_the_rest(tmp_path, capsys):
     assert main(["--select", "DDP004", str(tmp_path)]) == 2  # a file that did not parse is never clean
 
 
-@pytest.mark.parametrize("argv", [[], ["--select", "DDP999", "x.py"], ["--format", "xml", "x.py"],
-                                  ["does/not/exist.py"]])
+@pytest.mark.parametrize(
+    "argv", [[], ["--select", "DDP999", "x.py"], ["--format", "xml", "x.py"], ["does/not/exist.py"]]
+)
 def test_cli_usage_errors_exit_2(argv, capsys):
     assert main(argv) == 2
 
@@ -377,10 +432,14 @@ def test_folders_skip_hidden_venvs_and_pycache(tmp_path, capsys):
 
 @pytest.mark.real
 def test_python_dash_m_runs_the_linter():
-    result = subprocess.run([sys.executable, "-m", "ddpwatch.lint", "--no-hints",
-                             "tests/lint_fixtures/seed_trainer.py"],
-                            cwd=REPO, capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        [sys.executable, "-m", "ddpwatch.lint", "--no-hints", "tests/lint_fixtures/seed_trainer.py"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert result.returncode == 1, result.stderr
     assert TEXT_LINE.match(result.stdout.splitlines()[0])
 

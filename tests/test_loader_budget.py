@@ -32,6 +32,7 @@ QUICK_S = 30  # a FIFO read blocks forever; far longer than refusing one takes o
 
 # ---------------------------------------------------------------- (b) only regular files
 
+
 @pytest.mark.real
 def test_a_fifo_named_rank_0_json_is_refused_not_read(tmp_path):
     fifo = tmp_path / "rank-0.json"
@@ -79,21 +80,38 @@ def test_a_fifo_flight_recorder_dump_is_skipped_and_said(tmp_path):
 
 # ---------------------------------------------------------------- (c) hostile files: pickle opcodes by hand
 
+
 def shared_lists(levels, width=10, leaf=100):
     """Pickle opcodes leaving one list on the stack: `levels` levels of `width` references to the level below,
     a string of `leaf` characters at the bottom. Its repr is about leaf * width**levels characters; the opcodes
     are about 25 bytes a level (memo references)."""
     out = pickle.BINUNICODE + struct.pack("<I", leaf) + b"x" * leaf + pickle.BINPUT + b"\x00" + pickle.POP
     for level in range(1, levels + 1):
-        out += (pickle.EMPTY_LIST + pickle.MARK + (pickle.BINGET + bytes([level - 1])) * width + pickle.APPENDS
-                + pickle.BINPUT + bytes([level]) + (pickle.POP if level < levels else b""))
+        out += (
+            pickle.EMPTY_LIST
+            + pickle.MARK
+            + (pickle.BINGET + bytes([level - 1])) * width
+            + pickle.APPENDS
+            + pickle.BINPUT
+            + bytes([level])
+            + (pickle.POP if level < levels else b"")
+        )
     return out
 
 
 def builtin_call(name, args, count):
     """A protocol-2 pickle calling builtins.<name> on the `count` values `args` leaves on the stack."""
-    return (b"\x80\x02" + pickle.GLOBAL + b"__builtin__\n" + name + b"\n" + args
-            + {1: pickle.TUPLE1, 2: pickle.TUPLE2}[count] + pickle.REDUCE + pickle.STOP)
+    return (
+        b"\x80\x02"
+        + pickle.GLOBAL
+        + b"__builtin__\n"
+        + name
+        + b"\n"
+        + args
+        + {1: pickle.TUPLE1, 2: pickle.TUPLE2}[count]
+        + pickle.REDUCE
+        + pickle.STOP
+    )
 
 
 HOSTILE_PICKLES = {
@@ -111,8 +129,8 @@ HOSTILE_PICKLES = {
 }
 
 HOSTILE_JSON = {
-    "empty_objects": b"[" + b"{}," * (25 * 10**6 // 3) + b"{}]",   # 25 MB: 8 M dicts
-    "empty_arrays": b"[" + b"[]," * (25 * 10**6 // 3) + b"[]]",    # 25 MB: 8 M lists
+    "empty_objects": b"[" + b"{}," * (25 * 10**6 // 3) + b"{}]",  # 25 MB: 8 M dicts
+    "empty_arrays": b"[" + b"[]," * (25 * 10**6 // 3) + b"[]]",  # 25 MB: 8 M lists
 }
 
 _LOAD = """
@@ -135,8 +153,14 @@ print(json.dumps({{"error": error, "s": time.perf_counter() - start, "peak_mib":
 
 def load_in_a_subprocess(kind, path):
     """(error or None, peak RSS in MiB) of loading path as ddpwatch does, under a 2 GiB address-space limit."""
-    done = subprocess.run([sys.executable, "-c", _LOAD.format(limit=ADDRESS_LIMIT), kind, str(path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=180, env=dict(os.environ, PYTHONPATH=ROOT))
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD.format(limit=ADDRESS_LIMIT), kind, str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     return result["error"], result["peak_mib"]
@@ -159,8 +183,9 @@ def test_four_mib_of_one_byte_opcodes_stop_at_the_budget(tmp_path, name):
     path = tmp_path / "fr_trace_0"
     path.write_bytes(HOSTILE_PICKLES[name])
     error, peak_mib = load_in_a_subprocess("pickle", path)
-    budget_mib = bounded.Budget("", len(HOSTILE_PICKLES[name]), fr.PICKLE_BUILT_CAP,
-                                fr.PICKLE_BUILT_PER_BYTE).limit / 2**20
+    budget_mib = (
+        bounded.Budget("", len(HOSTILE_PICKLES[name]), fr.PICKLE_BUILT_CAP, fr.PICKLE_BUILT_PER_BYTE).limit / 2**20
+    )
     assert "would build more than" in error, error[:1000]
     assert peak_mib < budget_mib + 150, (peak_mib, budget_mib)  # the sets built until then, and the interpreter
 
@@ -183,6 +208,7 @@ def test_the_budget_error_reaches_the_command_as_one_line(tmp_path):
 
 
 # ---------------------------------------------------------------- what is legitimate still loads, floor aside
+
 
 @pytest.fixture
 def no_floor(monkeypatch):
@@ -234,6 +260,7 @@ def test_torchs_own_2000_entry_dump_loads_within_the_per_byte_allowance(tmp_path
     from ddpwatch.launch import free_port
 
     path = tmp_path / "fr_trace_0"
-    subprocess.run([sys.executable, "-c", TORCH_DUMP, str(path), str(free_port())], check=True, timeout=150,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", TORCH_DUMP, str(path), str(free_port())], check=True, timeout=150, capture_output=True
+    )
     assert len(fr.load_dump(str(path))["entries"]) == 2000

@@ -23,8 +23,10 @@ def test_each_epoch_counts_the_training_steps_run_while_its_loader_was_the_last_
         epochs.began(val)  # validation under no_grad: no training step
     epochs.began(train)
     steps.steps += 1
-    assert epochs.read() == [{"loader": 0, "epochs": 4, "steps": [4, 4, 4, 1]},
-                             {"loader": 1, "epochs": 3, "steps": [0, 0, 0]}]
+    assert epochs.read() == [
+        {"loader": 0, "epochs": 4, "steps": [4, 4, 4, 1]},
+        {"loader": 1, "epochs": 3, "steps": [0, 0, 0]},
+    ]
 
 
 def test_only_the_last_epochs_and_the_newest_loaders_are_kept():
@@ -86,5 +88,8 @@ def test_each_loader_says_its_length_when_its_last_epoch_began_and_none_when_it_
         epochs.began(loader)
     sized.length = 6  # a length read at each epoch's start: the last one is kept
     epochs.began(sized)
-    assert epochs.read() == [{"loader": 0, "epochs": 2, "steps": [0, 0], "length": 6},
-                             {"loader": 1, "epochs": 1, "steps": [0]}, {"loader": 2, "epochs": 1, "steps": [0]}]
+    assert epochs.read() == [
+        {"loader": 0, "epochs": 2, "steps": [0, 0], "length": 6},
+        {"loader": 1, "epochs": 1, "steps": [0]},
+        {"loader": 2, "epochs": 1, "steps": [0]},
+    ]

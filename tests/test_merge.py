@@ -130,12 +130,15 @@ def test_a_folder_of_several_incidents_must_be_narrowed(tmp_path, capsys):
     assert "holds 2 incident folders" in err
 
 
-@pytest.mark.parametrize("fmt, check", [
-    ("text", lambda out: out.startswith("=" * 80)),
-    ("json", lambda out: json.loads(out)["format_version"] == FORMAT_VERSION),
-    ("html", lambda out: out.startswith("<!DOCTYPE html>")),
-    ("trace", lambda out: json.loads(out)["traceEvents"]),
-])
+@pytest.mark.parametrize(
+    "fmt, check",
+    [
+        ("text", lambda out: out.startswith("=" * 80)),
+        ("json", lambda out: json.loads(out)["format_version"] == FORMAT_VERSION),
+        ("html", lambda out: out.startswith("<!DOCTYPE html>")),
+        ("trace", lambda out: json.loads(out)["traceEvents"]),
+    ],
+)
 def test_a_saved_incident_renders_in_every_format(tmp_path, capsys, fmt, check):
     st = seed_states(2)
     doc = incident(st, analysis.analyze(st, 2, 2.0, 300.0))

@@ -32,12 +32,32 @@ CASES = [
     Case("uneven", "uneven_inputs", [0], ["uneven_backward"]),
     Case("shape", "shape_mismatch", [1], ["shape_all_reduce"], host_blocked=[0]),
     Case("group_order", "group_order", [0, 1], ["order_first", "order_second"], host_blocked=[0, 1]),
-    Case("stuck", "collective_stuck", [0, 1], ["stuck_all_reduce"], env=dict(ABORT, DDPWATCH_TIMEOUT=4),
-         host_blocked=[0, 1]),
-    Case("unresponsive", "unresponsive_rank", [1], ["stopped"], env={"DDPWATCH_ACTION": "report",
-                                                                     "DDPWATCH_DEAD_AFTER": 4}, exits=None),
-    Case("dead", "dead_rank", [1], [], ranks=3, env=dict(ABORT, DDPWATCH_DEAD_AFTER=4), exits={0: 3, 1: 1},
-         host_blocked=[0]),
+    Case(
+        "stuck",
+        "collective_stuck",
+        [0, 1],
+        ["stuck_all_reduce"],
+        env=dict(ABORT, DDPWATCH_TIMEOUT=4),
+        host_blocked=[0, 1],
+    ),
+    Case(
+        "unresponsive",
+        "unresponsive_rank",
+        [1],
+        ["stopped"],
+        env={"DDPWATCH_ACTION": "report", "DDPWATCH_DEAD_AFTER": 4},
+        exits=None,
+    ),
+    Case(
+        "dead",
+        "dead_rank",
+        [1],
+        [],
+        ranks=3,
+        env=dict(ABORT, DDPWATCH_DEAD_AFTER=4),
+        exits={0: 3, 1: 1},
+        host_blocked=[0],
+    ),
 ]
 
 
@@ -45,8 +65,15 @@ def run_on_fakenccl(case, report_dir):
     stop_when = (lambda: bool(reports(report_dir))) if case.exits is None else None  # a stopped rank stays hung
     if case.name == "dead":  # rank 2 sleeps 60 s, alive outside collectives: stopped once rank 0 has exited
         stop_when = reported_and_exited(report_dir, 0)
-    return run_case([CATALOGUE, case.name], case.ranks, report_dir, timeout=60, stop_when=stop_when,
-                    CATALOGUE_BACKEND="fakenccl", **case.env)
+    return run_case(
+        [CATALOGUE, case.name],
+        case.ranks,
+        report_dir,
+        timeout=60,
+        stop_when=stop_when,
+        CATALOGUE_BACKEND="fakenccl",
+        **case.env,
+    )
 
 
 def main_thread_functions(incident, rank):

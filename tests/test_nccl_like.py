@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.timeout(90), pytest.mark.real]  # every test starts gl
 def facts_of(result):
     lines = [line for line in result.stdout.splitlines() if line.startswith("FACTS ")]
     assert len(lines) == 1, result.stdout + result.stderr[-3000:]
-    return json.loads(lines[0][len("FACTS "):])
+    return json.loads(lines[0][len("FACTS ") :])
 
 
 def test_calls_return_before_the_op_completes_and_synchronize_waits_for_it(tmp_path):
@@ -44,8 +44,9 @@ def test_ddp_trains_through_it_and_the_ranks_agree(tmp_path):
 
 def test_a_collective_on_one_rank_leaves_its_thread_free_until_synchronize_where_it_blocks(tmp_path):
     blocked = tmp_path / "blocked"
-    results = run_case([PROBES, "lone_collective"], 2, tmp_path, timeout=60, stop_when=blocked.exists,
-                       FAKENCCL_BLOCKED_FILE=blocked)
+    results = run_case(
+        [PROBES, "lone_collective"], 2, tmp_path, timeout=60, stop_when=blocked.exists, FAKENCCL_BLOCKED_FILE=blocked
+    )
     assert blocked.exists(), describe(results)
     lone = facts_of(results[0])
     assert lone["returned_s"] < 1.5 and lone["steps"] == 100000

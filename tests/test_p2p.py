@@ -51,15 +51,17 @@ def test_a_ring_of_three_sends_is_one_cycle_through_every_rank():
 
 
 def test_irecvs_waited_before_either_side_sends_are_a_recv_first_cycle():
-    finding = only_finding(*two([p2p(0, "recv", 1, api="irecv", waited=True)],
-                                [p2p(0, "recv", 0, api="irecv", waited=True)]))
+    finding = only_finding(
+        *two([p2p(0, "recv", 1, api="irecv", waited=True)], [p2p(0, "recv", 0, api="irecv", waited=True)])
+    )
     assert finding["evidence"]["shape"] == "recv_first"
     assert "send first" in finding["fix"]
 
 
 def test_a_send_and_a_recv_with_different_tags_name_both_ranks_and_the_recv_line():
-    finding = only_finding(*two([p2p(0, "send", 1, tag=7, site=("x.py", 5, "f"))],
-                                [p2p(0, "recv", 0, tag=8, site=("x.py", 9, "f"))]))
+    finding = only_finding(
+        *two([p2p(0, "send", 1, tag=7, site=("x.py", 5, "f"))], [p2p(0, "recv", 0, tag=8, site=("x.py", 9, "f"))])
+    )
     assert finding["evidence"]["shape"] == "unmatched"
     assert finding["ranks"] == [0, 1]
     assert finding["location"]["line"] == 9
@@ -68,9 +70,11 @@ def test_a_send_and_a_recv_with_different_tags_name_both_ranks_and_the_recv_line
 
 
 def test_a_recv_from_the_wrong_source_is_the_pair_that_does_not_match():
-    ranks = [rank_state(0, 3, inflight=[p2p(0, "send", 1, site=("x.py", 5, "f"))]),
-             rank_state(1, 3, inflight=[p2p(0, "recv", 2, site=("x.py", 7, "f"))]),
-             rank_state(2, 3, inflight=[rec(0, "barrier", site=("x.py", 9, "f"))])]
+    ranks = [
+        rank_state(0, 3, inflight=[p2p(0, "send", 1, site=("x.py", 5, "f"))]),
+        rank_state(1, 3, inflight=[p2p(0, "recv", 2, site=("x.py", 7, "f"))]),
+        rank_state(2, 3, inflight=[rec(0, "barrier", site=("x.py", 9, "f"))]),
+    ]
     finding = only_finding(*ranks)
     assert finding["evidence"]["shape"] == "unmatched"
     assert finding["ranks"] == [0, 1]
@@ -79,8 +83,9 @@ def test_a_recv_from_the_wrong_source_is_the_pair_that_does_not_match():
 
 def test_a_stage_sending_one_microbatch_more_than_its_peer_receives_names_both_sides_with_their_counts():
     """Which side's count is wrong is the program's to say: both stages are named, with both counts."""
-    stage0, stage1 = two([p2p(3, "send", 1, site=("pipe.py", 20, "stage"))],
-                         [rec(0, "all_reduce", site=("pipe.py", 30, "stage"))])
+    stage0, stage1 = two(
+        [p2p(3, "send", 1, site=("pipe.py", 20, "stage"))], [rec(0, "all_reduce", site=("pipe.py", 30, "stage"))]
+    )
     stage0["p2p_counts"], stage1["p2p_counts"] = {"0:send:1": 4}, {"0:recv:0": 3}
     finding = only_finding(stage0, stage1)
     assert (finding["evidence"]["shape"], finding["ranks"]) == ("into_collective", [0, 1])
@@ -91,8 +96,12 @@ def test_a_stage_sending_one_microbatch_more_than_its_peer_receives_names_both_s
 
 
 def test_an_isend_waited_on_is_located_where_it_waits_and_said_where_it_was_issued():
-    waiting = rank_state(0, 2, inflight=[p2p(0, "send", 1, api="isend", waited=True, site=("x.py", 5, "f"))],
-                         stacks=[F.main_stack(("x.py", 1, "main"), ("x.py", 9, "f"), (F.TORCH_FILE, 10, "wait", True))])
+    waiting = rank_state(
+        0,
+        2,
+        inflight=[p2p(0, "send", 1, api="isend", waited=True, site=("x.py", 5, "f"))],
+        stacks=[F.main_stack(("x.py", 1, "main"), ("x.py", 9, "f"), (F.TORCH_FILE, 10, "wait", True))],
+    )
     other = rank_state(1, 2, inflight=[p2p(0, "send", 0, api="isend", waited=True, site=("x.py", 5, "f"))])
     finding = only_finding(waiting, other)
     assert finding["location"]["line"] == 9
@@ -102,13 +111,17 @@ def test_an_isend_waited_on_is_located_where_it_waits_and_said_where_it_was_issu
 def test_batch_isend_irecv_ops_are_matched_one_by_one():
     batch = p2p(0, "batch_p2p", -2, api="batch_isend_irecv", waited=True, ops=[("send", 1, 0), ("recv", 1, 0)])
     finding = only_finding(*two([batch], [rec(0, "barrier", site=("x.py", 9, "f"))]))
-    assert (finding["kind"], finding["ranks"], finding["evidence"]["shape"]) == ("p2p_deadlock", [0, 1],
-                                                                                  "into_collective")
+    assert (finding["kind"], finding["ranks"], finding["evidence"]["shape"]) == (
+        "p2p_deadlock",
+        [0, 1],
+        "into_collective",
+    )
     assert "batch_isend_irecv (send to rank 1, recv from rank 1)" in finding["evidence"]["mismatched"][0]["description"]
     assert "lists must pair" in finding["fix"]
 
 
 # ---------------------------------------------------------------- not proven: it can still move, or it is not a wait
+
 
 def test_a_matching_send_and_recv_both_in_flight_are_a_slow_transfer_not_a_deadlock():
     assert assess(*two([p2p(0, "send", 1)], [p2p(0, "recv", 0)])).verdict is None

@@ -8,8 +8,7 @@ HOST = "node0"
 
 
 def peer(rank, beat=5, host=HOST, status="running", inflight=()):
-    return {"rank": rank, "beat": beat, "host": host, "pid": 1000 + rank, "status": status,
-            "inflight": list(inflight)}
+    return {"rank": rank, "beat": beat, "host": host, "pid": 1000 + rank, "status": status, "inflight": list(inflight)}
 
 
 class Looks:
@@ -25,8 +24,9 @@ class Looks:
 
 
 def tracker(rank=1, world_size=2, look=None, **config):
-    return PeerTracker(rank, world_size, HOST, Config(**{"dead_after": 3.0, "interval": 0.5, **config}),
-                       look=look or Looks())
+    return PeerTracker(
+        rank, world_size, HOST, Config(**{"dead_after": 3.0, "interval": 0.5, **config}), look=look or Looks()
+    )
 
 
 def test_silence_counts_from_the_first_sight_of_a_beat_on_the_injected_clock():
@@ -51,8 +51,10 @@ def test_a_peer_that_never_published_is_silent_once_dead_after_has_passed():
 
 
 def test_a_frozen_local_peer_is_silent_with_its_facts_a_busy_one_made_busy():
-    look = Looks(p1000={"exists": True, "status": "stopped", "cpu_s": 1.0},
-                 p1002={"exists": True, "status": "running", "cpu_s": 1.0})
+    look = Looks(
+        p1000={"exists": True, "status": "stopped", "cpu_s": 1.0},
+        p1002={"exists": True, "status": "running", "cpu_s": 1.0},
+    )
     peers = tracker(rank=1, world_size=3, look=look)
     seen = {0: peer(0, inflight=[{"seq": 1}]), 2: peer(2, inflight=[{"seq": 1}])}
     assert peers.silent_peers(seen, 10.0) == {}
@@ -95,8 +97,12 @@ def test_vanished_peers_gone_here_at_once_elsewhere_after_three_intervals():
     assert list(vanished) == [0] and vanished[0]["remote"] is False
     assert list(peers.vanished_peers(seen, 1.4)) == [0]
     vanished = peers.vanished_peers(seen, 1.5)
-    assert sorted(vanished) == [0, 1] and vanished[1] == {"silent_s": 1.5, "last_state": seen[1], "process": None,
-                                                          "remote": True}
+    assert sorted(vanished) == [0, 1] and vanished[1] == {
+        "silent_s": 1.5,
+        "last_state": seen[1],
+        "process": None,
+        "remote": True,
+    }
 
 
 def test_an_exited_or_unpublished_peer_never_vanishes():

@@ -23,8 +23,15 @@ def held_seconds(results):
 
 def test_a_rank_holding_the_gil_20_s_between_barriers_is_busy_not_unresponsive(tmp_path):
     # Before the fix: unresponsive_rank after dead_after, and with action=abort both ranks exited 3.
-    results = run_case([BUSY, "gil_hold", "20"], 2, tmp_path, timeout=180, DDPWATCH_ACTION="abort",
-                       DDPWATCH_DEAD_AFTER=DEAD_AFTER, DDPWATCH_TIMEOUT=150)
+    results = run_case(
+        [BUSY, "gil_hold", "20"],
+        2,
+        tmp_path,
+        timeout=180,
+        DDPWATCH_ACTION="abort",
+        DDPWATCH_DEAD_AFTER=DEAD_AFTER,
+        DDPWATCH_TIMEOUT=150,
+    )
     assert [r.returncode for r in results] == [0, 0], describe(results)
     assert reports(tmp_path) == [], describe(results)
     [held] = held_seconds(results)
@@ -32,8 +39,15 @@ def test_a_rank_holding_the_gil_20_s_between_barriers_is_busy_not_unresponsive(t
 
 
 def test_a_rank_holding_the_gil_past_the_timeout_is_a_straggler_never_earlier(tmp_path):
-    results = run_case([BUSY, "gil_hold", "16"], 2, tmp_path, timeout=150, DDPWATCH_ACTION="report",
-                       DDPWATCH_DEAD_AFTER=DEAD_AFTER, DDPWATCH_TIMEOUT=8)
+    results = run_case(
+        [BUSY, "gil_hold", "16"],
+        2,
+        tmp_path,
+        timeout=150,
+        DDPWATCH_ACTION="report",
+        DDPWATCH_DEAD_AFTER=DEAD_AFTER,
+        DDPWATCH_TIMEOUT=8,
+    )
     assert [r.returncode for r in results] == [0, 0], describe(results)
     assert len(reports(tmp_path)) == 1, describe(results)
     incident = load_only_report(tmp_path)
@@ -46,8 +60,15 @@ def test_a_rank_holding_the_gil_past_the_timeout_is_a_straggler_never_earlier(tm
 
 
 def test_three_ranks_of_pure_python_cpu_hogs_give_no_report(tmp_path):
-    results = run_case([BUSY, "cpu_hogs", "15"], 3, tmp_path, timeout=150, DDPWATCH_ACTION="abort",
-                       DDPWATCH_DEAD_AFTER=DEAD_AFTER, DDPWATCH_TIMEOUT=60)
+    results = run_case(
+        [BUSY, "cpu_hogs", "15"],
+        3,
+        tmp_path,
+        timeout=150,
+        DDPWATCH_ACTION="abort",
+        DDPWATCH_DEAD_AFTER=DEAD_AFTER,
+        DDPWATCH_TIMEOUT=60,
+    )
     assert [r.returncode for r in results] == [0, 0, 0], describe(results)
     assert reports(tmp_path) == [], describe(results)
     assert len(held_seconds(results)) == 3
@@ -73,8 +94,15 @@ def test_gil_held_sleep_and_long_torch_work_beside_three_cpu_hogs_give_no_report
     # (unresponsive_rank) and action=abort ended the correct job with codes [3, 1].
     hogs = start_cpu_hogs(3, 120)
     try:
-        results = run_case([BUSY, "benign_mix", "12"], 2, tmp_path, timeout=200, DDPWATCH_ACTION="abort",
-                           DDPWATCH_DEAD_AFTER=DEAD_AFTER, DDPWATCH_TIMEOUT=150)
+        results = run_case(
+            [BUSY, "benign_mix", "12"],
+            2,
+            tmp_path,
+            timeout=200,
+            DDPWATCH_ACTION="abort",
+            DDPWATCH_DEAD_AFTER=DEAD_AFTER,
+            DDPWATCH_TIMEOUT=150,
+        )
     finally:
         stop(hogs)
     assert [r.returncode for r in results] == [0, 0], describe(results)
@@ -84,8 +112,15 @@ def test_gil_held_sleep_and_long_torch_work_beside_three_cpu_hogs_give_no_report
 
 
 def test_a_rank_asleep_in_c_past_the_timeout_is_a_straggler_shown_with_its_native_stack(tmp_path):
-    results = run_case([BUSY, "gil_sleep", "16"], 2, tmp_path, timeout=150, DDPWATCH_ACTION="report",
-                       DDPWATCH_DEAD_AFTER=DEAD_AFTER, DDPWATCH_TIMEOUT=7)
+    results = run_case(
+        [BUSY, "gil_sleep", "16"],
+        2,
+        tmp_path,
+        timeout=150,
+        DDPWATCH_ACTION="report",
+        DDPWATCH_DEAD_AFTER=DEAD_AFTER,
+        DDPWATCH_TIMEOUT=7,
+    )
     assert [r.returncode for r in results] == [0, 0], describe(results)
     incident = load_only_report(tmp_path)
     [finding] = incident["findings"]

@@ -87,8 +87,15 @@ def test_a_collective_that_never_completes_anywhere_is_collective_stuck(tmp_path
 
 
 def test_a_stopped_rank_is_unresponsive_with_its_process_state(tmp_path):
-    results = run_case([CATALOGUE, "unresponsive"], 2, tmp_path, timeout=60, DDPWATCH_ACTION="report",
-                       DDPWATCH_DEAD_AFTER=4, stop_when=lambda: bool(reports(tmp_path)))
+    results = run_case(
+        [CATALOGUE, "unresponsive"],
+        2,
+        tmp_path,
+        timeout=60,
+        DDPWATCH_ACTION="report",
+        DDPWATCH_DEAD_AFTER=4,
+        stop_when=lambda: bool(reports(tmp_path)),
+    )
     incident, finding = finding_of(tmp_path, results)
     assert finding["kind"] == "unresponsive_rank"
     assert finding["ranks"] == [1]
@@ -98,8 +105,15 @@ def test_a_stopped_rank_is_unresponsive_with_its_process_state(tmp_path):
 
 def test_a_vanished_rank_is_dead(tmp_path):
     # Rank 2 sleeps 60 s, alive outside collectives: the job is stopped once rank 0 has acted on the verdict.
-    results = run_case([CATALOGUE, "dead"], 3, tmp_path, timeout=60, stop_when=reported_and_exited(tmp_path, 0),
-                       DDPWATCH_ACTION="abort", DDPWATCH_DEAD_AFTER=4)
+    results = run_case(
+        [CATALOGUE, "dead"],
+        3,
+        tmp_path,
+        timeout=60,
+        stop_when=reported_and_exited(tmp_path, 0),
+        DDPWATCH_ACTION="abort",
+        DDPWATCH_DEAD_AFTER=4,
+    )
     assert results[1].returncode == 1 and results[0].returncode == 3, describe(results)
     _, finding = finding_of(tmp_path, results)
     assert finding["kind"] == "dead_rank"

@@ -17,12 +17,14 @@ FRAMEWORKS = os.path.join(SCENARIOS, "frameworks.py")
 pytestmark = pytest.mark.timeout(150)
 
 needs_lightning = pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason="lightning not installed")
-needs_accelerate = pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
-                                      reason="accelerate not installed")
-needs_fsdp2 = pytest.mark.skipif(importlib.util.find_spec("torch.distributed.fsdp._fully_shard") is None,
-                                 reason="torch without FSDP2 (fully_shard, torch >= 2.6)")
-needs_dtensor = pytest.mark.skipif(importlib.util.find_spec("torch.distributed.tensor") is None,
-                                   reason="torch without public DTensor (torch >= 2.5)")
+needs_accelerate = pytest.mark.skipif(importlib.util.find_spec("accelerate") is None, reason="accelerate not installed")
+needs_fsdp2 = pytest.mark.skipif(
+    importlib.util.find_spec("torch.distributed.fsdp._fully_shard") is None,
+    reason="torch without FSDP2 (fully_shard, torch >= 2.6)",
+)
+needs_dtensor = pytest.mark.skipif(
+    importlib.util.find_spec("torch.distributed.tensor") is None, reason="torch without public DTensor (torch >= 2.5)"
+)
 
 
 def line(tag):
@@ -32,8 +34,16 @@ def line(tag):
 def hang_report(case, tmp_path, **env):
     """Run a hanging case with action=report, stop the job once the report lands, return (incident, finding)."""
     report_dir = tmp_path / "reports"
-    results = run_case([FRAMEWORKS, case], 2, report_dir, timeout=60, stop_when=lambda: bool(reports(report_dir)),
-                       DDPWATCH_ACTION="report", DDPWATCH_TIMEOUT=10, **env)
+    results = run_case(
+        [FRAMEWORKS, case],
+        2,
+        report_dir,
+        timeout=60,
+        stop_when=lambda: bool(reports(report_dir)),
+        DDPWATCH_ACTION="report",
+        DDPWATCH_TIMEOUT=10,
+        **env,
+    )
     assert reports(report_dir), "no report at all\n" + describe(results)
     incident = load_only_report(report_dir)
     assert len(incident["findings"]) == 1, (incident["findings"], describe(results))
@@ -64,14 +74,23 @@ def assert_collective_on_subset(incident, finding, tag, condition_words):
 
 def run_benign(case, tmp_path, **env):
     report_dir = tmp_path / "reports"
-    results = run_case([FRAMEWORKS, case], 2, report_dir, timeout=90, DDPWATCH_ACTION="report",
-                       DDPWATCH_TIMEOUT=10, FRAMEWORKS_ROOT_DIR=str(tmp_path), **env)
+    results = run_case(
+        [FRAMEWORKS, case],
+        2,
+        report_dir,
+        timeout=90,
+        DDPWATCH_ACTION="report",
+        DDPWATCH_TIMEOUT=10,
+        FRAMEWORKS_ROOT_DIR=str(tmp_path),
+        **env,
+    )
     assert all(r.returncode == 0 and "rank finished cleanly" in r.stderr for r in results), describe(results)
     assert reports(report_dir) == [], describe(results)
     return results
 
 
 # ---------------------------------------------------------------- Lightning
+
 
 @needs_lightning
 def test_lightning_sync_dist_log_on_global_zero_only(tmp_path):
@@ -104,6 +123,7 @@ def test_lightning_fit_with_validation_and_sync_dist_on_every_rank_gives_no_repo
 
 # ---------------------------------------------------------------- Accelerate
 
+
 @needs_accelerate
 def test_accelerate_wait_for_everyone_on_main_process_only(tmp_path):
     incident, finding = hang_report("accelerate_wait_rank0", tmp_path)
@@ -131,6 +151,7 @@ def test_accelerate_loop_with_gather_for_metrics_on_every_rank_gives_no_report(t
 
 
 # ---------------------------------------------------------------- FSDP2, functional collectives, DTensor
+
 
 @needs_fsdp2
 def test_fsdp2_evaluation_forward_on_rank0_only(tmp_path):
@@ -187,10 +208,14 @@ def test_dtensor_ops_on_every_rank_give_no_report(tmp_path):
 
 # ---------------------------------------------------------------- skip vs uneven (issue 12, point 5)
 
-@pytest.mark.parametrize("case", [
-    "skip_after_checkpoint",
-    "skip_after_checkpoint_backward",
-])
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "skip_after_checkpoint",
+        "skip_after_checkpoint_backward",
+    ],
+)
 def test_skip_after_a_matched_checkpoint_barrier_is_a_skipped_collective(tmp_path, case):
     incident, finding = hang_report(case, tmp_path)
     assert incident["trigger"] == "deadlock"
@@ -211,13 +236,36 @@ def test_abort_under_torchrun_ends_every_rank_quietly_with_the_verdict(tmp_path)
     from ddpwatch.launch import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("DDPWATCH")}
-    env.update(DDPWATCH_DIR=str(tmp_path / "reports"), DDPWATCH_ACTION="abort", DDPWATCH_TIMEOUT="10",
-               FRAMEWORKS_ROOT_DIR=str(tmp_path), PYTHONPATH=ROOT + os.pathsep
-               + env.get("PYTHONPATH", ""))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-               "--master-port", str(free_port()), FRAMEWORKS, "lightning_barrier_rank0"]
-    proc = subprocess.Popen(command, env=env, cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, stdin=subprocess.DEVNULL, start_new_session=True)
+    env.update(
+        DDPWATCH_DIR=str(tmp_path / "reports"),
+        DDPWATCH_ACTION="abort",
+        DDPWATCH_TIMEOUT="10",
+        FRAMEWORKS_ROOT_DIR=str(tmp_path),
+        PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        FRAMEWORKS,
+        "lightning_barrier_rank0",
+    ]
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        cwd=str(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=100)
     finally:

@@ -70,8 +70,11 @@ def test_a_stage_with_one_microbatch_more_than_its_peer_is_named_with_both_count
     assert f"send #4 to rank 1 at p2p.py:{line('stage_send')}; rank 1 has received 3 from it" in finding["summary"]
     assert "microbatches" in finding["fix"]
     collective = finding["evidence"]["cycle"][1]
-    assert (collective["rank"], collective["op"], collective["site"]["line"]) == (1, "all_reduce",
-                                                                                  line("stage_all_reduce"))
+    assert (collective["rank"], collective["op"], collective["site"]["line"]) == (
+        1,
+        "all_reduce",
+        line("stage_all_reduce"),
+    )
 
 
 def test_batch_isend_irecv_lists_that_do_not_pair_are_named_where_the_batch_is_waited_on(tmp_path):

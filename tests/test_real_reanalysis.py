@@ -26,8 +26,9 @@ def test_a_straggler_under_a_rank_condition_reanalysed_without_its_sources_is_wo
     job.mkdir()
     script = job / "train.py"
     shutil.copyfile(os.path.join(SCENARIOS, "hangs.py"), script)
-    results = run_case([str(script), "busy:40"], 2, tmp_path / "reports", timeout=90, DDPWATCH_TIMEOUT=4,
-                       DDPWATCH_ACTION="abort")
+    results = run_case(
+        [str(script), "busy:40"], 2, tmp_path / "reports", timeout=90, DDPWATCH_TIMEOUT=4, DDPWATCH_ACTION="abort"
+    )
     found = reports(tmp_path / "reports")
     assert len(found) == 1, describe(results)
     folder = os.path.dirname(found[0])

@@ -14,14 +14,23 @@ SCRIPT = os.path.join(SCENARIOS, "restart_once.py")
 
 
 def restart_env(tmp_path, **extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDPWATCH", "TORCHELASTIC", "MASTER_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TMPDIR=str(tmp_path),
-               DDPWATCH_DIR=str(tmp_path / "reports"), DDPWATCH_ACTION="abort",
-               # torch 2.13 shares the rendezvous store with the workers and keeps it across attempts: gloo then
-               # reads the last attempt's addresses and the restart fails (0 of 6 plain runs restarted cleanly here;
-               # docs/restarts.md). Off, each attempt has its own store.
-               TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DDPWATCH", "TORCHELASTIC", "MASTER_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
+    env.update(
+        PYTHONPATH=ROOT,
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        TMPDIR=str(tmp_path),
+        DDPWATCH_DIR=str(tmp_path / "reports"),
+        DDPWATCH_ACTION="abort",
+        # torch 2.13 shares the rendezvous store with the workers and keeps it across attempts: gloo then
+        # reads the last attempt's addresses and the restart fails (0 of 6 plain runs restarted cleanly here;
+        # docs/restarts.md). Off, each attempt has its own store.
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+    )
     env.update(extra)
     return env
 
@@ -31,8 +40,22 @@ def test_a_job_that_hangs_in_its_first_attempt_only_is_aborted_restarted_and_fin
     hook_log = tmp_path / "hook.log"
     hook = f'echo "$DDPWATCH_INCIDENT_DIR|$DDPWATCH_INCIDENT_KIND" >> {hook_log}'
     env = restart_env(tmp_path, DDPWATCH_ON_INCIDENT=hook)
-    command = [sys.executable, "-m", "ddpwatch", "run", "--", sys.executable, "-m", "torch.distributed.run",
-               "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", SCRIPT]
+    command = [
+        sys.executable,
+        "-m",
+        "ddpwatch",
+        "run",
+        "--",
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        SCRIPT,
+    ]
     code, output = run_job(command, env, tmp_path, timeout=120)
     assert code == 0, output[-5000:]
     assert "failed (exitcode: 3)" in output  # attempt 0: ended by ddpwatch's abort, which torchelastic restarts on

@@ -31,8 +31,17 @@ def run_signalled(case, signum, folder, watched, ranks=(0, 1)):
 
     # DDPWATCH=1 the way `ddpwatch run` sets it up: the bootstrap folder first on PYTHONPATH (no install needed)
     activation = dict(DDPWATCH="1", PYTHONPATH=os.pathsep.join((bootstrap.BOOTSTRAP_DIR, ROOT))) if watched else {}
-    results = run_case([SIGNALS, case], 2, folder / "reports", timeout=60, stop_when=signal_both_when_ready,
-                       READY_DIR=ready_dir, CKPT_DIR=ckpt_dir, DDPWATCH_INTERVAL=0.2, **activation)
+    results = run_case(
+        [SIGNALS, case],
+        2,
+        folder / "reports",
+        timeout=60,
+        stop_when=signal_both_when_ready,
+        READY_DIR=ready_dir,
+        CKPT_DIR=ckpt_dir,
+        DDPWATCH_INTERVAL=0.2,
+        **activation,
+    )
     assert sent, describe(results)
     armed = [f"SIGNALS rank {r.rank} ddpwatch armed={int(watched)}" in r.stderr for r in results]
     assert armed == [True, True], describe(results)
@@ -45,8 +54,10 @@ def run_signalled(case, signum, folder, watched, ranks=(0, 1)):
 
 def outcome(results, checkpoints):
     """What the program did: exit codes, the files it left, and its own log lines."""
-    lines = [sorted(line for line in r.stderr.splitlines() if line.startswith("SIGNALS") and "armed=" not in line)
-             for r in results]
+    lines = [
+        sorted(line for line in r.stderr.splitlines() if line.startswith("SIGNALS") and "armed=" not in line)
+        for r in results
+    ]
     return [r.returncode for r in results], checkpoints, lines
 
 
@@ -69,7 +80,8 @@ def test_the_programs_sigterm_handler_runs_as_without_ddpwatch(tmp_path, case):
     assert codes == [0, 0], plain  # the scenario's own ending, without ddpwatch
     assert checkpoints == {f"rank{r}.pt": {"rank": r, "how": "sigterm"} for r in (0, 1)}, plain
     assert [[line for line in rank if "saved" in line] for rank in lines] == [
-        [f"SIGNALS rank {r} sigterm: saved"] for r in (0, 1)], plain
+        [f"SIGNALS rank {r} sigterm: saved"] for r in (0, 1)
+    ], plain
     assert watched == plain
 
 
@@ -90,14 +102,16 @@ def test_sigterm_without_a_handler_ends_a_rank_blocked_in_a_barrier_by_the_signa
 
 # ----- a peer that leaves: the survivor's own `except` runs as without ddpwatch (issue 27 items 1 and 6) -----
 
+
 def activated(watched):
     """DDPWATCH=1 the way `ddpwatch run` sets it up (the bootstrap folder first on PYTHONPATH), or nothing."""
     return dict(DDPWATCH="1", PYTHONPATH=os.pathsep.join((bootstrap.BOOTSTRAP_DIR, ROOT))) if watched else {}
 
 
 def survivor_lines(text):
-    return sorted(line.split("SIGNALS ", 1)[1] for line in text.splitlines()
-                  if "SIGNALS rank" in line and "armed=" not in line)
+    return sorted(
+        line.split("SIGNALS ", 1)[1] for line in text.splitlines() if "SIGNALS rank" in line and "armed=" not in line
+    )
 
 
 def test_the_survivors_emergency_checkpoint_is_written_when_its_peer_dies_under_torchrun(tmp_path):
@@ -109,8 +123,15 @@ def test_the_survivors_emergency_checkpoint_is_written_when_its_peer_dies_under_
     for watched in (False, True):
         folder = tmp_path / ("watched" if watched else "plain")
         (folder / "checkpoints").mkdir(parents=True)
-        code, output = run_torchrun([SIGNALS, "peer_dies"], 2, folder / "reports", timeout=60,
-                                    CKPT_DIR=folder / "checkpoints", DDPWATCH_INTERVAL=0.2, **activated(watched))
+        code, output = run_torchrun(
+            [SIGNALS, "peer_dies"],
+            2,
+            folder / "reports",
+            timeout=60,
+            CKPT_DIR=folder / "checkpoints",
+            DDPWATCH_INTERVAL=0.2,
+            **activated(watched),
+        )
         assert f"SIGNALS rank 0 ddpwatch armed={int(watched)}" in output, output[-3000:]
         checkpoints = sorted(name for name in os.listdir(folder / "checkpoints") if name.endswith(".pt"))
         seen[watched] = (code, checkpoints, survivor_lines(output))
@@ -123,8 +144,16 @@ def test_a_survivor_that_lingers_gets_its_except_at_once_and_a_dead_rank_report(
     the watchdog, on its own thread, writes the dead_rank report meanwhile."""
     folder = tmp_path / "run"
     (folder / "checkpoints").mkdir(parents=True)
-    results = run_case([SIGNALS, "peer_dies"], 2, folder / "reports", timeout=60, CKPT_DIR=folder / "checkpoints",
-                       LINGER_S=3, DDPWATCH_INTERVAL=0.2, **activated(True))
+    results = run_case(
+        [SIGNALS, "peer_dies"],
+        2,
+        folder / "reports",
+        timeout=60,
+        CKPT_DIR=folder / "checkpoints",
+        LINGER_S=3,
+        DDPWATCH_INTERVAL=0.2,
+        **activated(True),
+    )
     assert [r.returncode for r in results] == [1, 5], describe(results)
     assert "SIGNALS rank 0 emergency checkpoint saved, heard promptly" in results[0].stderr, describe(results)
     [finding] = load_only_report(folder / "reports")["findings"]
@@ -135,10 +164,12 @@ def test_a_rank_that_leaves_on_its_own_sigterm_handler_is_not_blamed_and_does_no
     """Only rank 1 gets SIGTERM; its handler checkpoints and exits 0, while rank 0 waits for it in all_reduce.
     Before (issue 27 item 6): a skipped_collective report blamed rank 1 ("an early `return`"), and rank 0's
     failure came 3.7-7.5 s late (ddpwatch held it for a report)."""
-    plain = after_its_except(outcome(*run_signalled("term_one", signal.SIGTERM, tmp_path / "plain", watched=False,
-                                                    ranks=(1,))))
-    watched = after_its_except(outcome(*run_signalled("term_one", signal.SIGTERM, tmp_path / "watched", watched=True,
-                                                      ranks=(1,))))
+    plain = after_its_except(
+        outcome(*run_signalled("term_one", signal.SIGTERM, tmp_path / "plain", watched=False, ranks=(1,)))
+    )
+    watched = after_its_except(
+        outcome(*run_signalled("term_one", signal.SIGTERM, tmp_path / "watched", watched=True, ranks=(1,)))
+    )
     codes, checkpoints, lines = plain
     assert codes == [4, 0] and checkpoints == {"rank1.pt": {"rank": 1, "how": "sigterm"}}, plain
     assert "SIGNALS rank 0 peer gone, heard promptly" in lines[0], plain

@@ -26,8 +26,9 @@ def host_store():
     import torch.distributed as dist
 
     port = free_port()
-    return port, dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=30),
-                               wait_for_workers=False)
+    return port, dist.TCPStore(
+        "127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False
+    )
 
 
 def read(store, key):
@@ -47,12 +48,24 @@ class Forger:
         if not states[1] or not states[1].get("inflight") or states[1]["inflight"][0].get("age_s", 0) < 3:
             return False
         number = self.store.add(f"{NAMESPACE}/counters", INCIDENT_UNIT) // INCIDENT_UNIT  # the incident number's bits
-        self.store.set(f"{NAMESPACE}/incident/{number}/info",
-                       json.dumps({"trigger": "deadlock", "leader": 0, "action": "abort", "fingerprint": "x"}))
+        self.store.set(
+            f"{NAMESPACE}/incident/{number}/info",
+            json.dumps({"trigger": "deadlock", "leader": 0, "action": "abort", "fingerprint": "x"}),
+        )
         positions = self.positions or verdict_module.ranges_by_position(states, 2, 0.5)
-        self.store.set(f"{NAMESPACE}/incident/{number}/verdict", json.dumps(
-            {"folder": HOSTILE, "kinds": ["deadlock"], "action": "abort", "culprits": [0], "summary": HOSTILE,
-             "positions": positions}))
+        self.store.set(
+            f"{NAMESPACE}/incident/{number}/verdict",
+            json.dumps(
+                {
+                    "folder": HOSTILE,
+                    "kinds": ["deadlock"],
+                    "action": "abort",
+                    "culprits": [0],
+                    "summary": HOSTILE,
+                    "positions": positions,
+                }
+            ),
+        )
         self.posted = positions
         return False
 
@@ -61,8 +74,18 @@ def run_attacked(tmp_path, action, positions=None):
     port, store = host_store()
     forger = Forger(store, positions)
     # Rank 0 validates alone for 12 s while rank 1 waits in a barrier: a correct job, under the timeout.
-    results = run_case([FAULTS, "benign:12:1"], 2, tmp_path, timeout=90, stop_when=forger, STORE_PORT=port,
-                       DDPWATCH_ACTION=action, DDPWATCH_GRACE=0.5, DDPWATCH_INTERVAL=0.2, DDPWATCH_TIMEOUT=60)
+    results = run_case(
+        [FAULTS, "benign:12:1"],
+        2,
+        tmp_path,
+        timeout=90,
+        stop_when=forger,
+        STORE_PORT=port,
+        DDPWATCH_ACTION=action,
+        DDPWATCH_GRACE=0.5,
+        DDPWATCH_INTERVAL=0.2,
+        DDPWATCH_TIMEOUT=60,
+    )
     return forger, results
 
 
@@ -103,9 +126,17 @@ class IncidentForger:
         now = time.monotonic()
         if now - self.last >= self.every and all(read(self.store, f"pos/{rank}") for rank in (0, 1)):
             number = self.store.add(f"{NAMESPACE}/counters", INCIDENT_UNIT) // INCIDENT_UNIT
-            self.store.set(f"{NAMESPACE}/incident/{number}/info", json.dumps(
-                {"trigger": "dump", "leader": 2, "action": "report",  # no rank leads
-                 "fingerprint": f"forged-{number}"}))
+            self.store.set(
+                f"{NAMESPACE}/incident/{number}/info",
+                json.dumps(
+                    {
+                        "trigger": "dump",
+                        "leader": 2,
+                        "action": "report",  # no rank leads
+                        "fingerprint": f"forged-{number}",
+                    }
+                ),
+            )
             self.numbers.append(number)
             self.last = now
         return False
@@ -119,8 +150,16 @@ def test_forged_incidents_make_no_training_rank_read_its_native_stacks_and_get_o
     incident every 0.5 s cost 61% of the epochs; benchmarks/forged_incidents.py measures it)."""
     port, store = host_store()
     forger = IncidentForger(store)
-    results = run_case([FAULTS, f"train:{TRAIN_S}"], 2, tmp_path, timeout=90, stop_when=forger, STORE_PORT=port,
-                       DDPWATCH_GRACE=0.5, DDPWATCH_INTERVAL=0.2)
+    results = run_case(
+        [FAULTS, f"train:{TRAIN_S}"],
+        2,
+        tmp_path,
+        timeout=90,
+        stop_when=forger,
+        STORE_PORT=port,
+        DDPWATCH_GRACE=0.5,
+        DDPWATCH_INTERVAL=0.2,
+    )
     assert [r.returncode for r in results] == [0, 0], describe(results)
     assert len(forger.numbers) >= TRAIN_S, describe(results)  # one every 0.5 s while the job trained
     answered = {rank: [n for n in forger.numbers if read(store, f"incident/{n}/rank/{rank}")] for rank in (0, 1)}
@@ -159,9 +198,18 @@ def test_a_poisoned_counter_and_deep_json_leave_the_next_real_hang_aborted_witho
     port, store = host_store()
     (tmp_path / "ready").mkdir()
     poisoner = Poisoner(store, tmp_path / "ready")
-    results = run_case([FAULTS, "poisoned_hang"], 2, tmp_path / "reports", timeout=60, stop_when=poisoner,
-                       STORE_PORT=port, READY_DIR=tmp_path / "ready", DDPWATCH_ACTION="abort", DDPWATCH_GRACE=0.5,
-                       DDPWATCH_INTERVAL=0.2)
+    results = run_case(
+        [FAULTS, "poisoned_hang"],
+        2,
+        tmp_path / "reports",
+        timeout=60,
+        stop_when=poisoner,
+        STORE_PORT=port,
+        READY_DIR=tmp_path / "ready",
+        DDPWATCH_ACTION="abort",
+        DDPWATCH_GRACE=0.5,
+        DDPWATCH_INTERVAL=0.2,
+    )
     assert poisoner.step == 2, describe(results)
     assert [r.returncode for r in results] == [3, 3], describe(results)
     [finding] = load_only_report(tmp_path / "reports")["findings"]

@@ -11,9 +11,11 @@ import ddpwatch.examples.seed_stall as seed
 pytestmark = pytest.mark.timeout(150)
 
 # Every file the ranks write is limited to 8 KiB (prlimit --fsize=8192): report.json and every fallback fail (EFBIG).
-SMALL_FILES = ("import os, resource, sys\n"
-               "resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))\n"
-               "os.execv(sys.executable, [sys.executable] + sys.argv[1:])\n")
+SMALL_FILES = (
+    "import os, resource, sys\n"
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))\n"
+    "os.execv(sys.executable, [sys.executable] + sys.argv[1:])\n"
+)
 
 
 def test_with_no_file_writable_the_verdict_is_on_stderr_and_abort_ends_every_rank(tmp_path):

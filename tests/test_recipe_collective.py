@@ -51,8 +51,16 @@ SCRIPT = textwrap.dedent("""
 def test_a_collective_added_as_one_catalogue_row_is_patched_recorded_and_linted():
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("DDPWATCH", None)
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, text=True, start_new_session=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         out, err = proc.communicate(timeout=LIMIT_S)
     except subprocess.TimeoutExpired:

@@ -16,11 +16,37 @@ from ddpwatch.capture.record import Recorder, is_internal_file, tensor_meta, use
 from ddpwatch.capture.stacks import python_stacks  # noqa: E402
 
 HERE = os.path.abspath(__file__)
-RECORD_KEYS = {"seq", "group", "op", "api", "p2p", "peer", "shapes", "dtypes", "site", "via", "region", "start",
-               "age_s",
-               "duration_s", "state", "error", "thread"}
-SNAPSHOT_KEYS = {"progress", "idle_s", "inflight", "recent", "last_seq", "groups", "ops_recorded", "ddp_steps",
-                 "site_counts", "p2p_counts"}
+RECORD_KEYS = {
+    "seq",
+    "group",
+    "op",
+    "api",
+    "p2p",
+    "peer",
+    "shapes",
+    "dtypes",
+    "site",
+    "via",
+    "region",
+    "start",
+    "age_s",
+    "duration_s",
+    "state",
+    "error",
+    "thread",
+}
+SNAPSHOT_KEYS = {
+    "progress",
+    "idle_s",
+    "inflight",
+    "recent",
+    "last_seq",
+    "groups",
+    "ops_recorded",
+    "ddp_steps",
+    "site_counts",
+    "p2p_counts",
+}
 
 
 class FakeDtype:
@@ -58,6 +84,7 @@ def this_line():
 
 # ---------------------------------------------------------------- tensor metadata
 
+
 def test_tensor_meta_of_fake_tensors():
     t = FakeTensor(2, 3, dtype="bfloat16")
     assert tensor_meta(t) == (((2, 3), t.dtype),)
@@ -70,19 +97,31 @@ def test_tensor_meta_of_fake_tensors():
 
 def test_record_dict_describes_the_tensors_without_torch_prefix():
     rec = Recorder()
-    r = rec.begin("all_gather", "all_gather_into_tensor", "0",
-                  tensor_meta([FakeTensor(4, 5), FakeTensor(dtype="int64")]), sys._getframe())
+    r = rec.begin(
+        "all_gather",
+        "all_gather_into_tensor",
+        "0",
+        tensor_meta([FakeTensor(4, 5), FakeTensor(dtype="int64")]),
+        sys._getframe(),
+    )
     d = r.to_dict(r.start_mono + 1.5)
     assert set(d) == RECORD_KEYS
     assert d["shapes"] == [[4, 5], []]
     assert d["dtypes"] == ["float32", "int64"]
     assert d["age_s"] == 1.5
     assert (d["op"], d["api"], d["state"], d["duration_s"], d["p2p"], d["peer"]) == (
-        "all_gather", "all_gather_into_tensor", build.IN_FLIGHT, None, False, None)
+        "all_gather",
+        "all_gather_into_tensor",
+        build.IN_FLIGHT,
+        None,
+        False,
+        None,
+    )
     assert d["thread"] == threading.current_thread().name
 
 
 # ---------------------------------------------------------------- begin / finish / in-flight set
+
 
 def test_begin_and_finish_keep_the_inflight_set_right():
     rec = Recorder()
@@ -195,8 +234,11 @@ def test_regions_are_per_thread_and_land_in_records():
         worker.join()
     outside = begin(rec)
     assert seen_in_thread == [None]
-    assert inside.to_dict(0.0)["region"] == {"kind": build.DDP_FORWARD, "site": where,
-                                             "api": "DistributedDataParallel.forward"}
+    assert inside.to_dict(0.0)["region"] == {
+        "kind": build.DDP_FORWARD,
+        "site": where,
+        "api": "DistributedDataParallel.forward",
+    }
     assert outside.to_dict(0.0)["region"] is None
     assert rec.current_region() is None
     assert rec._regions == {}  # an emptied stack is dropped: threads that come and go leave nothing behind
@@ -216,8 +258,9 @@ def test_outermost_records_only_the_outer_call():
     rec = Recorder()
     patcher = Patcher(rec)
     calls = []
-    inner = patcher._outermost(lambda: calls.append("inner passed through"),
-                               lambda args, kwargs, caller: calls.append("inner recorded"))
+    inner = patcher._outermost(
+        lambda: calls.append("inner passed through"), lambda args, kwargs, caller: calls.append("inner recorded")
+    )
     outer = patcher._outermost(lambda: None, lambda args, kwargs, caller: (calls.append("outer recorded"), inner()))
     outer()
     inner()
@@ -347,8 +390,9 @@ def test_a_finished_record_is_formatted_once_across_snapshots_and_only_its_age_m
     second = rec.snapshot(recent=8)["recent"]
     assert sorted(formatted) == [0, 1, 2]
     assert [d["age_s"] - f["age_s"] for d, f in zip(second, first)] == pytest.approx([10.0] * 3, abs=0.5)
-    assert [{k: v for k, v in d.items() if k != "age_s"} for d in second] == \
-        [{k: v for k, v in d.items() if k != "age_s"} for d in first]
+    assert [{k: v for k, v in d.items() if k != "age_s"} for d in second] == [
+        {k: v for k, v in d.items() if k != "age_s"} for d in first
+    ]
     second[0]["flight_recorder"] = {"seq": 1}  # a reader adding to its copy changes no later snapshot
     assert "flight_recorder" not in rec.snapshot(recent=8)["recent"][0]
     records[0].state = build.FAILED  # a record whose state changed is formatted again
@@ -381,6 +425,7 @@ def test_snapshot_refreshes_thread_names_only_when_the_threads_change(monkeypatc
 
 # ---------------------------------------------------------------- whose line is it
 
+
 def test_is_internal_file():
     assert is_internal_file(os.__file__) is True
     assert is_internal_file(threading.__file__) is True
@@ -397,12 +442,15 @@ def test_is_internal_file():
     assert R.file_kind("/venv/lib/python3.11/dist-packages/accelerate/state.py") == R.LIBRARY
 
 
-@pytest.mark.parametrize("path", [
-    "/venv/lib/python3.11/site-packages/lightning/pytorch/strategies/ddp.py",
-    "/usr/lib/python3/dist-packages/accelerate/accelerator.py",
-    "/home/u/project/train.py",
-    "<frozen runpy>",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/venv/lib/python3.11/site-packages/lightning/pytorch/strategies/ddp.py",
+        "/usr/lib/python3/dist-packages/accelerate/accelerator.py",
+        "/home/u/project/train.py",
+        "<frozen runpy>",
+    ],
+)
 def test_a_frame_is_classified_the_same_live_and_offline(path):
     """A Lightning frame was "via lightning" live but the user's line in a Flight Recorder dump: one classifier now."""
     from ddpwatch.sources import flight_recorder
@@ -425,8 +473,10 @@ def test_configured_packages_move_frames_between_user_and_library():
 def test_user_frame_steps_over_library_frames_and_names_the_library_call():
     namespace = {}
     library_file = "/venv/lib/python3.11/site-packages/trainkit/strategy.py"
-    exec(compile("def barrier(probe):\n    return probe(__import__('sys')._getframe())\n", library_file, "exec"),
-         namespace)
+    exec(
+        compile("def barrier(probe):\n    return probe(__import__('sys')._getframe())\n", library_file, "exec"),
+        namespace,
+    )
     frame, via = namespace["barrier"](R.user_frame_and_via)
     assert frame.f_code.co_name == "test_user_frame_steps_over_library_frames_and_names_the_library_call"
     assert R.via_site(via)[2:] == ("barrier", "trainkit")

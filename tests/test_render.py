@@ -8,8 +8,20 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from factory import (DDP_FILE, TORCH_FILE, barrier, ddp_broadcast, done, frame, incident, main_stack,  # noqa: E402
-                     rank_state, seed_states, states, wrapped_stack)
+from factory import (
+    DDP_FILE,
+    TORCH_FILE,
+    barrier,
+    ddp_broadcast,
+    done,
+    frame,
+    incident,
+    main_stack,  # noqa: E402
+    rank_state,
+    seed_states,
+    states,
+    wrapped_stack,
+)
 
 from ddpwatch import analysis  # noqa: E402
 from ddpwatch.format import build, documents  # noqa: E402
@@ -37,7 +49,7 @@ def section(text, title):
     lines = text.splitlines()
     start = lines.index(title)
     end = lines.index("", start)
-    return lines[start + 1:end]
+    return lines[start + 1 : end]
 
 
 def test_text_starts_with_the_verdict():
@@ -80,39 +92,55 @@ def test_ddpwatch_own_frames_fold_into_one_line_and_torch_frames_stay():
     doc = incident(st, analysis.analyze(st, 2, GRACE, TIMEOUT_S))
     stack = section(render_text(doc), "Main-thread stack of rank 0 (most recent call last):")
     assert stack[6] == "Main-thread stack of rank 1 (most recent call last):"
-    assert stack[:6] == ["  > /u/train.py:120 in main",
-                     "  > /u/val.py:42 in validate",
-                     "    ... 3 ddpwatch frames",
-                     f"    {DDP_FILE}:1600 in forward",
-                     f"    {TORCH_FILE}:2400 in _broadcast_coalesced",
-                     "    ... 3 ddpwatch frames"]
+    assert stack[:6] == [
+        "  > /u/train.py:120 in main",
+        "  > /u/val.py:42 in validate",
+        "    ... 3 ddpwatch frames",
+        f"    {DDP_FILE}:1600 in forward",
+        f"    {TORCH_FILE}:2400 in _broadcast_coalesced",
+        "    ... 3 ddpwatch frames",
+    ]
     # report.json keeps every frame: programs read it.
     assert json.loads(render_json(doc))["ranks"][0]["stacks"] == [wrapped_stack()]
 
 
 def test_only_ddpwatch_own_frames_fold_not_its_examples_nor_torch_in_a_checkout_named_ddpwatch():
     venv_torch = "/home/u/ddpwatch/.venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py"
-    frames = main_stack(("/home/u/ddpwatch/ddpwatch/examples/seed_stall.py", 54, "validation"),
-                        ("/home/u/ddpwatch/train.py", 9, "step"),
-                        ("/home/u/ddpwatch/ddpwatch/capture/wrappers.py", 512, "wrapper", True),
-                        ("C:\\py\\Lib\\site-packages\\ddpwatch\\capture\\wrappers.py", 287, "wrapper", True),
-                        ("/usr/lib/python3/dist-packages/_ddpwatch_startup.py", 3, "<module>", True),
-                        (venv_torch, 1886, "forward", True))["frames"]
-    assert stack_lines_shown(frames) == ["  > /home/u/ddpwatch/ddpwatch/examples/seed_stall.py:54 in validation",
-                                         "  > /home/u/ddpwatch/train.py:9 in step",
-                                         "    ... 3 ddpwatch frames",
-                                         f"    {venv_torch}:1886 in forward"]
+    frames = main_stack(
+        ("/home/u/ddpwatch/ddpwatch/examples/seed_stall.py", 54, "validation"),
+        ("/home/u/ddpwatch/train.py", 9, "step"),
+        ("/home/u/ddpwatch/ddpwatch/capture/wrappers.py", 512, "wrapper", True),
+        ("C:\\py\\Lib\\site-packages\\ddpwatch\\capture\\wrappers.py", 287, "wrapper", True),
+        ("/usr/lib/python3/dist-packages/_ddpwatch_startup.py", 3, "<module>", True),
+        (venv_torch, 1886, "forward", True),
+    )["frames"]
+    assert stack_lines_shown(frames) == [
+        "  > /home/u/ddpwatch/ddpwatch/examples/seed_stall.py:54 in validation",
+        "  > /home/u/ddpwatch/train.py:9 in step",
+        "    ... 3 ddpwatch frames",
+        f"    {venv_torch}:1886 in forward",
+    ]
 
 
 def test_a_run_of_library_and_ddpwatch_frames_left_out_is_named_for_both():
-    frames = main_stack(("train.py", 1, "main"), (DDP_FILE, 1600, "forward", True),
-                        ("/x/ddpwatch/capture/wrappers.py", 512, "wrapper", True),
-                        (DDP_FILE, 1700, "_pre_forward", True),
-                        (TORCH_FILE, 1, "a", True), (TORCH_FILE, 2, "b", True), (TORCH_FILE, 3, "c", True),
-                        ("<ddpwatch hot path: barrier>", 32, "barrier", True))["frames"]
-    assert stack_lines_shown(frames) == ["  > /u/train.py:1 in main", "    ... 3 library and ddpwatch frames",
-                                         f"    {TORCH_FILE}:1 in a", f"    {TORCH_FILE}:2 in b",
-                                         f"    {TORCH_FILE}:3 in c", "    ... 1 ddpwatch frame"]
+    frames = main_stack(
+        ("train.py", 1, "main"),
+        (DDP_FILE, 1600, "forward", True),
+        ("/x/ddpwatch/capture/wrappers.py", 512, "wrapper", True),
+        (DDP_FILE, 1700, "_pre_forward", True),
+        (TORCH_FILE, 1, "a", True),
+        (TORCH_FILE, 2, "b", True),
+        (TORCH_FILE, 3, "c", True),
+        ("<ddpwatch hot path: barrier>", 32, "barrier", True),
+    )["frames"]
+    assert stack_lines_shown(frames) == [
+        "  > /u/train.py:1 in main",
+        "    ... 3 library and ddpwatch frames",
+        f"    {TORCH_FILE}:1 in a",
+        f"    {TORCH_FILE}:2 in b",
+        f"    {TORCH_FILE}:3 in c",
+        "    ... 1 ddpwatch frame",
+    ]
 
 
 def test_every_line_fits_80_columns_except_stack_frames():
@@ -145,9 +173,12 @@ def test_header_fits_80_columns_with_a_job_tag():
 
 def test_side_by_side_rows_fit_80_columns():
     """Regression: the bucket-rebuild api name plus 4 shapes made an unwrapped side-by-side row."""
-    st = states(rank_state(0, 2, inflight=[ddp_broadcast(api=build.DDP_BUCKET_REBUILD,
-                                                         shapes=[[64, 3, 7, 7], [64], [64], [64]])]),
-                rank_state(1, 2, inflight=[barrier()]))
+    st = states(
+        rank_state(
+            0, 2, inflight=[ddp_broadcast(api=build.DDP_BUCKET_REBUILD, shapes=[[64, 3, 7, 7], [64], [64], [64]])]
+        ),
+        rank_state(1, 2, inflight=[barrier()]),
+    )
     doc = incident(st, analysis.analyze(st, 2, GRACE, TIMEOUT_S), run_id="20250101-120000")
     assert doc["findings"][0]["evidence"]["ddp_op"] == "bucket_rebuild"
     assert long_lines(render_text(doc)) == []
@@ -155,20 +186,27 @@ def test_side_by_side_rows_fit_80_columns():
 
 def test_verdict_line_fits_80_columns_with_scattered_culprits():
     """Regression: scattered culprit ranks (16 busy even ranks of 32) made the verdict line unwrapped and wide."""
-    st = states(*[rank_state(r, 32, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")) if r % 2 == 0
-                  else rank_state(r, 32, inflight=[barrier(age=301.0)], idle=301.0) for r in range(32)])
+    st = states(
+        *[
+            rank_state(r, 32, inflight=[], idle=400.0, user_line=("val.py", 40, "validate"))
+            if r % 2 == 0
+            else rank_state(r, 32, inflight=[barrier(age=301.0)], idle=301.0)
+            for r in range(32)
+        ]
+    )
     findings = analysis.analyze(st, 32, GRACE, TIMEOUT_S)
     assert [(f["kind"], f["ranks"]) for f in findings] == [("straggler", list(range(0, 32, 2)))]
     assert long_lines(render_text(incident(st, findings, trigger="timeout", run_id="r1"))) == []
 
 
 def test_straggler_text():
-    st = states(rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
-                rank_state(1, 2, inflight=[barrier(age=301.0)], idle=301.0))
+    st = states(
+        rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
+        rank_state(1, 2, inflight=[barrier(age=301.0)], idle=301.0),
+    )
     findings = analysis.analyze(st, 2, GRACE, TIMEOUT_S)
     text = render_text(incident(st, findings, trigger="timeout", run_id="20250101-120000"))
-    assert next(line for line in text.splitlines()[3:] if line.strip()) == \
-        "[straggler] culprit: rank 0 at val.py:40"
+    assert next(line for line in text.splitlines()[3:] if line.strip()) == "[straggler] culprit: rank 0 at val.py:40"
     assert "  rank 0: busy outside collectives at val.py:40 (for 400 s)" in text
     assert "  rank 1: barrier at train.py:88 (waiting 301 s)" in text
     assert "Mismatched collectives" not in text
@@ -179,8 +217,10 @@ def test_no_findings_and_missing_ranks():
     st = seed_states(3)
     del st[2]
     text = render_text(incident(st, [], trigger="dump", world_size=3, missing=[2], run_id="r1"))
-    assert next(line for line in text.splitlines()[3:] if line.strip()) == \
-        "No hang proven (dump); the state of every rank follows."
+    assert (
+        next(line for line in text.splitlines()[3:] if line.strip())
+        == "No hang proven (dump); the state of every rank follows."
+    )
     assert "  rank 2: no state received" in text
     assert "Mismatched collectives" not in text
 
@@ -223,8 +263,10 @@ def golden_seed_incident():
     """The seed stall, built by hand down to the finding's words, so only rendering changes can move the text."""
     st = seed_states(2)
     for state in st.values():
-        state["recent"] = [done(9, "all_reduce", site=("train.py", 84, "train"), api=build.DDP_GRAD_ALLREDUCE),
-                           done(10, "barrier", site=("train.py", 88, "train"))]
+        state["recent"] = [
+            done(9, "all_reduce", site=("train.py", 84, "train"), api=build.DDP_GRAD_ALLREDUCE),
+            done(10, "barrier", site=("train.py", 88, "train")),
+        ]
         state["last_seq"] = {"0": 11}
         state["ddp_steps"] = 4
         state["process"] = {"status": "sleeping", "cpu_percent": 0.5, "rss_mb": 317.2, "threads": 8}
@@ -232,23 +274,43 @@ def golden_seed_incident():
     st[0]["stacks"] = [wrapped_stack()]  # ddpwatch's own frames, as real stacks have them: folded in the text
     st[1]["stacks"][0]["frames"].insert(2, frame(("<ddpwatch hot path: barrier>", 32, "barrier"), internal=True))
     mismatched = [
-        {"ranks": [0], "group": "0", "seq": 11, "op": "broadcast", "api": "_broadcast_coalesced", "shapes": [[8]],
-         "dtypes": ["float32"], "site": st[0]["inflight"][0]["site"], "region": st[0]["inflight"][0]["region"],
-         "wait_s": 3.0, "description": "broadcast of module buffers inside DistributedDataParallel.forward called at "
-                                       "val.py:42"},
-        {"ranks": [1], "group": "0", "seq": 11, "op": "barrier", "api": "barrier", "shapes": [], "dtypes": [],
-         "site": st[1]["inflight"][0]["site"], "region": None, "wait_s": 3.0,
-         "description": "barrier at train.py:88"},
+        {
+            "ranks": [0],
+            "group": "0",
+            "seq": 11,
+            "op": "broadcast",
+            "api": "_broadcast_coalesced",
+            "shapes": [[8]],
+            "dtypes": ["float32"],
+            "site": st[0]["inflight"][0]["site"],
+            "region": st[0]["inflight"][0]["region"],
+            "wait_s": 3.0,
+            "description": "broadcast of module buffers inside DistributedDataParallel.forward called at val.py:42",
+        },
+        {
+            "ranks": [1],
+            "group": "0",
+            "seq": 11,
+            "op": "barrier",
+            "api": "barrier",
+            "shapes": [],
+            "dtypes": [],
+            "site": st[1]["inflight"][0]["site"],
+            "region": None,
+            "wait_s": 3.0,
+            "description": "barrier at train.py:88",
+        },
     ]
     finding = {
-        "kind": "ddp_forward_on_subset", "ranks": [0],
+        "kind": "ddp_forward_on_subset",
+        "ranks": [0],
         "summary": "Rank 0 called the DistributedDataParallel model at val.py:42 (/u/val.py:42 in validate()) while "
-                   "rank 1 did not: DDP's forward broadcasts the module's buffers (such as BatchNorm running "
-                   "statistics) from rank 0 to every rank before computing, so every rank must run it. Rank 0 blocks "
-                   "in broadcast of module buffers inside DistributedDataParallel.forward called at val.py:42; rank 1 "
-                   "waits in barrier at train.py:88. Neither side can ever finish.",
+        "rank 1 did not: DDP's forward broadcasts the module's buffers (such as BatchNorm running "
+        "statistics) from rank 0 to every rank before computing, so every rank must run it. Rank 0 blocks "
+        "in broadcast of module buffers inside DistributedDataParallel.forward called at val.py:42; rank 1 "
+        "waits in barrier at train.py:88. Neither side can ever finish.",
         "fix": "For rank-local work (evaluation, logging) call the wrapped module directly: `model.module(x)` instead "
-               "of `model(x)` at val.py:42; or run that forward on every rank.",
+        "of `model(x)` at val.py:42; or run that forward on every rank.",
         "location": {"file": "/u/val.py", "line": 42, "function": "validate"},
         "evidence": {"ddp_op": "buffer_broadcast", "mismatched": mismatched},
     }
@@ -264,8 +326,10 @@ def test_seed_report_matches_the_golden_file():
     if actual != expected:
         with open(GOLDEN + ".actual", "w", encoding="utf-8") as handle:
             handle.write(actual)
-        pytest.fail(f"report.txt differs from {GOLDEN}; the output is in {GOLDEN}.actual: review it, and if it is "
-                    "right, move it over the golden file")
+        pytest.fail(
+            f"report.txt differs from {GOLDEN}; the output is in {GOLDEN}.actual: review it, and if it is "
+            "right, move it over the golden file"
+        )
     assert long_lines(actual) == []
 
 

@@ -40,8 +40,15 @@ def test_write_incident_writes_every_kind_of_file(tmp_path, temp_dir):
     folder, note = documents.save_incident(str(tmp_path / "reports"), RUN_ID, doc, report.renderings)
     assert note == ""
     assert folder == str(tmp_path / "reports" / RUN_ID)
-    assert sorted(os.listdir(folder)) == ["rank-0.json", "rank-1.json", "rank-2.json", "report.html", "report.json",
-                                          "report.txt", "trace.json"]
+    assert sorted(os.listdir(folder)) == [
+        "rank-0.json",
+        "rank-1.json",
+        "rank-2.json",
+        "report.html",
+        "report.json",
+        "report.txt",
+        "trace.json",
+    ]
     assert doc["report_dir"] == os.path.abspath(folder)
     for rank in range(3):
         with open(os.path.join(folder, f"rank-{rank}.json"), encoding="utf-8") as handle:
@@ -217,8 +224,12 @@ def test_upgrade_hook_brings_old_versions_to_the_current_one(monkeypatch):
     monkeypatch.setattr(V, "READABLE_VERSIONS", (0, 1))
     monkeypatch.setitem(upgrade.UPGRADES, 0, lambda doc: dict(doc, format_version=1, findings=doc["problems"]))
     old = {"format_version": 0, "ranks": [], "problems": []}
-    assert upgrade.upgrade(check_version(old, "x")) == {"format_version": 1, "ranks": [], "problems": [],
-                                                         "findings": []}
+    assert upgrade.upgrade(check_version(old, "x")) == {
+        "format_version": 1,
+        "ranks": [],
+        "problems": [],
+        "findings": [],
+    }
     assert not upgrade.UPGRADES.get(FORMAT_VERSION), "the current version needs no upgrade"
 
 
@@ -232,10 +243,19 @@ def test_the_report_modules_import_no_torch():
     """A saved incident is re-rendered anywhere, torch installed or not."""
     import subprocess
 
-    modules = ["render", "render.report", "render.html", "render.trace", "sources.report_command", "sources.merge",
-               "sources.flight_recorder", "format.documents", "analysis.incident", "cli"]
-    code = ("import sys; " + "; ".join(f"import ddpwatch.{m}" for m in modules)
-            + "; sys.exit('torch' in sys.modules)")
+    modules = [
+        "render",
+        "render.report",
+        "render.html",
+        "render.trace",
+        "sources.report_command",
+        "sources.merge",
+        "sources.flight_recorder",
+        "format.documents",
+        "analysis.incident",
+        "cli",
+    ]
+    code = "import sys; " + "; ".join(f"import ddpwatch.{m}" for m in modules) + "; sys.exit('torch' in sys.modules)"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     assert subprocess.run([sys.executable, "-c", code], cwd=root, timeout=60).returncode == 0
 
@@ -274,6 +294,7 @@ def test_a_failed_output_file_leaves_no_temp_file_and_the_old_file_whole(tmp_pat
 
 
 # ----- `-o PATH` and every file ddpwatch writes: a rename replaces only a regular file (issue 27 item 2) -----
+
 
 def written_report(tmp_path, temp_dir):
     folder, _ = documents.save_incident(str(tmp_path / "reports"), RUN_ID, seed_incident(), report.renderings)
@@ -314,8 +335,17 @@ def stat_kind(path):
     import stat
 
     mode = os.lstat(path).st_mode
-    return ("fifo" if stat.S_ISFIFO(mode) else "link" if stat.S_ISLNK(mode) else "char" if stat.S_ISCHR(mode)
-            else "regular" if stat.S_ISREG(mode) else "other")
+    return (
+        "fifo"
+        if stat.S_ISFIFO(mode)
+        else "link"
+        if stat.S_ISLNK(mode)
+        else "char"
+        if stat.S_ISCHR(mode)
+        else "regular"
+        if stat.S_ISREG(mode)
+        else "other"
+    )
 
 
 @pytest.mark.real
@@ -326,8 +356,13 @@ def test_o_to_a_link_to_standard_output_prints_the_report(tmp_path, temp_dir):
     folder = written_report(tmp_path, temp_dir)
     link = tmp_path / "stdout"
     link.symlink_to("/proc/self/fd/1")
-    done = subprocess.run([sys.executable, "-m", "ddpwatch", "report", folder, "--format", "json", "-o", str(link)],
-                          capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=ROOT))
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpwatch", "report", folder, "--format", "json", "-o", str(link)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["run_id"] == RUN_ID and stat_kind(link) == "link"
 

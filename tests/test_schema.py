@@ -28,8 +28,11 @@ from ddpwatch.sources import flight_recorder as fr  # noqa: E402
 
 
 def all_shapes() -> dict:
-    return {name: value for name, value in vars(types).items()
-            if typing.is_typeddict(value) and value.__module__ == types.__name__}
+    return {
+        name: value
+        for name, value in vars(types).items()
+        if typing.is_typeddict(value) and value.__module__ == types.__name__
+    }
 
 
 def public_shapes() -> dict:
@@ -57,6 +60,7 @@ def derived_again():
 
 
 # ---------------------------------------------------------------- one definition
+
 
 def test_every_field_of_every_shape_is_checked():
     """A value of no JSON type is refused by the check of every typed field; only fields typed with Any (kept,
@@ -140,6 +144,7 @@ def test_the_world_size_bounds_every_rank_in_the_document():
 
 
 # ---------------------------------------------------------------- what ddpwatch writes still passes
+
 
 def written_documents() -> dict:
     docs = {"factory": seed_incident(), "golden": golden_seed_incident()}

@@ -56,8 +56,18 @@ def exact_entry(pid, **extra):
     import psutil
 
     proc = psutil.Process(pid)
-    return dict({"pid": pid, "rank": 0, "world_size": 1, "job": "planted", "dir": "/nowhere",
-                 "created": proc.create_time(), "command": proc.name()}, **extra)
+    return dict(
+        {
+            "pid": pid,
+            "rank": 0,
+            "world_size": 1,
+            "job": "planted",
+            "dir": "/nowhere",
+            "created": proc.create_time(),
+            "command": proc.name(),
+        },
+        **extra,
+    )
 
 
 def plant(folder, entry, name=None):
@@ -73,6 +83,7 @@ def still_running(proc):
 
 
 # ---------------------------------------------------------------- the registry
+
 
 @pytest.mark.real
 def test_a_world_writable_registry_is_refused_and_nothing_is_signalled(temp_dir, victim, capsys):
@@ -146,9 +157,11 @@ def test_entries_forged_or_stale_are_not_signalled(temp_dir, victim, capsys):
     ranks = user_root(temp_dir) / "ranks"
     registry.live_ranks()  # creates the private folders
     exact = exact_entry(victim.pid)
-    for forged in ({k: v for k, v in exact.items() if k != "created"},  # no start time to check
-                   dict(exact, created=exact["created"] - 50),       # an older process that had this pid
-                   dict(exact, command="python3")):                  # another program
+    for forged in (
+        {k: v for k, v in exact.items() if k != "created"},  # no start time to check
+        dict(exact, created=exact["created"] - 50),  # an older process that had this pid
+        dict(exact, command="python3"),
+    ):  # another program
         plant(ranks, forged)
         assert dump_client.dump(pid=victim.pid, wait=0.2) == 1
         assert "not an armed ddpwatch rank" in capsys.readouterr().err
@@ -204,8 +217,17 @@ def test_a_sigkilled_ranks_entry_never_signals_the_process_that_reused_its_pid(t
 
 def test_the_registry_entry_keeps_no_arguments(temp_dir):
     secret = "--token=hunter2"
-    path = registry.register({"pid": os.getpid(), "rank": 0, "world_size": 1, "job": "j", "dir": "/r",
-                             "argv": f"train.py {secret}", "program": "train.py"})
+    path = registry.register(
+        {
+            "pid": os.getpid(),
+            "rank": 0,
+            "world_size": 1,
+            "job": "j",
+            "dir": "/r",
+            "argv": f"train.py {secret}",
+            "program": "train.py",
+        }
+    )
     try:
         text = open(path).read()
         assert "hunter2" not in text and '"argv"' not in text
@@ -218,13 +240,15 @@ def test_the_registry_entry_keeps_no_arguments(temp_dir):
 @pytest.mark.real
 def test_a_real_entry_is_found_and_signalled(temp_dir):
     """The checks let the genuine case through: a process that registered itself is listed and signalled."""
-    code = ("import os, signal, sys, time; from ddpwatch import registry\n"
-            "got = []\nsignal.signal(signal.SIGUSR1, lambda *a: got.append(1))\n"
-            "path = registry.register({'pid': os.getpid(), 'rank': 0, 'world_size': 1, 'job': 'j', 'dir': sys.argv[1],"
-            " 'program': 'x'})\nprint(path, flush=True)\n"
-            "deadline = time.time() + 30\nwhile not got and time.time() < deadline: time.sleep(0.02)\n"
-            "folder = os.path.join(sys.argv[1], 'run1')\nos.makedirs(folder)\n"
-            "open(os.path.join(folder, 'report.json'), 'w').close()\nregistry.unregister(path)\n")
+    code = (
+        "import os, signal, sys, time; from ddpwatch import registry\n"
+        "got = []\nsignal.signal(signal.SIGUSR1, lambda *a: got.append(1))\n"
+        "path = registry.register({'pid': os.getpid(), 'rank': 0, 'world_size': 1, 'job': 'j', 'dir': sys.argv[1],"
+        " 'program': 'x'})\nprint(path, flush=True)\n"
+        "deadline = time.time() + 30\nwhile not got and time.time() < deadline: time.sleep(0.02)\n"
+        "folder = os.path.join(sys.argv[1], 'run1')\nos.makedirs(folder)\n"
+        "open(os.path.join(folder, 'report.json'), 'w').close()\nregistry.unregister(path)\n"
+    )
     out = os.path.dirname(str(temp_dir)) + "/reports"
     os.makedirs(out)
     env = dict(os.environ, TMPDIR=str(temp_dir), PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
@@ -242,6 +266,7 @@ def test_a_real_entry_is_found_and_signalled(temp_dir):
 
 
 # ---------------------------------------------------------------- report folders
+
 
 def seed_incident():
     st = seed_states(2)
@@ -317,6 +342,7 @@ def test_the_demo_refuses_a_folder_it_cannot_trust(temp_dir, monkeypatch, capsys
 
 # ---------------------------------------------------------------- rank dumps written when the store is lost
 
+
 def rank_doc():
     return dict(seed_states(2)[0], store_lost=True)
 
@@ -388,8 +414,13 @@ print(documents.save_rank_dump(sys.argv[1], doc))
 def test_a_failed_rank_dump_leaves_no_temp_file(tmp_path, temp_dir):
     folder = tmp_path / "local-x"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-c", FULL_DISK, str(folder), str(temp_dir)], capture_output=True,
-                          text=True, timeout=60, env=dict(os.environ, PYTHONPATH=root))
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(folder), str(temp_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, PYTHONPATH=root),
+    )
     assert done.returncode == 0, done.stderr
     assert "nowhere" in done.stdout
     left = [os.path.join(d, n) for d, _, names in os.walk(tmp_path) for n in names if n.startswith(".rank-")]

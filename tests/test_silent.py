@@ -26,13 +26,17 @@ def kinds(found):
 
 # ---------------------------------------------------------------- what is a mismatch, and what is not
 
-@pytest.mark.parametrize("other, differs", [
-    (F.signature(dtypes=("int32",)), ["dtype"]),
-    (F.signature(counts=(8,)), ["count"]),
-    (F.signature(reduce="max"), ["reduce"]),
-    (F.signature(op="broadcast", reduce=None), ["collective"]),
-    (F.signature(dtypes=("float16",), counts=(2,)), ["dtype", "count"]),
-])
+
+@pytest.mark.parametrize(
+    "other, differs",
+    [
+        (F.signature(dtypes=("int32",)), ["dtype"]),
+        (F.signature(counts=(8,)), ["count"]),
+        (F.signature(reduce="max"), ["reduce"]),
+        (F.signature(op="broadcast", reduce=None), ["collective"]),
+        (F.signature(dtypes=("float16",), counts=(2,)), ["dtype", "count"]),
+    ],
+)
 def test_each_field_that_must_agree_is_named(other, differs):
     [found] = compare({0: [F.signature()], 1: [other]})
     assert found["kind"] == "silent_mismatch" and found["facts"]["differs"] == differs
@@ -60,16 +64,26 @@ def test_one_line_shared_by_a_crossing_and_a_branch_is_not_crossed():
 
 
 def test_all_to_all_and_object_collectives_may_differ_in_counts():
-    uneven = compare({0: [F.signature(op="all_to_all", reduce=None, counts=(2,))],
-                      1: [F.signature(op="all_to_all", reduce=None, counts=(3,))]})
-    objects = compare({0: [F.signature(op="all_gather", reduce=None, counts=(40,), region="object_collective")],
-                       1: [F.signature(op="all_gather", reduce=None, counts=(90,), region="object_collective")]})
+    uneven = compare(
+        {
+            0: [F.signature(op="all_to_all", reduce=None, counts=(2,))],
+            1: [F.signature(op="all_to_all", reduce=None, counts=(3,))],
+        }
+    )
+    objects = compare(
+        {
+            0: [F.signature(op="all_gather", reduce=None, counts=(40,), region="object_collective")],
+            1: [F.signature(op="all_gather", reduce=None, counts=(90,), region="object_collective")],
+        }
+    )
     assert uneven == [] and objects == []
 
 
 def test_only_the_positions_both_ranks_published_are_compared():
-    docs = {0: F.fingerprints(0, [F.signature()] * 4, first=0),
-            1: F.fingerprints(1, [F.signature(reduce="max")], first=10)}
+    docs = {
+        0: F.fingerprints(0, [F.signature()] * 4, first=0),
+        1: F.fingerprints(1, [F.signature(reduce="max")], first=10),
+    }
     assert silent.silent_mismatch(docs, 2) == []
     docs[1] = F.fingerprints(1, [F.signature(reduce="max")], first=3)
     [found] = silent.silent_mismatch(docs, 2)
@@ -81,9 +95,17 @@ def test_three_ranks_are_grouped_by_what_they_called_and_the_minority_is_the_cul
     assert [side["ranks"] for side in found["facts"]["sides"]] == [[0], [1, 2]] and found["ranks"] == [0]
 
 
-@pytest.mark.parametrize("doc", [None, [], {"v": 2, "groups": {}}, {"v": 1, "groups": {"0": "x"}},
-                                 {"v": 1, "groups": {"0": {"first": 0, "ids": ["a", None, 7]}}, "signatures": {}},
-                                 {"v": 1, "groups": {"0": {"first": 0, "ids": [0]}}, "signatures": {"0": "x"}}])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        None,
+        [],
+        {"v": 2, "groups": {}},
+        {"v": 1, "groups": {"0": "x"}},
+        {"v": 1, "groups": {"0": {"first": 0, "ids": ["a", None, 7]}}, "signatures": {}},
+        {"v": 1, "groups": {"0": {"first": 0, "ids": [0]}}, "signatures": {"0": "x"}},
+    ],
+)
 def test_a_malformed_document_compares_as_nothing(doc):
     docs = {0: F.fingerprints(0, [F.signature()]), 1: doc}
     assert silent.silent_mismatch(docs, 2) == [] and silent.crossed_collectives(docs, 2) == []
@@ -105,6 +127,7 @@ def test_a_hang_is_still_the_verdict_when_the_ranks_also_carry_fingerprints():
 
 
 # ---------------------------------------------------------------- the live side: the log the watchdog keeps
+
 
 def _complete(recorder, op="all_reduce", group="0", shape=(4,), dtype="torch.float32", reduce=None):
     record = recorder.begin(op, op, group, ((shape, dtype),), sys._getframe())
@@ -180,7 +203,7 @@ def test_a_peer_acts_on_an_abort_for_a_mismatch_only_if_it_completed_that_positi
 
 # ---------------------------------------------------------------- the crash: a fault file read back
 
-FAULT = '''Fatal Python error: Aborted
+FAULT = """Fatal Python error: Aborted
 
 Thread 0x00007f92963106c0 (most recent call first):
   File "/opt/venv/lib/python3.11/site-packages/ddpwatch/watch/watchdog.py", line 97 in run
@@ -192,7 +215,7 @@ Thread 0x00007f92b9aadb80 (most recent call first):
   File "/u/train.py", line 30 in <module>
 
 Extension modules: torch._C (total: 1)
-'''
+"""
 
 
 def test_a_fault_file_reads_back_as_stacks_with_the_main_thread_first(tmp_path):

@@ -41,7 +41,9 @@ def test_the_loops_around_a_line_innermost_first_with_their_headers():
     around = code_around_source(SOURCE, 4)
     assert around["function"] == [1, 25]
     assert [(loop["line"], loop["end"], loop["text"]) for loop in around["loops"]] == [
-        (3, 13, "for x, y in data:"), (2, 22, "for epoch in range(20):")]
+        (3, 13, "for x, y in data:"),
+        (2, 22, "for epoch in range(20):"),
+    ]
     assert not any(loop["endless"] for loop in around["loops"])
 
 
@@ -56,8 +58,12 @@ def test_a_loops_exits_are_its_own_breaks_and_continues_and_every_return_inside_
 def test_each_exit_carries_the_innermost_if_over_it_and_whether_it_is_a_rank_condition():
     around = code_around_source(SOURCE, 4)
     nan_return, caught = around["loops"][0]["exits"]
-    assert nan_return["condition"] == {"line": 5, "text": "if not torch.isfinite(loss):", "rank": False,
-                                       "branch": "if"}  # the comment is not the condition
+    assert nan_return["condition"] == {
+        "line": 5,
+        "text": "if not torch.isfinite(loss):",
+        "rank": False,
+        "branch": "if",
+    }  # the comment is not the condition
     assert nan_return["handler"] is None
     assert caught["condition"] is None and caught["handler"] == {"line": 9, "text": "except RuntimeError:"}
     _, stop, rank_break, otherwise = around["loops"][1]["exits"]
@@ -69,10 +75,16 @@ def test_each_exit_carries_the_innermost_if_over_it_and_whether_it_is_a_rank_con
 def test_the_try_blocks_whose_body_holds_the_line_and_what_each_handler_does_last():
     assert code_around_source(SOURCE, 4)["tries"] == []
     assert code_around_source(SOURCE, 8)["tries"] == [
-        {"line": 7, "body_end": 8,
-         "handlers": [{"line": 9, "end": 10, "text": "except RuntimeError:", "then": "continue"}]}]
-    source = "for x in data:\n    try:\n        f(x)\n    except ValueError:\n        log(x)\n    except KeyError:\n" \
-             "        pass\n    except OSError:\n        raise\n"
+        {
+            "line": 7,
+            "body_end": 8,
+            "handlers": [{"line": 9, "end": 10, "text": "except RuntimeError:", "then": "continue"}],
+        }
+    ]
+    source = (
+        "for x in data:\n    try:\n        f(x)\n    except ValueError:\n        log(x)\n    except KeyError:\n"
+        "        pass\n    except OSError:\n        raise\n"
+    )
     [block] = code_around_source(source, 3)["tries"]
     assert [h["then"] for h in block["handlers"]] == ["falls", "pass", "raise"]
 
@@ -97,13 +109,26 @@ def test_a_rank_state_is_read_at_its_main_frames_and_its_records_user_lines(tmp_
     path = str(tmp_path / "train.py")
     open(path, "w").write(SOURCE)
     state = {
-        "stacks": [{"main": True, "frames": [{"file": path, "line": 8, "function": "train", "internal": False},
-                                             {"file": "/torch/x.py", "line": 3, "function": "f", "internal": True}]},
-                   {"main": False, "frames": [{"file": path, "line": 25, "function": "train", "internal": False}]}],
-        "inflight": [{"site": {"file": path, "line": 4, "function": "train"},
-                      "region": {"kind": "ddp_forward", "site": {"file": path, "line": 4, "function": "train"}}}],
-        "recent": [{"site": {"file": "<stdin>", "line": 1, "function": "f"}},
-                   {"site": {"file": str(tmp_path / "gone.py"), "line": 1, "function": "f"}}],
+        "stacks": [
+            {
+                "main": True,
+                "frames": [
+                    {"file": path, "line": 8, "function": "train", "internal": False},
+                    {"file": "/torch/x.py", "line": 3, "function": "f", "internal": True},
+                ],
+            },
+            {"main": False, "frames": [{"file": path, "line": 25, "function": "train", "internal": False}]},
+        ],
+        "inflight": [
+            {
+                "site": {"file": path, "line": 4, "function": "train"},
+                "region": {"kind": "ddp_forward", "site": {"file": path, "line": 4, "function": "train"}},
+            }
+        ],
+        "recent": [
+            {"site": {"file": "<stdin>", "line": 1, "function": "f"}},
+            {"site": {"file": str(tmp_path / "gone.py"), "line": 1, "function": "f"}},
+        ],
     }
     code = code_of_state(state)
     assert sorted(code) == [f"{path}:4", f"{path}:8"]  # not other threads, internal frames, <stdin> or missing files
@@ -204,15 +229,21 @@ def test_an_exit_on_what_a_helper_returned_names_the_helpers_return_that_decided
     exits = code_around_source(HELPER, 24)["loops"][0]["exits"]
     assert [(e["line"], e.get("decided_in", {}).get("line")) for e in exits] == [(18, 4), (21, 11), (23, 6)]
     decided = exits[0]["decided_in"]
-    assert decided == {"line": 4, "function": "training_step", "text": "return None",
-                       "condition": {"line": 3, "text": "if torch.isnan(loss):", "rank": False, "branch": "if"}}
+    assert decided == {
+        "line": 4,
+        "function": "training_step",
+        "text": "return None",
+        "condition": {"line": 3, "text": "if torch.isnan(loss):", "rank": False, "branch": "if"},
+    }
     assert exits[2]["decided_in"]["condition"]["rank"]  # `return 0` under a rank condition: said so
 
 
 def test_a_functions_own_returns_with_the_if_over_each_and_a_handlers_last_line():
     around = code_around_source(HELPER, 12)
     assert [(r["line"], (r["condition"] or {}).get("text")) for r in around["returns"]] == [
-        (11, "if len(targets) == 0:"), (12, None)]
+        (11, "if len(targets) == 0:"),
+        (12, None),
+    ]
     assert code_around_source("x = 1\n", 1)["returns"] == []
     source = "def f():\n    try:\n        g()\n    except ValueError:\n        h()\n        k()\n    done()\n"
     assert code_around_source(source, 3)["tries"][0]["handlers"][0]["end"] == 6

@@ -111,8 +111,10 @@ def test_with_history_lays_each_view_over_that_ranks_last_whole_state(job):
     job.publish(1, {"rank": 1, "beat": 3, "recent": [rec(9)], "status": "running"})
     job.publish(1, {"rank": 1, "beat": 5, "status": "running"}, whole=False)  # later positions only
     views = {1: {"rank": 1, "beat": 6, "status": "busy"}, 2: {"rank": 2, "beat": 1}}  # rank 2 never whole
-    assert job.with_history(views) == {1: {"rank": 1, "beat": 6, "status": "busy", "recent": [rec(9)]},
-                                       2: {"rank": 2, "beat": 1}}
+    assert job.with_history(views) == {
+        1: {"rank": 1, "beat": 6, "status": "busy", "recent": [rec(9)]},
+        2: {"rank": 2, "beat": 1},
+    }
     assert job.with_history({}) == {}
 
 
@@ -164,8 +166,9 @@ def test_incidents_of_two_jobs_do_not_mix():
 @pytest.mark.parametrize("module", [watchdog_module, peers, incident_writer, abort])
 def test_the_watchdog_builds_no_store_keys(module):
     tree = ast.parse(open(module.__file__, encoding="utf-8").read())
-    calls = [node.func.attr for node in ast.walk(tree)
-             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)]
+    calls = [
+        node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+    ]
     assert "key" not in calls and "get_many" not in calls and "put" not in calls
 
 
@@ -226,14 +229,24 @@ def test_publish_writes_the_state_and_its_position_in_one_round_trip(job):
             return lambda *args: calls.append(name) or method(*args)
 
     job.store._store = Counting()
-    state = {"rank": 1, "beat": 3, "status": "running", "inflight": [rec(4)], "recent": [rec(3)],
-             "site_counts": {"a.py:1": 2}, "last_seq": {"0": 3}, "ops_recorded": 4, "rank_condition": None}
+    state = {
+        "rank": 1,
+        "beat": 3,
+        "status": "running",
+        "inflight": [rec(4)],
+        "recent": [rec(3)],
+        "site_counts": {"a.py:1": 2},
+        "last_seq": {"0": 3},
+        "ops_recorded": 4,
+        "rank_condition": None,
+    }
     job.publish(1, state)
     assert calls == ["multi_set"]
     job.store._store = store
     assert job.states() == {1: state}
-    assert job.positions() == {1: {"rank": 1, "beat": 3, "status": "running", "inflight": [rec(4)],
-                                   "rank_condition": None}}
+    assert job.positions() == {
+        1: {"rank": 1, "beat": 3, "status": "running", "inflight": [rec(4)], "rank_condition": None}
+    }
 
 
 def test_a_torn_or_foreign_value_is_left_out_and_the_others_still_read(job):
@@ -360,8 +373,15 @@ def test_a_beat_alone_sends_the_last_position_again_with_the_new_beat(job):
     assert job.leader_beat() == 2 and job.positions([0]) == {0: {"rank": 0, "beat": 2}}
 
 
-@pytest.mark.parametrize("body, beat, text", [("{", 3, '{"beat":3}'), ('{"rank":1', 3, '{"rank":1,"beat":3}'),
-                                              ('{"rank":1', None, '{"rank":1}'), ("{", "3", "{}")])
+@pytest.mark.parametrize(
+    "body, beat, text",
+    [
+        ("{", 3, '{"beat":3}'),
+        ('{"rank":1', 3, '{"rank":1,"beat":3}'),
+        ('{"rank":1', None, '{"rank":1}'),
+        ("{", "3", "{}"),
+    ],
+)
 def test_a_beat_is_appended_as_the_last_key_of_valid_json(body, beat, text):
     assert store_module._with_beat(body, beat) == text
     json.loads(text)
@@ -426,6 +446,7 @@ def test_a_healthy_watchdog_round_sends_the_beat_alone_and_reads_the_counter(job
 
 # ----- what arrives through the store is that value's problem, never the connection's (issue 27 items 4 and 5) -----
 
+
 @pytest.fixture
 def tcp_job():
     """A JobProtocol on a real TCPStore client (a cloned one, as the watchdog's), and the server to forge with."""
@@ -436,8 +457,9 @@ def tcp_job():
     from ddpwatch.launch import free_port
 
     port = free_port()
-    server = dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=10),
-                           wait_for_workers=False)
+    server = dist.TCPStore(
+        "127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=10), wait_for_workers=False
+    )
     client = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=10)).clone()
     return JobProtocol(StateStore(client, "test"), 2), server
 
@@ -500,17 +522,35 @@ def test_json_nested_deeper_than_the_parser_is_left_out_without_a_traceback(job)
 
 
 JUNK_POSITIONS = [  # what someone on the store port may write where a rank's position or state goes
-    {"rank": "1"}, {"rank": [1]}, {"rank": 1.5}, {"rank": True}, {"rank": 9999}, {"rank": -1},
+    {"rank": "1"},
+    {"rank": [1]},
+    {"rank": 1.5},
+    {"rank": True},
+    {"rank": 9999},
+    {"rank": -1},
     {"rank": 1, "inflight": "x"},
-    {"rank": 1, "inflight": [1, "a", None]}, {"rank": 1, "pid": "abc", "host": None}, {"rank": 1, "status": ["exited"]},
-    {"rank": 1, "beat": {}}, {"rank": 1, "idle_s": "a", "inflight": [{"group": 1, "seq": "x", "age_s": "y"}]},
-    {"rank": 1, "idle_s": 1e308, "inflight": [{"group": "0", "seq": 1, "age_s": 1e308, "op": ["x"], "api": {},
-                                               "shapes": "s", "site": [1], "region": 5}], "rank_condition": "c"},
-    {"rank": 1, "pid": 2**80, "host": "HOST"}, {"rank": 1, "stacks": "x", "process": [], "recent": {}},
+    {"rank": 1, "inflight": [1, "a", None]},
+    {"rank": 1, "pid": "abc", "host": None},
+    {"rank": 1, "status": ["exited"]},
+    {"rank": 1, "beat": {}},
+    {"rank": 1, "idle_s": "a", "inflight": [{"group": 1, "seq": "x", "age_s": "y"}]},
+    {
+        "rank": 1,
+        "idle_s": 1e308,
+        "inflight": [
+            {"group": "0", "seq": 1, "age_s": 1e308, "op": ["x"], "api": {}, "shapes": "s", "site": [1], "region": 5}
+        ],
+        "rank_condition": "c",
+    },
+    {"rank": 1, "pid": 2**80, "host": "HOST"},
+    {"rank": 1, "stacks": "x", "process": [], "recent": {}},
 ]
 JUNK_INCIDENT = [[], "x", {"leader": [1]}, {"leader": 0, "action": {}, "trigger": []}, {"leader": "0"}]
-JUNK_VERDICT = [[], {"positions": "x", "action": "abort"}, {"positions": {"0/1": "x"}, "action": "abort",
-                                                            "kinds": 5, "culprits": "x", "folder": []}]
+JUNK_VERDICT = [
+    [],
+    {"positions": "x", "action": "abort"},
+    {"positions": {"0/1": "x"}, "action": "abort", "kinds": 5, "culprits": "x", "folder": []},
+]
 
 
 @pytest.mark.parametrize("blocked", [False, True])
@@ -523,14 +563,18 @@ def test_nothing_read_from_the_store_makes_the_watchdog_log_a_traceback(job, cap
 
     monkeypatch.setattr(abort, "end_process", lambda code: None)
     recorder = Recorder()
-    dog = watchdog_module.Watchdog(recorder, Config(grace=0.5, action="abort", dead_after=1.5, interval=0.5),
-                                   rank, 2, None, "")
+    dog = watchdog_module.Watchdog(
+        recorder, Config(grace=0.5, action="abort", dead_after=1.5, interval=0.5), rank, 2, None, ""
+    )
     for part in (dog, getattr(dog, "answers", None), dog.policy, dog.writer):
         if part is not None:
             part.job = job
     job.world_size = 2
-    monkeypatch.setattr(watchdog_module.evidence if hasattr(watchdog_module, "evidence") else abort.evidence,
-                        "native_stacks", lambda pid, *args, **kwargs: {"unavailable": "test"})
+    monkeypatch.setattr(
+        watchdog_module.evidence if hasattr(watchdog_module, "evidence") else abort.evidence,
+        "native_stacks",
+        lambda pid, *args, **kwargs: {"unavailable": "test"},
+    )
     if blocked:
         record = begun_ago(5.0, recorder, "all_reduce", "all_reduce", "0", (), sys._getframe())
         record.start_mono = time.monotonic()  # only the rank's progress is old: the call itself began just now

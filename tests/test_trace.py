@@ -27,8 +27,11 @@ def seed_incident(world_size=2):
     return incident(st, analysis.analyze(st, world_size, 2.0, 300.0))
 
 
-REQUIRED = {"X": {"name", "cat", "ph", "ts", "dur", "pid", "tid", "args"}, "M": {"name", "ph", "pid", "tid", "args"},
-            "i": {"name", "ph", "ts", "pid", "tid", "s"}}
+REQUIRED = {
+    "X": {"name", "cat", "ph", "ts", "dur", "pid", "tid", "args"},
+    "M": {"name", "ph", "pid", "tid", "args"},
+    "i": {"name", "ph", "ts", "pid", "tid", "s"},
+}
 
 
 def validate(trace):
@@ -69,8 +72,10 @@ def test_every_record_is_one_complete_event_in_microseconds():
     trace = render_trace(seed_incident(2))
     events = complete_events(trace, pid=0)
     assert [(e["name"], e["args"]["seq"], e["args"]["state"]) for e in events] == [
-        ("all_reduce", 9, "completed"), ("barrier", 10, "completed"),
-        ("broadcast [_broadcast_coalesced]", 11, "in_flight")]
+        ("all_reduce", 9, "completed"),
+        ("barrier", 10, "completed"),
+        ("broadcast [_broadcast_coalesced]", 11, "in_flight"),
+    ]
     assert events[0]["ts"] == pytest.approx((START - 2.0) * US)
     assert events[0]["dur"] == pytest.approx(0.001 * US)  # duration_s of a completed record
     assert events[2]["args"]["site"].endswith("distributed.py:1400 in _sync_buffers()")
@@ -97,8 +102,9 @@ def test_unknown_durations_and_odd_records_still_make_a_valid_trace():
     record["duration_s"] = None  # Flight Recorder on gloo: completion time unknown
     no_start = done(4, "barrier")
     no_start["start"] = None
-    st = states(rank_state(0, 2, recent=[record, no_start], inflight=[barrier(thread="worker")]),
-                rank_state(1, 2, inflight=[]))
+    st = states(
+        rank_state(0, 2, recent=[record, no_start], inflight=[barrier(thread="worker")]), rank_state(1, 2, inflight=[])
+    )
     doc = incident(st, [])
     doc.pop("created_at")  # no incident time: in-flight ops end at start + age
     trace = render_trace(doc)

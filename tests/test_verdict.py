@@ -56,7 +56,14 @@ def test_a_rank_the_verdict_saw_outside_collectives_acts_only_once_idle_for_the_
 
 def test_a_verdict_in_a_shape_not_ours_names_no_position():
     seen = seed_states()
-    for table in (None, [], {"0/5": "0-1"}, {"0/5": [[0, "1"]]}, {"0/5": [[True, 1]]}, {5: [[0, 1]]},
-                  {"0/5": [[0, 1, 2]]}):
+    for table in (
+        None,
+        [],
+        {"0/5": "0-1"},
+        {"0/5": [[0, "1"]]},
+        {"0/5": [[True, 1]]},
+        {5: [[0, 1]]},
+        {"0/5": [[0, 1, 2]]},
+    ):
         why = verdict.why_not_act({"positions": table}, "abort", seen[1], 1, GRACE, TIMEOUT)
         assert why == "the verdict does not say where this rank stands", table

@@ -26,8 +26,14 @@ def run_case(path: str, limit: float) -> dict:
     env = dict(os.environ, DDPWATCH="1", DDPWATCH_ACTION="abort", DDPWATCH_DIR=folder, PYTHONPATH=ROOT)
     start = time.monotonic()
     # Once report.json exists the score has what it needs; abort normally ends the ranks before this fires.
-    results = run_ranks([sys.executable, path], expect["world_size"], env=env, timeout=limit, cwd=ROOT,
-                        stop_when=lambda: score.read_report(folder) is not None)
+    results = run_ranks(
+        [sys.executable, path],
+        expect["world_size"],
+        env=env,
+        timeout=limit,
+        cwd=ROOT,
+        stop_when=lambda: score.read_report(folder) is not None,
+    )
     report = score.read_report(folder)
     wall = time.monotonic() - start
     row = score.score(expect, path, report, [r.returncode for r in results], score.last_mark(r.stderr for r in results))
@@ -38,8 +44,12 @@ def run_case(path: str, limit: float) -> dict:
 
 def commit() -> str:
     try:
-        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
+        return (
+            subprocess.run(
+                ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or "unknown"
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
 
@@ -53,8 +63,11 @@ def main(argv=None) -> int:
     paths = score.case_paths(opts.only)
     if not paths:
         parser.error(f"no case matches {opts.only}")
-    print(f"== ddpwatch corpus: {len(paths)} cases, limit {opts.limit:.0f} s each, ddpwatch at {commit()}, "
-          f"torch on Python {platform.python_version()} ==", flush=True)
+    print(
+        f"== ddpwatch corpus: {len(paths)} cases, limit {opts.limit:.0f} s each, ddpwatch at {commit()}, "
+        f"torch on Python {platform.python_version()} ==",
+        flush=True,
+    )
     rows = []
     for path in paths:
         row = run_case(path, opts.limit)
@@ -69,8 +82,9 @@ def main(argv=None) -> int:
         print("\n".join(f"  {line}" for line in wrong))
     if opts.json:
         with open(opts.json, "w", encoding="utf-8") as handle:
-            json.dump({"commit": commit(), "limit_s": opts.limit, "created": time.time(), "rows": rows}, handle,
-                      indent=1)
+            json.dump(
+                {"commit": commit(), "limit_s": opts.limit, "created": time.time(), "rows": rows}, handle, indent=1
+            )
             handle.write("\n")
     return 0
 

@@ -10,9 +10,20 @@ import re
 
 CASES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cases")
 KINDS = {  # what ddpwatch has today, then the kinds being built next to this corpus
-    "ddp_forward_on_subset", "collective_on_subset", "skipped_collective", "uneven_inputs", "shape_mismatch",
-    "group_order", "collective_mismatch", "straggler", "collective_stuck", "dead_rank", "unresponsive_rank",
-    "p2p_deadlock", "local_decision", "caught_exception",
+    "ddp_forward_on_subset",
+    "collective_on_subset",
+    "skipped_collective",
+    "uneven_inputs",
+    "shape_mismatch",
+    "group_order",
+    "collective_mismatch",
+    "straggler",
+    "collective_stuck",
+    "dead_rank",
+    "unresponsive_rank",
+    "p2p_deadlock",
+    "local_decision",
+    "caught_exception",
 }
 FAMILIES = {"p2p", "decision", "exception", "collective", "benign"}
 EXPECT_KEYS = {"source", "summary", "family", "world_size", "kind", "ranks", "line", "fix"}
@@ -74,16 +85,32 @@ def said(report: dict | None) -> dict | None:
         return None
     first = report["findings"][0]
     location = first.get("location") or {}
-    return {"kind": first.get("kind"), "ranks": sorted(first.get("ranks") or []),
-            "file": location.get("file"), "line": location.get("line"), "fix": first.get("fix") or ""}
+    return {
+        "kind": first.get("kind"),
+        "ranks": sorted(first.get("ranks") or []),
+        "file": location.get("file"),
+        "line": location.get("line"),
+        "fix": first.get("fix") or "",
+    }
 
 
 def score(expect: dict, path: str, report: dict | None, exit_codes, mark: float | None) -> dict:
     """One row: each check True/False, or None where it does not apply (the benign cases have no kind to match)."""
     got = said(report)
-    row = {"case": case_name(path), "family": expect["family"], "expected": expect["kind"] or "none",
-           "scored": is_scored(expect), "exit_codes": list(exit_codes), "said": got,
-           "kind": None, "ranks": None, "line": None, "fix": None, "false_alarm": None, "latency": None}
+    row = {
+        "case": case_name(path),
+        "family": expect["family"],
+        "expected": expect["kind"] or "none",
+        "scored": is_scored(expect),
+        "exit_codes": list(exit_codes),
+        "said": got,
+        "kind": None,
+        "ranks": None,
+        "line": None,
+        "fix": None,
+        "false_alarm": None,
+        "latency": None,
+    }
     if report and mark is not None and report.get("created_at") is not None:
         row["latency"] = round(report["created_at"] - mark, 2)
     if expect["kind"] is None:
@@ -119,8 +146,18 @@ def table(rows: list) -> str:
             continue
         false_alarm = "YES" if row["false_alarm"] else ("no" if row["false_alarm"] is False else "-")
         latency = "-" if row["latency"] is None else f"{row['latency']:.2f}"
-        cells.append((row["case"], row["expected"], _cell(row["kind"]), _cell(row["ranks"]), _cell(row["line"]),
-                      _cell(row["fix"]), false_alarm, latency))
+        cells.append(
+            (
+                row["case"],
+                row["expected"],
+                _cell(row["kind"]),
+                _cell(row["ranks"]),
+                _cell(row["line"]),
+                _cell(row["fix"]),
+                false_alarm,
+                latency,
+            )
+        )
     widths = [max(len(str(line[i])) for line in cells) for i in range(len(COLUMNS))]
     text = [" ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip() for line in cells]
     text.insert(1, " ".join("-" * w for w in widths))
@@ -130,8 +167,9 @@ def table(rows: list) -> str:
 def totals(rows: list) -> list:
     """Hits over cases where the check applies, per family group and overall; false alarms over benign cases."""
     scored = [row for row in rows if row["scored"]]
-    groups = sorted({group_of(row["family"]) for row in scored}, key=["p2p", "decision+exception", "collective",
-                                                                      "benign"].index)
+    groups = sorted(
+        {group_of(row["family"]) for row in scored}, key=["p2p", "decision+exception", "collective", "benign"].index
+    )
     lines = []
     for label, members in [(g, [r for r in scored if group_of(r["family"]) == g]) for g in groups] + [("all", scored)]:
         parts = []
@@ -144,8 +182,9 @@ def totals(rows: list) -> list:
             parts.append(f"false alarms {sum(r['false_alarm'] for r in benign)}/{len(benign)}")
         latencies = sorted(r["latency"] for r in members if r["latency"] is not None and r["kind"])
         if latencies:
-            parts.append(f"latency (correct kind) median {latencies[len(latencies) // 2]:.2f} s, "
-                         f"max {latencies[-1]:.2f} s")
+            parts.append(
+                f"latency (correct kind) median {latencies[len(latencies) // 2]:.2f} s, max {latencies[-1]:.2f} s"
+            )
         lines.append(f"{label} ({len(members)} cases): " + ", ".join(parts))
     return lines
 
@@ -162,6 +201,5 @@ def misses(rows: list) -> list:
             lines.append(f"{row['case']}: no report (exit codes {row['exit_codes']})")
             continue
         where = f"{os.path.basename(got['file'] or '?')}:{got['line']}"
-        lines.append(f"{row['case']}: said {got['kind']} ranks {got['ranks']} at {where}; "
-                     f"fix: {got['fix'][:100]!r}")
+        lines.append(f"{row['case']}: said {got['kind']} ranks {got['ranks']} at {where}; fix: {got['fix'][:100]!r}")
     return lines

@@ -7,13 +7,31 @@ import hashlib
 from typing import TYPE_CHECKING
 
 from ..format import build
+
 # What other stages and the tests read from the package, besides assess(): the reading helpers the watchdog uses,
 # and the passes the finding-table tests reorder.
 from .passes import collective_on_subset_or_mismatch, ddp_forward_on_subset, shape_mismatch  # noqa: F401
 from .reading import is_blocked, partitions, shape_key, user_line_now, waiting_map, waiting_record  # noqa: F401
-from .table import (DEADLOCK, DUMP, FINDING_KINDS, FINDING_PASSES, MISMATCH, SILENT,  # noqa: F401
-                    STAGE_COMPLETED, STAGE_CROSSING, STAGE_EXITED, STAGE_MISMATCH, STAGE_SILENT, STAGE_TIMEOUT,
-                    STAGES, TIMEOUT, FindingPass, Stage, declared, kinds_of)
+from .table import (
+    DEADLOCK,
+    DUMP,
+    FINDING_KINDS,
+    FINDING_PASSES,
+    MISMATCH,
+    SILENT,  # noqa: F401
+    STAGE_COMPLETED,
+    STAGE_CROSSING,
+    STAGE_EXITED,
+    STAGE_MISMATCH,
+    STAGE_SILENT,
+    STAGE_TIMEOUT,
+    STAGES,
+    TIMEOUT,
+    FindingPass,
+    Stage,
+    declared,
+    kinds_of,
+)
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..format.types import Finding, RankState
@@ -72,8 +90,14 @@ def _verdict(stage: Stage, findings: list, live: dict) -> Assessment:
     return Assessment(stage.verdict, findings, fingerprint(live) + stage.fingerprint_suffix)
 
 
-def assess(states: dict[int, RankState], world_size: int, grace: float, timeout: float,
-           silent: dict | None = None, passes: tuple | None = None) -> Assessment:
+def assess(
+    states: dict[int, RankState],
+    world_size: int,
+    grace: float,
+    timeout: float,
+    silent: dict | None = None,
+    passes: tuple | None = None,
+) -> Assessment:
     """Decide from every rank's snapshot whether a hang is proven now, or a wait has outlasted the timeout.
 
     `silent`: {rank: {"silent_s", "process", "last_state", ...}} for ranks whose heartbeat stopped for longer than
@@ -83,8 +107,9 @@ def assess(states: dict[int, RankState], world_size: int, grace: float, timeout:
     silent = silent or {}
     live = {r: s for r, s in states.items() if s.get("status") != build.EXITED and r not in silent}
     # A rank ended by a signal (its own handler checkpointed and left) skipped nothing: someone ended it.
-    exited = {r: s for r, s in states.items()
-              if s.get("status") == build.EXITED and not s.get("signal")}  # rank -> its last state
+    exited = {
+        r: s for r, s in states.items() if s.get("status") == build.EXITED and not s.get("signal")
+    }  # rank -> its last state
     blocked = {r for r, s in live.items() if is_blocked(s, grace)}
     if silent:  # nothing else is judged while a rank is silent: its last state may be stale
         # a peer the backend aborted left its stack (crashes.py): evidence enough without anyone blocked
@@ -132,7 +157,8 @@ def mismatch_fingerprint(findings: list) -> str:
     return f"mismatch-{first['kind']}-{facts.get('group')}-{seq}"
 
 
-def analyze(states: dict[int, RankState], world_size: int, grace: float, timeout: float,
-            silent: dict | None = None) -> list[Finding]:
+def analyze(
+    states: dict[int, RankState], world_size: int, grace: float, timeout: float, silent: dict | None = None
+) -> list[Finding]:
     """The findings for a finished incident document (re-run by `ddpwatch report`)."""
     return assess(states, world_size, grace, timeout, silent).findings

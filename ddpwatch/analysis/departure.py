@@ -51,8 +51,9 @@ def departed(parts: list, states: dict) -> dict | None:
         return None
     # No exit of their own: maybe the others went past the call these ranks stand in (no history of it needed)
     first, second = parts
-    return (_passed_by(first.ranks, second.ranks, paths, states, code, parts)
-            or _passed_by(second.ranks, first.ranks, paths, states, code, parts))
+    return _passed_by(first.ranks, second.ranks, paths, states, code, parts) or _passed_by(
+        second.ranks, first.ranks, paths, states, code, parts
+    )
 
 
 def departed_and_exited(live: dict, exited: dict, grace: float, world_size: int) -> dict | None:
@@ -87,8 +88,14 @@ def departed_and_exited(live: dict, exited: dict, grace: float, world_size: int)
 
 def _finished(state: dict, common: dict) -> list:
     """An exited rank's finished calls on the others' thread, oldest first."""
-    return [r for r in (state or {}).get("recent") or () if isinstance(r, dict) and not r.get("p2p")
-            and r.get("state") == build.COMPLETED and r.get("thread") == common.get("thread")]
+    return [
+        r
+        for r in (state or {}).get("recent") or ()
+        if isinstance(r, dict)
+        and not r.get("p2p")
+        and r.get("state") == build.COMPLETED
+        and r.get("thread") == common.get("thread")
+    ]
 
 
 def _same(way: dict) -> tuple:
@@ -138,6 +145,7 @@ def _frames(state: dict | None) -> list:
 
 # ---------------------------------------------------------------- where the departed rank left the common path
 
+
 def _way(rank: int, records: list, common: dict, stay: list, states: dict, code: dict) -> dict | None:
     """How `rank` left: tried at its last common call's line, then at the lines that called that function."""
     last, now = records[-2], records[-1]
@@ -150,8 +158,7 @@ def _way(rank: int, records: list, common: dict, stay: list, states: dict, code:
             continue
         z = _in_function(around, anchor, user_location(common), theirs)
         z = z if _numbered(z) else None
-        calls = [site["line"] for site in map(user_location, records[:-1] + [common])
-                 if _spans(around, anchor, site)]
+        calls = [site["line"] for site in map(user_location, records[:-1] + [common]) if _spans(around, anchor, site)]
         way = _through(anchor, around, z, mine, rank, stay, states, calls)
         if way is not None:
             return way
@@ -173,7 +180,7 @@ def _anchors(x: dict | None, stacks: list, code: dict) -> list:
         return found
     for frames in stacks:
         inside = [i for i, f in enumerate(frames) if _spans(around, x, f)]
-        for caller in reversed(frames[:inside[-1]] if inside else []):
+        for caller in reversed(frames[: inside[-1]] if inside else []):
             if all(_key(caller) != _key(seen) for seen in found):
                 found.append(caller)
     return found
@@ -193,8 +200,7 @@ def _in_function(around: dict, anchor: dict, z: dict | None, theirs: list) -> di
     return inside[-1] if inside else None
 
 
-def _through(anchor: dict, around: dict, z: dict | None, mine: list, rank: int, stay: list, states: dict,
-             calls: list):
+def _through(anchor: dict, around: dict, z: dict | None, mine: list, rank: int, stay: list, states: dict, calls: list):
     """The exit `rank` took out of the anchor's loops (or the handler it went through), when only one fits. `calls`:
     the lines of this function its collectives came from."""
     lines = [f.get("line") or 0 for f in mine if f and f.get("file") == anchor.get("file")]
@@ -240,8 +246,11 @@ def _exits(around: dict, left: list, still_in_function: bool) -> list:
     loops = around.get("loops") or []
     if left:
         outer = left[-1]
-        return [dict(e, loop=outer if e["kind"] == "break" else left[0]) for e in outer["exits"]
-                if e["kind"] == "break" or (e["kind"] == "return" and not still_in_function)]
+        return [
+            dict(e, loop=outer if e["kind"] == "break" else left[0])
+            for e in outer["exits"]
+            if e["kind"] == "break" or (e["kind"] == "return" and not still_in_function)
+        ]
     if loops:
         return [dict(e, loop=loops[0]) for e in loops[0]["exits"] if e["kind"] == "continue"]
     return []
@@ -254,14 +263,25 @@ def _skips(around: dict, left: list, calls: list) -> list:
     found = []
     for index, loop in enumerate(left):
         kinds = ("continue", "break") if index < len(left) - 1 else ("continue",)
-        found += [dict(e, loop=loop) for e in loop["exits"]
-                  if e["kind"] in kinds and any(e["line"] < line <= loop["end"] for line in calls)]
+        found += [
+            dict(e, loop=loop)
+            for e in loop["exits"]
+            if e["kind"] in kinds and any(e["line"] < line <= loop["end"] for line in calls)
+        ]
     outer = left[-1]
     for block in around.get("tries") or ():
         if outer["line"] < block["line"] <= outer["end"]:
-            found += [{"line": h["line"], "kind": h["then"], "condition": None, "loop": outer,
-                       "handler": {"line": h["line"], "text": h.get("text")}}
-                      for h in block["handlers"] if h["then"] in ("pass", "falls")]
+            found += [
+                {
+                    "line": h["line"],
+                    "kind": h["then"],
+                    "condition": None,
+                    "loop": outer,
+                    "handler": {"line": h["line"], "text": h.get("text")},
+                }
+                for h in block["handlers"]
+                if h["then"] in ("pass", "falls")
+            ]
     return found
 
 
@@ -284,8 +304,15 @@ def _handlers(around: dict, anchor: dict, z: dict | None, left: list, lines: lis
             continue
         for handler in block["handlers"]:
             if handler["then"] in ("pass", "falls"):
-                found.append({"line": handler["line"], "kind": handler["then"], "condition": None,
-                              "handler": {"line": handler["line"], "text": handler.get("text")}, "loop": None})
+                found.append(
+                    {
+                        "line": handler["line"],
+                        "kind": handler["then"],
+                        "condition": None,
+                        "handler": {"line": handler["line"], "text": handler.get("text")},
+                        "loop": None,
+                    }
+                )
     return found
 
 
@@ -294,8 +321,9 @@ def _local(candidate: dict) -> bool:
     except handler. Rank conditions are passes.py's; an unconditional exit would be taken in every iteration. An
     exit on what a helper returned is decided by the helper's own condition."""
     decided = candidate.get("decided_in")
-    condition = decided["condition"] if isinstance(decided, dict) and decided.get("condition") else candidate.get(
-        "condition")
+    condition = (
+        decided["condition"] if isinstance(decided, dict) and decided.get("condition") else candidate.get("condition")
+    )
     return bool(candidate.get("handler")) or bool(condition and not condition.get("rank"))
 
 
@@ -304,8 +332,9 @@ def _place(candidate: dict, anchor: dict, z: dict | None, around: dict) -> str |
     iteration ends (or the order is unknown); None: nowhere the rank can have left."""
     x = anchor["line"]
     handler = candidate.get("handler")
-    caught_here = handler and any(h["line"] == handler["line"]
-                                  for b in around.get("tries") or () for h in b["handlers"])
+    caught_here = handler and any(
+        h["line"] == handler["line"] for b in around.get("tries") or () for h in b["handlers"]
+    )
     line = x if caught_here else candidate["line"]  # an exception is raised in the try's body, after that call
     if not z:
         return BOUNDARY
@@ -328,21 +357,39 @@ def _chosen(candidate: dict, anchor: dict, left: list, proof: dict) -> dict:
         helper = {"line": decided["line"], "function": decided.get("function"), "text": decided.get("text")}
         location = {"file": anchor["file"], "line": decided["line"], "function": decided.get("function")}
         condition, helper["caller_condition"] = decided["condition"], candidate.get("condition")
-    return {"kind": kind, "location": location,
-            "exit": {"line": candidate["line"], "kind": candidate["kind"]}, "condition": condition,
-            "handler": handler, "loop": {"line": loop["line"], "text": loop.get("text")} if loop else None,
-            "left": bool(left), "proof": proof, "helper": helper}
+    return {
+        "kind": kind,
+        "location": location,
+        "exit": {"line": candidate["line"], "kind": candidate["kind"]},
+        "condition": condition,
+        "handler": handler,
+        "loop": {"line": loop["line"], "text": loop.get("text")} if loop else None,
+        "left": bool(left),
+        "proof": proof,
+        "helper": helper,
+    }
 
 
 def _finding(way: dict, gone: list, stay: list, records: list, common: dict, parts: list) -> dict:
     departure = {key: way[key] for key in ("exit", "condition", "handler", "loop", "left", "proof", "helper")}
-    return finding(way["kind"], gone, way["location"],
-                   {"mismatched": _side_by_side(parts), "culprit_rule": "departed", "departure": departure},
-                   culprits=gone, others=stay, record=records[-1], last=records[-2], waited=common,
-                   location=way["location"], side=_side_records(parts), **departure)
+    return finding(
+        way["kind"],
+        gone,
+        way["location"],
+        {"mismatched": _side_by_side(parts), "culprit_rule": "departed", "departure": departure},
+        culprits=gone,
+        others=stay,
+        record=records[-1],
+        last=records[-2],
+        waited=common,
+        location=way["location"],
+        side=_side_records(parts),
+        **departure,
+    )
 
 
 # ---------------------------------------------------------------- ranks inside an except handler
+
 
 def _in_handler(parts: list, states: dict, code: dict) -> dict | None:
     """Ranks whose main thread stands in an `except` handler of a try whose body holds the others' frame in the same
@@ -384,18 +431,38 @@ def _handler_finding(inside: list, body: list, lines: dict, handler: dict, block
     waited = next(p.record for p in parts if body[0] in p.ranks)
     frame = lines[inside[0]]
     location = {"file": frame.get("file"), "line": handler["line"], "function": frame.get("function")}
-    departure = {"exit": {"line": handler["line"], "kind": handler.get("then")}, "condition": None,
-                 "handler": {"line": handler["line"], "text": handler.get("text")}, "loop": None, "left": False,
-                 "proof": {"rule": IN_HANDLER, "try": block["line"], "at": frame.get("line"),
-                           "others_at": lines[body[0]].get("line")},
-                 "helper": None}
-    return finding(CAUGHT_EXCEPTION, inside, location,
-                   {"mismatched": _side_by_side(parts), "culprit_rule": "departed", "departure": departure},
-                   culprits=inside, others=body, record=record, last=None, waited=waited, location=location,
-                   side=_side_records(parts), **departure)
+    departure = {
+        "exit": {"line": handler["line"], "kind": handler.get("then")},
+        "condition": None,
+        "handler": {"line": handler["line"], "text": handler.get("text")},
+        "loop": None,
+        "left": False,
+        "proof": {
+            "rule": IN_HANDLER,
+            "try": block["line"],
+            "at": frame.get("line"),
+            "others_at": lines[body[0]].get("line"),
+        },
+        "helper": None,
+    }
+    return finding(
+        CAUGHT_EXCEPTION,
+        inside,
+        location,
+        {"mismatched": _side_by_side(parts), "culprit_rule": "departed", "departure": departure},
+        culprits=inside,
+        others=body,
+        record=record,
+        last=None,
+        waited=waited,
+        location=location,
+        side=_side_records(parts),
+        **departure,
+    )
 
 
 # ---------------------------------------------------------------- ranks that went past a call the others stand in
+
 
 def _passed_by(gone: list, stay: list, paths: dict, states: dict, code: dict, parts: list) -> dict | None:
     """The ranks `gone` stand in a call made from a line of the loop around the last call every rank finished, after
@@ -429,36 +496,62 @@ def _passed_by(gone: list, stay: list, paths: dict, states: dict, code: dict, pa
         return None
     after = left[-1]["end"]
     candidates = [dict(e, loop=shared) for e in shared["exits"] if e["kind"] == "continue" and after < e["line"] < line]
-    callees = mine[at[-1] + 1:]
+    callees = mine[at[-1] + 1 :]
     for frame in callees:
         inner = code.get(_key(frame))
         if isinstance(inner, dict) and _numbered(frame):
-            candidates += [dict(e, loop=None, file=frame.get("file"), function=frame.get("function"))
-                           for e in inner.get("returns") or ()
-                           if isinstance(e.get("line"), int) and e["line"] < frame["line"]
-                           and _spans(inner, frame, {"file": frame.get("file"), "line": e["line"]})]
+            candidates += [
+                dict(e, loop=None, file=frame.get("file"), function=frame.get("function"))
+                for e in inner.get("returns") or ()
+                if isinstance(e.get("line"), int)
+                and e["line"] < frame["line"]
+                and _spans(inner, frame, {"file": frame.get("file"), "line": e["line"]})
+            ]
     chosen = _distinct([c for c in candidates if _local(c)])
     if len(chosen) != 1:
         return None
     exit_ = chosen[0]
-    anchor = {"file": exit_.get("file") or x.get("file"), "line": x["line"],
-              "function": exit_.get("function") or x.get("function")}
-    way = _chosen(exit_, anchor, [], dict(proof, rule=PASSED_BY, by=proof["rule"], at=line,
-                                          call=(callees[-1] if callees else mine[at[-1]]).get("line")))
+    anchor = {
+        "file": exit_.get("file") or x.get("file"),
+        "line": x["line"],
+        "function": exit_.get("function") or x.get("function"),
+    }
+    way = _chosen(
+        exit_,
+        anchor,
+        [],
+        dict(
+            proof,
+            rule=PASSED_BY,
+            by=proof["rule"],
+            at=line,
+            call=(callees[-1] if callees else mine[at[-1]]).get("line"),
+        ),
+    )
     way["loop"] = {"line": shared["line"], "text": shared.get("text")}
     records = paths[stay[0]]
     waited = paths[gone[0]][-1]
     departure = {key: way[key] for key in ("exit", "condition", "handler", "loop", "left", "proof", "helper")}
-    return finding(way["kind"], stay, way["location"],
-                   {"mismatched": _side_by_side(parts), "culprit_rule": "departed", "departure": departure},
-                   culprits=stay, others=gone, record=records[-1], last=records[-2], waited=waited,
-                   location=way["location"], side=_side_records(parts), **departure)
+    return finding(
+        way["kind"],
+        stay,
+        way["location"],
+        {"mismatched": _side_by_side(parts), "culprit_rule": "departed", "departure": departure},
+        culprits=stay,
+        others=gone,
+        record=records[-1],
+        last=records[-2],
+        waited=waited,
+        location=way["location"],
+        side=_side_records(parts),
+        **departure,
+    )
 
 
 def _same_history(histories: list) -> bool:
     """Every rank finished the same calls (positions), as far back as all of them remember."""
     depth = min(len(h) for h in histories)
-    return depth > 0 and len({tuple(position(r) for r in h[len(h) - depth:]) for h in histories}) == 1
+    return depth > 0 and len({tuple(position(r) for r in h[len(h) - depth :]) for h in histories}) == 1
 
 
 def _same_iterations(left: list, rank: int, others: list, states: dict) -> dict | None:
@@ -470,6 +563,7 @@ def _same_iterations(left: list, rank: int, others: list, states: dict) -> dict 
 
 
 # ---------------------------------------------------------------- ranks at different positions
+
 
 def departed_ahead(parts: list, states: dict) -> dict | None:
     """Ranks of one group at different positions (a departed rank went on through a collective that completed

@@ -11,6 +11,7 @@ FAMILIAR = "familiar"  # the rank made this very move before
 
 # ---------------------------------------------------------------- positions: the user's line and what was called there
 
+
 def position(record: dict) -> tuple:
     site = user_location(record) or {}
     return (site.get("file"), site.get("line"), record.get("api") or record.get("op"))
@@ -20,10 +21,13 @@ def path(state: dict, current: dict) -> list:
     """The records of the thread that waits in `current`, oldest first, ending with `current`; a finished `current`
     (where a rank that went on was at the others' position) ends it there."""
     thread = current.get("thread")
-    done = [r for r in state.get("recent") or () if isinstance(r, dict) and not r.get("p2p")
-            and r.get("state") == build.COMPLETED and r.get("thread") == thread]
+    done = [
+        r
+        for r in state.get("recent") or ()
+        if isinstance(r, dict) and not r.get("p2p") and r.get("state") == build.COMPLETED and r.get("thread") == thread
+    ]
     if current in done:
-        done = done[:done.index(current)]
+        done = done[: done.index(current)]
     return done + [current]
 
 
@@ -52,6 +56,7 @@ def went_on_to(records: list, record: dict) -> bool:
 
 # ---------------------------------------------------------------- DataLoader epochs (capture/loaders.py)
 
+
 def _training_loader(state: dict) -> dict | None:
     """The DataLoader that ran the rank's training steps (the most of them), as its state has it."""
     best = None
@@ -66,9 +71,13 @@ def _training_loader(state: dict) -> dict | None:
 
 def _counts(entry: dict) -> bool:
     steps, length = entry.get("steps"), entry.get("length")
-    return (isinstance(entry.get("epochs"), int) and isinstance(steps, list) and 0 < len(steps) <= entry["epochs"]
-            and all(isinstance(n, int) and not isinstance(n, bool) for n in steps)
-            and (length is None or isinstance(length, int) and not isinstance(length, bool)))
+    return (
+        isinstance(entry.get("epochs"), int)
+        and isinstance(steps, list)
+        and 0 < len(steps) <= entry["epochs"]
+        and all(isinstance(n, int) and not isinstance(n, bool) for n in steps)
+        and (length is None or isinstance(length, int) and not isinstance(length, bool))
+    )
 
 
 def _by_epoch(loader: dict) -> dict:
@@ -84,8 +93,12 @@ def _began_more(mine: dict, theirs: list) -> dict | None:
         common = [e for e in _by_epoch(other) if e in own]
         if other["epochs"] <= mine["epochs"] or not common or any(_by_epoch(other)[e] != own[e] for e in common):
             return None
-    return {"rule": "began_more", "epochs": mine["epochs"], "steps": sorted(set(own.values())),
-            "others_epochs": min(o["epochs"] for o in theirs)}
+    return {
+        "rule": "began_more",
+        "epochs": mine["epochs"],
+        "steps": sorted(set(own.values())),
+        "others_epochs": min(o["epochs"] for o in theirs),
+    }
 
 
 def _short_last_epoch(mine: dict, theirs: list) -> dict | None:

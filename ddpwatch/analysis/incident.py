@@ -17,10 +17,22 @@ if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
 DEFAULT_GRACE, DEFAULT_TIMEOUT = DEFAULTS["grace"], DEFAULTS["timeout"]
 
 
-def build(states: dict[int, RankState], world_size: int, grace: float, timeout: float, *, silent: dict | None = None,
-          trigger: str | None = None, findings: list | None = None, run_id: str | None = None,
-          written_by: int | None = None, created_at: float | None = None, source: dict | None = None,
-          missing_ranks: list | None = None, rank_conditions: dict | None = None) -> Incident:
+def build(
+    states: dict[int, RankState],
+    world_size: int,
+    grace: float,
+    timeout: float,
+    *,
+    silent: dict | None = None,
+    trigger: str | None = None,
+    findings: list | None = None,
+    run_id: str | None = None,
+    written_by: int | None = None,
+    created_at: float | None = None,
+    source: dict | None = None,
+    missing_ranks: list | None = None,
+    rank_conditions: dict | None = None,
+) -> Incident:
     """An incident document from rank states, analysed here unless `findings` are given (a dump has none).
 
     `silent`: the watchdog's measurement of ranks whose heartbeat stopped ({rank: {"silent_s", "process", ...}}),
@@ -44,8 +56,8 @@ def build(states: dict[int, RankState], world_size: int, grace: float, timeout: 
     kind = (source or {}).get("kind", "")
     return {
         "format_version": FORMAT_VERSION,
-        "run_id": run_id or time.strftime("%Y%m%d-%H%M%S", time.localtime(created)) + (f"-{kind.replace('_', '-')}"
-                                                                                      if kind else ""),
+        "run_id": run_id
+        or time.strftime("%Y%m%d-%H%M%S", time.localtime(created)) + (f"-{kind.replace('_', '-')}" if kind else ""),
         "world_size": world_size,
         "created_at": created,
         "trigger": trigger or verdict or (analysis.DUMP if not findings else analysis.DEADLOCK),
@@ -53,7 +65,8 @@ def build(states: dict[int, RankState], world_size: int, grace: float, timeout: 
         "grace": grace,
         "timeout": timeout,
         "ranks": [states[r] for r in sorted(states)],
-        "missing_ranks": sorted(missing_ranks) if missing_ranks is not None
+        "missing_ranks": sorted(missing_ranks)
+        if missing_ranks is not None
         else [r for r in range(world_size) if r not in states],
         "silent": {str(rank): _without_last_state(view) for rank, view in sorted(silent.items())},
         "findings": findings,
@@ -69,10 +82,19 @@ def reanalyze(incident: Incident, grace: float | None = None, timeout: float | N
     timeout = incident.get("timeout", DEFAULT_TIMEOUT) if timeout is None else timeout
     silent = {int(rank): view for rank, view in (incident.get("silent") or {}).items()}
     dump = incident.get("trigger") == analysis.DUMP
-    again = build(states, incident["world_size"], grace, timeout, silent=silent,
-                  run_id=incident.get("run_id"), written_by=incident.get("written_by"),
-                  created_at=incident.get("created_at"), source=incident.get("source"),
-                  missing_ranks=incident.get("missing_ranks"), rank_conditions=incident.get("rank_conditions"))
+    again = build(
+        states,
+        incident["world_size"],
+        grace,
+        timeout,
+        silent=silent,
+        run_id=incident.get("run_id"),
+        written_by=incident.get("written_by"),
+        created_at=incident.get("created_at"),
+        source=incident.get("source"),
+        missing_ranks=incident.get("missing_ranks"),
+        rank_conditions=incident.get("rank_conditions"),
+    )
     if dump and not again["findings"]:
         again["trigger"] = analysis.DUMP  # asked for by hand (SIGUSR1), and still nothing to find
     for key, value in incident.items():

@@ -38,8 +38,11 @@ def pending_ops(rank: int, state: dict) -> list:
         if not record.get("p2p"):
             found.append(Pending(rank, COLLECTIVE, None, None, record))
         elif record.get("ops"):
-            found.extend(Pending(rank, op.get("op"), op.get("peer"), op.get("tag"), record)
-                         for op in record["ops"] if op.get("op") in (SEND, RECV))
+            found.extend(
+                Pending(rank, op.get("op"), op.get("peer"), op.get("tag"), record)
+                for op in record["ops"]
+                if op.get("op") in (SEND, RECV)
+            )
         elif record.get("op") in (SEND, RECV) and isinstance(record.get("peer"), int) and record["peer"] >= -1:
             found.append(Pending(rank, record["op"], record["peer"], record.get("tag"), record))
     return found
@@ -73,9 +76,14 @@ def p2p_match(a: Pending, b: Pending) -> bool:
 def _absent_from(op: Pending, ops_by_rank: dict, states: dict, world_size: int) -> list:
     """The members of a collective's group that do not have it (its group and position) in flight."""
     group, seq = op.record.get("group"), op.record.get("seq")
-    return [member for member in members(states, group, world_size) if not any(
-        o.kind == COLLECTIVE and o.record.get("group") == group and o.record.get("seq") == seq
-        for o in ops_by_rank.get(member, ()))]
+    return [
+        member
+        for member in members(states, group, world_size)
+        if not any(
+            o.kind == COLLECTIVE and o.record.get("group") == group and o.record.get("seq") == seq
+            for o in ops_by_rank.get(member, ())
+        )
+    ]
 
 
 def can_complete(op: Pending, ops_by_rank: dict, states: dict, world_size: int) -> bool:
@@ -98,8 +106,10 @@ def needs(op: Pending, ops_by_rank: dict, states: dict, world_size: int) -> list
 def wait_cycle(blocking: dict, ops_by_rank: dict, states: dict, world_size: int) -> list:
     """[(rank, the op it waits in, the rank it waits for), ...] closing a cycle, from the lowest rank that is on
     one; [] when the waits end outside the blocked ranks (a rank that exited, or one not seen)."""
-    edges = {rank: [(op, peer) for op in ops for peer in needs(op, ops_by_rank, states, world_size)]
-             for rank, ops in blocking.items()}
+    edges = {
+        rank: [(op, peer) for op in ops for peer in needs(op, ops_by_rank, states, world_size)]
+        for rank, ops in blocking.items()
+    }
     for start in sorted(edges):
         path, seen = [], {}
         rank = start
@@ -109,7 +119,7 @@ def wait_cycle(blocking: dict, ops_by_rank: dict, states: dict, world_size: int)
             path.append((rank, op, peer))
             rank = peer
         if rank in seen:
-            return path[seen[rank]:]
+            return path[seen[rank] :]
     return []
 
 
@@ -156,8 +166,9 @@ def _near_miss(a: Pending, b: Pending) -> bool:
     send, recv = (a, b) if a.kind == SEND else (b, a)
     if send.peer != recv.rank:
         return False
-    return recv.peer not in (ANY_SOURCE, send.rank) or (send.tag is not None and recv.tag is not None
-                                                           and send.tag != recv.tag)
+    return recv.peer not in (ANY_SOURCE, send.rank) or (
+        send.tag is not None and recv.tag is not None and send.tag != recv.tag
+    )
 
 
 def count_of(state: dict, group, op: str, peer: int) -> int | None:
@@ -183,10 +194,21 @@ def step_of(rank: int, op: Pending, peer: int, states: dict) -> dict:
     """One step of the cycle as facts: who, in what, at which line (and, for an isend/irecv waited on, the line
     where it waits), waiting for whom, and for a send or recv the counts on both sides."""
     record, state = op.record, states.get(rank) or {}
-    step = {"rank": rank, "kind": op.kind, "peer": op.peer, "tag": op.tag, "waits_for": peer,
-            "op": record.get("op"), "api": record.get("api"), "group": record.get("group"), "seq": record.get("seq"),
-            "site": user_location(record), "wait_s": record.get("age_s"), "batch": bool(record.get("ops")),
-            "wait_site": user_line_now(state) if record.get("waited") else None}
+    step = {
+        "rank": rank,
+        "kind": op.kind,
+        "peer": op.peer,
+        "tag": op.tag,
+        "waits_for": peer,
+        "op": record.get("op"),
+        "api": record.get("api"),
+        "group": record.get("group"),
+        "seq": record.get("seq"),
+        "site": user_location(record),
+        "wait_s": record.get("age_s"),
+        "batch": bool(record.get("ops")),
+        "wait_site": user_line_now(state) if record.get("waited") else None,
+    }
     if op.kind != COLLECTIVE and op.peer != ANY_SOURCE and op.peer in states:
         other = SEND if op.kind == RECV else RECV
         step["count"] = count_of(state, record.get("group"), op.kind, op.peer)  # this one included
@@ -222,11 +244,32 @@ def p2p_deadlock(waiting: dict, states: dict, world_size: int) -> dict | None:
     else:
         location = next(_where(s) for s in steps if s["kind"] != COLLECTIVE)
     side = [op.record for _, op, _ in cycle]
-    rows = [{"ranks": [step["rank"]], "group": step["group"], "seq": step["seq"], "op": step["op"],
-             "api": step["api"], "shapes": op.record.get("shapes"), "dtypes": op.record.get("dtypes"),
-             "site": op.record.get("site"), "region": op.record.get("region"), "wait_s": step["wait_s"],
-             "state": op.record.get("state"), "description": None}
-            for step, (_, op, _) in zip(steps, cycle)]
-    return finding("p2p_deadlock", culprits, location,
-                   {"shape": shape, "cycle": steps, "mismatched": rows},
-                   shape=shape, cycle=steps, pair=pair_facts, culprits=culprits, location=location, side=side)
+    rows = [
+        {
+            "ranks": [step["rank"]],
+            "group": step["group"],
+            "seq": step["seq"],
+            "op": step["op"],
+            "api": step["api"],
+            "shapes": op.record.get("shapes"),
+            "dtypes": op.record.get("dtypes"),
+            "site": op.record.get("site"),
+            "region": op.record.get("region"),
+            "wait_s": step["wait_s"],
+            "state": op.record.get("state"),
+            "description": None,
+        }
+        for step, (_, op, _) in zip(steps, cycle)
+    ]
+    return finding(
+        "p2p_deadlock",
+        culprits,
+        location,
+        {"shape": shape, "cycle": steps, "mismatched": rows},
+        shape=shape,
+        cycle=steps,
+        pair=pair_facts,
+        culprits=culprits,
+        location=location,
+        side=side,
+    )

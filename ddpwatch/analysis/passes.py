@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 from ..format import build
-from .reading import (Partition, at_lowest, completed_at, condition_kind, familiar_to, is_blocked, members,
-                      partitions, rank_condition, ranks_of, shape_key, user_line_now, user_location, waiting_map,
-                      waiting_record)
+from .reading import (
+    Partition,
+    at_lowest,
+    completed_at,
+    condition_kind,
+    familiar_to,
+    is_blocked,
+    members,
+    partitions,
+    rank_condition,
+    ranks_of,
+    shape_key,
+    user_line_now,
+    user_location,
+    waiting_map,
+    waiting_record,
+)
 
 
 def finding(kind: str, ranks, location: dict | None, evidence: dict, /, **facts) -> dict:
@@ -79,11 +93,23 @@ def _innocent_partition(parts: list, states: dict):
 
 def _side_by_side(parts: list) -> list:
     """The mismatched calls, one row per partition; each row's description is worded by render (facts["side"])."""
-    return [{"ranks": ranks, "group": rec["group"], "seq": rec["seq"], "op": rec["op"], "api": rec.get("api"),
-             "shapes": rec.get("shapes"), "dtypes": rec.get("dtypes"), "site": rec.get("site"),
-             "region": rec.get("region"), "wait_s": rec.get("age_s"), "state": rec.get("state"),
-             "description": None}
-            for ranks, rec in parts]
+    return [
+        {
+            "ranks": ranks,
+            "group": rec["group"],
+            "seq": rec["seq"],
+            "op": rec["op"],
+            "api": rec.get("api"),
+            "shapes": rec.get("shapes"),
+            "dtypes": rec.get("dtypes"),
+            "site": rec.get("site"),
+            "region": rec.get("region"),
+            "wait_s": rec.get("age_s"),
+            "state": rec.get("state"),
+            "description": None,
+        }
+        for ranks, rec in parts
+    ]
 
 
 def _side_records(parts: list) -> list:
@@ -100,6 +126,7 @@ def _is_training_step(record: dict) -> bool:
 
 # ---------------------------------------------------------------- one pass per finding kind
 
+
 def ddp_forward_on_subset(parts: list, states: dict) -> dict | None:
     """The seed: some ranks call the DDP model (rank-local evaluation) and block in DDP.forward's own collective."""
     inside = [p for p in parts if _in_ddp_forward(p.record)]
@@ -112,10 +139,19 @@ def ddp_forward_on_subset(parts: list, states: dict) -> dict | None:
     if len(culprits) > len(others) or familiar_to(call_site, states, others):
         return None  # the DDP call is the normal training step: someone else left the common path
     rebuild = record.get("api") == build.DDP_BUCKET_REBUILD
-    return finding("ddp_forward_on_subset", culprits, call_site,
-                   {"ddp_op": "bucket_rebuild" if rebuild else "buffer_broadcast", "mismatched": _side_by_side(parts)},
-                   culprits=culprits, others=others, call_site=call_site, rebuild=rebuild, record=record,
-                   waits=outside, side=_side_records(parts))
+    return finding(
+        "ddp_forward_on_subset",
+        culprits,
+        call_site,
+        {"ddp_op": "bucket_rebuild" if rebuild else "buffer_broadcast", "mismatched": _side_by_side(parts)},
+        culprits=culprits,
+        others=others,
+        call_site=call_site,
+        rebuild=rebuild,
+        record=record,
+        waits=outside,
+        side=_side_records(parts),
+    )
 
 
 def training_step_left_behind(culprit_parts: list, innocent, states: dict, rule: str, parts: list) -> dict | None:
@@ -130,16 +166,23 @@ def training_step_left_behind(culprit_parts: list, innocent, states: dict, rule:
     skipped_site = innocent.record.get("site")
     if familiar_to(skipped_site, states, culprits):
         return skipped_collective(culprits, innocent, record, rule, parts)
-    if _left_the_loop_together(culprits + innocent.ranks, states, innocent.record["group"],
-                               min(rec["seq"] for _, rec in parts)):
+    if _left_the_loop_together(
+        culprits + innocent.ranks, states, innocent.record["group"], min(rec["seq"] for _, rec in parts)
+    ):
         # Uneven inputs means leaving the training loop at different steps; these ranks matched a collective
         # outside training after their last step, so they left it together and one skipped what came next.
         return skipped_collective(culprits, innocent, record, "left_loop_together", parts)
     steps = {r: states[r].get("ddp_steps") for r in culprits + innocent.ranks}
-    return finding("uneven_inputs", culprits, step_site,
-                   {"mismatched": _side_by_side(parts), "culprit_rule": rule,
-                    "ddp_steps": {str(r): n for r, n in steps.items()}},
-                   culprits=culprits, record=record, innocent=innocent, side=_side_records(parts))
+    return finding(
+        "uneven_inputs",
+        culprits,
+        step_site,
+        {"mismatched": _side_by_side(parts), "culprit_rule": rule, "ddp_steps": {str(r): n for r, n in steps.items()}},
+        culprits=culprits,
+        record=record,
+        innocent=innocent,
+        side=_side_records(parts),
+    )
 
 
 def _left_the_loop_together(ranks, states: dict, group: str, below: int) -> bool:
@@ -151,17 +194,26 @@ def _left_the_loop_together(ranks, states: dict, group: str, below: int) -> bool
     return not any(_is_training_step(rec) for rec in records) and len({rec["op"] for rec in records}) == 1
 
 
-def skipped_collective(culprits: list, innocent, culprit_record: dict | None, rule: str, parts: list,
-                       exit_: dict | None = None) -> dict:
+def skipped_collective(
+    culprits: list, innocent, culprit_record: dict | None, rule: str, parts: list, exit_: dict | None = None
+) -> dict:
     """Culprits went past a collective the others wait in (an early continue/return on some ranks).
 
     `exit_`: the rank condition of the early exit the culprits took, when known (the fix names it).
     """
     location = user_location(innocent.record)
-    return finding("skipped_collective", culprits, location,
-                   {"mismatched": _side_by_side(parts), "culprit_rule": rule, "culprits_now": None},
-                   culprits=culprits, innocent=innocent, culprit_record=culprit_record, location=location,
-                   exit=exit_, side=_side_records(parts))
+    return finding(
+        "skipped_collective",
+        culprits,
+        location,
+        {"mismatched": _side_by_side(parts), "culprit_rule": rule, "culprits_now": None},
+        culprits=culprits,
+        innocent=innocent,
+        culprit_record=culprit_record,
+        location=location,
+        exit=exit_,
+        side=_side_records(parts),
+    )
 
 
 def collective_on_subset_or_mismatch(parts: list, states: dict) -> dict:
@@ -169,22 +221,37 @@ def collective_on_subset_or_mismatch(parts: list, states: dict) -> dict:
     innocent, reason = _innocent_partition(parts, states)
     if innocent is None:
         record = parts[0].record
-        return finding("collective_mismatch", ranks_of(parts), user_location(record),
-                       {"mismatched": _side_by_side(parts), "culprit_rule": "none"},
-                       group=record["group"], parts=parts, side=_side_records(parts))
+        return finding(
+            "collective_mismatch",
+            ranks_of(parts),
+            user_location(record),
+            {"mismatched": _side_by_side(parts), "culprit_rule": "none"},
+            group=record["group"],
+            parts=parts,
+            side=_side_records(parts),
+        )
     culprit_parts = [p for p in parts if p is not innocent]
     if reason == "rank_condition":
         return collective_on_subset(culprit_parts, innocent, states, reason, parts)
     if reason == EARLY_EXIT:
-        return skipped_collective(ranks_of(culprit_parts), innocent, culprit_parts[0].record, reason, parts,
-                                  rank_condition(states.get(innocent.ranks[0])))
+        return skipped_collective(
+            ranks_of(culprit_parts),
+            innocent,
+            culprit_parts[0].record,
+            reason,
+            parts,
+            rank_condition(states.get(innocent.ranks[0])),
+        )
     found = training_step_left_behind(culprit_parts, innocent, states, reason, parts)
     if found:
         return found
     culprits = ranks_of(culprit_parts)
     record = culprit_parts[0].record
-    if (familiar_to(user_location(record), states, innocent.ranks)
-            and familiar_to(innocent.record.get("site"), states, culprits) and reason != "history"):
+    if (
+        familiar_to(user_location(record), states, innocent.ranks)
+        and familiar_to(innocent.record.get("site"), states, culprits)
+        and reason != "history"
+    ):
         return skipped_collective(culprits, innocent, record, reason, parts)
     return collective_on_subset(culprit_parts, innocent, states, reason, parts)
 
@@ -194,10 +261,18 @@ def collective_on_subset(culprit_parts: list, innocent, states: dict, reason: st
     culprits = ranks_of(culprit_parts)
     record = culprit_parts[0].record
     location = user_location(record)
-    return finding("collective_on_subset", culprits, location,
-                   {"mismatched": _side_by_side(parts), "culprit_rule": reason},
-                   culprits=culprits, record=record, location=location, innocent=innocent,
-                   condition=rank_condition(states.get(culprits[0])), side=_side_records(parts))
+    return finding(
+        "collective_on_subset",
+        culprits,
+        location,
+        {"mismatched": _side_by_side(parts), "culprit_rule": reason},
+        culprits=culprits,
+        record=record,
+        location=location,
+        innocent=innocent,
+        condition=rank_condition(states.get(culprits[0])),
+        side=_side_records(parts),
+    )
 
 
 def shape_mismatch(parts: list, states: dict) -> dict | None:
@@ -214,8 +289,17 @@ def shape_mismatch(parts: list, states: dict) -> dict | None:
     culprits = ranks_of(culprit_parts)
     record = culprit_parts[0].record
     location = user_location(record)
-    return finding("shape_mismatch", culprits, location, {"mismatched": _side_by_side(parts)},
-                   culprits=culprits, record=record, location=location, parts=parts, side=_side_records(parts))
+    return finding(
+        "shape_mismatch",
+        culprits,
+        location,
+        {"mismatched": _side_by_side(parts)},
+        culprits=culprits,
+        record=record,
+        location=location,
+        parts=parts,
+        side=_side_records(parts),
+    )
 
 
 def sequence_divergence(parts: list, states: dict) -> dict | None:
@@ -234,9 +318,17 @@ def sequence_divergence(parts: list, states: dict) -> dict | None:
             return ddp_forward_on_subset(regrouped, states) or collective_on_subset_or_mismatch(regrouped, states)
     ahead = ranks_of([p for p in parts if p.record["seq"] > low])
     record = next(rec for _, rec in parts if rec["seq"] > low)
-    return finding("collective_mismatch", ahead, user_location(record),
-                   {"mismatched": _side_by_side(parts), "culprit_rule": "sequence"},
-                   group=group, parts=parts, ahead=ahead, below=low, side=_side_records(parts))
+    return finding(
+        "collective_mismatch",
+        ahead,
+        user_location(record),
+        {"mismatched": _side_by_side(parts), "culprit_rule": "sequence"},
+        group=group,
+        parts=parts,
+        ahead=ahead,
+        below=low,
+        side=_side_records(parts),
+    )
 
 
 def group_order(waiting: dict, states: dict, world_size: int) -> dict | None:
@@ -258,8 +350,14 @@ def group_order(waiting: dict, states: dict, world_size: int) -> dict | None:
     sizes = sorted(len(r) for r in by_group.values())
     minority = min(by_group.values(), key=len) if sizes[0] < sizes[-1] else sorted(crossing)
     first = crossing[min(minority)]
-    return finding("group_order", minority, user_location(first), {"mismatched": _side_by_side(parts)},
-                   groups=[(g, r, crossing[r[0]]) for g, r in sorted(by_group.items())], side=_side_records(parts))
+    return finding(
+        "group_order",
+        minority,
+        user_location(first),
+        {"mismatched": _side_by_side(parts)},
+        groups=[(g, r, crossing[r[0]]) for g, r in sorted(by_group.items())],
+        side=_side_records(parts),
+    )
 
 
 def skipped_by_exited(live: dict, exited: set, grace: float, world_size: int) -> list:
@@ -300,12 +398,29 @@ def silent_ranks(silent: dict, live: dict, grace: float) -> list:
         remote = bool(view.get("remote")) and not process
         dead = process.get("exists") is False or (remote and view.get("never_published") is None)
         location = user_location(record) if record else (user_line_now(last) if last else None)
-        findings.append(finding("dead_rank" if dead else "unresponsive_rank", [rank], location,
-                                {"silent_s": round(silent_s, 1), "process": process or None,
-                                 "waiting_ranks": waiting, "last_seen": None},
-                                rank=rank, pid=last.get("pid", "?"), host=last.get("host", "?"), remote=remote,
-                                exists=process.get("exists"), silent_s=silent_s, record=record, here=here,
-                                published=bool(last), status=process.get("why") or process.get("status", "unknown")))
+        findings.append(
+            finding(
+                "dead_rank" if dead else "unresponsive_rank",
+                [rank],
+                location,
+                {
+                    "silent_s": round(silent_s, 1),
+                    "process": process or None,
+                    "waiting_ranks": waiting,
+                    "last_seen": None,
+                },
+                rank=rank,
+                pid=last.get("pid", "?"),
+                host=last.get("host", "?"),
+                remote=remote,
+                exists=process.get("exists"),
+                silent_s=silent_s,
+                record=record,
+                here=here,
+                published=bool(last),
+                status=process.get("why") or process.get("status", "unknown"),
+            )
+        )
     return findings
 
 
@@ -321,9 +436,16 @@ def collective_stuck(live: dict, blocked: set, timeout: float) -> dict | None:
     if longest < timeout:
         return None
     parts = partitions(waiting)
-    return finding("collective_stuck", sorted(waiting), user_location(record),
-                   {"wait_s": round(longest, 1), "mismatched": _side_by_side(parts)},
-                   count=len(waiting), wait_s=longest, record=record, side=_side_records(parts))
+    return finding(
+        "collective_stuck",
+        sorted(waiting),
+        user_location(record),
+        {"wait_s": round(longest, 1), "mismatched": _side_by_side(parts)},
+        count=len(waiting),
+        wait_s=longest,
+        record=record,
+        side=_side_records(parts),
+    )
 
 
 def straggler(states: dict, blocked: set, timeout: float) -> dict | None:
@@ -337,6 +459,15 @@ def straggler(states: dict, blocked: set, timeout: float) -> dict | None:
     here = {r: user_line_now(states[r]) for r in busy}
     location = next((h for h in here.values() if h), None)
     evidence = {"waiting": sorted(blocked), "wait_s": round(longest, 1), "busy_at": {str(r): here[r] for r in busy}}
-    return finding("straggler", busy, location, evidence,
-                   waiting=sorted(blocked), wait_s=longest, timeout=timeout, record=example, busy=busy,
-                   location=location)
+    return finding(
+        "straggler",
+        busy,
+        location,
+        evidence,
+        waiting=sorted(blocked),
+        wait_s=longest,
+        timeout=timeout,
+        record=example,
+        busy=busy,
+        location=location,
+    )

@@ -19,6 +19,7 @@ class Partition(NamedTuple):
 
 # ---------------------------------------------------------------- reading one rank's state
 
+
 def waiting_record(state: RankState) -> RecordDoc | None:
     """The op this rank waits on: its oldest collective still in flight (point-to-point only when nothing else)."""
     inflight = state.get("inflight") or []
@@ -32,8 +33,12 @@ def waiting_record(state: RankState) -> RecordDoc | None:
 def is_blocked(state: dict, grace: float) -> bool:
     """In a collective for at least `grace` seconds, with no op started or finished meanwhile."""
     record = waiting_record(state)
-    return (record is not None and record.get("age_s", 0.0) >= grace
-            and state.get("idle_s", 0.0) >= grace and state.get("status") != build.EXITED)
+    return (
+        record is not None
+        and record.get("age_s", 0.0) >= grace
+        and state.get("idle_s", 0.0) >= grace
+        and state.get("status") != build.EXITED
+    )
 
 
 def user_line_now(state: dict) -> dict | None:
@@ -74,13 +79,18 @@ def record_at(state: dict, group: str, seq: int) -> dict | None:
 
 def completed_at(state: dict, group: str, seq: int) -> dict | None:
     for record in state.get("recent") or ():
-        if (record.get("group") == group and record.get("seq") == seq and not record.get("p2p")
-                and record.get("state") == build.COMPLETED):
+        if (
+            record.get("group") == group
+            and record.get("seq") == seq
+            and not record.get("p2p")
+            and record.get("state") == build.COMPLETED
+        ):
             return record
     return None
 
 
 # ---------------------------------------------------------------- history: has a rank been at this line before?
+
 
 def _same_line(a: dict | None, b: dict | None) -> bool:
     return bool(a and b and a.get("file") == b.get("file") and a.get("line") == b.get("line"))
@@ -110,13 +120,21 @@ def familiar_to(site: dict | None, states: dict, ranks) -> bool:
 
 # ---------------------------------------------------------------- splitting the waiting ranks
 
+
 def partitions(waiting: dict) -> list:
     """Ranks waiting on one group split by what they wait in: one Partition per distinct call."""
     parts: dict = {}
     for rank, record in sorted(waiting.items()):
         region = record.get("region") or {}
-        key = (record["seq"], record.get("api"), record["op"], _site_key(record.get("site")),
-               region.get("kind"), _site_key(region.get("site")), shape_key(record))
+        key = (
+            record["seq"],
+            record.get("api"),
+            record["op"],
+            _site_key(record.get("site")),
+            region.get("kind"),
+            _site_key(region.get("site")),
+            shape_key(record),
+        )
         parts.setdefault(key, Partition([], record)).ranks.append(rank)
     return list(parts.values())
 

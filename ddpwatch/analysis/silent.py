@@ -58,9 +58,15 @@ def differences(a: dict, b: dict) -> list:
     if dtypes_a and dtypes_b and len(dtypes_a) == len(dtypes_b) and dtypes_a != dtypes_b:
         found.append("dtype")
     counts_a, counts_b = a.get("counts") or [], b.get("counts") or []
-    if (counts_a and counts_b and len(counts_a) == len(counts_b) and counts_a != counts_b
-            and a.get("op") not in UNEVEN_COUNTS and a.get("region") not in OWN_SIZES_REGIONS
-            and b.get("region") not in OWN_SIZES_REGIONS):
+    if (
+        counts_a
+        and counts_b
+        and len(counts_a) == len(counts_b)
+        and counts_a != counts_b
+        and a.get("op") not in UNEVEN_COUNTS
+        and a.get("region") not in OWN_SIZES_REGIONS
+        and b.get("region") not in OWN_SIZES_REGIONS
+    ):
         found.append("count")
     return found
 
@@ -82,9 +88,15 @@ def _compared(docs: dict):
 
 
 def _side(ranks: list, signature: dict) -> dict:
-    return {"ranks": sorted(ranks), "op": signature.get("op"), "reduce": signature.get("reduce"),
-            "dtypes": signature.get("dtypes") or [], "counts": signature.get("counts") or [],
-            "site": signature.get("site"), "region": signature.get("region")}
+    return {
+        "ranks": sorted(ranks),
+        "op": signature.get("op"),
+        "reduce": signature.get("reduce"),
+        "dtypes": signature.get("dtypes") or [],
+        "counts": signature.get("counts") or [],
+        "site": signature.get("site"),
+        "region": signature.get("region"),
+    }
 
 
 def _culprit_side(sides: list) -> dict:
@@ -113,8 +125,13 @@ def silent_mismatch(docs: dict, world_size: int) -> list:
 
 
 def _fingerprint_key(signature: dict) -> tuple:
-    return (signature.get("op"), signature.get("reduce"), tuple(signature.get("dtypes") or ()),
-            tuple(signature.get("counts") or ()), _site_key(signature))
+    return (
+        signature.get("op"),
+        signature.get("reduce"),
+        tuple(signature.get("dtypes") or ()),
+        tuple(signature.get("counts") or ()),
+        _site_key(signature),
+    )
 
 
 def _silent_finding(group: str, entry: dict) -> dict:
@@ -122,25 +139,48 @@ def _silent_finding(group: str, entry: dict) -> dict:
     sides.sort(key=lambda side: side["ranks"])
     culprit = _culprit_side(sides)
     _, step, epoch = entry["formed"]
-    return finding("silent_mismatch", culprit["ranks"], culprit["site"],
-                   {"mismatched": [_evidence_row(group, entry["seq"], side) for side in sides]},
-                   group=group, seq=entry["seq"], differs=entry["what"], sides=sides, positions=entry["positions"],
-                   step=step, epoch=epoch)
+    return finding(
+        "silent_mismatch",
+        culprit["ranks"],
+        culprit["site"],
+        {"mismatched": [_evidence_row(group, entry["seq"], side) for side in sides]},
+        group=group,
+        seq=entry["seq"],
+        differs=entry["what"],
+        sides=sides,
+        positions=entry["positions"],
+        step=step,
+        epoch=epoch,
+    )
 
 
 def _evidence_row(group: str, seq: int, side: dict) -> dict:
-    return {"ranks": side["ranks"], "group": group, "seq": seq, "op": side["op"], "api": side["op"],
-            "reduce": side["reduce"], "dtypes": side["dtypes"], "counts": side["counts"], "site": side["site"],
-            "description": None}
+    return {
+        "ranks": side["ranks"],
+        "group": group,
+        "seq": seq,
+        "op": side["op"],
+        "api": side["op"],
+        "reduce": side["reduce"],
+        "dtypes": side["dtypes"],
+        "counts": side["counts"],
+        "site": side["site"],
+        "description": None,
+    }
 
 
 def crossed_collectives(docs: dict, world_size: int) -> list:
     """Ranks passed the same sites in different orders, fingerprints otherwise equal: values changed variables."""
     findings = []
     for group, reference, other, rows in _compared(docs):
-        crossed = [(seq, mine, theirs) for seq, mine, theirs in rows
-                   if not differences(mine[0], theirs[0]) and _site_key(mine[0]) and _site_key(theirs[0])
-                   and _site_key(mine[0]) != _site_key(theirs[0])]
+        crossed = [
+            (seq, mine, theirs)
+            for seq, mine, theirs in rows
+            if not differences(mine[0], theirs[0])
+            and _site_key(mine[0])
+            and _site_key(theirs[0])
+            and _site_key(mine[0]) != _site_key(theirs[0])
+        ]
         if not crossed:
             continue
         mine_sites = {_site_key(m[0]) for _, m, _ in crossed}
@@ -153,14 +193,27 @@ def crossed_collectives(docs: dict, world_size: int) -> list:
 
 def _crossed_finding(group: str, reference: int, other: int, crossed: list) -> dict:
     shown = crossed[:MAX_SHOWN]
-    orders = [{"ranks": [reference], "sites": [m[0].get("site") for _, m, _ in shown]},
-              {"ranks": [other], "sites": [t[0].get("site") for _, _, t in shown]}]
+    orders = [
+        {"ranks": [reference], "sites": [m[0].get("site") for _, m, _ in shown]},
+        {"ranks": [other], "sites": [t[0].get("site") for _, _, t in shown]},
+    ]
     seq, first, _ = crossed[0]
     _, step, epoch = first
-    return finding("crossed_collectives", [reference, other], shown[0][2][0].get("site"), {"orders": orders},
-                   group=group, seqs=[s for s, _, _ in shown], positions=len(crossed), orders=orders,
-                   op=first[0].get("op"), dtypes=first[0].get("dtypes") or [], counts=first[0].get("counts") or [],
-                   step=step, epoch=epoch)
+    return finding(
+        "crossed_collectives",
+        [reference, other],
+        shown[0][2][0].get("site"),
+        {"orders": orders},
+        group=group,
+        seqs=[s for s, _, _ in shown],
+        positions=len(crossed),
+        orders=orders,
+        op=first[0].get("op"),
+        dtypes=first[0].get("dtypes") or [],
+        counts=first[0].get("counts") or [],
+        step=step,
+        epoch=epoch,
+    )
 
 
 def _one_per_group(findings: list) -> list:
@@ -175,15 +228,22 @@ def _one_per_group(findings: list) -> list:
 
 # ---------------------------------------------------------------- a mismatch the backend answered with an abort
 
+
 def _collective_frame(stacks) -> tuple:
     """(the torch.distributed call, the user's frame that made it) on the main thread of a stack, or (None, None)."""
     main = next((stack for stack in stacks or () if isinstance(stack, dict) and stack.get("main")), None)
     frames = [f for f in (main or {}).get("frames") or () if isinstance(f, dict)]
-    call = next((f for f in reversed(frames) if str(f.get("file", "")).endswith("distributed_c10d.py")
-                 and f.get("function") in COLLECTIVES), None)
+    call = next(
+        (
+            f
+            for f in reversed(frames)
+            if str(f.get("file", "")).endswith("distributed_c10d.py") and f.get("function") in COLLECTIVES
+        ),
+        None,
+    )
     if call is None:
         return None, None
-    below = frames[:frames.index(call)]
+    below = frames[: frames.index(call)]
     return call, next((f for f in reversed(below) if not f.get("internal")), None)
 
 
@@ -208,28 +268,69 @@ def mismatch_crash(silent: dict, live: dict, grace: float) -> list:
             continue
         last = (view.get("last_state") or {}).get("last_seq") or {}
         group = survivors[0][1].get("group")
-        crashed = {"rank": rank, "op": COLLECTIVES[call["function"]].op, "api": call["function"],
-                   "site": user and {k: user.get(k) for k in ("file", "line", "function")},
-                   "error": str(fault.get("error"))[:200], "last_seq": last.get(group)}
-        others = [{"ranks": [r], "op": rec.get("op"), "group": rec.get("group"), "seq": rec.get("seq"),
-                   "shapes": rec.get("shapes") or [], "dtypes": rec.get("dtypes") or [], "site": rec.get("site"),
-                   "error": str(rec.get("error") or "")[:300]} for r, rec in survivors]
-        findings.append(finding("mismatch_crash", [rank], crashed["site"],
-                                {"mismatched": [_crash_row(crashed, others[0])] + [_survivor_row(o) for o in others],
-                                 "fault_file": fault.get("file")},
-                                crashed=crashed, survivors=others))
+        crashed = {
+            "rank": rank,
+            "op": COLLECTIVES[call["function"]].op,
+            "api": call["function"],
+            "site": user and {k: user.get(k) for k in ("file", "line", "function")},
+            "error": str(fault.get("error"))[:200],
+            "last_seq": last.get(group),
+        }
+        others = [
+            {
+                "ranks": [r],
+                "op": rec.get("op"),
+                "group": rec.get("group"),
+                "seq": rec.get("seq"),
+                "shapes": rec.get("shapes") or [],
+                "dtypes": rec.get("dtypes") or [],
+                "site": rec.get("site"),
+                "error": str(rec.get("error") or "")[:300],
+            }
+            for r, rec in survivors
+        ]
+        findings.append(
+            finding(
+                "mismatch_crash",
+                [rank],
+                crashed["site"],
+                {
+                    "mismatched": [_crash_row(crashed, others[0])] + [_survivor_row(o) for o in others],
+                    "fault_file": fault.get("file"),
+                },
+                crashed=crashed,
+                survivors=others,
+            )
+        )
     return findings
 
 
 def _crash_row(crashed: dict, survivor: dict) -> dict:
-    return {"ranks": [crashed["rank"]], "group": survivor["group"], "seq": survivor["seq"], "op": crashed["op"],
-            "api": crashed["api"], "shapes": [], "dtypes": [], "site": crashed["site"], "description": None}
+    return {
+        "ranks": [crashed["rank"]],
+        "group": survivor["group"],
+        "seq": survivor["seq"],
+        "op": crashed["op"],
+        "api": crashed["api"],
+        "shapes": [],
+        "dtypes": [],
+        "site": crashed["site"],
+        "description": None,
+    }
 
 
 def _survivor_row(survivor: dict) -> dict:
-    return {"ranks": survivor["ranks"], "group": survivor["group"], "seq": survivor["seq"], "op": survivor["op"],
-            "api": survivor["op"], "shapes": survivor["shapes"], "dtypes": survivor["dtypes"],
-            "site": survivor["site"], "description": None}
+    return {
+        "ranks": survivor["ranks"],
+        "group": survivor["group"],
+        "seq": survivor["seq"],
+        "op": survivor["op"],
+        "api": survivor["op"],
+        "shapes": survivor["shapes"],
+        "dtypes": survivor["dtypes"],
+        "site": survivor["site"],
+        "description": None,
+    }
 
 
 def fingerprints_of_records(records: list, rank: int) -> dict:
@@ -242,19 +343,33 @@ def fingerprints_of_records(records: list, rank: int) -> dict:
         if record.get("p2p") or record.get("state") != "completed" or type(record.get("seq")) is not int:
             continue
         counts = [_elements(shape) for shape in record.get("shapes") or ()]
-        signature = {"op": record.get("op"), "reduce": None, "dtypes": list(record.get("dtypes") or ()),
-                     "counts": counts, "site": record.get("site"),
-                     "region": (record.get("region") or {}).get("kind")}
+        signature = {
+            "op": record.get("op"),
+            "reduce": None,
+            "dtypes": list(record.get("dtypes") or ()),
+            "counts": counts,
+            "site": record.get("site"),
+            "region": (record.get("region") or {}).get("kind"),
+        }
         key = repr(sorted(signature.items()))
         sig_id = signatures.setdefault(key, (len(signatures), signature))[0]
         groups.setdefault(record["group"], {})[record["seq"]] = sig_id
     docs = {}
     for group, by_seq in groups.items():
         first, last = min(by_seq), max(by_seq)
-        docs[group] = {"first": first, "ids": [by_seq.get(seq, -1) for seq in range(first, last + 1)],
-                       "steps": [], "epoch": None}
-    return {"v": FORMAT, "n": 1, "rank": rank, "groups": docs,
-            "signatures": {str(i): signature for i, signature in signatures.values()}}
+        docs[group] = {
+            "first": first,
+            "ids": [by_seq.get(seq, -1) for seq in range(first, last + 1)],
+            "steps": [],
+            "epoch": None,
+        }
+    return {
+        "v": FORMAT,
+        "n": 1,
+        "rank": rank,
+        "groups": docs,
+        "signatures": {str(i): signature for i, signature in signatures.values()},
+    }
 
 
 def _elements(shape) -> int:

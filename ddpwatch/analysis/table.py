@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from .passes import (collective_on_subset_or_mismatch, collective_stuck, ddp_forward_on_subset, group_order,
-                     sequence_divergence, shape_mismatch, silent_ranks, skipped_by_exited, straggler)
+from .passes import (
+    collective_on_subset_or_mismatch,
+    collective_stuck,
+    ddp_forward_on_subset,
+    group_order,
+    sequence_divergence,
+    shape_mismatch,
+    silent_ranks,
+    skipped_by_exited,
+    straggler,
+)
 from .departure import departed, departed_ahead, departed_and_exited
 from .p2p import p2p_deadlock
 from .silent import crossed_collectives, mismatch_crash, silent_mismatch
@@ -59,16 +68,29 @@ FINDING_PASSES = (
     # a rank that departed and went on through a collective the others never joined: departed() where they diverged
     FindingPass(departed_ahead, STAGE_MISMATCH, ("local_decision", "caught_exception")),
     # then: ranks at different positions are compared where they diverged, with the passes below
-    FindingPass(sequence_divergence, STAGE_MISMATCH, ("shape_mismatch", "ddp_forward_on_subset", "collective_on_subset",
-                                                      "skipped_collective", "uneven_inputs", "collective_mismatch")),
+    FindingPass(
+        sequence_divergence,
+        STAGE_MISMATCH,
+        (
+            "shape_mismatch",
+            "ddp_forward_on_subset",
+            "collective_on_subset",
+            "skipped_collective",
+            "uneven_inputs",
+            "collective_mismatch",
+        ),
+    ),
     FindingPass(shape_mismatch, STAGE_MISMATCH, ("shape_mismatch",)),
     FindingPass(ddp_forward_on_subset, STAGE_MISMATCH, ("ddp_forward_on_subset",)),
     # a rank left the common path by a decision on a value of its own, or an exception it caught (its own history
     # and the source read into its state say where); before the culprit rules, which would call it uneven data
     FindingPass(departed, STAGE_MISMATCH, ("local_decision", "caught_exception")),
     # last: it always finds something (collective_mismatch when no rule names a culprit)
-    FindingPass(collective_on_subset_or_mismatch, STAGE_MISMATCH,
-                ("collective_on_subset", "skipped_collective", "uneven_inputs", "collective_mismatch")),
+    FindingPass(
+        collective_on_subset_or_mismatch,
+        STAGE_MISMATCH,
+        ("collective_on_subset", "skipped_collective", "uneven_inputs", "collective_mismatch"),
+    ),
     # an exited rank that left the loop by a decision of its own (or an exception it caught), read as departed() does
     FindingPass(departed_and_exited, STAGE_EXITED, ("local_decision", "caught_exception")),
     FindingPass(skipped_by_exited, STAGE_EXITED, ("collective_on_subset", "skipped_collective")),
@@ -94,9 +116,12 @@ def declared(row: FindingPass, found: dict) -> dict:
     Words are render's (render/wording.py): a finding carrying its own summary would bypass them.
     """
     if found["kind"] not in row.kinds:
-        raise ValueError(f"{row.run.__name__} emitted finding kind {found['kind']!r}, "
-                         f"not one of its row's kinds {row.kinds}")
+        raise ValueError(
+            f"{row.run.__name__} emitted finding kind {found['kind']!r}, not one of its row's kinds {row.kinds}"
+        )
     if "facts" not in found or "summary" in found:
-        raise ValueError(f"{row.run.__name__} emitted a finding without facts or with words of its own: "
-                         "build it with analysis.passes.finding()")
+        raise ValueError(
+            f"{row.run.__name__} emitted a finding without facts or with words of its own: "
+            "build it with analysis.passes.finding()"
+        )
     return found

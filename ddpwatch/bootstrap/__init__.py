@@ -99,16 +99,19 @@ def _warn_bad_setting(exc: Exception) -> None:
     most never create a process group, so a typo must not stop them; a rank still fails, at init_process_group."""
     reason = " ".join(str(exc).split())  # one line, whatever the parser's message looked like
     try:
-        sys.stderr.write(f"{reason} -- ddpwatch is inactive in this process; init_process_group will raise this "
-                         f"error until the setting is fixed (or DDPWATCH is unset)\n")
+        sys.stderr.write(
+            f"{reason} -- ddpwatch is inactive in this process; init_process_group will raise this "
+            f"error until the setting is fixed (or DDPWATCH is unset)\n"
+        )
     except Exception:
         pass
 
 
 def _warn(exc: BaseException) -> None:
     try:
-        sys.stderr.write(f"ddpwatch: start-up activation failed ({type(exc).__name__}: {exc}); "
-                         f"this process runs unwatched\n")
+        sys.stderr.write(
+            f"ddpwatch: start-up activation failed ({type(exc).__name__}: {exc}); this process runs unwatched\n"
+        )
     except Exception:
         pass
 

@@ -34,8 +34,11 @@ def framework_context(frame) -> dict | None:
 
 def _is_lightning_metric_compute(frame) -> bool:
     code = frame.f_code
-    return (code.co_name == "compute" and code.co_filename.endswith(os.path.join("logger_connector", "result.py"))
-            and installed_package(os.path.abspath(code.co_filename)) in ("lightning", "pytorch_lightning"))
+    return (
+        code.co_name == "compute"
+        and code.co_filename.endswith(os.path.join("logger_connector", "result.py"))
+        and installed_package(os.path.abspath(code.co_filename)) in ("lightning", "pytorch_lightning")
+    )
 
 
 def _lightning_logged_metric(frame, frames: list) -> dict | None:
@@ -46,9 +49,16 @@ def _lightning_logged_metric(frame, frames: list) -> dict | None:
         return None
     module = _lightning_module(frames)
     site = _log_call_site(type(module), name, hook) if module is not None else None
-    return {"framework": "lightning", "call": "log", "metric": name, "hook": hook, "site": site,
-            "description": f"Lightning's epoch-end reduction of `{name}` (logged with `self.log(..., sync_dist=True)`"
-                           + (f" in `{hook}`" if hook else "") + ")"}
+    return {
+        "framework": "lightning",
+        "call": "log",
+        "metric": name,
+        "hook": hook,
+        "site": site,
+        "description": f"Lightning's epoch-end reduction of `{name}` (logged with `self.log(..., sync_dist=True)`"
+        + (f" in `{hook}`" if hook else "")
+        + ")",
+    }
 
 
 def _lightning_module(frames: list):

@@ -24,8 +24,9 @@ def patch_functional_collectives(patcher) -> None:
         return  # a torch without functional collectives
     pending = _Pending(patcher.recorder)
     for name, op in FUNCTIONAL_COLLECTIVES.items():
-        patcher.wrap(module, name, lambda original, name=name, op=op: _issue_wrapper(patcher, pending, original,
-                                                                                   name, op))
+        patcher.wrap(
+            module, name, lambda original, name=name, op=op: _issue_wrapper(patcher, pending, original, name, op)
+        )
     patcher.wrap(module, WAIT, lambda original: _wait_wrapper(pending, original))
 
 
@@ -123,8 +124,11 @@ def _waitable_outputs(result) -> list:
     outputs = []
     for item in items:
         elem = getattr(item, "elem", None)
-        if (elem is not None and type(item).__name__ == "AsyncCollectiveTensor"
-                and not getattr(item, "completed", False)):
+        if (
+            elem is not None
+            and type(item).__name__ == "AsyncCollectiveTensor"
+            and not getattr(item, "completed", False)
+        ):
             outputs.append(elem)
     return outputs
 

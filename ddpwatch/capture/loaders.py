@@ -39,7 +39,7 @@ class Epochs:
                 self._made += 1
                 self._forget_old()
             entry[2] += 1
-            entry[3] = entry[3][1 - MAX_EPOCHS:] + [0]
+            entry[3] = entry[3][1 - MAX_EPOCHS :] + [0]
             entry[4] = length
             self._latest, self._mark = entry, now
 
@@ -56,12 +56,21 @@ class Epochs:
         the loader iterated last runs until now (a loop left early shows a short last epoch)."""
         now = self._steps()
         with self._lock:
-            entries = sorted((entry[1], entry[2], list(entry[3]) if entry is not self._latest
-                              else entry[3][:-1] + [entry[3][-1] + now - self._mark], entry[4])
-                             for entry in self._loaders.values())
-        return [dict({"loader": ordinal, "epochs": epochs, "steps": steps}, **({} if length is None else
-                                                                            {"length": length}))
-                for ordinal, epochs, steps, length in entries]
+            entries = sorted(
+                (
+                    entry[1],
+                    entry[2],
+                    list(entry[3]) if entry is not self._latest else entry[3][:-1] + [entry[3][-1] + now - self._mark],
+                    entry[4],
+                )
+                for entry in self._loaders.values()
+            )
+        return [
+            dict(
+                {"loader": ordinal, "epochs": epochs, "steps": steps}, **({} if length is None else {"length": length})
+            )
+            for ordinal, epochs, steps, length in entries
+        ]
 
 
 def _length(loader) -> int | None:

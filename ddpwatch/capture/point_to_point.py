@@ -25,10 +25,15 @@ def p2p_wrapper(patcher, original, api: str, op: str, peer_param: str):
 
     def body(args, kwargs, caller):
         group = arg(args, kwargs, group_i, "group")
-        peer = global_peer(patcher._c10d, group, arg(args, kwargs, peer_i, peer_param),
-                           arg(args, kwargs, group_peer_i, group_peer_param))
-        record = patcher._begin(op, api, group, lambda: tensor_meta(arg(args, kwargs, tensor_i, "tensor")), caller,
-                                peer=peer)
+        peer = global_peer(
+            patcher._c10d,
+            group,
+            arg(args, kwargs, peer_i, peer_param),
+            arg(args, kwargs, group_peer_i, group_peer_param),
+        )
+        record = patcher._begin(
+            op, api, group, lambda: tensor_meta(arg(args, kwargs, tensor_i, "tensor")), caller, peer=peer
+        )
         if record is None:
             return original(*args, **kwargs)
         record.p2p = (_tag(arg(args, kwargs, tag_i, "tag", 0)), None, origin_of(caller))
@@ -42,11 +47,18 @@ def p2p_wrapper(patcher, original, api: str, op: str, peer_param: str):
 def batch_wrapper(patcher, original):
     """batch_isend_irecv: one record for the batch (the isend/irecv calls inside it are not recorded again), with
     each op's direction, peer and tag; done when all its Works are."""
+
     def body(args, kwargs, caller):
         ops = args[0] if args else kwargs.get("p2p_op_list") or []
         first = ops[0] if ops else None
-        record = patcher._begin("batch_p2p", catalogue.BATCH_P2P, getattr(first, "group", None),
-                                lambda: tensor_meta([getattr(p, "tensor", None) for p in ops]), caller, peer=-2)
+        record = patcher._begin(
+            "batch_p2p",
+            catalogue.BATCH_P2P,
+            getattr(first, "group", None),
+            lambda: tensor_meta([getattr(p, "tensor", None) for p in ops]),
+            caller,
+            peer=-2,
+        )
         if record is None:
             return original(*args, **kwargs)
         record.p2p = (None, batch_ops(patcher._c10d, ops), origin_of(caller))
@@ -95,8 +107,9 @@ def batch_ops(c10d, ops) -> tuple:
         function = getattr(p2p_op, "op", None)
         name = getattr(function, "__ddpwatch_original__", function)
         kind = "recv" if getattr(name, "__name__", "").endswith("recv") else "send"
-        peer = global_peer(c10d, getattr(p2p_op, "group", None), getattr(p2p_op, "peer", None),
-                           getattr(p2p_op, "group_peer", None))
+        peer = global_peer(
+            c10d, getattr(p2p_op, "group", None), getattr(p2p_op, "peer", None), getattr(p2p_op, "group_peer", None)
+        )
         described.append((kind, peer, _tag(getattr(p2p_op, "tag", 0))))
     return tuple(described)
 

@@ -109,8 +109,9 @@ def via_site(frame) -> tuple | None:
         return None
     code = frame.f_code
     name = getattr(code, "co_qualname", code.co_name)
-    package = (installed_package(os.path.abspath(code.co_filename))
-               or (frame.f_globals.get("__name__") or "?").split(".")[0])
+    package = (
+        installed_package(os.path.abspath(code.co_filename)) or (frame.f_globals.get("__name__") or "?").split(".")[0]
+    )
     return (code.co_filename, frame.f_lineno, name, package)
 
 
@@ -219,8 +220,25 @@ class Record:
     # `p2p`: (tag, batch ops) of a point-to-point record, set by its wrapper after begin(); never set on a
     # collective's record (read with getattr), so the collectives' hot path stores nothing more. `reduce`: the
     # reduce op of a collective that takes one, set by its wrapper (the fingerprint compares it; read with getattr).
-    __slots__ = ("seq", "group", "op", "api", "peer", "tensors", "site", "via", "region",
-                 "start_mono", "end_mono", "state", "error", "work", "thread", "p2p", "reduce")
+    __slots__ = (
+        "seq",
+        "group",
+        "op",
+        "api",
+        "peer",
+        "tensors",
+        "site",
+        "via",
+        "region",
+        "start_mono",
+        "end_mono",
+        "state",
+        "error",
+        "work",
+        "thread",
+        "p2p",
+        "reduce",
+    )
 
     def to_dict(self, now_mono: float, waited: frozenset = frozenset()) -> RecordDoc:
         """Plain data; `waited`: ids of the Work objects some thread is blocked in wait() on now."""
@@ -228,15 +246,17 @@ class Record:
         in_flight = self.state == build.IN_FLIGHT
         more = p2p_fields(self, waited) if self.peer is not None else {}
         return build.record(
-            self.seq, self.group, self.op,
+            self.seq,
+            self.group,
+            self.op,
             api=self.api,
             p2p=self.peer is not None,
             peer=self.peer,
             shapes=shapes,
             dtypes=dtypes,
             site=_site_dict(self.site),
-            via=self.via and {"file": self.via[0], "line": self.via[1], "function": self.via[2],
-                              "package": self.via[3]},
+            via=self.via
+            and {"file": self.via[0], "line": self.via[1], "function": self.via[2], "package": self.via[3]},
             region=self.region and {"kind": self.region[0], "site": self.region[1], "api": self.region[2]},
             start=round(self.start_mono + _WALL_OFFSET, 6),
             age_s=round(now_mono - self.start_mono, 4),
@@ -246,7 +266,6 @@ class Record:
             thread=_thread_name(self.thread),
             **more,
         )
-
 
 
 class Recorder:
@@ -299,7 +318,7 @@ class Recorder:
         return {key: n - 1 for key, n in list(self._next_seq.items()) if n and not isinstance(key, tuple)}
 
     def p2p_counts(self) -> dict:
-        """"group:op:peer" -> how many sends to / receives from that peer began (at most P2P_COUNTS_KEPT pairs)."""
+        """ "group:op:peer" -> how many sends to / receives from that peer began (at most P2P_COUNTS_KEPT pairs)."""
         counts = [(key, n) for key, n in list(self._next_seq.items()) if isinstance(key, tuple)]
         return {f"{group}:{op}:{peer}": n for (group, peer, op), n in counts[:P2P_COUNTS_KEPT]}
 

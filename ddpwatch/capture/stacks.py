@@ -20,8 +20,12 @@ def python_stacks(skip_thread: int | None = None, limit: int = 60) -> list:
         while frame is not None and len(frames) < limit:
             code = frame.f_code
             kind = code_kind(frame)
-            entry = {"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name,
-                     "internal": kind != USER}
+            entry = {
+                "file": code.co_filename,
+                "line": frame.f_lineno,
+                "function": code.co_name,
+                "internal": kind != USER,
+            }
             if kind == LIBRARY:
                 entry["library"] = True
             frames.append(entry)

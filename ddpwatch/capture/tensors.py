@@ -20,8 +20,9 @@ def tensor_meta(value, limit: int = 4) -> tuple:
     if value is None:
         return ()
     if isinstance(value, (list, tuple)):
-        return tuple((item.shape, item.dtype) for item in value[:limit]
-                     if hasattr(item, "shape") and hasattr(item, "dtype"))
+        return tuple(
+            (item.shape, item.dtype) for item in value[:limit] if hasattr(item, "shape") and hasattr(item, "dtype")
+        )
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
     return () if shape is None or dtype is None else ((shape, dtype),)

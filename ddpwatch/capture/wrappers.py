@@ -147,16 +147,28 @@ class Patcher:
 
             self._c10d = c10d
             for name, (op, tensor_params) in COLLECTIVES.items():
-                self._patch_function(dist, c10d, name, lambda orig, n=name, o=op, t=tensor_params:
-                                     self._collective_wrapper(orig, n, o, t))
+                self._patch_function(
+                    dist,
+                    c10d,
+                    name,
+                    lambda orig, n=name, o=op, t=tensor_params: self._collective_wrapper(orig, n, o, t),
+                )
             for name, (op, peer_param) in P2P.items():
-                self._patch_function(dist, c10d, name, lambda orig, n=name, o=op, p=peer_param:
-                                     point_to_point.p2p_wrapper(self, orig, n, o, p))
+                self._patch_function(
+                    dist,
+                    c10d,
+                    name,
+                    lambda orig, n=name, o=op, p=peer_param: point_to_point.p2p_wrapper(self, orig, n, o, p),
+                )
             self._patch_function(dist, c10d, BATCH_P2P, lambda orig: point_to_point.batch_wrapper(self, orig))
             self._patch_function(dist, c10d, COALESCING_MANAGER, self._coalescing_wrapper)
             for name in OBJECT_COLLECTIVES:
-                self._patch_function(dist, c10d, name, lambda orig, n=name: self._region_wrapper(
-                    orig, build.OBJECT_COLLECTIVE, n, skip_self=False))
+                self._patch_function(
+                    dist,
+                    c10d,
+                    name,
+                    lambda orig, n=name: self._region_wrapper(orig, build.OBJECT_COLLECTIVE, n, skip_self=False),
+                )
             self._patch_ddp_internals(dist)
             from .functional import patch_functional_collectives
 
@@ -204,8 +216,13 @@ class Patcher:
             from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
         except ImportError:
             return  # a torch without FSDP2
-        self.wrap(FSDPState, "_pre_forward", lambda pre_forward: self._region_wrapper(
-            pre_forward, build.FSDP_FORWARD, "fully_shard forward", skip_self=False))
+        self.wrap(
+            FSDPState,
+            "_pre_forward",
+            lambda pre_forward: self._region_wrapper(
+                pre_forward, build.FSDP_FORWARD, "fully_shard forward", skip_self=False
+            ),
+        )
 
     # ----- process groups -----
     def group_name(self, group):
@@ -292,21 +309,40 @@ class Patcher:
         if len(tensor_params) == 1 and tensor_params[0] in names:  # most collectives: one tensor, usually plain
             t = tensor_params[0]
             metas = f"(({t}.shape, {t}.dtype),) if type({t}) is _w_tensor_type else _w_meta({t})"
-        source = _HOT_PATH.format(name=original.__name__, params=params, call=call, metas=metas,
-                                  group="group" if "group" in names else "None",
-                                  # the reduce op, kept raw (an enum member): one attribute store per op
-                                  reduce="_w_record.reduce = op\n        " if "op" in names else "",
-                                  async_op="async_op" if "async_op" in names else "False")
+        source = _HOT_PATH.format(
+            name=original.__name__,
+            params=params,
+            call=call,
+            metas=metas,
+            group="group" if "group" in names else "None",
+            # the reduce op, kept raw (an enum member): one attribute store per op
+            reduce="_w_record.reduce = op\n        " if "op" in names else "",
+            async_op="async_op" if "async_op" in names else "False",
+        )
         recorder, world = self.recorder, self._c10d._world
         busy, mark_busy, unmark_busy, issuing, _ = recorder.hot_path_parts()
         namespace = {
-            **defaults, "_w_getframe": sys._getframe, "_w_id": id, "_w_get_ident": _get_ident,
-            "_w_log_once": _log_once, "_w_original": original,
-            "_w_op": op, "_w_api": api, "_w_recorder": recorder, "_w_busy": busy, "_w_mark_busy": mark_busy,
-            "_w_unmark_busy": unmark_busy, "_w_issuing": issuing, "_w_begin": recorder.begin,
+            **defaults,
+            "_w_getframe": sys._getframe,
+            "_w_id": id,
+            "_w_get_ident": _get_ident,
+            "_w_log_once": _log_once,
+            "_w_original": original,
+            "_w_op": op,
+            "_w_api": api,
+            "_w_recorder": recorder,
+            "_w_busy": busy,
+            "_w_mark_busy": mark_busy,
+            "_w_unmark_busy": unmark_busy,
+            "_w_issuing": issuing,
+            "_w_begin": recorder.begin,
             "_w_finish_returned": recorder.finish_returned,
-            "_w_world": world, "_w_coalescing": world.pg_coalesce_state, "_w_cache": self._group_cache,
-            "_w_group_name": self.group_name, "_w_hook_wait": self.hook_work_wait, "_w_meta": tensor_meta,
+            "_w_world": world,
+            "_w_coalescing": world.pg_coalesce_state,
+            "_w_cache": self._group_cache,
+            "_w_group_name": self.group_name,
+            "_w_hook_wait": self.hook_work_wait,
+            "_w_meta": tensor_meta,
             "_w_tensor_type": getattr(sys.modules.get("torch"), "Tensor", None),  # patching imported torch
             # _World.default_pg is a Python property returning _default_pg: read the attribute, a call less per op.
             "_w_direct_default": hasattr(world, "_default_pg"),
@@ -397,15 +433,21 @@ class Patcher:
                 if not context.__exit__(*sys.exc_info()):
                     raise
                 return
-            queued = list(patcher._c10d._world.pg_coalesce_state.get(
-                patcher._c10d._world.default_pg if group is None else group) or ())
+            queued = list(
+                patcher._c10d._world.pg_coalesce_state.get(patcher._c10d._world.default_pg if group is None else group)
+                or ()
+            )
             record = None
             if queued and _get_ident() not in busy:
                 op_name = getattr(queued[0].op, "__name__", "collective")
                 canonical = catalogue.canonical_op(op_name)
-                record = patcher._begin(canonical, f"{op_name} (coalesced x{len(queued)})", group,
-                                        lambda: tensor_meta([getattr(q, "tensor", None) for q in queued]),
-                                        sys._getframe(1))
+                record = patcher._begin(
+                    canonical,
+                    f"{op_name} (coalesced x{len(queued)})",
+                    group,
+                    lambda: tensor_meta([getattr(q, "tensor", None) for q in queued]),
+                    sys._getframe(1),
+                )
             if record is None:
                 context.__exit__(None, None, None)
                 return
@@ -476,7 +518,6 @@ class Patcher:
                 return original(*args, **kwargs)
 
         return wrapper
-
 
     def _ddp_forward_wrapper(self, original):
         """DDP.forward as a region; a grad-enabled forward also arms the gradient all-reduce of the next backward."""

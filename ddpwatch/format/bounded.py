@@ -34,8 +34,13 @@ class OverBudget(FormatError):
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder")):
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a folder"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -92,8 +97,10 @@ class Budget:
     def charge(self, cost: int) -> None:
         self.used += cost
         if self.used > self.limit:
-            raise OverBudget(f"{self.where}: would build more than {self.limit // 2**20} MiB in memory, the most "
-                             "ddpwatch builds from a file this size (crafted or damaged)")
+            raise OverBudget(
+                f"{self.where}: would build more than {self.limit // 2**20} MiB in memory, the most "
+                "ddpwatch builds from a file this size (crafted or damaged)"
+            )
 
 
 # ---------------------------------------------------------------- JSON

@@ -57,26 +57,82 @@ def short_site(where: dict | None) -> str:
 ABSENT = object()
 
 
-def record(seq, group: str, op: str, *, api, p2p: bool, peer, shapes: list, dtypes: list, site, via=ABSENT, region,
-           start, age_s: float, duration_s, state: str, error, thread, **more) -> RecordDoc:
+def record(
+    seq,
+    group: str,
+    op: str,
+    *,
+    api,
+    p2p: bool,
+    peer,
+    shapes: list,
+    dtypes: list,
+    site,
+    via=ABSENT,
+    region,
+    start,
+    age_s: float,
+    duration_s,
+    state: str,
+    error,
+    thread,
+    **more,
+) -> RecordDoc:
     """One collective as a rank issued it; `more`: the optional keys (types.RecordDoc), written after the others."""
-    doc = {"seq": seq, "group": group, "op": op, "api": api, "p2p": p2p, "peer": peer, "shapes": shapes,
-           "dtypes": dtypes, "site": site}
+    doc = {
+        "seq": seq,
+        "group": group,
+        "op": op,
+        "api": api,
+        "p2p": p2p,
+        "peer": peer,
+        "shapes": shapes,
+        "dtypes": dtypes,
+        "site": site,
+    }
     if via is not ABSENT:
         doc["via"] = via
-    doc.update(region=region, start=start, age_s=age_s, duration_s=duration_s, state=state, error=error,
-               thread=thread)
+    doc.update(region=region, start=start, age_s=age_s, duration_s=duration_s, state=state, error=error, thread=thread)
     doc.update(more)
     return doc
 
 
-def rank_state(rank: int, world_size: int, *, pid, host, beat, published_at, status: str, progress, idle_s: float,
-               inflight: list, recent: list, last_seq: dict, groups: dict, ops_recorded, **more) -> RankState:
+def rank_state(
+    rank: int,
+    world_size: int,
+    *,
+    pid,
+    host,
+    beat,
+    published_at,
+    status: str,
+    progress,
+    idle_s: float,
+    inflight: list,
+    recent: list,
+    last_seq: dict,
+    groups: dict,
+    ops_recorded,
+    **more,
+) -> RankState:
     """What one rank publishes (or what its Flight Recorder dump says); `more`: the optional keys (types.RankState),
     written after the others in the order given."""
-    doc = {"format_version": FORMAT_VERSION, "rank": rank, "world_size": world_size, "pid": pid, "host": host,
-           "beat": beat, "published_at": published_at, "status": status, "progress": progress, "idle_s": idle_s,
-           "inflight": inflight, "recent": recent, "last_seq": last_seq, "groups": groups,
-           "ops_recorded": ops_recorded}
+    doc = {
+        "format_version": FORMAT_VERSION,
+        "rank": rank,
+        "world_size": world_size,
+        "pid": pid,
+        "host": host,
+        "beat": beat,
+        "published_at": published_at,
+        "status": status,
+        "progress": progress,
+        "idle_s": idle_s,
+        "inflight": inflight,
+        "recent": recent,
+        "last_seq": last_seq,
+        "groups": groups,
+        "ops_recorded": ops_recorded,
+    }
     doc.update(more)
     return doc

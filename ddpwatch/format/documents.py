@@ -60,6 +60,7 @@ def report_json_text(incident: dict) -> str:
 
 # ---------------------------------------------------------------- saving
 
+
 def incident_files(incident: dict, renderings) -> dict:
     """name -> bytes of every file of an incident folder: each rank's state, then `renderings(incident)` (file name
     -> text: render.report.renderings, report.json among them)."""
@@ -121,8 +122,10 @@ def save_rank_dump(folder: str, doc: dict) -> str:
     this user's private temp folder; a failed write (full disk) leaves no temp file behind. Its path, or NOWHERE."""
     data = rank_file_bytes(doc)
     name, sub = rank_file_name(doc["rank"]), os.path.basename(folder)
-    places = ((folder, lambda: private.open_subfolder(folder)),
-              (os.path.join(fallback_dir(), sub), lambda: open_fallback(sub)))
+    places = (
+        (folder, lambda: private.open_subfolder(folder)),
+        (os.path.join(fallback_dir(), sub), lambda: open_fallback(sub)),
+    )
     for base, open_base in places:
         try:
             fd = open_base()
@@ -139,6 +142,7 @@ def save_rank_dump(folder: str, doc: dict) -> str:
 
 
 # ---------------------------------------------------------------- loading
+
 
 def load_json_text(text: str, what: str) -> dict:
     try:
@@ -186,4 +190,3 @@ def load_incident(folder: str) -> dict:
     if not is_incident(doc):
         raise FormatError(f"{path}: not a ddpwatch incident (no 'ranks' and 'findings')")
     return doc
-

@@ -62,13 +62,17 @@ class P2POpDoc(TypedDict):
 
 
 # What point-to-point records add (functional form: `async` is a Python keyword).
-_P2PFields = TypedDict("_P2PFields", {
-    "tag": Optional[int],  # null: unknown (a Flight Recorder record, an unreadable tag)
-    "ops": List[P2POpDoc],  # batch_isend_irecv: its sends and receives
-    "async": bool,  # isend/irecv/batch_isend_irecv: the call returned a Work to the user
-    "waited": bool,  # a thread is blocked in that Work's wait() now
-    "origin": str,  # the library whose schedule issued it ("torch.distributed.pipelining")
-}, total=False)
+_P2PFields = TypedDict(
+    "_P2PFields",
+    {
+        "tag": Optional[int],  # null: unknown (a Flight Recorder record, an unreadable tag)
+        "ops": List[P2POpDoc],  # batch_isend_irecv: its sends and receives
+        "async": bool,  # isend/irecv/batch_isend_irecv: the call returned a Work to the user
+        "waited": bool,  # a thread is blocked in that Work's wait() now
+        "origin": str,  # the library whose schedule issued it ("torch.distributed.pipelining")
+    },
+    total=False,
+)
 
 
 class RecordDoc(_RecordBase, _P2PFields, total=False):

@@ -24,17 +24,17 @@ from typing import Any, Callable
 from .version import FormatError
 
 # Limits, far above what ddpwatch writes (1024 ranks with full stacks: about 30 MB), far below what hurts.
-MAX_DOCUMENT_BYTES = 256 * 2**20   # one report.json or rank file
-MAX_WORLD_SIZE = 2**20             # ranks in a job
-MAX_RECORDS = 20_000               # in-flight plus recent records of one rank (ddpwatch keeps 32 + ring_size)
-MAX_THREADS = 4096                 # stacks of one rank
-MAX_FRAMES = 10_000                # frames of one stack
+MAX_DOCUMENT_BYTES = 256 * 2**20  # one report.json or rank file
+MAX_WORLD_SIZE = 2**20  # ranks in a job
+MAX_RECORDS = 20_000  # in-flight plus recent records of one rank (ddpwatch keeps 32 + ring_size)
+MAX_THREADS = 4096  # stacks of one rank
+MAX_FRAMES = 10_000  # frames of one stack
 MAX_FINDINGS = 10_000
-MAX_LIST = 100_000                 # any other list ddpwatch reads (shapes, rows, groups, bars ...)
-MAX_STRING = 256 * 2**10           # characters of one string
-MAX_DEPTH = 32                     # nesting of fields ddpwatch does not interpret
-MAX_TIME = 1e11                    # epoch seconds (year 5138): later ones break the C library's date functions
-MAX_NUMBER = 1e15                  # any other number
+MAX_LIST = 100_000  # any other list ddpwatch reads (shapes, rows, groups, bars ...)
+MAX_STRING = 256 * 2**10  # characters of one string
+MAX_DEPTH = 32  # nesting of fields ddpwatch does not interpret
+MAX_TIME = 1e11  # epoch seconds (year 5138): later ones break the C library's date functions
+MAX_NUMBER = 1e15  # any other number
 MAX_INT = 2**63
 
 
@@ -51,6 +51,7 @@ def _type_name(value) -> str:
 
 
 # ---------------------------------------------------------------- leaves
+
 
 def integer(value, where: str, low: int = -MAX_INT, high: int = MAX_INT) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
@@ -105,6 +106,7 @@ def free(value, where: str) -> None:
 
 # ---------------------------------------------------------------- combinators
 
+
 def list_of(check, limit: int = MAX_LIST):
     def checked(value, where: str) -> None:
         if not isinstance(value, (list, tuple)):  # tuples: Flight Recorder pickles hold some
@@ -113,6 +115,7 @@ def list_of(check, limit: int = MAX_LIST):
             _fail(where, f"{len(value)} items (at most {limit})")
         for index, item in enumerate(value):
             check(item, f"{where}[{index}]")
+
     return checked
 
 
@@ -125,6 +128,7 @@ def dict_of(check, limit: int = MAX_LIST):
         for key, item in value.items():
             text(key, f"{where} key")
             check(item, f"{where}[{json.dumps(key[:40])}]")
+
     return checked
 
 
@@ -132,12 +136,14 @@ def nullable(check):
     def checked(value, where: str) -> None:
         if value is not None:
             check(value, where)
+
     return checked
 
 
 def fields(spec: dict, required: tuple = (), first: tuple = ()):
     """An object whose known fields pass their checks (those in `required` must be there, those in `first` are
     checked before the others); other fields: free."""
+
     def checked(value, where: str) -> None:
         if not isinstance(value, dict):
             _fail(where, f"expected an object, got {_type_name(value)}")
@@ -153,6 +159,7 @@ def fields(spec: dict, required: tuple = (), first: tuple = ()):
                 check(item, _child(where, key))
             else:
                 free(item, _child(where, str(key)[:40]))
+
     return checked
 
 
@@ -161,6 +168,7 @@ def ranged(low: int, high: int):
 
 
 # ---------------------------------------------------------------- ddpwatch's objects, derived from types.py
+
 
 @dataclasses.dataclass(frozen=True)
 class Limit:
@@ -190,27 +198,45 @@ DTYPES = Limit(items=1024)
 
 # (shape, field) -> its bounds; a field not here has its type's defaults (MAX_INT, MAX_NUMBER, MAX_LIST).
 LIMITS = {
-    ("RecordDoc", "shapes"): SHAPES, ("RecordDoc", "dtypes"): DTYPES, ("RecordDoc", "start"): TIME,
+    ("RecordDoc", "shapes"): SHAPES,
+    ("RecordDoc", "dtypes"): DTYPES,
+    ("RecordDoc", "start"): TIME,
     ("Stack", "frames"): Limit(items=MAX_FRAMES),
-    ("RankState", "rank"): RANK, ("RankState", "world_size"): WORLD_SIZE, ("RankState", "published_at"): TIME,
-    ("RankState", "inflight"): Limit(items=MAX_RECORDS), ("RankState", "recent"): Limit(items=MAX_RECORDS),
-    ("RankState", "groups"): Limit(each=RANKS), ("RankState", "stacks"): Limit(items=MAX_THREADS),
+    ("RankState", "rank"): RANK,
+    ("RankState", "world_size"): WORLD_SIZE,
+    ("RankState", "published_at"): TIME,
+    ("RankState", "inflight"): Limit(items=MAX_RECORDS),
+    ("RankState", "recent"): Limit(items=MAX_RECORDS),
+    ("RankState", "groups"): Limit(each=RANKS),
+    ("RankState", "stacks"): Limit(items=MAX_THREADS),
     ("RankState", "progress_bars"): Limit(items=1024),
-    ("MismatchRow", "ranks"): RANKS, ("MismatchRow", "shapes"): SHAPES, ("MismatchRow", "dtypes"): DTYPES,
+    ("MismatchRow", "ranks"): RANKS,
+    ("MismatchRow", "shapes"): SHAPES,
+    ("MismatchRow", "dtypes"): DTYPES,
     ("Finding", "ranks"): RANKS,
     ("IncidentSource", "files"): Limit(items=MAX_WORLD_SIZE),
-    ("Incident", "world_size"): WORLD_SIZE, ("Incident", "created_at"): TIME, ("Incident", "written_by"): RANK,
-    ("Incident", "grace"): Limit(low=0.0), ("Incident", "timeout"): Limit(low=0.0),
-    ("Incident", "ranks"): Limit(items=_world), ("Incident", "missing_ranks"): RANKS,
-    ("Incident", "findings"): Limit(items=MAX_FINDINGS), ("Incident", "rank_conditions"): Limit(items=_world),
+    ("Incident", "world_size"): WORLD_SIZE,
+    ("Incident", "created_at"): TIME,
+    ("Incident", "written_by"): RANK,
+    ("Incident", "grace"): Limit(low=0.0),
+    ("Incident", "timeout"): Limit(low=0.0),
+    ("Incident", "ranks"): Limit(items=_world),
+    ("Incident", "missing_ranks"): RANKS,
+    ("Incident", "findings"): Limit(items=MAX_FINDINGS),
+    ("Incident", "rank_conditions"): Limit(items=_world),
 }
 
 # shape -> the keys a reader cannot do without, in the order they are asked for. Fewer than a shape's always-written
 # keys: files of older version-1 writers lack some, and a field added to a shape must not make them unreadable.
 REQUIRED = {
-    "Site": ("file", "line", "function"), "Frame": ("file", "line", "function"), "Region": ("kind",),
-    "RecordDoc": ("seq", "group", "op", "state"), "Stack": ("frames",), "RankState": ("rank", "world_size"),
-    "MismatchRow": ("ranks", "group", "seq", "op"), "Finding": ("kind", "ranks", "summary", "fix"),
+    "Site": ("file", "line", "function"),
+    "Frame": ("file", "line", "function"),
+    "Region": ("kind",),
+    "RecordDoc": ("seq", "group", "op", "state"),
+    "Stack": ("frames",),
+    "RankState": ("rank", "world_size"),
+    "MismatchRow": ("ranks", "group", "seq", "op"),
+    "Finding": ("kind", "ranks", "summary", "fix"),
     "Incident": ("world_size", "ranks", "findings"),
 }
 
@@ -302,8 +328,10 @@ def _check_for(hint, limit: Limit | None, world_size: int, what: str, built: dic
 
 def _field_checks(shape, world_size: int, built: dict) -> dict:
     name = shape.__name__
-    return {key: _check_for(hint, LIMITS.get((name, key)), world_size, f"{name}.{key}", built)
-            for key, hint in typing.get_type_hints(shape).items()}
+    return {
+        key: _check_for(hint, LIMITS.get((name, key)), world_size, f"{name}.{key}", built)
+        for key, hint in typing.get_type_hints(shape).items()
+    }
 
 
 def _object(shape, world_size: int, built: dict):
@@ -321,6 +349,7 @@ def _then(first, second):
     def checked(value, where: str) -> None:
         first(value, where)
         second(value, where)
+
     return checked
 
 

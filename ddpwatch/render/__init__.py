@@ -13,6 +13,7 @@ STACK_INDENT_USER, STACK_INDENT_INTERNAL = "  > ", "    "
 
 # ---------------------------------------------------------------- small text helpers
 
+
 def seconds_text(seconds: float) -> str:
     """'3 s', and under a second '0.6 s': a deadlock is proven at grace (0.5 s), and '0 s' would say no wait at all."""
     return f"{seconds:.1f} s" if seconds < 0.95 else f"{seconds:.0f} s"
@@ -23,7 +24,7 @@ def short_rank_list(ranks) -> str:
     full = rank_list(ranks)
     if len(full) <= RANKS_TEXT_BUDGET:
         return full
-    parts = full[len("ranks "):].split(",")
+    parts = full[len("ranks ") :].split(",")
     head: list = []
     for part in parts[:-1]:
         if len(",".join(head + [part])) > RANKS_TEXT_BUDGET // 2:
@@ -95,8 +96,11 @@ def stack_lines_shown(frames: list) -> list:
     if hidden:
         lines.append(_folded_line(hidden, hidden_own))
     if len(lines) > MAX_STACK_LINES:  # deep user recursion: keep the outermost two and the innermost frames
-        lines = lines[:2] + [f"{STACK_INDENT_INTERNAL}... {len(lines) - MAX_STACK_LINES + 1} more lines"] \
-            + lines[-(MAX_STACK_LINES - 3):]
+        lines = (
+            lines[:2]
+            + [f"{STACK_INDENT_INTERNAL}... {len(lines) - MAX_STACK_LINES + 1} more lines"]
+            + lines[-(MAX_STACK_LINES - 3) :]
+        )
     return lines
 
 

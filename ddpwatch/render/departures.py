@@ -33,8 +33,10 @@ def _what_it_did(facts: dict) -> str:
     if kind == "break":
         return f"left the loop `{loop}`"
     if kind == "return" and proof.get("rule") == "passed_by":
-        return (f"returned from {facts['location'].get('function')}() before the collective at "
-                f"{_at(facts, proof.get('call'))}")
+        return (
+            f"returned from {facts['location'].get('function')}() before the collective at "
+            f"{_at(facts, proof.get('call'))}"
+        )
     if kind == "return":
         return f"returned from {facts['location'].get('function')}() out of the loop `{loop}`"
     return f"skipped the rest of that iteration of `{loop}`"
@@ -59,30 +61,42 @@ def _not_data_running_out(facts: dict, ranks_text, ph) -> str:
     if rule == "passed_by":
         swapped = dict(facts, culprits=others, others=culprits, proof=dict(proof, rule=proof.get("by"), skipped=False))
         why = _not_data_running_out(swapped, ranks_text, ph)  # the proof was read for the ranks that stand in the call
-        return (f" {ph.sentence(ranks_text(others))} {ph.verb(others, 'stands', 'stand')} in the call made at "
-                f"{_at(facts, proof.get('at'))}, which {ranks_text(culprits)} went past on "
-                f"{ph.verb(culprits, 'its', 'their')}"
-                " way round the loop:" + why[len(" Not data running out:"):] if why else "")
+        return (
+            f" {ph.sentence(ranks_text(others))} {ph.verb(others, 'stands', 'stand')} in the call made at "
+            f"{_at(facts, proof.get('at'))}, which {ranks_text(culprits)} went past on "
+            f"{ph.verb(culprits, 'its', 'their')}"
+            " way round the loop:" + why[len(" Not data running out:") :]
+            if why
+            else ""
+        )
     if proof.get("skipped"):
-        return (f" Not data running out: {_same_iterations(proof, facts, ranks_text)}; {ranks_text(culprits)} ran "
-                f"them all with fewer collectives than {ranks_text(others)}, so {ph.verb(culprits, 'it', 'they')} "
-                f"skipped those of an iteration, and this `{facts['exit']['kind']}` is the one way the loops offer.")
+        return (
+            f" Not data running out: {_same_iterations(proof, facts, ranks_text)}; {ranks_text(culprits)} ran "
+            f"them all with fewer collectives than {ranks_text(others)}, so {ph.verb(culprits, 'it', 'they')} "
+            f"skipped those of an iteration, and this `{facts['exit']['kind']}` is the one way the loops offer."
+        )
     if rule in ("counted", "equal_lengths"):
         return f" Not data running out: {_same_iterations(proof, facts, ranks_text)}."
     if rule == "began_more":
-        return (f" Not data running out: every rank ran {' or '.join(map(str, proof['steps']))} training steps per "
-                f"epoch until then; {ranks_text(others)} began epoch {proof['epochs'] + 1}, "
-                f"{ranks_text(culprits)} did not.")
+        return (
+            f" Not data running out: every rank ran {' or '.join(map(str, proof['steps']))} training steps per "
+            f"epoch until then; {ranks_text(others)} began epoch {proof['epochs'] + 1}, "
+            f"{ranks_text(culprits)} did not."
+        )
     if rule == "short_last_epoch":
-        return (f" Not data running out: {ranks_text(culprits)} ran {proof['last_steps']} training steps in epoch "
-                f"{proof['epochs']}, where {ph.verb(culprits, 'its', 'their')} earlier epochs, like the other ranks', "
-                f"ran {' or '.join(map(str, proof['steps']))}.")
+        return (
+            f" Not data running out: {ranks_text(culprits)} ran {proof['last_steps']} training steps in epoch "
+            f"{proof['epochs']}, where {ph.verb(culprits, 'its', 'their')} earlier epochs, like the other ranks', "
+            f"ran {' or '.join(map(str, proof['steps']))}."
+        )
     if rule == "endless":
         return f" Not data running out: `{(facts.get('loop') or {}).get('text')}` ends only by an exit."
     if rule == "within":
-        return (f" Not data running out: {ph.verb(culprits, 'it', 'they')} left mid-iteration, after "
-                f"{ph.describe(facts['last'])}, where no data loader ends; in every earlier iteration "
-                f"{ph.verb(culprits, 'it', 'they')} went on from there to the call the others wait in.")
+        return (
+            f" Not data running out: {ph.verb(culprits, 'it', 'they')} left mid-iteration, after "
+            f"{ph.describe(facts['last'])}, where no data loader ends; in every earlier iteration "
+            f"{ph.verb(culprits, 'it', 'they')} went on from there to the call the others wait in."
+        )
     return ""
 
 
@@ -91,8 +105,10 @@ def _same_iterations(proof: dict, facts: dict, ranks_text) -> str:
     if proof.get("rule") == "counted":
         loops = _loops_text(proof)
         return f"{loops} {'runs' if len(proof.get('loops') or ()) == 1 else 'run'} as many iterations on every rank"
-    return (f"every rank's DataLoader has {proof.get('length')} batches per epoch and every rank is in epoch "
-            f"{proof.get('epochs')}")
+    return (
+        f"every rank's DataLoader has {proof.get('length')} batches per epoch and every rank is in epoch "
+        f"{proof.get('epochs')}"
+    )
 
 
 def _decision_text(facts: dict) -> str:
@@ -106,29 +122,40 @@ def _decision_text(facts: dict) -> str:
     own = "a decision on a value each rank computes for itself"
     helper = facts.get("helper")
     if not helper:
-        return (f"took the `{facts['exit']['kind']}` at {_exit_site(facts)} under {where}, {own}, and "
-                f"{_what_it_did(facts)}")
+        return (
+            f"took the `{facts['exit']['kind']}` at {_exit_site(facts)} under {where}, {own}, and {_what_it_did(facts)}"
+        )
     caller = helper.get("caller_condition") or {}
-    return (f"returned (`{helper.get('text')}`) at {build.short_site(facts['location'])} from "
-            f"{helper.get('function')}() under {where}, {own}; on that result the caller took the "
-            f"`{facts['exit']['kind']}` at "
-            f"{_exit_site(facts)} (`{caller.get('text')}`) and {_what_it_did(facts)}")
+    return (
+        f"returned (`{helper.get('text')}`) at {build.short_site(facts['location'])} from "
+        f"{helper.get('function')}() under {where}, {own}; on that result the caller took the "
+        f"`{facts['exit']['kind']}` at "
+        f"{_exit_site(facts)} (`{caller.get('text')}`) and {_what_it_did(facts)}"
+    )
 
 
 def local_decision_words(facts: dict, ranks_text, ph: Phrases) -> tuple:
     """The summary and fix of a local_decision finding."""
     culprits, others, condition = facts["culprits"], facts["others"], facts["condition"] or {}
-    summary = (f"{ph.sentence(ranks_text(culprits))} {_decision_text(facts)}, while "
-               f"{ranks_text(others)} went on: {ranks_text(others)} {ph.verb(others, 'waits', 'wait')} in "
-               f"{ph.describe(facts['waited'])}, which {ranks_text(culprits)} will never join, and "
-               f"{_now(facts, ranks_text, ph)}." + _not_data_running_out(facts, ranks_text, ph))
+    summary = (
+        f"{ph.sentence(ranks_text(culprits))} {_decision_text(facts)}, while "
+        f"{ranks_text(others)} went on: {ranks_text(others)} {ph.verb(others, 'waits', 'wait')} in "
+        f"{ph.describe(facts['waited'])}, which {ranks_text(culprits)} will never join, and "
+        f"{_now(facts, ranks_text, ph)}." + _not_data_running_out(facts, ranks_text, ph)
+    )
     helper = facts.get("helper")
-    take = (f"return at {build.short_site(facts['location'])} (and so the caller's `{facts['exit']['kind']}` at "
-            f"{_exit_site(facts)})" if helper else f"take the `{facts['exit']['kind']}` at {_exit_site(facts)}")
-    fix = (f"Make the decision collective, so that every rank takes the same branch: compute the flag behind "
-           f"`{condition.get('text')}` on every rank and all_reduce it (`flag = torch.tensor(float(stop)); "
-           "dist.all_reduce(flag, op=dist.ReduceOp.MAX)`, then test `flag.item() > 0`), or broadcast one rank's "
-           f"decision (`dist.broadcast(flag, src=0)`), and {take} on that shared flag.")
+    take = (
+        f"return at {build.short_site(facts['location'])} (and so the caller's `{facts['exit']['kind']}` at "
+        f"{_exit_site(facts)})"
+        if helper
+        else f"take the `{facts['exit']['kind']}` at {_exit_site(facts)}"
+    )
+    fix = (
+        f"Make the decision collective, so that every rank takes the same branch: compute the flag behind "
+        f"`{condition.get('text')}` on every rank and all_reduce it (`flag = torch.tensor(float(stop)); "
+        "dist.all_reduce(flag, op=dist.ReduceOp.MAX)`, then test `flag.item() > 0`), or broadcast one rank's "
+        f"decision (`dist.broadcast(flag, src=0)`), and {take} on that shared flag."
+    )
     return summary, fix
 
 
@@ -139,24 +166,37 @@ def caught_exception_words(facts: dict, ranks_text, ph: Phrases) -> tuple:
     where = build.short_site(facts["location"])
     if proof.get("rule") == "in_handler":
         return _handler_talks(facts, ranks_text, ph)
-    then = {"falls": "carried on after the try", "pass": "`pass`"}.get(facts["exit"]["kind"],
-                                                                        f"`{facts['exit']['kind']}`")
+    then = {"falls": "carried on after the try", "pass": "`pass`"}.get(
+        facts["exit"]["kind"], f"`{facts['exit']['kind']}`"
+    )
     if proof.get("skipped"):
-        what = (f"in an earlier iteration, and so skipped that iteration's collectives; {ranks_text(others)} "
-                f"{ph.verb(others, 'waits', 'wait')} in {ph.describe(facts['waited'])}, which {ranks_text(culprits)} "
-                f"will never join, and {_now(facts, ranks_text, ph)}.")
+        what = (
+            f"in an earlier iteration, and so skipped that iteration's collectives; {ranks_text(others)} "
+            f"{ph.verb(others, 'waits', 'wait')} in {ph.describe(facts['waited'])}, which {ranks_text(culprits)} "
+            f"will never join, and {_now(facts, ranks_text, ph)}."
+        )
     else:
         now = _now(facts, ranks_text, ph).replace(" is now in ", " went on to ").replace(" are now in ", " went on to ")
-        what = (f"after {ph.describe(facts['last'])}, and so skipped {ph.describe(facts['waited'])}, where "
-                f"{ranks_text(others)} {ph.verb(others, 'waits', 'wait')}; {now}.")
-    summary = (f"{ph.sentence(ranks_text(culprits))} caught an exception at {where} (`{handler['text']}`, then "
-               f"{then}) " + what
-               + (" In every earlier iteration it went from that call to the one the others wait in."
-                  if proof.get("rule") == "within" else _not_data_running_out(facts, ranks_text, ph)))
-    fix = ("Skip together, or do not skip. Together: all_reduce a flag that says whether any rank's step failed "
-           "(`failed = torch.tensor(float(error)); dist.all_reduce(failed)`) and skip on every rank when it is set. "
-           "Or, on the rank that failed, keep its collectives: zero the loss instead of skipping (`loss = "
-           f"out.sum() * 0`), so that backward() still joins the gradient all-reduce (the handler at {where}).")
+        what = (
+            f"after {ph.describe(facts['last'])}, and so skipped {ph.describe(facts['waited'])}, where "
+            f"{ranks_text(others)} {ph.verb(others, 'waits', 'wait')}; {now}."
+        )
+    summary = (
+        f"{ph.sentence(ranks_text(culprits))} caught an exception at {where} (`{handler['text']}`, then "
+        f"{then}) "
+        + what
+        + (
+            " In every earlier iteration it went from that call to the one the others wait in."
+            if proof.get("rule") == "within"
+            else _not_data_running_out(facts, ranks_text, ph)
+        )
+    )
+    fix = (
+        "Skip together, or do not skip. Together: all_reduce a flag that says whether any rank's step failed "
+        "(`failed = torch.tensor(float(error)); dist.all_reduce(failed)`) and skip on every rank when it is set. "
+        "Or, on the rank that failed, keep its collectives: zero the loss instead of skipping (`loss = "
+        f"out.sum() * 0`), so that backward() still joins the gradient all-reduce (the handler at {where})."
+    )
     return summary, fix
 
 
@@ -164,13 +204,17 @@ def _handler_talks(facts: dict, ranks_text, ph) -> tuple:
     """Ranks inside an except handler that calls a collective, while the others are still in the try's body."""
     culprits, others, handler, proof = facts["culprits"], facts["others"], facts["handler"], facts["proof"]
     where = build.short_site(facts["location"])
-    summary = (f"{ph.sentence(ranks_text(culprits))} caught an exception at {where} (`{handler['text']}`): it was "
-               f"raised on {ranks_text(culprits)} only, in the try at {_at(facts, proof.get('try'))}, and the "
-               f"handler now calls {ph.describe(facts['record'])}, which {ranks_text(others)}, still in the try's "
-               f"body ({ph.describe(facts['waited'])}), will never join.")
-    fix = ("Rank-local error handling must not talk to the other ranks alone. Make the failure known to every rank: "
-           "all_reduce a flag that says whether any rank's step failed (`failed = torch.tensor(float(error)); "
-           "dist.all_reduce(failed)`) at a point every rank reaches, then run the handler's collectives on every "
-           f"rank together (or skip together); or keep the handler at {where} free of collectives (save this "
-           "rank's state under its own name, then re-raise).")
+    summary = (
+        f"{ph.sentence(ranks_text(culprits))} caught an exception at {where} (`{handler['text']}`): it was "
+        f"raised on {ranks_text(culprits)} only, in the try at {_at(facts, proof.get('try'))}, and the "
+        f"handler now calls {ph.describe(facts['record'])}, which {ranks_text(others)}, still in the try's "
+        f"body ({ph.describe(facts['waited'])}), will never join."
+    )
+    fix = (
+        "Rank-local error handling must not talk to the other ranks alone. Make the failure known to every rank: "
+        "all_reduce a flag that says whether any rank's step failed (`failed = torch.tensor(float(error)); "
+        "dist.all_reduce(failed)`) at a point every rank reaches, then run the handler's collectives on every "
+        f"rank together (or skip together); or keep the handler at {where} free of collectives (save this "
+        "rank's state under its own name, then re-raise)."
+    )
     return summary, fix

@@ -30,6 +30,7 @@ def _e(value) -> str:
 
 # ---------------------------------------------------------------- the model behind the picture
 
+
 def _key(record: dict) -> tuple:
     """A record's place in the sequence view: its process group and position (point-to-point kept apart)."""
     return (str(record.get("group")), "p2p" if record.get("p2p") else "", record.get("seq"))
@@ -100,7 +101,7 @@ def _lanes(states: dict, by_rank: dict, roles: dict, busy: dict, columns: list) 
         signatures.setdefault((cells, rank in busy), []).append(rank)
     lanes = sorted(signatures.values(), key=lambda group: group[0])
     if len(lanes) > MAX_LANES:
-        lanes = lanes[:MAX_LANES - 1] + [[r for lane in lanes[MAX_LANES - 1:] for r in lane]]
+        lanes = lanes[: MAX_LANES - 1] + [[r for lane in lanes[MAX_LANES - 1 :] for r in lane]]
     return lanes
 
 
@@ -127,11 +128,14 @@ def _tooltip(ranks: list, record: dict) -> str:
     where = build.format_site(record.get("site"))
     state = record.get("state")
     age = f", {state} {record.get('age_s') or 0:.1f} s" if state == build.IN_FLIGHT else f", {state}"
-    return (f"{rank_list(ranks)} - group {record.get('group')} seq {record.get('seq')}: {describe_op(record)}"
-            f"{age}\ncall site: {where}")
+    return (
+        f"{rank_list(ranks)} - group {record.get('group')} seq {record.get('seq')}: {describe_op(record)}"
+        f"{age}\ncall site: {where}"
+    )
 
 
 # ---------------------------------------------------------------- SVG
+
 
 def _fit(text, width: float, char_w: float) -> str:
     """Cut a label to the box (monospace, so characters times width); the tooltip has it whole. A file:line
@@ -141,18 +145,26 @@ def _fit(text, width: float, char_w: float) -> str:
     if len(text) <= room:
         return text
     if re.search(r":\d+$", text):
-        return "\u2026" + text[-max(0, room - 1):]
-    return text[:max(0, room - 1)] + "\u2026"
+        return "\u2026" + text[-max(0, room - 1) :]
+    return text[: max(0, room - 1)] + "\u2026"
 
 
 def _svg_box(x: float, y: float, w: float, ranks: list, record: dict, role: str | None, index: int) -> str:
     title, sub = _box_label(record)
-    text = (f'<text x="{x + 5:.1f}" y="{y + 13}" class="l1">{_e(_fit(title, w, 6.7))}</text>'
-            f'<text x="{x + 5:.1f}" y="{y + 25}" class="l2">{_e(_fit(sub, w, 5.5))}</text>') if w >= 40 else ""
-    return (f'<g class="{_e(_box_class(record, role))}" tabindex="0" data-rank="{_e(ranks[0])}" '
-            f'data-record="{int(index)}">'
-            f"<title>{_e(_tooltip(ranks, record))}</title>"
-            f'<rect x="{x:.1f}" y="{y}" width="{max(w, 3):.1f}" height="{BOX_H}" rx="4"></rect>{text}</g>')
+    text = (
+        (
+            f'<text x="{x + 5:.1f}" y="{y + 13}" class="l1">{_e(_fit(title, w, 6.7))}</text>'
+            f'<text x="{x + 5:.1f}" y="{y + 25}" class="l2">{_e(_fit(sub, w, 5.5))}</text>'
+        )
+        if w >= 40
+        else ""
+    )
+    return (
+        f'<g class="{_e(_box_class(record, role))}" tabindex="0" data-rank="{_e(ranks[0])}" '
+        f'data-record="{int(index)}">'
+        f"<title>{_e(_tooltip(ranks, record))}</title>"
+        f'<rect x="{x:.1f}" y="{y}" width="{max(w, 3):.1f}" height="{BOX_H}" rx="4"></rect>{text}</g>'
+    )
 
 
 def _lane_label(y: float, ranks: list, culprit: bool) -> str:
@@ -185,18 +197,23 @@ def _sequence_svg(model: dict) -> str:
     many_groups = len({k[0] for k in columns if k != NOW_KEY}) > 1
     width = LABEL_W + COL_W * max(1, len(columns)) + 10
     height = TOP + LANE_H * len(lanes) + 10
-    parts = [f'<svg id="sequence-view" class="timeline" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" role="img" aria-label="collectives by sequence position">']
+    parts = [
+        f'<svg id="sequence-view" class="timeline" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="collectives by sequence position">'
+    ]
     for index, key in enumerate(columns):
         x = LABEL_W + COL_W * index
         if key in model["divergence"]:
-            parts.append(f'<rect id="divergence" class="divergence" x="{x - 3}" y="{TOP - 16}" width="{BOX_W + 6}" '
-                         f'height="{LANE_H * len(lanes) + 14}" rx="6"><title>first diverging position: group '
-                         f'{_e(key[0])} seq {_e(key[2])}</title></rect>')
+            parts.append(
+                f'<rect id="divergence" class="divergence" x="{x - 3}" y="{TOP - 16}" width="{BOX_W + 6}" '
+                f'height="{LANE_H * len(lanes) + 14}" rx="6"><title>first diverging position: group '
+                f"{_e(key[0])} seq {_e(key[2])}</title></rect>"
+            )
         parts.append(f'<text x="{x + 4}" y="{TOP - 6}" class="col-label">{_e(_column_label(key, many_groups))}</text>')
     if model["left_out"]:
-        parts.append(f'<text x="8" y="{TOP - 6}" class="col-label">({model["left_out"]} older positions '
-                     f'not shown)</text>')
+        parts.append(
+            f'<text x="8" y="{TOP - 6}" class="col-label">({model["left_out"]} older positions not shown)</text>'
+        )
     for lane_index, ranks in enumerate(lanes):
         y = TOP + LANE_H * lane_index
         rank = ranks[0]
@@ -206,15 +223,18 @@ def _sequence_svg(model: dict) -> str:
         for index, key in enumerate(columns):
             x = LABEL_W + COL_W * index
             if key == NOW_KEY and rank in model["busy"]:
-                parts.append(f'<g class="op busy{" culprit" if rank in model["culprits"] else ""}" '
-                             f'data-rank="{_e(rank)}"><title>{_e(rank_list(ranks))}: {_e(model["busy"][rank])}</title>'
-                             f'<rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="4"></rect>'
-                             f'<text x="{x + 5}" y="{y + 13}" class="l1">busy</text>'
-                             f'<text x="{x + 5}" y="{y + 25}" class="l2">outside collectives</text></g>')
+                parts.append(
+                    f'<g class="op busy{" culprit" if rank in model["culprits"] else ""}" '
+                    f'data-rank="{_e(rank)}"><title>{_e(rank_list(ranks))}: {_e(model["busy"][rank])}</title>'
+                    f'<rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="4"></rect>'
+                    f'<text x="{x + 5}" y="{y + 13}" class="l1">busy</text>'
+                    f'<text x="{x + 5}" y="{y + 25}" class="l2">outside collectives</text></g>'
+                )
             elif key in by_key:
                 record = by_key[key]
-                parts.append(_svg_box(x, y, BOX_W, ranks, record, model["roles"].get((rank, key)),
-                                      model["indexes"][id(record)]))
+                parts.append(
+                    _svg_box(x, y, BOX_W, ranks, record, model["roles"].get((rank, key)), model["indexes"][id(record)])
+                )
         parts.append("</g>")
     parts.append("</svg>")
     return "".join(parts)
@@ -226,8 +246,15 @@ def _time_range(model: dict) -> tuple:
     if not starts:
         return None, None
     t0 = min(starts)
-    t1 = max([end or 0.0] + [r["start"] + (r.get("duration_s") or 0.0) for rs in model["by_rank"].values() for r in rs
-                             if r.get("start") is not None])
+    t1 = max(
+        [end or 0.0]
+        + [
+            r["start"] + (r.get("duration_s") or 0.0)
+            for rs in model["by_rank"].values()
+            for r in rs
+            if r.get("start") is not None
+        ]
+    )
     return t0, max(t1, t0 + 1e-3)
 
 
@@ -242,31 +269,38 @@ def _time_svg(model: dict) -> str:
     lanes = model["lanes"]
     width = LABEL_W + TIME_W + 90
     height = TOP + LANE_H * len(lanes) + 10
-    parts = [f'<svg id="time-view" class="timeline" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" role="img" aria-label="collectives over time">']
+    parts = [
+        f'<svg id="time-view" class="timeline" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="collectives over time">'
+    ]
     if t0 is None:
         return parts[0] + '<text x="8" y="20">no timed records</text></svg>'
     scale = TIME_W / (t1 - t0)
     for tick in range(6):
         at = t0 + (t1 - t0) * tick / 5
         x = LABEL_W + (at - t0) * scale
-        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP - 12}" y2="{height}" class="tick"></line>'
-                     f'<text x="{x + 3:.1f}" y="{TOP - 6}" class="col-label">'
-                     f'{"incident" if tick == 5 else f"{at - t1:+.2f} s"}</text>')
+        parts.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP - 12}" y2="{height}" class="tick"></line>'
+            f'<text x="{x + 3:.1f}" y="{TOP - 6}" class="col-label">'
+            f"{'incident' if tick == 5 else f'{at - t1:+.2f} s'}</text>"
+        )
     for lane_index, ranks in enumerate(lanes):
         y = TOP + LANE_H * lane_index
         rank = ranks[0]
         parts.append(_lane_label(y, ranks, any(r in model["culprits"] for r in ranks)))
         # The ops of the mismatch last, so that nothing drawn later hides them.
-        ordered = sorted(model["by_rank"][rank], key=lambda r: (model["roles"].get((rank, _key(r))) is not None,
-                                                               r.get("start") or 0.0))
+        ordered = sorted(
+            model["by_rank"][rank],
+            key=lambda r: (model["roles"].get((rank, _key(r))) is not None, r.get("start") or 0.0),
+        )
         for record in ordered:
             if record.get("start") is None:
                 continue
             x = LABEL_W + (record["start"] - t0) * scale
             w = (_record_end(record, model["end"]) - record["start"]) * scale
-            parts.append(_svg_box(x, y, w, ranks, record, model["roles"].get((rank, _key(record))),
-                                  model["indexes"][id(record)]))
+            parts.append(
+                _svg_box(x, y, w, ranks, record, model["roles"].get((rank, _key(record))), model["indexes"][id(record)])
+            )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -279,25 +313,40 @@ def build_model(incident: dict) -> dict:
     busy = _busy_ranks(incident, states)
     columns, left_out = _columns(by_rank, divergence, bool(busy))
     culprits = {r for f in incident.get("findings") or () for r in f.get("ranks") or ()}
-    return {"states": states, "by_rank": by_rank, "roles": roles, "divergence": set(divergence), "busy": busy,
-            "columns": columns, "left_out": left_out, "lanes": _lanes(states, by_rank, roles, busy, columns),
-            "culprits": culprits, "end": incident.get("created_at"), "indexes": _record_indexes(states)}
+    return {
+        "states": states,
+        "by_rank": by_rank,
+        "roles": roles,
+        "divergence": set(divergence),
+        "busy": busy,
+        "columns": columns,
+        "left_out": left_out,
+        "lanes": _lanes(states, by_rank, roles, busy, columns),
+        "culprits": culprits,
+        "end": incident.get("created_at"),
+        "indexes": _record_indexes(states),
+    }
 
 
 # ---------------------------------------------------------------- the page's sections
 
+
 def _verdict_html(incident: dict) -> str:
     findings = incident.get("findings") or []
     if not findings:
-        return (f'<section id="verdict" class="verdict none"><h2>No hang proven '
-                f'({_e(incident.get("trigger"))})</h2><p>The state of every rank follows.</p></section>')
+        return (
+            f'<section id="verdict" class="verdict none"><h2>No hang proven '
+            f"({_e(incident.get('trigger'))})</h2><p>The state of every rank follows.</p></section>"
+        )
     parts = ['<section id="verdict" class="verdict">']
     for finding in findings:
         where = f" at {build.short_site(finding['location'])}" if finding.get("location") else ""
-        parts.append(f'<div class="finding"><h2><span class="kind">{_e(finding["kind"])}</span> culprit: '
-                     f'<span class="culprit">{_e(render.short_rank_list(finding["ranks"]))}</span>{_e(where)}</h2>'
-                     f'<p class="summary">{_e(summary_for_people(finding, render.short_rank_list))}</p>'
-                     f'<p class="fix"><b>Fix:</b> {_e(finding["fix"])}</p></div>')
+        parts.append(
+            f'<div class="finding"><h2><span class="kind">{_e(finding["kind"])}</span> culprit: '
+            f'<span class="culprit">{_e(render.short_rank_list(finding["ranks"]))}</span>{_e(where)}</h2>'
+            f'<p class="summary">{_e(summary_for_people(finding, render.short_rank_list))}</p>'
+            f'<p class="fix"><b>Fix:</b> {_e(finding["fix"])}</p></div>'
+        )
     parts.append("</section>")
     return "".join(parts)
 
@@ -305,21 +354,28 @@ def _verdict_html(incident: dict) -> str:
 def _positions_html(incident: dict) -> str:
     states = {state["rank"]: state for state in incident.get("ranks") or ()}
     groups = groups_by_position(states, incident.get("grace", 0.0))
-    rows = [f'<tr class="{_e(g["state"])}"><td>{_e(render.short_rank_list(g["ranks"]))}</td><td>{_e(g["where"])}</td>'
-            f'<td>{render.seconds_text(g["wait_s"])}</td></tr>' for g in groups]
+    rows = [
+        f'<tr class="{_e(g["state"])}"><td>{_e(render.short_rank_list(g["ranks"]))}</td><td>{_e(g["where"])}</td>'
+        f"<td>{render.seconds_text(g['wait_s'])}</td></tr>"
+        for g in groups
+    ]
     missing = incident.get("missing_ranks") or []
     if missing:
         rows.append(f'<tr class="missing"><td>{_e(rank_list(missing))}</td><td>no state received</td><td></td></tr>')
-    return ('<section id="positions"><h2>Where each rank stands</h2><table><tr><th>ranks</th><th>where</th>'
-            f'<th>for</th></tr>{"".join(rows)}</table></section>')
+    return (
+        '<section id="positions"><h2>Where each rank stands</h2><table><tr><th>ranks</th><th>where</th>'
+        f"<th>for</th></tr>{''.join(rows)}</table></section>"
+    )
 
 
 def _frame_item(item) -> str:
     """One line of a stack: a frame, or (an int) a run of ddpwatch's own frames folded into one line."""
     if isinstance(item, int):
         return f'<li class="internal own">{_e(render.folded_frames_text(item))}</li>'
-    return (f'<li class="{"internal" if item.get("internal") else "user"}">{_e(item.get("file"))}:'
-            f'{_e(item.get("line"))} in {_e(item.get("function"))}</li>')
+    return (
+        f'<li class="{"internal" if item.get("internal") else "user"}">{_e(item.get("file"))}:'
+        f"{_e(item.get('line'))} in {_e(item.get('function'))}</li>"
+    )
 
 
 def _stacks_html(incident: dict) -> str:
@@ -327,8 +383,9 @@ def _stacks_html(incident: dict) -> str:
     parts = ['<section id="stacks"><h2>Main-thread stacks, per group of ranks (most recent call last)</h2>']
     for ranks, main in sorted(groups, key=lambda g: g[0][0]):
         frames = "".join(_frame_item(item) for item in render.own_frame_runs(main.get("frames") or []))
-        parts.append(f'<details open><summary>{_e(rank_list(ranks))}</summary><ol class="frames">{frames}</ol>'
-                     f'</details>')
+        parts.append(
+            f'<details open><summary>{_e(rank_list(ranks))}</summary><ol class="frames">{frames}</ol></details>'
+        )
     if without:
         parts.append(f"<p>No stack from {_e(rank_list(without))}.</p>")
     parts.append("</section>")
@@ -342,23 +399,27 @@ def _story_html(incident: dict) -> str:
         culprits = set(finding.get("ranks") or ())
         for row in (finding.get("evidence") or {}).get("mismatched") or ():
             role = "culprit" if culprits & set(row.get("ranks") or ()) else "waiting"
-            items.append(f'<li class="{role}"><b>{_e(render.short_rank_list(row["ranks"]))}</b> ({role}): '
-                         f'{_e(row.get("description") or row.get("op"))} - group {_e(row.get("group"))} '
-                         f'seq {_e(row.get("seq"))}</li>')
+            items.append(
+                f'<li class="{role}"><b>{_e(render.short_rank_list(row["ranks"]))}</b> ({role}): '
+                f"{_e(row.get('description') or row.get('op'))} - group {_e(row.get('group'))} "
+                f"seq {_e(row.get('seq'))}</li>"
+            )
     return f'<ul class="story">{"".join(items)}</ul>' if items else ""
 
 
 def _timeline_html(model: dict, incident: dict) -> str:
-    return ('<section id="timeline"><h2>Timeline</h2>'
-            '<p class="controls"><button type="button" data-view="sequence-view" class="on">by sequence position'
-            '</button> <button type="button" data-view="time-view">by time</button> '
-            '<span class="legend"><span class="sw culprit"></span>culprit, in flight '
-            '<span class="sw waiting"></span>waiting, in flight <span class="sw in_flight"></span>in flight '
-            '<span class="sw completed"></span>completed <span class="sw div"></span>first divergence</span></p>'
-            f'<div class="scroll">{_sequence_svg(model)}<div hidden>{_time_svg(model)}</div></div>'
-            f"{_story_html(incident)}"
-            '<div id="details" class="details">Click a box (or focus it and press Enter) for its call site and the '
-            "rank's stack.</div></section>")
+    return (
+        '<section id="timeline"><h2>Timeline</h2>'
+        '<p class="controls"><button type="button" data-view="sequence-view" class="on">by sequence position'
+        '</button> <button type="button" data-view="time-view">by time</button> '
+        '<span class="legend"><span class="sw culprit"></span>culprit, in flight '
+        '<span class="sw waiting"></span>waiting, in flight <span class="sw in_flight"></span>in flight '
+        '<span class="sw completed"></span>completed <span class="sw div"></span>first divergence</span></p>'
+        f'<div class="scroll">{_sequence_svg(model)}<div hidden>{_time_svg(model)}</div></div>'
+        f"{_story_html(incident)}"
+        '<div id="details" class="details">Click a box (or focus it and press Enter) for its call site and the '
+        "rank's stack.</div></section>"
+    )
 
 
 def _embedded_json(incident: dict) -> str:
@@ -381,25 +442,34 @@ def _facts(incident: dict) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created)) if created else "?"
     writer = incident.get("written_by")
     by = f"written by rank {writer}" if writer is not None else "rebuilt offline"
-    return (f"{incident.get('world_size')} ranks, trigger {incident.get('trigger')}, {by}, at {when}"
-            f" (format_version {incident.get('format_version')})")
+    return (
+        f"{incident.get('world_size')} ranks, trigger {incident.get('trigger')}, {by}, at {when}"
+        f" (format_version {incident.get('format_version')})"
+    )
 
 
 def render_html(incident: dict) -> str:
     """report.html: verdict, timeline (one lane per rank or group of ranks), positions, stacks; works offline."""
     incident = worded_incident(incident)
     model = build_model(incident)
-    body = "".join([
-        f'<header><h1>{_e("ddpwatch report " + str(incident.get("run_id", "")))}</h1>'
-        f'<p class="facts">{_e(_facts(incident))}</p></header>',
-        _verdict_html(incident), _timeline_html(model, incident), _positions_html(incident), _stacks_html(incident),
-    ])
+    body = "".join(
+        [
+            f"<header><h1>{_e('ddpwatch report ' + str(incident.get('run_id', '')))}</h1>"
+            f'<p class="facts">{_e(_facts(incident))}</p></header>',
+            _verdict_html(incident),
+            _timeline_html(model, incident),
+            _positions_html(incident),
+            _stacks_html(incident),
+        ]
+    )
     # Escaped HTML can still hold a raw ESC or CR (shown by `cat report.html`): made visible at the page's boundary.
-    page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{_e(_title(incident))}</title>'
-            f"<style>{_CSS}</style></head><body>{body}"
-            f'<script type="application/json" id="incident-data">{_embedded_json(incident)}</script>'
-            f"<script>{_JS}</script></body></html>\n")
+    page = (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><title>{_e(_title(incident))}</title>'
+        f"<style>{_CSS}</style></head><body>{body}"
+        f'<script type="application/json" id="incident-data">{_embedded_json(incident)}</script>'
+        f"<script>{_JS}</script></body></html>\n"
+    )
     return visible(page, keep_newlines=True)
 
 
@@ -496,5 +566,6 @@ document.body.setAttribute('data-ready','1');
 """
 # The script folds ddpwatch's own frames by report.txt's very pattern (a JSON string is a JS string literal; "<"
 # escaped as in the embedded incident).
-_JS = _JS.replace("new RegExp(OWN_FRAME_FILE)",
-                  "new RegExp(" + json.dumps(OWN_FRAME_FILE.pattern).replace("<", "\\u003c") + ")")
+_JS = _JS.replace(
+    "new RegExp(OWN_FRAME_FILE)", "new RegExp(" + json.dumps(OWN_FRAME_FILE.pattern).replace("<", "\\u003c") + ")"
+)

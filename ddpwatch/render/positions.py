@@ -20,8 +20,18 @@ def _position_key(state: dict, grace: float) -> tuple:
     region = record.get("region") or {}
     site = record.get("site") or {}
     rsite = region.get("site") or {}
-    return ("waiting", record["group"], record["seq"], record.get("api"), record["op"],
-            site.get("file"), site.get("line"), region.get("kind"), rsite.get("file"), rsite.get("line"))
+    return (
+        "waiting",
+        record["group"],
+        record["seq"],
+        record.get("api"),
+        record["op"],
+        site.get("file"),
+        site.get("line"),
+        region.get("kind"),
+        rsite.get("file"),
+        rsite.get("line"),
+    )
 
 
 def groups_by_position(states: dict, grace: float) -> list:
@@ -47,7 +57,6 @@ def groups_by_position(states: dict, grace: float) -> list:
             where = "silent: no answer" + (f" (last seen at {build.short_site(here)})" if here else "")
         else:
             waits, where = [0.0], "exited"
-        out.append({"ranks": ranks, "state": key[0], "where": where, "wait_s": round(max(waits), 1),
-                    "record": record})
+        out.append({"ranks": ranks, "state": key[0], "where": where, "wait_s": round(max(waits), 1), "record": record})
     out.sort(key=lambda g: (-len(g["ranks"]), g["ranks"][0]))
     return out

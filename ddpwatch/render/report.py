@@ -64,5 +64,7 @@ def _render_or_note(incident: dict, fmt: str) -> str:
 
 def renderings(incident: dict) -> dict:
     """file name -> text of every format of RENDERERS, for the incident's folder (format.documents writes it)."""
-    return {name: renderer(incident) if note is None else _render_or_note(incident, fmt)
-            for fmt, (name, renderer, note) in RENDERERS.items()}
+    return {
+        name: renderer(incident) if note is None else _render_or_note(incident, fmt)
+        for fmt, (name, renderer, note) in RENDERERS.items()
+    }

@@ -23,8 +23,7 @@ SOURCES = {"rank_files": "rank files", "flight_recorder": "Flight Recorder dumps
 def _wrap(text: str, indent: str = "", subsequent: str | None = None) -> list:
     sub = indent if subsequent is None else subsequent
     # visible() first: textwrap would turn a CR or newline from outside into a space, hiding that it was there.
-    lines = textwrap.wrap(visible(text), WIDTH, initial_indent=indent, subsequent_indent=sub,
-                          break_on_hyphens=False)
+    lines = textwrap.wrap(visible(text), WIDTH, initial_indent=indent, subsequent_indent=sub, break_on_hyphens=False)
     return lines or [indent.rstrip()]
 
 
@@ -107,8 +106,9 @@ def _mismatch_lines(incident: dict) -> list:
             lines.append("Mismatched collectives, side by side:")
         for row in rows:
             call = row["op"] if "counts" in row else f"{row['op']} [{row.get('api')}] shapes {_shapes_text(row)}"
-            lines.extend(_wrap(f"{short_rank_list(row['ranks'])}: group {row['group']} seq {row['seq']}: {call}",
-                               "  ", "      "))
+            lines.extend(
+                _wrap(f"{short_rank_list(row['ranks'])}: group {row['group']} seq {row['seq']}: {call}", "  ", "      ")
+            )
             if row.get("description"):
                 lines.extend(_wrap(row["description"], "      "))
     return lines
@@ -142,11 +142,17 @@ def _os_facts(process: dict | None) -> str:
 
 
 def _process_line(state: dict) -> list:
-    where = f"pid {state.get('pid') or '?'} on {state.get('host') or '?'}, " \
-        if state.get("pid") is not None or state.get("host") is not None else ""
-    text = (f"rank {state['rank']}: {where}"
-            f"{state.get('ops_recorded', 0)} collective events, idle {state.get('idle_s') or 0:.1f} s"
-            + (_exit_words(state) if state.get("status") == build.EXITED else "") + _os_facts(state.get("process")))
+    where = (
+        f"pid {state.get('pid') or '?'} on {state.get('host') or '?'}, "
+        if state.get("pid") is not None or state.get("host") is not None
+        else ""
+    )
+    text = (
+        f"rank {state['rank']}: {where}"
+        f"{state.get('ops_recorded', 0)} collective events, idle {state.get('idle_s') or 0:.1f} s"
+        + (_exit_words(state) if state.get("status") == build.EXITED else "")
+        + _os_facts(state.get("process"))
+    )
     return _wrap(text, "  ", "    ")
 
 
@@ -162,8 +168,9 @@ def _grouped_process_lines(states: list) -> list:
     hosts = ", ".join(f"{host} ({short_rank_list(ranks)})" for host, ranks in by_host[:MAX_VALUE_GROUPS])
     if len(by_host) > MAX_VALUE_GROUPS:
         hosts += f", ... {len(by_host) - MAX_VALUE_GROUPS} more hosts"
-    lines = _wrap(f"{len(states)} processes on {len(by_host)} host{'s' if len(by_host) > 1 else ''}{pid_text}:"
-                  f" {hosts}", "  ")
+    lines = _wrap(
+        f"{len(states)} processes on {len(by_host)} host{'s' if len(by_host) > 1 else ''}{pid_text}: {hosts}", "  "
+    )
     events = {s["rank"]: s.get("ops_recorded", 0) for s in states}
     lines += _wrap("collective events: " + _value_groups_text(events, str), "  ")
     idle = {s["rank"]: round(s.get("idle_s") or 0.0) for s in states}
@@ -175,8 +182,13 @@ def _grouped_process_lines(states: list) -> list:
         rss = [f["rss_mb"] for f in facts.values() if f.get("rss_mb") is not None]
         cpu = [f["cpu_percent"] for f in facts.values() if f.get("cpu_percent") is not None]
         if rss or cpu:
-            lines += _wrap("; ".join(([f"memory {min(rss):.0f}-{max(rss):.0f} MB"] if rss else [])
-                                     + ([f"CPU {min(cpu):.0f}-{max(cpu):.0f}%"] if cpu else [])), "  ")
+            lines += _wrap(
+                "; ".join(
+                    ([f"memory {min(rss):.0f}-{max(rss):.0f} MB"] if rss else [])
+                    + ([f"CPU {min(cpu):.0f}-{max(cpu):.0f}%"] if cpu else [])
+                ),
+                "  ",
+            )
     exited = [s["rank"] for s in states if s.get("status") == build.EXITED]
     if exited:
         lines += _wrap(f"exited: {short_rank_list(exited)}", "  ")
@@ -211,8 +223,13 @@ def _progress_lines(incident: dict) -> list:
     if steps:  # ranks that trained a different number of steps differ here (uneven inputs)
         lines.extend(_wrap("DDP training steps: " + _value_groups_text(steps, str, len(states)), "  "))
     # Bars grouped by description and count; how long each has stood still differs a little between ranks.
-    bars = {s["rank"]: "; ".join(_bar_text(dict(b, since_update_s=round(b.get("since_update_s") or 0)))
-                                 for b in s.get("progress_bars") or ()) for s in states if s.get("progress_bars")}
+    bars = {
+        s["rank"]: "; ".join(
+            _bar_text(dict(b, since_update_s=round(b.get("since_update_s") or 0))) for b in s.get("progress_bars") or ()
+        )
+        for s in states
+        if s.get("progress_bars")
+    }
     if bars:
         lines.extend(_wrap("progress bars: " + _value_groups_text(bars, str, len(states)), "  "))
     return ["Progress:"] + lines if lines else []
@@ -221,9 +238,15 @@ def _progress_lines(incident: dict) -> list:
 def render_text(incident: dict) -> str:
     """report.txt: verdict, where ranks stand, mismatched calls, stacks per group, process and progress facts."""
     incident = worded_incident(incident)
-    sections = [_header_lines(incident), _verdict_lines(incident), _positions_lines(incident),
-                _mismatch_lines(incident), _stack_lines(incident), _process_lines(incident),
-                _progress_lines(incident)]
+    sections = [
+        _header_lines(incident),
+        _verdict_lines(incident),
+        _positions_lines(incident),
+        _mismatch_lines(incident),
+        _stack_lines(incident),
+        _process_lines(incident),
+        _progress_lines(incident),
+    ]
     if incident.get("report_dir"):
         sections.append([f"Report files: {incident['report_dir']}"])
     # The output boundary: every line is made visible() whole, so no rank's or file's text reaches a terminal raw,

@@ -53,39 +53,67 @@ def _record_event(rank: int, record: dict, tid: int, end: float | None, role: st
     duration, known = _duration_us(record, end)
     region = record.get("region") or {}
     args = {
-        "group": record.get("group"), "seq": record.get("seq"), "op": record.get("op"), "api": record.get("api"),
-        "state": record.get("state"), "shapes": record.get("shapes"), "dtypes": record.get("dtypes"),
-        "site": _site_text(record.get("site")), "description": describe_op(record),
+        "group": record.get("group"),
+        "seq": record.get("seq"),
+        "op": record.get("op"),
+        "api": record.get("api"),
+        "state": record.get("state"),
+        "shapes": record.get("shapes"),
+        "dtypes": record.get("dtypes"),
+        "site": _site_text(record.get("site")),
+        "description": describe_op(record),
         "region": f"{region.get('kind')} at {_site_text(region.get('site'))}" if region else None,
-        "peer": record.get("peer"), "error": record.get("error"),
+        "peer": record.get("peer"),
+        "error": record.get("error"),
     }
     if not known:
         args["duration_unknown"] = True
     if role:
         args["mismatch"] = role
-    event = {"name": _event_name(record), "cat": "ddpwatch,p2p" if record.get("p2p") else "ddpwatch,collective",
-             "ph": "X", "ts": round(record["start"] * US, 3), "dur": round(duration, 3), "pid": rank, "tid": tid,
-             "args": {k: v for k, v in args.items() if v is not None}}
+    event = {
+        "name": _event_name(record),
+        "cat": "ddpwatch,p2p" if record.get("p2p") else "ddpwatch,collective",
+        "ph": "X",
+        "ts": round(record["start"] * US, 3),
+        "dur": round(duration, 3),
+        "pid": rank,
+        "tid": tid,
+        "args": {k: v for k, v in args.items() if v is not None},
+    }
     if role:
         event["cname"] = "terrible" if role == "culprit" else "bad"  # colour hints for viewers that read them
     return event
 
 
 def _metadata_events(rank: int, tids: dict) -> list:
-    events = [{"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
-              {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}}]
-    events += [{"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": name}}
-               for name, tid in tids.items()]
+    events = [
+        {"name": "process_name", "ph": "M", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
+        {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
+    ]
+    events += [
+        {"name": "thread_name", "ph": "M", "pid": rank, "tid": tid, "args": {"name": name}}
+        for name, tid in tids.items()
+    ]
     return events
 
 
 def _verdict_event(incident: dict, end: float) -> dict:
     findings = incident.get("findings") or []
     name = "; ".join(f"{f['kind']}: culprit {rank_list(f['ranks'])}" for f in findings) or "ddpwatch: no hang proven"
-    return {"name": name, "cat": "ddpwatch,incident", "ph": "i", "s": "g", "ts": round(end * US, 3),
-            "pid": incident.get("written_by") or 0, "tid": 0,
-            "args": {"run_id": incident.get("run_id"), "trigger": incident.get("trigger"),
-                     "summaries": [f.get("summary") for f in findings]}}
+    return {
+        "name": name,
+        "cat": "ddpwatch,incident",
+        "ph": "i",
+        "s": "g",
+        "ts": round(end * US, 3),
+        "pid": incident.get("written_by") or 0,
+        "tid": 0,
+        "args": {
+            "run_id": incident.get("run_id"),
+            "trigger": incident.get("trigger"),
+            "summaries": [f.get("summary") for f in findings],
+        },
+    }
 
 
 def render_trace(incident: dict) -> dict:
@@ -102,12 +130,21 @@ def render_trace(incident: dict) -> dict:
         for record in sorted(records, key=lambda r: r.get("start") or 0.0):
             if record.get("start") is None:
                 continue  # nothing to place on a time axis
-            role = roles.get((rank, str(record.get("group")), record.get("seq"))) \
-                if record.get("state") == build.IN_FLIGHT else None
+            role = (
+                roles.get((rank, str(record.get("group")), record.get("seq")))
+                if record.get("state") == build.IN_FLIGHT
+                else None
+            )
             events.append(_record_event(rank, record, tids[record.get("thread") or "MainThread"], end, role))
     if end is not None:
         events.append(_verdict_event(incident, end))
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"generator": "ddpwatch", "run_id": incident.get("run_id"),
-                          "format_version": incident.get("format_version"),
-                          "clock": "epoch microseconds, each rank's own clock"}}
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "generator": "ddpwatch",
+            "run_id": incident.get("run_id"),
+            "format_version": incident.get("format_version"),
+            "clock": "epoch microseconds, each rank's own clock",
+        },
+    }

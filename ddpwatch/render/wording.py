@@ -109,21 +109,21 @@ def _shape_text(record: dict) -> str:
 # rank condition's text, `{line}` the user's line.
 FRAMEWORK_FIXES = {
     ("lightning", "barrier"): "Call `trainer.strategy.barrier()` on every rank: move it out of `{cond}` at {line} "
-                              "(a barrier only some ranks reach waits forever).",
+    "(a barrier only some ranks reach waits forever).",
     ("lightning", "broadcast"): "Call `trainer.strategy.broadcast(...)` on every rank (it is a collective): move it "
-                                "out of `{cond}` at {line}, and use the result on the rank that needs it.",
+    "out of `{cond}` at {line}, and use the result on the rank that needs it.",
     ("lightning", "reduce"): "Call the reduction (`trainer.strategy.reduce`, `self.all_gather`) on every rank: move it "
-                             "out of `{cond}` at {line}.",
+    "out of `{cond}` at {line}.",
     ("lightning", "all_gather"): "Call `self.all_gather(...)` on every rank: move it out of `{cond}` at {line}, then "
-                                 "use the result on rank zero only.",
+    "use the result on rank zero only.",
     ("lightning", "log"): "Call `self.log(..., sync_dist=True)` on every rank, or log on rank zero only with "
-                          "`self.log(..., rank_zero_only=True)` and without sync_dist (at {line}).",
+    "`self.log(..., rank_zero_only=True)` and without sync_dist (at {line}).",
     ("accelerate", "wait_for_everyone"): "Call `accelerator.wait_for_everyone()` on every process: move it out of "
-                                         "`{cond}` at {line}.",
+    "`{cond}` at {line}.",
     ("accelerate", "gather"): "Call `accelerator.gather(...)` on every process (it is a collective): move it out "
-                              "of `{cond}` at {line} and use the result on the main process only.",
+    "of `{cond}` at {line} and use the result on the main process only.",
     ("accelerate", "gather_for_metrics"): "Call `accelerator.gather_for_metrics(...)` on every process: move it "
-                                          "out of `{cond}` at {line} and compute the metric on the main process only.",
+    "out of `{cond}` at {line} and compute the metric on the main process only.",
     ("accelerate", "reduce"): "Call `accelerator.reduce(...)` on every process: move it out of `{cond}` at {line}.",
     ("accelerate", "broadcast"): "Call the broadcast on every process: move it out of `{cond}` at {line}.",
 }
@@ -132,16 +132,20 @@ FRAMEWORK_FIXES = {
 def framework_fix(record: dict, location: dict | None, condition: dict | None) -> str | None:
     """The fix for a collective a framework issued for the user, in that framework's terms; None if not known."""
     if str(record.get("api") or "").startswith("funcol."):
-        return (f"A DTensor operation (`full_tensor()`, `redistribute()`, an op on sharded tensors) or a functional "
-                f"collective issues a collective on every rank of its mesh or group: run the call at "
-                f"{build.short_site(location)} on every rank (move it out of "
-                + (f"`{condition['condition']['text']}`" if condition else "the rank-only branch")
-                + "), and use its result on the rank that needs it.")
+        return (
+            f"A DTensor operation (`full_tensor()`, `redistribute()`, an op on sharded tensors) or a functional "
+            f"collective issues a collective on every rank of its mesh or group: run the call at "
+            f"{build.short_site(location)} on every rank (move it out of "
+            + (f"`{condition['condition']['text']}`" if condition else "the rank-only branch")
+            + "), and use its result on the rank that needs it."
+        )
     if (record.get("region") or {}).get("kind") == build.FSDP_FORWARD:
-        return (f"A fully_shard (FSDP2) model's forward all-gathers its parameters from every rank, so run the forward "
-                f"at {build.short_site(location)} on every rank (evaluate on every rank and reduce the metric), or "
-                "build an unsharded copy for rank-local work: on every rank take `model.state_dict()` and call "
-                "`.full_tensor()` on each DTensor, then load it into a plain model used on one rank only.")
+        return (
+            f"A fully_shard (FSDP2) model's forward all-gathers its parameters from every rank, so run the forward "
+            f"at {build.short_site(location)} on every rank (evaluate on every rank and reduce the metric), or "
+            "build an unsharded copy for rank-local work: on every rank take `model.state_dict()` and call "
+            "`.full_tensor()` on each DTensor, then load it into a plain model used on one rank only."
+        )
     via = record.get("via") or {}
     framework = record.get("framework") or {}
     package = str(framework.get("framework") or via.get("package") or "")
@@ -154,6 +158,7 @@ def framework_fix(record: dict, location: dict | None, condition: dict | None) -
 
 
 # ---------------------------------------------------------------- the sentences of each kind, from its facts
+
 
 def where_last_seen(facts: dict) -> str:
     """Where a silent rank was last: in its collective, at its line, or what is known of it."""
@@ -168,67 +173,97 @@ def where_last_seen(facts: dict) -> str:
 
 def _dead_rank(facts: dict, ranks_text=rank_list) -> tuple:
     remote, gone = facts["remote"], facts["exists"] is False
-    summary = (f"Rank {facts['rank']} (pid {facts['pid']} on {facts['host']}) "
-               f"{'is silent' if remote else 'is gone'}: its heartbeat stopped {facts['silent_s']:.0f} s ago"
-               + (" and the process no longer exists" if gone else "")
-               + f"; it was last {where_last_seen(facts)}."
-               + (" It runs on another host, where ddpwatch cannot look at the process: it cannot tell a "
-                  "dead or frozen rank from one busy in a long call that holds the GIL (which silences the "
-                  "heartbeat too)." if remote else ""))
-    fix = ("Find why the process died: its own log (out-of-memory killer, segfault, an exception), "
-           "`dmesg`, and the launcher's exit summary. The other ranks will wait forever for it.")
+    summary = (
+        f"Rank {facts['rank']} (pid {facts['pid']} on {facts['host']}) "
+        f"{'is silent' if remote else 'is gone'}: its heartbeat stopped {facts['silent_s']:.0f} s ago"
+        + (" and the process no longer exists" if gone else "")
+        + f"; it was last {where_last_seen(facts)}."
+        + (
+            " It runs on another host, where ddpwatch cannot look at the process: it cannot tell a "
+            "dead or frozen rank from one busy in a long call that holds the GIL (which silences the "
+            "heartbeat too)."
+            if remote
+            else ""
+        )
+    )
+    fix = (
+        "Find why the process died: its own log (out-of-memory killer, segfault, an exception), "
+        "`dmesg`, and the launcher's exit summary. The other ranks will wait forever for it."
+    )
     return summary, fix
 
 
 def _unresponsive_rank(facts: dict, ranks_text=rank_list) -> tuple:
-    summary = (f"Rank {facts['rank']} (pid {facts['pid']}) exists but has not answered for {facts['silent_s']:.0f} s "
-               f"(process status: {facts['status']}); neither its training thread nor ddpwatch's watchdog moves. "
-               f"It was last {where_last_seen(facts)}.")
-    fix = ("A stopped (SIGSTOP, Ctrl-Z), traced (a debugger) or dead process runs no code until it is "
-           "resumed: check its state with `cat /proc/<pid>/status` and `py-spy dump --native --pid`; resume "
-           "(kill -CONT) or restart it.")
+    summary = (
+        f"Rank {facts['rank']} (pid {facts['pid']}) exists but has not answered for {facts['silent_s']:.0f} s "
+        f"(process status: {facts['status']}); neither its training thread nor ddpwatch's watchdog moves. "
+        f"It was last {where_last_seen(facts)}."
+    )
+    fix = (
+        "A stopped (SIGSTOP, Ctrl-Z), traced (a debugger) or dead process runs no code until it is "
+        "resumed: check its state with `cat /proc/<pid>/status` and `py-spy dump --native --pid`; resume "
+        "(kill -CONT) or restart it."
+    )
     return summary, fix
 
 
 def _group_order(facts: dict, ranks_text=rank_list) -> tuple:
-    summary = ("The ranks issue collectives on different process groups in different orders: "
-               + "; ".join(f"{ranks_text(r)} {_verb(r, 'waits', 'wait')} on group {g} in {describe_op(record)}"
-                           for g, r, record in facts["groups"])
-               + ". Each group needs a rank that is blocked on the other, so neither can finish.")
-    fix = ("Issue collectives on every process group in the same order on all ranks (for example, always the "
-           "data-parallel group before the model-parallel one); do not let rank-dependent branches reorder them.")
+    summary = (
+        "The ranks issue collectives on different process groups in different orders: "
+        + "; ".join(
+            f"{ranks_text(r)} {_verb(r, 'waits', 'wait')} on group {g} in {describe_op(record)}"
+            for g, r, record in facts["groups"]
+        )
+        + ". Each group needs a rank that is blocked on the other, so neither can finish."
+    )
+    fix = (
+        "Issue collectives on every process group in the same order on all ranks (for example, always the "
+        "data-parallel group before the model-parallel one); do not let rank-dependent branches reorder them."
+    )
     return summary, fix
 
 
 def _shape_mismatch(facts: dict, ranks_text=rank_list) -> tuple:
     record, culprits = facts["record"], facts["culprits"]
     shapes = "; ".join(f"{ranks_text(r)}: {_shape_text(rec)}" for r, rec in facts["parts"])
-    summary = (f"{_sentence(ranks_text(culprits))} passed different tensors to {record['op']} at "
-               f"{build.short_site(record.get('site'))} (group {record['group']}, seq {record['seq']}): {shapes}. "
-               "On gloo an empty tensor returns at once on its rank while the others wait forever; other size "
-               "differences abort or corrupt.")
-    fix = (f"Make the tensor passed at {build.short_site(facts['location'])} the same shape and dtype on every rank "
-           "(pad variable-length data, or all_gather the sizes first and then the padded tensors).")
+    summary = (
+        f"{_sentence(ranks_text(culprits))} passed different tensors to {record['op']} at "
+        f"{build.short_site(record.get('site'))} (group {record['group']}, seq {record['seq']}): {shapes}. "
+        "On gloo an empty tensor returns at once on its rank while the others wait forever; other size "
+        "differences abort or corrupt."
+    )
+    fix = (
+        f"Make the tensor passed at {build.short_site(facts['location'])} the same shape and dtype on every rank "
+        "(pad variable-length data, or all_gather the sizes first and then the padded tensors)."
+    )
     return summary, fix
 
 
 def _ddp_forward_on_subset(facts: dict, ranks_text=rank_list) -> tuple:
     culprits, others, call_site = facts["culprits"], facts["others"], facts["call_site"]
     if facts["rebuild"]:
-        why = ("DDP rebuilds its gradient buckets once, on the first grad-enabled forward after the first backward, "
-               "and that rebuild broadcasts across all ranks")
+        why = (
+            "DDP rebuilds its gradient buckets once, on the first grad-enabled forward after the first backward, "
+            "and that rebuild broadcasts across all ranks"
+        )
         short_why = "the one-time gradient bucket rebuild in DDP.forward is a broadcast every rank must join"
     else:
-        why = ("DDP's forward broadcasts the module's buffers (such as BatchNorm running statistics) from rank 0 "
-               "to every rank before computing, so every rank must run it")
+        why = (
+            "DDP's forward broadcasts the module's buffers (such as BatchNorm running statistics) from rank 0 "
+            "to every rank before computing, so every rank must run it"
+        )
         short_why = "DDP.forward broadcasts BatchNorm statistics and other buffers to every rank"
-    summary = (f"{_sentence(ranks_text(culprits))} called the DistributedDataParallel model at "
-               f"{build.short_site(call_site)} ({build.format_site(call_site)}) while {ranks_text(others)} did not: "
-               f"{why}. {_sentence(ranks_text(culprits))} {_verb(culprits, 'blocks', 'block')} in "
-               f"{describe_op(facts['record'])}; {_waits_text(facts['waits'], ranks_text)}. "
-               "Neither side can ever finish.")
-    fix = (f"For rank-local work (evaluation, logging) call the wrapped module directly: `model.module(x)` instead of "
-           f"`model(x)` at {build.short_site(call_site)}; or run that forward on every rank ({short_why}).")
+    summary = (
+        f"{_sentence(ranks_text(culprits))} called the DistributedDataParallel model at "
+        f"{build.short_site(call_site)} ({build.format_site(call_site)}) while {ranks_text(others)} did not: "
+        f"{why}. {_sentence(ranks_text(culprits))} {_verb(culprits, 'blocks', 'block')} in "
+        f"{describe_op(facts['record'])}; {_waits_text(facts['waits'], ranks_text)}. "
+        "Neither side can ever finish."
+    )
+    fix = (
+        f"For rank-local work (evaluation, logging) call the wrapped module directly: `model.module(x)` instead of "
+        f"`model(x)` at {build.short_site(call_site)}; or run that forward on every rank ({short_why})."
+    )
     return summary, fix
 
 
@@ -238,44 +273,59 @@ def _collective_on_subset(facts: dict, ranks_text=rank_list) -> tuple:
         elsewhere = "never reach: they exited"
     else:
         ranks, waited = innocent
-        elsewhere = (f"{_verb(ranks, 'does', 'do')} not call at this point: "
-                     f"{_verb(ranks, 'it waits', 'they wait')} in {describe_op(waited)}")
+        elsewhere = (
+            f"{_verb(ranks, 'does', 'do')} not call at this point: "
+            f"{_verb(ranks, 'it waits', 'they wait')} in {describe_op(waited)}"
+        )
     others = ranks_text(innocent[0]) if innocent is not None else "the other ranks"
-    summary = (f"{_sentence(ranks_text(culprits))} called {describe_op(record)} ({build.format_site(location)}), "
-               f"which {others} {elsewhere}. Neither side can ever finish.")
+    summary = (
+        f"{_sentence(ranks_text(culprits))} called {describe_op(record)} ({build.format_site(location)}), "
+        f"which {others} {elsewhere}. Neither side can ever finish."
+    )
     condition = facts["condition"]
     fix = framework_fix(record, location, condition) or (
         f"Run the collective at {build.short_site(location)} on every rank of the group (move it out of "
         + (f"the rank-only branch `{condition['condition']['text']}`" if condition else "any rank-only branch")
-        + "), or give it a process group made of only the ranks that call it (`dist.new_group(ranks=...)`).")
+        + "), or give it a process group made of only the ranks that call it (`dist.new_group(ranks=...)`)."
+    )
     return summary, fix
 
 
 def _skipped_collective(facts: dict, ranks_text=rank_list) -> tuple:
     culprits, (waiting, skipped), now = facts["culprits"], facts["innocent"], facts["culprit_record"]
-    summary = (f"{_sentence(ranks_text(culprits))} never reached {describe_op(skipped)}, where "
-               f"{ranks_text(waiting)} {_verb(waiting, 'waits', 'wait')}: "
-               f"{_verb(culprits, 'it', 'they')} went past it and {_verb(culprits, 'is', 'are')} now "
-               f"{'in ' + describe_op(now) if now else 'gone (the rank exited)'}.")
-    fix = (f"Every rank must reach the collective at {build.short_site(facts['location'])}: look for an early "
-           "`return`, `continue` or `break` taken on some ranks only (often under a rank condition) before it, and "
-           "move the collective above it or make the exit happen on every rank.")
+    summary = (
+        f"{_sentence(ranks_text(culprits))} never reached {describe_op(skipped)}, where "
+        f"{ranks_text(waiting)} {_verb(waiting, 'waits', 'wait')}: "
+        f"{_verb(culprits, 'it', 'they')} went past it and {_verb(culprits, 'is', 'are')} now "
+        f"{'in ' + describe_op(now) if now else 'gone (the rank exited)'}."
+    )
+    fix = (
+        f"Every rank must reach the collective at {build.short_site(facts['location'])}: look for an early "
+        "`return`, `continue` or `break` taken on some ranks only (often under a rank condition) before it, and "
+        "move the collective above it or make the exit happen on every rank."
+    )
     exit_ = facts.get("exit")
     if exit_:
-        fix += (f" Here it is the exit at line {exit_['condition'].get('exit_line')} under "
-                f"`{exit_['condition']['text']}` ({build.short_site(exit_['frame'])}).")
+        fix += (
+            f" Here it is the exit at line {exit_['condition'].get('exit_line')} under "
+            f"`{exit_['condition']['text']}` ({build.short_site(exit_['frame'])})."
+        )
     return summary, fix
 
 
 def _uneven_inputs(facts: dict, ranks_text=rank_list) -> tuple:
     culprits, record, (waiting, waited) = facts["culprits"], facts["record"], facts["innocent"]
-    summary = (f"{_sentence(ranks_text(culprits))} {_verb(culprits, 'is', 'are')} still training "
-               f"({describe_op(record)}) while {ranks_text(waiting)} finished the loop and "
-               f"{_verb(waiting, 'waits', 'wait')} in {describe_op(waited)}: the ranks ran different "
-               "numbers of training steps, so the extra step's collectives have no partner.")
-    fix = ("Give every rank the same number of batches: use `DistributedSampler(dataset, drop_last=True)` (or pad "
-           "the dataset to a multiple of the world size), or wrap the loop in DDP's `with model.join():` context "
-           "manager, which lets ranks that run out of data shadow the others' collectives.")
+    summary = (
+        f"{_sentence(ranks_text(culprits))} {_verb(culprits, 'is', 'are')} still training "
+        f"({describe_op(record)}) while {ranks_text(waiting)} finished the loop and "
+        f"{_verb(waiting, 'waits', 'wait')} in {describe_op(waited)}: the ranks ran different "
+        "numbers of training steps, so the extra step's collectives have no partner."
+    )
+    fix = (
+        "Give every rank the same number of batches: use `DistributedSampler(dataset, drop_last=True)` (or pad "
+        "the dataset to a multiple of the world size), or wrap the loop in DDP's `with model.join():` context "
+        "manager, which lets ranks that run out of data shadow the others' collectives."
+    )
     return summary, fix
 
 
@@ -291,19 +341,27 @@ def _collective_mismatch(facts: dict, ranks_text=rank_list) -> tuple:
     if facts.get("below") is not None:
         return _different_positions(facts, ranks_text)
     calls = "; ".join(f"{ranks_text(r)}: {describe_op(rec)} (seq {rec['seq']})" for r, rec in facts["parts"])
-    summary = (f"The ranks issued different collectives at the same point of group {facts['group']}: {calls}. "
-               "They can never match.")
-    fix = ("Make every rank issue the same collectives in the same order on each process group; look for a "
-           "branch on rank, data or configuration that changes which collective runs.")
+    summary = (
+        f"The ranks issued different collectives at the same point of group {facts['group']}: {calls}. "
+        "They can never match."
+    )
+    fix = (
+        "Make every rank issue the same collectives in the same order on each process group; look for a "
+        "branch on rank, data or configuration that changes which collective runs."
+    )
     return summary, fix
 
 
 def _different_positions(facts: dict, ranks_text=rank_list) -> tuple:
-    summary = (f"On group {facts['group']} the ranks wait at different positions: "
-               + "; ".join(f"{ranks_text(r)} at seq {rec['seq']} ({describe_op(rec)})" for r, rec in facts["parts"])
-               + f". {_sentence(ranks_text(facts['ahead']))} got past seq {facts['below']} without the others.")
-    fix = ("Some collective completed on part of the group only (on gloo: an empty tensor); compare the ranks' "
-           "collectives just before these lines and make them identical.")
+    summary = (
+        f"On group {facts['group']} the ranks wait at different positions: "
+        + "; ".join(f"{ranks_text(r)} at seq {rec['seq']} ({describe_op(rec)})" for r, rec in facts["parts"])
+        + f". {_sentence(ranks_text(facts['ahead']))} got past seq {facts['below']} without the others."
+    )
+    fix = (
+        "Some collective completed on part of the group only (on gloo: an empty tensor); compare the ranks' "
+        "collectives just before these lines and make them identical."
+    )
     return summary, fix
 
 
@@ -332,85 +390,116 @@ def _cycle_step(step: dict) -> str:
     return f"rank {step['rank']} ({what}) waits for rank {step['waits_for']}"
 
 
-_BATCHES_PAIR = (" Between two ranks the `batch_isend_irecv` lists must pair: every isend in one rank's list needs "
-                 "an irecv in its peer's list (same tag), and the other way round.")
+_BATCHES_PAIR = (
+    " Between two ranks the `batch_isend_irecv` lists must pair: every isend in one rank's list needs "
+    "an irecv in its peer's list (same tag), and the other way round."
+)
 
 _P2P_FIXES = {
-    "send_first": ("Every rank of the cycle sends first and nobody receives (gloo's and NCCL's send wait for the "
-                   "matching recv). Post the receive before the send: `req = dist.irecv(buf, src=peer)`, then "
-                   "`dist.send(...)`, then `req.wait()`; or exchange both in one "
-                   "`dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)])`; or order by rank "
-                   "parity (even ranks send then receive, odd ranks receive then send)."),
-    "recv_first": ("Every rank of the cycle waits to receive before it sends. If both sides were meant to send here, "
-                   "let one side send first: order by rank parity (even ranks send then receive, odd ranks receive "
-                   "then send), or post both halves at once with `dist.batch_isend_irecv([P2POp(dist.isend, ...), "
-                   "P2POp(dist.irecv, ...)])`. If one side has sent all it meant to (the counts above differ), the "
-                   "two sides disagree on how many messages a step has (microbatches, chunks, iterations): compute "
-                   "that count the same way on every rank."),
-    "crossed": ("The ranks wait on their sends and receives in an order that closes a cycle. Post every receive of "
-                "a step first (`dist.irecv`) and wait on the Works only after the sends are posted, or issue each "
-                "step's sends and receives together with `dist.batch_isend_irecv`."),
-    "pipeline": ("The stages of a torch.distributed.pipelining schedule disagree on how many microbatches a step "
-                 "has (or on the schedule): one stage still sends or waits for a microbatch the other has not or "
-                 "no longer will. Build every stage's schedule with the same `n_microbatches` and the same schedule "
-                 "class, and give every stage batches of the same size: a rank-local batch size, or a last batch "
-                 "that is smaller on some ranks, changes the microbatch count (drop the last batch, or pad it)."),
+    "send_first": (
+        "Every rank of the cycle sends first and nobody receives (gloo's and NCCL's send wait for the "
+        "matching recv). Post the receive before the send: `req = dist.irecv(buf, src=peer)`, then "
+        "`dist.send(...)`, then `req.wait()`; or exchange both in one "
+        "`dist.batch_isend_irecv([P2POp(dist.isend, ...), P2POp(dist.irecv, ...)])`; or order by rank "
+        "parity (even ranks send then receive, odd ranks receive then send)."
+    ),
+    "recv_first": (
+        "Every rank of the cycle waits to receive before it sends. If both sides were meant to send here, "
+        "let one side send first: order by rank parity (even ranks send then receive, odd ranks receive "
+        "then send), or post both halves at once with `dist.batch_isend_irecv([P2POp(dist.isend, ...), "
+        "P2POp(dist.irecv, ...)])`. If one side has sent all it meant to (the counts above differ), the "
+        "two sides disagree on how many messages a step has (microbatches, chunks, iterations): compute "
+        "that count the same way on every rank."
+    ),
+    "crossed": (
+        "The ranks wait on their sends and receives in an order that closes a cycle. Post every receive of "
+        "a step first (`dist.irecv`) and wait on the Works only after the sends are posted, or issue each "
+        "step's sends and receives together with `dist.batch_isend_irecv`."
+    ),
+    "pipeline": (
+        "The stages of a torch.distributed.pipelining schedule disagree on how many microbatches a step "
+        "has (or on the schedule): one stage still sends or waits for a microbatch the other has not or "
+        "no longer will. Build every stage's schedule with the same `n_microbatches` and the same schedule "
+        "class, and give every stage batches of the same size: a rank-local batch size, or a last batch "
+        "that is smaller on some ranks, changes the microbatch count (drop the last batch, or pad it)."
+    ),
 }
 
 
 def _p2p_deadlock(facts: dict, ranks_text=rank_list) -> tuple:
     shape, cycle = facts["shape"], facts["cycle"]
-    summary = (f"A point-to-point deadlock: {ranks_text([s['rank'] for s in cycle])} wait for one another in a "
-               "cycle: " + "; ".join(_cycle_step(step) for step in cycle)
-               + ". No send, receive or collective in flight can ever be matched.")
+    summary = (
+        f"A point-to-point deadlock: {ranks_text([s['rank'] for s in cycle])} wait for one another in a "
+        "cycle: "
+        + "; ".join(_cycle_step(step) for step in cycle)
+        + ". No send, receive or collective in flight can ever be matched."
+    )
     where = build.short_site(facts["location"])
     batch = any(step.get("batch") for step in cycle)
     if shape == "unmatched":
         send, recv = facts["pair"]
         expected = _p2p_half("recv", recv["peer"], recv["tag"] or 0)
-        summary += (f" Rank {recv['rank']} waits for a message it will not get: it asked for a {expected} at "
-                    f"{build.short_site(recv['site'])}, while rank {send['rank']} sends to it with tag "
-                    f"{send['tag'] or 0} at {build.short_site(send['site'])}.")
-        fix = (f"Make the receive at {where} name the source and tag the sender uses (rank {send['rank']}, tag "
-               f"{send['tag'] or 0}), or the send name the ones the receiver expects; tags must be equal on both "
-               "sides, and a recv with a `src` takes messages from that rank only.")
+        summary += (
+            f" Rank {recv['rank']} waits for a message it will not get: it asked for a {expected} at "
+            f"{build.short_site(recv['site'])}, while rank {send['rank']} sends to it with tag "
+            f"{send['tag'] or 0} at {build.short_site(send['site'])}."
+        )
+        fix = (
+            f"Make the receive at {where} name the source and tag the sender uses (rank {send['rank']}, tag "
+            f"{send['tag'] or 0}), or the send name the ones the receiver expects; tags must be equal on both "
+            "sides, and a recv with a `src` takes messages from that rank only."
+        )
     elif shape == "into_collective":
         stuck = [s for s in cycle if s["kind"] != "collective"]
         waiting = "receive" if stuck and stuck[0]["kind"] == "send" else "send"
-        summary += (f" {_sentence(ranks_text([s['waits_for'] for s in stuck]))} went on to a collective without the "
-                    f"matching {waiting}: one side has one message more (or fewer) than the other expects.")
-        fix = (f"Every send needs a matching recv on its peer before either side goes on: give both sides the same "
-               f"number of sends and receives (in a pipeline, the same number of microbatches on every stage; in a "
-               f"loop, the same number of iterations), or remove the extra exchange at {where}; a collective after "
-               "the exchanges must come after the last one on every rank." + (_BATCHES_PAIR if batch else ""))
+        summary += (
+            f" {_sentence(ranks_text([s['waits_for'] for s in stuck]))} went on to a collective without the "
+            f"matching {waiting}: one side has one message more (or fewer) than the other expects."
+        )
+        fix = (
+            f"Every send needs a matching recv on its peer before either side goes on: give both sides the same "
+            f"number of sends and receives (in a pipeline, the same number of microbatches on every stage; in a "
+            f"loop, the same number of iterations), or remove the extra exchange at {where}; a collective after "
+            "the exchanges must come after the last one on every rank." + (_BATCHES_PAIR if batch else "")
+        )
     else:
         fix = _P2P_FIXES[shape] + (_BATCHES_PAIR if batch and shape != "pipeline" else "")
         if shape == "pipeline":
-            summary += (f" These are the sends and receives of torch.distributed.pipelining's schedule, run from "
-                        f"{build.short_site(facts['location'])}.")
+            summary += (
+                f" These are the sends and receives of torch.distributed.pipelining's schedule, run from "
+                f"{build.short_site(facts['location'])}."
+            )
     return summary, fix
 
 
 def _collective_stuck(facts: dict, ranks_text=rank_list) -> tuple:
     record = facts["record"]
-    summary = (f"All {facts['count']} ranks have waited {facts['wait_s']:.0f} s in the same collective, "
-               f"{describe_op(record)} (group {record['group']}, seq {record['seq']}), and it does not complete: "
-               "the program agrees, the transport does not (network, device or library fault).")
-    fix = ("Check the interconnect and devices: NCCL_DEBUG=INFO logs, `nvidia-smi`, network between hosts "
-           "(firewalls, wrong interface: NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME); if the op is huge, raise the "
-           "timeout.")
+    summary = (
+        f"All {facts['count']} ranks have waited {facts['wait_s']:.0f} s in the same collective, "
+        f"{describe_op(record)} (group {record['group']}, seq {record['seq']}), and it does not complete: "
+        "the program agrees, the transport does not (network, device or library fault)."
+    )
+    fix = (
+        "Check the interconnect and devices: NCCL_DEBUG=INFO logs, `nvidia-smi`, network between hosts "
+        "(firewalls, wrong interface: NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME); if the op is huge, raise the "
+        "timeout."
+    )
     return summary, fix
 
 
 def _straggler(facts: dict, ranks_text=rank_list) -> tuple:
     location = facts["location"]
     where = f" (now at {build.format_site(location)})" if location else ""
-    summary = (f"{_sentence(ranks_text(facts['waiting']))} waited {facts['wait_s']:.0f} s, longer than the "
-               f"{facts['timeout']:g} s timeout, in {describe_op(facts['record'])}, while {ranks_text(facts['busy'])} "
-               f"kept working outside collectives{where}. This is a straggler, not a proven deadlock: the wait ends "
-               "if the busy ranks reach the collective.")
-    fix = ("If this work is expected (long validation or checkpointing on one rank), raise ddpwatch's timeout or "
-           "spread the work across ranks; otherwise the stack below shows where the busy ranks are stuck.")
+    summary = (
+        f"{_sentence(ranks_text(facts['waiting']))} waited {facts['wait_s']:.0f} s, longer than the "
+        f"{facts['timeout']:g} s timeout, in {describe_op(facts['record'])}, while {ranks_text(facts['busy'])} "
+        f"kept working outside collectives{where}. This is a straggler, not a proven deadlock: the wait ends "
+        "if the busy ranks reach the collective."
+    )
+    fix = (
+        "If this work is expected (long validation or checkpointing on one rank), raise ddpwatch's timeout or "
+        "spread the work across ranks; otherwise the stack below shows where the busy ranks are stuck."
+    )
     return summary, fix
 
 
@@ -456,11 +545,13 @@ def _described_evidence(evidence: dict, facts: dict) -> dict:
     """The evidence with its words filled in: each mismatched row's description, where a silent rank was, ..."""
     filled = dict(evidence)
     if "mismatched" in filled and facts.get("sides") is not None:  # silent_mismatch: the completed calls
-        filled["mismatched"] = [dict(row, description=side_text(side))
-                                for row, side in zip(filled["mismatched"], facts["sides"])]
+        filled["mismatched"] = [
+            dict(row, description=side_text(side)) for row, side in zip(filled["mismatched"], facts["sides"])
+        ]
     elif "mismatched" in filled and facts.get("side") is not None:
-        filled["mismatched"] = [dict(row, description=describe_op(record))
-                                for row, record in zip(filled["mismatched"], facts["side"])]
+        filled["mismatched"] = [
+            dict(row, description=describe_op(record)) for row, record in zip(filled["mismatched"], facts["side"])
+        ]
     if "last_seen" in filled:
         filled["last_seen"] = where_last_seen(facts)
     if "culprits_now" in filled:
@@ -487,10 +578,15 @@ def worded(finding: dict) -> dict:
         return finding
     evidence = finding.get("evidence")
     summary, fix = _sentences(finding["kind"], facts, evidence, rank_list)
-    return {"kind": finding["kind"], "ranks": finding["ranks"], "summary": summary,
-            "fix": fix, "location": finding.get("location"),
-            "evidence": _described_evidence(evidence, facts) if evidence is not None else None,
-            "facts": _json_shaped(facts)}
+    return {
+        "kind": finding["kind"],
+        "ranks": finding["ranks"],
+        "summary": summary,
+        "fix": fix,
+        "location": finding.get("location"),
+        "evidence": _described_evidence(evidence, facts) if evidence is not None else None,
+        "facts": _json_shaped(facts),
+    }
 
 
 def _json_shaped(value):

@@ -23,8 +23,12 @@ MAX_SHAPES = 4  # as many tensors as ddpwatch's own records keep
 _DDP_FILE = re.compile(r"torch[/\\]nn[/\\]parallel[/\\]distributed\.py$")
 _C10D_FILE = re.compile(r"torch[/\\]distributed[/\\]distributed_c10d\.py$")
 
-DDP_BUFFER_SYNC_FUNCTIONS = {"_sync_buffers", "_sync_module_buffers", "_default_broadcast_coalesced",
-                             "_distributed_broadcast_coalesced"}
+DDP_BUFFER_SYNC_FUNCTIONS = {
+    "_sync_buffers",
+    "_sync_module_buffers",
+    "_default_broadcast_coalesced",
+    "_distributed_broadcast_coalesced",
+}
 OBJECT_COLLECTIVES = set(catalogue.object_collectives())
 # The C++ Reducer's gradient all-reduce, issued from autograd hooks during backward() (named as ddpwatch's own
 # recording names it, so the analysis treats both alike).
@@ -32,9 +36,20 @@ DDP_GRADIENT_ALLREDUCE = build.DDP_GRAD_ALLREDUCE
 DDP_SYNC_MODULE_STATES = "_sync_module_states"
 
 # c10d's scalar type names (as FR writes dtypes) -> torch dtype names (as ddpwatch writes them).
-_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16", "Long": "int64",
-           "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool",
-           "ComplexFloat": "complex64", "ComplexDouble": "complex128"}
+_DTYPES = {
+    "Float": "float32",
+    "Double": "float64",
+    "Half": "float16",
+    "BFloat16": "bfloat16",
+    "Long": "int64",
+    "Int": "int32",
+    "Short": "int16",
+    "Char": "int8",
+    "Byte": "uint8",
+    "Bool": "bool",
+    "ComplexFloat": "complex64",
+    "ComplexDouble": "complex128",
+}
 
 
 class FlightRecorderError(FormatError):
@@ -47,10 +62,12 @@ class NotADump(FlightRecorderError):
 
 # ---------------------------------------------------------------- reading files safely
 
-MAX_DUMP_BYTES = 128 * 2**20       # one dump file (torch's default 2000 entries with frames: a few MB)
-MAX_ENTRIES = 200_000              # entries of one dump
+MAX_DUMP_BYTES = 128 * 2**20  # one dump file (torch's default 2000 entries with frames: a few MB)
+MAX_ENTRIES = 200_000  # entries of one dump
 MAX_FRAMES_PER_ENTRY = 1024
-MAX_FRAMES = 2_000_000             # frames of one dump, all entries together (shared objects counted each time)
+MAX_FRAMES = 2_000_000  # frames of one dump, all entries together (shared objects counted each time)
+
+
 def _parse(path: str, data: bytes):
     """The dump's object from pickle or JSON bytes; NotADump when the bytes are plainly neither."""
     if data[:1] == b"\x80":  # pickle protocol 2+ marker
@@ -80,8 +97,20 @@ def load_dump(path: str) -> dict:
         data = bounded.read_within(handle, path, MAX_DUMP_BYTES, head)
     try:
         dump = _parse(path, data)
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, UnicodeDecodeError, AttributeError,
-            IndexError, KeyError, RecursionError, MemoryError, OverflowError, struct.error) as exc:
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        UnicodeDecodeError,
+        AttributeError,
+        IndexError,
+        KeyError,
+        RecursionError,
+        MemoryError,
+        OverflowError,
+        struct.error,
+    ) as exc:
         if isinstance(exc, FormatError):
             raise FlightRecorderError(str(exc)) from None
         raise FlightRecorderError(f"{path}: unreadable Flight Recorder dump ({_reason(exc)[:200]})") from None
@@ -96,23 +125,41 @@ def load_dump(path: str) -> dict:
 
 # What ddpwatch reads of a dump, checked before anything is read from it (torch's field names).
 _ints = validate.list_of(validate.integer, 64)
-_FRAME = validate.fields({"name": validate.nullable(validate.text), "filename": validate.nullable(validate.text),
-                        "file": validate.nullable(validate.text), "function": validate.nullable(validate.text),
-                        "line": validate.nullable(validate.integer)})
-_ENTRY = validate.fields({
-    "record_id": validate.nullable(validate.integer), "pg_id": validate.nullable(validate.name),
-    "process_group": validate.nullable(validate.list_of(validate.nullable(validate.name), 8)),
-    "collective_seq_id": validate.nullable(validate.integer), "p2p_seq_id": validate.nullable(validate.integer),
-    "profiling_name": validate.nullable(validate.text), "time_created_ns": validate.nullable(validate.ranged(0, 2**63)),
-    "time_discovered_completed_ns": validate.nullable(validate.ranged(0, 2**63)),
-    "input_sizes": validate.nullable(validate.list_of(_ints, 1024)), "input_dtypes": validate.nullable(
-        validate.list_of(validate.text, 1024)), "state": validate.nullable(validate.text),
-    "retired": validate.nullable(validate.boolean), "is_p2p": validate.nullable(validate.boolean),
-    "thread_name": validate.nullable(validate.text),
-    "frames": validate.nullable(validate.list_of(_FRAME, MAX_FRAMES_PER_ENTRY)),
-})
-_GROUP = validate.fields({"name": validate.nullable(validate.name), "desc": validate.nullable(validate.text),
-                        "ranks": validate.nullable(lambda value, where: _checked_ranks(value, where))})
+_FRAME = validate.fields(
+    {
+        "name": validate.nullable(validate.text),
+        "filename": validate.nullable(validate.text),
+        "file": validate.nullable(validate.text),
+        "function": validate.nullable(validate.text),
+        "line": validate.nullable(validate.integer),
+    }
+)
+_ENTRY = validate.fields(
+    {
+        "record_id": validate.nullable(validate.integer),
+        "pg_id": validate.nullable(validate.name),
+        "process_group": validate.nullable(validate.list_of(validate.nullable(validate.name), 8)),
+        "collective_seq_id": validate.nullable(validate.integer),
+        "p2p_seq_id": validate.nullable(validate.integer),
+        "profiling_name": validate.nullable(validate.text),
+        "time_created_ns": validate.nullable(validate.ranged(0, 2**63)),
+        "time_discovered_completed_ns": validate.nullable(validate.ranged(0, 2**63)),
+        "input_sizes": validate.nullable(validate.list_of(_ints, 1024)),
+        "input_dtypes": validate.nullable(validate.list_of(validate.text, 1024)),
+        "state": validate.nullable(validate.text),
+        "retired": validate.nullable(validate.boolean),
+        "is_p2p": validate.nullable(validate.boolean),
+        "thread_name": validate.nullable(validate.text),
+        "frames": validate.nullable(validate.list_of(_FRAME, MAX_FRAMES_PER_ENTRY)),
+    }
+)
+_GROUP = validate.fields(
+    {
+        "name": validate.nullable(validate.name),
+        "desc": validate.nullable(validate.text),
+        "ranks": validate.nullable(lambda value, where: _checked_ranks(value, where)),
+    }
+)
 _STATUS = validate.fields({"last_completed_collective": validate.nullable(lambda value, where: _counter(value, where))})
 
 
@@ -151,10 +198,14 @@ def _check_dump(dump: dict, where: str) -> None:
         key = "p2p_seq_id" if isinstance(entry, dict) and entry.get("is_p2p") else "collective_seq_id"
         if isinstance(entry, dict) and not isinstance(entry.get(key), int):
             raise FormatError(f"entries[{index}].{key}: expected an integer, got {type(entry.get(key)).__name__}")
-    validate.fields({"version": validate.nullable(_version),
-                   "entries": validate.list_of(_ENTRY, MAX_ENTRIES),
-                   "pg_config": validate.nullable(validate.dict_of(validate.nullable(_GROUP))),
-                   "pg_status": validate.nullable(validate.dict_of(validate.nullable(_STATUS)))})(dump, where)
+    validate.fields(
+        {
+            "version": validate.nullable(_version),
+            "entries": validate.list_of(_ENTRY, MAX_ENTRIES),
+            "pg_config": validate.nullable(validate.dict_of(validate.nullable(_GROUP))),
+            "pg_status": validate.nullable(validate.dict_of(validate.nullable(_STATUS))),
+        }
+    )(dump, where)
 
 
 def _candidates(folder: str) -> list:
@@ -183,14 +234,16 @@ def find_dumps(folders: list) -> dict:
             except NotADump:
                 continue  # other files may sit beside the dumps (logs, checkpoints); a damaged dump is an error
             if rank >= validate.MAX_WORLD_SIZE:
-                raise FlightRecorderError(f"{path}: rank {rank} from the file name is beyond "
-                                          f"{validate.MAX_WORLD_SIZE - 1}")
+                raise FlightRecorderError(
+                    f"{path}: rank {rank} from the file name is beyond {validate.MAX_WORLD_SIZE - 1}"
+                )
             if rank in chosen:
                 if _has_frames(chosen[rank][0]) and not _has_frames(dump):
                     continue
                 if _has_frames(chosen[rank][0]) == _has_frames(dump):
-                    raise FlightRecorderError(f"two Flight Recorder dumps for rank {rank}: "
-                                              f"{chosen[rank][1]} and {path}")
+                    raise FlightRecorderError(
+                        f"two Flight Recorder dumps for rank {rank}: {chosen[rank][1]} and {path}"
+                    )
             chosen[rank] = (dump, path)
     if not chosen:
         raise FlightRecorderError(f"no Flight Recorder dump (files named <prefix><rank>) under {', '.join(folders)}")
@@ -203,6 +256,7 @@ def _has_frames(dump: dict) -> bool:
 
 # ---------------------------------------------------------------- frames
 
+
 def is_internal_path(path: str, chosen: classifier.Packages = classifier.NO_PACKAGES) -> bool:
     """torch, the standard library, ddpwatch (but not its examples), an installed library or no real file: never
     the user's line (the one classifier, frames.py, told by path text: a dump may come from another machine)."""
@@ -212,8 +266,12 @@ def is_internal_path(path: str, chosen: classifier.Packages = classifier.NO_PACK
 def _frame(raw: dict, chosen: classifier.Packages = classifier.NO_PACKAGES) -> dict:
     path = str(raw.get("filename") or raw.get("file") or "?")
     kind = classifier.classify(path, None, classifier.DUMPED, chosen)
-    frame = {"file": path, "line": raw.get("line"), "function": str(raw.get("name") or raw.get("function") or "?"),
-             "internal": kind != classifier.USER}
+    frame = {
+        "file": path,
+        "line": raw.get("line"),
+        "function": str(raw.get("name") or raw.get("function") or "?"),
+        "internal": kind != classifier.USER,
+    }
     if kind == classifier.LIBRARY:
         frame["library"] = True  # as a live stack marks it
     return frame
@@ -240,8 +298,11 @@ def classify(frames: list, op: str) -> tuple:
     ddp_names = {f["function"] for f in frames if _DDP_FILE.search(f["file"])}
     names = {f["function"] for f in frames}
     if forward_at is not None:
-        region = {"kind": build.DDP_FORWARD, "site": _first_user_frame(frames, forward_at + 1),
-                  "api": "DistributedDataParallel.forward"}
+        region = {
+            "kind": build.DDP_FORWARD,
+            "site": _first_user_frame(frames, forward_at + 1),
+            "api": "DistributedDataParallel.forward",
+        }
         innermost_ddp = frames[_index(frames, _DDP_FILE)]["function"]
         if ddp_names & DDP_BUFFER_SYNC_FUNCTIONS:
             return build.DDP_BUFFER_BROADCAST, region
@@ -255,8 +316,11 @@ def classify(frames: list, op: str) -> tuple:
     object_at = _index(frames, _C10D_FILE, OBJECT_COLLECTIVES)
     if object_at is not None:
         api = frames[object_at]["function"]
-        return _c10d_api(frames, op), {"kind": build.OBJECT_COLLECTIVE,
-                                       "site": _first_user_frame(frames, object_at + 1), "api": api}
+        return _c10d_api(frames, op), {
+            "kind": build.OBJECT_COLLECTIVE,
+            "site": _first_user_frame(frames, object_at + 1),
+            "api": api,
+        }
     if _index(frames, _C10D_FILE) is None and "_engine_run_backward" in names:
         return DDP_GRADIENT_ALLREDUCE, None
     return _c10d_api(frames, op), None
@@ -264,12 +328,19 @@ def classify(frames: list, op: str) -> tuple:
 
 def _c10d_api(frames: list, op: str) -> str:
     """The public torch.distributed function called: the outermost c10d frame (inner ones are helpers)."""
-    c10d = [f["function"] for f in frames if _C10D_FILE.search(f["file"]) and not f["function"].startswith("_")
-            and f["function"] not in OBJECT_COLLECTIVES and f["function"] != "wrapper"]
+    c10d = [
+        f["function"]
+        for f in frames
+        if _C10D_FILE.search(f["file"])
+        and not f["function"].startswith("_")
+        and f["function"] not in OBJECT_COLLECTIVES
+        and f["function"] != "wrapper"
+    ]
     return c10d[-1] if c10d else op
 
 
 # ---------------------------------------------------------------- entries -> records
+
 
 def canonical_op(profiling_name: str) -> tuple:
     """'gloo:broadcast' -> ('broadcast', None); 'nccl:send 0->1' -> ('send', (0, 1))."""
@@ -310,16 +381,28 @@ def _record(entry: dict, rank: int, now: float, chosen: classifier.Packages = cl
     return build.record(
         entry.get("p2p_seq_id") if p2p else entry.get("collective_seq_id"),
         str(_pg_name(entry)),
-        op, api=api, p2p=p2p, peer=peer,
-        shapes=shapes, dtypes=[_dtype(d) for d in (entry.get("input_dtypes") or ())][:MAX_SHAPES],
-        site=_first_user_frame(stack), region=region,  # no `via`: a dump does not say which framework was called
-        start=start, age_s=round(max(0.0, now - start), 4),
+        op,
+        api=api,
+        p2p=p2p,
+        peer=peer,
+        shapes=shapes,
+        dtypes=[_dtype(d) for d in (entry.get("input_dtypes") or ())][:MAX_SHAPES],
+        site=_first_user_frame(stack),
+        region=region,  # no `via`: a dump does not say which framework was called
+        start=start,
+        age_s=round(max(0.0, now - start), 4),
         duration_s=round(completed_at - start, 6) if completed_at else None,
         state=build.COMPLETED,  # decided per rank afterwards, see in_flight_ids
-        error=None, thread=entry.get("thread_name") or "MainThread",
+        error=None,
+        thread=entry.get("thread_name") or "MainThread",
         # Kept for the in-flight decision and for people comparing with torch's own tools.
-        fr={"record_id": entry.get("record_id"), "profiling_name": entry.get("profiling_name"),
-            "state": entry.get("state"), "retired": entry.get("retired"), "frames": stack},
+        fr={
+            "record_id": entry.get("record_id"),
+            "profiling_name": entry.get("profiling_name"),
+            "state": entry.get("state"),
+            "retired": entry.get("retired"),
+            "frames": stack,
+        },
     )
 
 
@@ -336,6 +419,7 @@ def _pg_desc(entry: dict) -> str:
 
 
 # ---------------------------------------------------------------- which ops are still in flight
+
 
 def _last_completed(dump: dict, group: str, pg_id) -> int | None:
     status = dump.get("pg_status") or {}
@@ -393,10 +477,14 @@ def _unmatched_tail(to_decide: dict, records_by_rank: dict, members_of) -> None:
     when some member rank holds no entry with the same op at that position of that group, judged only from
     the position where every member's ring buffer still reaches (older entries count as completed). In practice
     that is the last entry per rank per group, or the last two for DDP's coalesced buffer broadcast."""
-    calls = {(rank, r["group"], r["seq"]): r["op"] for rank, records in records_by_rank.items()
-             for r in records if not r["p2p"] and r["seq"] is not None}
+    calls = {
+        (rank, r["group"], r["seq"]): r["op"]
+        for rank, records in records_by_rank.items()
+        for r in records
+        if not r["p2p"] and r["seq"] is not None
+    }
     oldest: dict = {}
-    for (rank, group, seq) in calls:
+    for rank, group, seq in calls:
         oldest[(rank, group)] = min(seq, oldest.get((rank, group), seq))
     for records in to_decide.values():
         for record in records:
@@ -405,12 +493,14 @@ def _unmatched_tail(to_decide: dict, records_by_rank: dict, members_of) -> None:
                 continue
             members = members_of(record["group"])
             window = max((oldest.get((m, record["group"]), 0) for m in members), default=0)
-            if record["seq"] >= window and any(calls.get((m, record["group"], record["seq"])) != record["op"]
-                                               for m in members):
+            if record["seq"] >= window and any(
+                calls.get((m, record["group"], record["seq"])) != record["op"] for m in members
+            ):
                 record["state"] = build.IN_FLIGHT
 
 
 # ---------------------------------------------------------------- dumps -> rank snapshots
+
 
 def _parse_ranks(value) -> list | None:
     """A pg_config `ranks` value (a JSON text, or a list) as a list of ranks in range; None if it is not one."""
@@ -419,8 +509,11 @@ def _parse_ranks(value) -> list | None:
             value = json.loads(value) if len(value) <= validate.MAX_STRING else None
         except (ValueError, RecursionError):
             return None
-    if isinstance(value, (list, tuple)) and len(value) <= validate.MAX_WORLD_SIZE and all(
-            isinstance(r, int) and not isinstance(r, bool) and 0 <= r < validate.MAX_WORLD_SIZE for r in value):
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) <= validate.MAX_WORLD_SIZE
+        and all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < validate.MAX_WORLD_SIZE for r in value)
+    ):
         return list(value)
     return None
 
@@ -448,7 +541,7 @@ def _world_size(dumps: dict) -> int:
     sizes = [max(dumps) + 1]
     for dump in dumps.values():
         config = dump.get("pg_config") or {}
-        for entry in (config.values() if isinstance(config, dict) else ()):
+        for entry in config.values() if isinstance(config, dict) else ():
             ranks = _parse_ranks(entry.get("ranks")) if isinstance(entry, dict) else None
             if ranks:
                 sizes.append(max(len(ranks), max(ranks) + 1))
@@ -472,12 +565,19 @@ def _stacks(records: list) -> list:
     waiting = waiting_record({"inflight": [r for r in records if r["state"] == build.IN_FLIGHT]})
     if waiting is None or not waiting["fr"]["frames"]:
         return []
-    return [{"thread": waiting.get("thread"), "main": True, "frames": list(reversed(waiting["fr"]["frames"])),
-             "source": "flight_recorder frames of the op in flight"}]
+    return [
+        {
+            "thread": waiting.get("thread"),
+            "main": True,
+            "frames": list(reversed(waiting["fr"]["frames"])),
+            "source": "flight_recorder frames of the op in flight",
+        }
+    ]
 
 
-def _snapshot(rank: int, world_size: int, records: list, dump: dict, path: str, now: float, members: dict,
-              rule: str) -> dict:
+def _snapshot(
+    rank: int, world_size: int, records: list, dump: dict, path: str, now: float, members: dict, rule: str
+) -> dict:
     inflight = [r for r in records if r["state"] == build.IN_FLIGHT]
     done = [r for r in records if r["state"] != build.IN_FLIGHT]
     events = [r["start"] for r in records] + [r["start"] + r["duration_s"] for r in done if r["duration_s"]]
@@ -492,13 +592,27 @@ def _snapshot(rank: int, world_size: int, records: list, dump: dict, path: str, 
         r["fr"].pop("frames", None)  # the stack section carries them once; records stay small
         r["fr"].pop("desc", None)
     state = build.rank_state(
-        rank, world_size, pid=None, host=None, beat=0, published_at=now, status=build.RUNNING,
-        progress=len(records) + len(done), idle_s=round(max(0.0, now - max(events, default=now)), 4),
-        inflight=sorted(inflight, key=lambda r: r["start"]), recent=done[-RECENT_KEPT:],
-        last_seq={str(k): v for k, v in last_seq.items()}, groups=groups,
-        ops_recorded=len(records), stacks=stacks,
-        source={"kind": "flight_recorder", "file": os.path.abspath(path), "fr_version": dump.get("version"),
-                "in_flight_rule": rule},
+        rank,
+        world_size,
+        pid=None,
+        host=None,
+        beat=0,
+        published_at=now,
+        status=build.RUNNING,
+        progress=len(records) + len(done),
+        idle_s=round(max(0.0, now - max(events, default=now)), 4),
+        inflight=sorted(inflight, key=lambda r: r["start"]),
+        recent=done[-RECENT_KEPT:],
+        last_seq={str(k): v for k, v in last_seq.items()},
+        groups=groups,
+        ops_recorded=len(records),
+        stacks=stacks,
+        source={
+            "kind": "flight_recorder",
+            "file": os.path.abspath(path),
+            "fr_version": dump.get("version"),
+            "in_flight_rule": rule,
+        },
     )
     state["fingerprints"] = fingerprints
     return state
@@ -536,14 +650,28 @@ def states_from_dumps(chosen: dict, packages: classifier.Packages = classifier.N
         return [r for r in ranks if r in records_by_rank]  # a rank without a dump cannot be checked
 
     rules = decide_states(records_by_rank, dumps, members_of)
-    states = {rank: _snapshot(rank, world_size, records_by_rank[rank], dumps[rank], chosen[rank][1],
-                              now_by_rank[rank], members, rules[rank]) for rank in records_by_rank}
+    states = {
+        rank: _snapshot(
+            rank,
+            world_size,
+            records_by_rank[rank],
+            dumps[rank],
+            chosen[rank][1],
+            now_by_rank[rank],
+            members,
+            rules[rank],
+        )
+        for rank in records_by_rank
+    }
     return states, world_size
 
 
-def load_incident(folders: list, grace: float = incident.DEFAULT_GRACE,
-                  timeout: float = incident.DEFAULT_TIMEOUT,
-                  packages: classifier.Packages = classifier.NO_PACKAGES) -> dict:
+def load_incident(
+    folders: list,
+    grace: float = incident.DEFAULT_GRACE,
+    timeout: float = incident.DEFAULT_TIMEOUT,
+    packages: classifier.Packages = classifier.NO_PACKAGES,
+) -> dict:
     """`ddpwatch report --flight-recorder DIR`: every dump under the folders, converted and analysed by ddpwatch."""
     chosen = find_dumps(folders)
     states, world_size = states_from_dumps(chosen, packages)
@@ -552,5 +680,12 @@ def load_incident(folders: list, grace: float = incident.DEFAULT_GRACE,
         raise FlightRecorderError(f"{chosen[bad[0]][1]}: rank {bad[0]} is outside the world size {world_size}")
     source = {"kind": "flight_recorder", "files": [os.path.abspath(chosen[r][1]) for r in sorted(chosen)]}
     created = max(state["published_at"] for state in states.values())
-    return incident.build(states, world_size, grace, timeout, source=source, created_at=created,
-                          rank_conditions=rankcond.capture_rank_conditions(states))
+    return incident.build(
+        states,
+        world_size,
+        grace,
+        timeout,
+        source=source,
+        created_at=created,
+        rank_conditions=rankcond.capture_rank_conditions(states),
+    )

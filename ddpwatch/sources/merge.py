@@ -28,8 +28,11 @@ def _walk_rank_files(folder: str) -> tuple:
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         if documents.REPORT_JSON in names:
             incidents.append(root)
-        files.extend(path for path in (os.path.join(root, name) for name in sorted(names) if RANK_FILE.match(name))
-                     if bounded.regular_or_skipped(path))
+        files.extend(
+            path
+            for path in (os.path.join(root, name) for name in sorted(names) if RANK_FILE.match(name))
+            if bounded.regular_or_skipped(path)
+        )
     return files, incidents
 
 
@@ -44,8 +47,10 @@ def find_rank_files(paths: list) -> list:
             continue
         files, incidents = _walk_rank_files(path)
         if len(incidents) > 1:
-            raise MergeError(f"{path} holds {len(incidents)} incident folders ({incidents[0]}, {incidents[1]}, ...);"
-                             " name the one to render")
+            raise MergeError(
+                f"{path} holds {len(incidents)} incident folders ({incidents[0]}, {incidents[1]}, ...);"
+                " name the one to render"
+            )
         if not files:
             raise MergeError(f"{path}: no report.json or rank-<r>.json found under it")
         found.extend(files)
@@ -54,8 +59,10 @@ def find_rank_files(paths: list) -> list:
 
 def _newer(candidate: dict, current: dict) -> bool:
     """Whether a second snapshot of the same rank replaces the first: the later heartbeat wins, then the later clock."""
+
     def order(doc):
         return (doc.get("beat") or 0, doc.get("published_at") or 0.0)
+
     return order(candidate) >= order(current)
 
 
@@ -97,16 +104,25 @@ def common_world_size(chosen: dict) -> int:
     return world_size
 
 
-def incident_from_states(states: dict, world_size: int, grace: float, timeout: float, source: dict,
-                         created_at: float | None = None) -> dict:
+def incident_from_states(
+    states: dict, world_size: int, grace: float, timeout: float, source: dict, created_at: float | None = None
+) -> dict:
     """An incident document from rank snapshots, with ddpwatch's analysis run over them (and the rank conditions
     over their stacks read from the sources here, as the watchdog does, so the incident keeps them)."""
-    return incident.build(states, world_size, grace, timeout, source=source, created_at=created_at,
-                          rank_conditions=rankcond.capture_rank_conditions(states))
+    return incident.build(
+        states,
+        world_size,
+        grace,
+        timeout,
+        source=source,
+        created_at=created_at,
+        rank_conditions=rankcond.capture_rank_conditions(states),
+    )
 
 
-def merged_incident(paths: list, grace: float = incident.DEFAULT_GRACE,
-                    timeout: float = incident.DEFAULT_TIMEOUT) -> dict:
+def merged_incident(
+    paths: list, grace: float = incident.DEFAULT_GRACE, timeout: float = incident.DEFAULT_TIMEOUT
+) -> dict:
     """`ddpwatch report A B ...`: every rank file under the paths, merged, analysed again."""
     chosen = load_rank_files(find_rank_files(paths))
     world_size = common_world_size(chosen)

@@ -33,8 +33,10 @@ def _single_incident(paths: list) -> dict | None:
 
 def _or_defaults(grace, timeout) -> tuple:
     """--grace / --timeout as given, else the configuration's defaults."""
-    return (incident_module.DEFAULT_GRACE if grace is None else grace,
-            incident_module.DEFAULT_TIMEOUT if timeout is None else timeout)
+    return (
+        incident_module.DEFAULT_GRACE if grace is None else grace,
+        incident_module.DEFAULT_TIMEOUT if timeout is None else timeout,
+    )
 
 
 def _configured_packages() -> frames.Packages:

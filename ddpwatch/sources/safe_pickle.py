@@ -67,12 +67,14 @@ def _call_cost(kind, args: tuple) -> int | None:
 def _checked_call(kind):
     """`kind(*args)` as a pickle may ask for it (protocol 2 spells sets and bytes as calls), charged before it is
     built, refused when it is not what plain data needs."""
+
     def call(unpickler, *args):
         cost = _call_cost(kind, args)
         if cost is None:
             _refuse(f"{kind.__name__}({', '.join(map(_brief, args[:3]))}{', ...' if len(args) > 3 else ''})")
         unpickler.budget.charge(cost)
         return kind(*args)
+
     return call
 
 
@@ -96,31 +98,70 @@ def _charged_dispatch() -> dict:
     that is known from the stack (containers, the memo), after for the values read from the file (at most 4
     bytes of memory per byte read). Every opcode costs a stack slot (8 bytes) at least, so no opcode is free."""
     op = pickle
-    fixed = {op.MARK: _MARK_COST, op.EMPTY_DICT: 240, op.EMPTY_LIST: 72, op.EMPTY_SET: 232, op.TUPLE1: 64,
-             op.TUPLE2: 72, op.TUPLE3: 80, op.BININT: 48, op.BININT2: 48, op.BINFLOAT: 40, op.SETITEM: 64,
-             op.PUT: _MEMO_COST, op.BINPUT: _MEMO_COST, op.LONG_BINPUT: _MEMO_COST, op.MEMOIZE: _MEMO_COST}
-    per_item = {op.APPENDS: (0, 8), op.SETITEMS: (0, 32), op.ADDITEMS: (0, 128), op.LIST: (56, 8),
-                op.TUPLE: (40, 8), op.DICT: (224, 32), op.FROZENSET: (216, 128)}  # 32 per key and per value
-    read = {op.BINUNICODE, op.SHORT_BINUNICODE, op.BINUNICODE8, op.UNICODE, op.BINSTRING, op.SHORT_BINSTRING,
-            op.STRING, op.BINBYTES, op.SHORT_BINBYTES, op.BINBYTES8, op.BYTEARRAY8, op.LONG, op.LONG1, op.LONG4,
-            op.INT, op.FLOAT}
+    fixed = {
+        op.MARK: _MARK_COST,
+        op.EMPTY_DICT: 240,
+        op.EMPTY_LIST: 72,
+        op.EMPTY_SET: 232,
+        op.TUPLE1: 64,
+        op.TUPLE2: 72,
+        op.TUPLE3: 80,
+        op.BININT: 48,
+        op.BININT2: 48,
+        op.BINFLOAT: 40,
+        op.SETITEM: 64,
+        op.PUT: _MEMO_COST,
+        op.BINPUT: _MEMO_COST,
+        op.LONG_BINPUT: _MEMO_COST,
+        op.MEMOIZE: _MEMO_COST,
+    }
+    per_item = {
+        op.APPENDS: (0, 8),
+        op.SETITEMS: (0, 32),
+        op.ADDITEMS: (0, 128),
+        op.LIST: (56, 8),
+        op.TUPLE: (40, 8),
+        op.DICT: (224, 32),
+        op.FROZENSET: (216, 128),
+    }  # 32 per key and per value
+    read = {
+        op.BINUNICODE,
+        op.SHORT_BINUNICODE,
+        op.BINUNICODE8,
+        op.UNICODE,
+        op.BINSTRING,
+        op.SHORT_BINSTRING,
+        op.STRING,
+        op.BINBYTES,
+        op.SHORT_BINBYTES,
+        op.BINBYTES8,
+        op.BYTEARRAY8,
+        op.LONG,
+        op.LONG1,
+        op.LONG4,
+        op.INT,
+        op.FLOAT,
+    }
 
     def before(load, cost):
         def charged(self):
             self.budget.charge(cost)
             load(self)
+
         return charged
 
     def items(load, empty, each):
         def charged(self):
             self.budget.charge(empty + each * len(self.stack))  # the stack holds what the opcode takes since MARK
             load(self)
+
         return charged
 
     def after(load):
         def charged(self):
             load(self)
             self.budget.charge(8 + sys.getsizeof(self.stack[-1]))
+
         return charged
 
     table = {}
@@ -145,9 +186,10 @@ class _SafeUnpickler(pickle._Unpickler):
     its opcodes can be charged one by one (_charged_dispatch), and the C one sizes its memo by the largest index a
     file names, so one opcode (LONG_BINPUT 2**31) makes it allocate gigabytes; here the memo is a dict."""
 
-    ALLOWED = {("builtins", kind.__name__): _checked_call(kind)
-               for kind in (dict, list, tuple, set, frozenset, str, bytes, int, float, bool, complex)} \
-        | {("_codecs", "encode"): _encode}  # how protocol-2 pickles spell a bytes value: str -> bytes, nothing more
+    ALLOWED = {
+        ("builtins", kind.__name__): _checked_call(kind)
+        for kind in (dict, list, tuple, set, frozenset, str, bytes, int, float, bool, complex)
+    } | {("_codecs", "encode"): _encode}  # how protocol-2 pickles spell a bytes value: str -> bytes, nothing more
     dispatch = _charged_dispatch()
 
     def __init__(self, file, budget: bounded.Budget):
@@ -159,8 +201,9 @@ class _SafeUnpickler(pickle._Unpickler):
             module = "builtins"  # protocol 2 spells it the Python 2 way
         call = self.ALLOWED.get((module, name))
         if call is None:
-            raise pickle.UnpicklingError(f"refused to load {module}.{name}: a Flight Recorder dump holds only plain "
-                                         "data")
+            raise pickle.UnpicklingError(
+                f"refused to load {module}.{name}: a Flight Recorder dump holds only plain data"
+            )
         return lambda *args: call(self, *args)
 
     def pop_mark(self):

@@ -68,7 +68,7 @@ def _header(lines: list, lineno: int) -> str:
     try:
         for token in tokenize.generate_tokens(io.StringIO(text).readline):
             if token.type == tokenize.COMMENT:
-                return text[:token.start[1]].rstrip()
+                return text[: token.start[1]].rstrip()
     except (tokenize.TokenError, SyntaxError):  # a header continued on the next line: the comments seen so far
         pass
     return text
@@ -91,8 +91,12 @@ def _exits_in(body: list, scope: "_Scope", in_loop: bool) -> list:
                 continue
             kind = _EXIT_KINDS.get(type(child))
             if kind and (kind == "return" or not nested_loop):
-                exit_ = {"line": child.lineno, "kind": kind, "condition": condition and condition[0],
-                         "handler": handler}
+                exit_ = {
+                    "line": child.lineno,
+                    "kind": kind,
+                    "condition": condition and condition[0],
+                    "handler": handler,
+                }
                 decided = _decided_in(condition[1], condition[0]["branch"], scope) if condition else None
                 if decided:
                     exit_["decided_in"] = decided
@@ -116,8 +120,12 @@ def _exits_in(body: list, scope: "_Scope", in_loop: bool) -> list:
 
 
 def _condition(node: ast.If, lines: list, names: set) -> dict:
-    return {"line": node.lineno, "text": _header(lines, node.lineno), "rank": bool(is_rank_condition(node.test, names)),
-            "branch": "if"}
+    return {
+        "line": node.lineno,
+        "text": _header(lines, node.lineno),
+        "rank": bool(is_rank_condition(node.test, names)),
+        "branch": "if",
+    }
 
 
 def _endless(loop: ast.AST) -> bool:
@@ -136,9 +144,14 @@ def _then(handler: ast.ExceptHandler) -> str:
 
 def _try_doc(node: ast.AST, lines: list) -> dict:
     body_end = max((getattr(s, "end_lineno", None) or s.lineno) for s in node.body)
-    return {"line": node.lineno, "body_end": body_end,
-            "handlers": [{"line": h.lineno, "end": h.end_lineno or h.lineno, "text": _header(lines, h.lineno),
-                          "then": _then(h)} for h in node.handlers]}
+    return {
+        "line": node.lineno,
+        "body_end": body_end,
+        "handlers": [
+            {"line": h.lineno, "end": h.end_lineno or h.lineno, "text": _header(lines, h.lineno), "then": _then(h)}
+            for h in node.handlers
+        ],
+    }
 
 
 def _rank_names(tree: ast.Module, function) -> set:
@@ -170,17 +183,27 @@ def _around(tree: ast.Module, lines: list, line: int) -> dict:
     chain = _chain(tree, line)
     functions = [n for n in chain if isinstance(n, _FUNCTIONS)]
     function = functions[-1] if functions else None
-    inside = chain[chain.index(function) + 1:] if function else chain
+    inside = chain[chain.index(function) + 1 :] if function else chain
     scope = _Scope(tree, lines, function, _rank_names(tree, function))
     loops = [n for n in inside if isinstance(n, _LOOPS) and _in_block(n.body, line)]
     tries = [n for n in inside if isinstance(n, _TRIES) and _in_block(n.body, line)]
     span = [function.lineno, function.end_lineno or function.lineno] if function else [1, max(len(lines), 1)]
-    return {"function": span,
-            "loops": [{"line": loop.lineno, "end": loop.end_lineno or loop.lineno, "text": _header(lines, loop.lineno),
-                       "endless": _endless(loop), "counted": _counted(loop, scope), "exits": _exits_of(loop, scope)}
-                      for loop in reversed(loops)][:MAX_LOOPS],
-            "tries": [_try_doc(node, lines) for node in reversed(tries)][:MAX_LOOPS],
-            "returns": _exits_in(function.body, scope, in_loop=False) if function else []}
+    return {
+        "function": span,
+        "loops": [
+            {
+                "line": loop.lineno,
+                "end": loop.end_lineno or loop.lineno,
+                "text": _header(lines, loop.lineno),
+                "endless": _endless(loop),
+                "counted": _counted(loop, scope),
+                "exits": _exits_of(loop, scope),
+            }
+            for loop in reversed(loops)
+        ][:MAX_LOOPS],
+        "tries": [_try_doc(node, lines) for node in reversed(tries)][:MAX_LOOPS],
+        "returns": _exits_in(function.body, scope, in_loop=False) if function else [],
+    }
 
 
 # ---------------------------------------------------------------- counted loops: as many iterations on every rank
@@ -203,8 +226,11 @@ def _counted_iter(expr: ast.AST, scope: _Scope, depth: int) -> bool:
     name = dotted_name(expr.func) or ""
     last = name.split(".")[-1]
     if last in ("range", "trange"):
-        return bool(expr.args) and all(_fixed(a, scope, depth + 1) for a in expr.args) and (
-            last == "trange" or not expr.keywords)
+        return (
+            bool(expr.args)
+            and all(_fixed(a, scope, depth + 1) for a in expr.args)
+            and (last == "trange" or not expr.keywords)
+        )
     if last in _SAME_ITEMS:
         return bool(expr.args) and _counted_iter(expr.args[0], scope, depth + 1)
     if last == "zip":
@@ -240,8 +266,11 @@ def _yields_counted(function, scope: _Scope, depth: int) -> bool:
         return False
     inner = _Scope(scope.tree, scope.lines, function, _rank_names(scope.tree, function))
     for stmt in function.body:
-        if (isinstance(stmt, (ast.For, ast.AsyncFor)) and not stmt.orelse
-                and any(isinstance(s, ast.Expr) and s.value is yields[0] for s in stmt.body)):
+        if (
+            isinstance(stmt, (ast.For, ast.AsyncFor))
+            and not stmt.orelse
+            and any(isinstance(s, ast.Expr) and s.value is yields[0] for s in stmt.body)
+        ):
             return not _leaves(stmt) and _counted_iter(stmt.iter, inner, depth)
     return False
 
@@ -270,8 +299,13 @@ def _fixed(expr: ast.AST, scope: _Scope, depth: int) -> bool:
     if isinstance(expr, ast.BinOp):
         return _fixed(expr.left, scope, depth) and _fixed(expr.right, scope, depth)
     if isinstance(expr, ast.Call):
-        return (isinstance(expr.func, ast.Name) and expr.func.id in _NUMBER_CALLS and not expr.keywords
-                and bool(expr.args) and all(_fixed(a, scope, depth) for a in expr.args))
+        return (
+            isinstance(expr.func, ast.Name)
+            and expr.func.id in _NUMBER_CALLS
+            and not expr.keywords
+            and bool(expr.args)
+            and all(_fixed(a, scope, depth) for a in expr.args)
+        )
     if isinstance(expr, ast.Attribute):
         return _constant_name(expr.attr) and dotted_name(expr) not in scope.names
     if isinstance(expr, ast.Name) and expr.id not in scope.names:
@@ -290,8 +324,10 @@ def _bound(name: str, scope: _Scope):
     """The values `name` is bound to in the function of `scope` (else the module): a list, with None for a binding
     that is not a plain assignment (a parameter, a loop variable, `+=`, an import...); None when it is bound
     nowhere in this file."""
-    for body, function in ((scope.function.body, scope.function) if scope.function else (None, None),
-                           (scope.tree.body, None)):
+    for body, function in (
+        (scope.function.body, scope.function) if scope.function else (None, None),
+        (scope.tree.body, None),
+    ):
         if body is None:
             continue
         values = []
@@ -309,14 +345,18 @@ def _bound(name: str, scope: _Scope):
 def _bindings(node: ast.AST, name: str) -> list:
     if isinstance(node, ast.Assign):
         hits = [t for t in node.targets if isinstance(t, ast.Name) and t.id == name]
-        unpacked = [t for t in node.targets if not isinstance(t, ast.Name)
-                    and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(t))]
+        unpacked = [
+            t
+            for t in node.targets
+            if not isinstance(t, ast.Name) and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(t))
+        ]
         return [node.value] * len(hits) + [None] * len(unpacked)
     if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
         return [node.value]
     if isinstance(node, (ast.AugAssign, ast.For, ast.AsyncFor, ast.With, ast.AsyncWith, ast.NamedExpr)):
-        targets = [getattr(node, "target", None)] + [getattr(i, "optional_vars", None)
-                                                     for i in getattr(node, "items", ())]
+        targets = [getattr(node, "target", None)] + [
+            getattr(i, "optional_vars", None) for i in getattr(node, "items", ())
+        ]
         if any(t is not None and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(t)) for t in targets):
             return [None]
     if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -328,6 +368,7 @@ def _bindings(node: ast.AST, name: str) -> list:
 
 
 # ---------------------------------------------------------------- a condition that tests what a helper returned
+
 
 def _decided_in(node: ast.If, branch: str, scope: _Scope) -> dict | None:
     """For `x = helper(...)` then `if x is None:` (or `not x`, `x == 0`...) over an exit: the one `return` of
@@ -351,8 +392,12 @@ def _decided_in(node: ast.If, branch: str, scope: _Scope) -> dict | None:
     if len(taken) != 1:
         return None
     ret = taken[0]
-    return {"line": ret["line"], "function": helper.name, "text": _header(scope.lines, ret["line"]),
-            "condition": ret["condition"]}
+    return {
+        "line": ret["line"],
+        "function": helper.name,
+        "text": _header(scope.lines, ret["line"]),
+        "condition": ret["condition"],
+    }
 
 
 _UNKNOWN = object()
@@ -372,8 +417,11 @@ def _evaluable(node: ast.AST) -> bool:
     if isinstance(node, ast.BoolOp):
         return all(_evaluable(v) for v in node.values)
     if isinstance(node, ast.Compare):
-        return (len(node.ops) == 1 and isinstance(node.ops[0], (ast.Is, ast.IsNot, ast.Eq, ast.NotEq))
-                and all(isinstance(v, (ast.Name, ast.Constant)) for v in (node.left, *node.comparators)))
+        return (
+            len(node.ops) == 1
+            and isinstance(node.ops[0], (ast.Is, ast.IsNot, ast.Eq, ast.NotEq))
+            and all(isinstance(v, (ast.Name, ast.Constant)) for v in (node.left, *node.comparators))
+        )
     return False
 
 
@@ -397,15 +445,23 @@ def _evaluate(node: ast.AST, name: str, value):
         return all(results) if isinstance(node.op, ast.And) else any(results)
     left, right = _evaluate(node.left, name, value), _evaluate(node.comparators[0], name, value)
     op = node.ops[0]
-    return {ast.Is: lambda: left is right, ast.IsNot: lambda: left is not right, ast.Eq: lambda: left == right,
-            ast.NotEq: lambda: left != right}[type(op)]()
+    return {
+        ast.Is: lambda: left is right,
+        ast.IsNot: lambda: left is not right,
+        ast.Eq: lambda: left == right,
+        ast.NotEq: lambda: left != right,
+    }[type(op)]()
 
 
 def _assigned_before(name: str, line: int, scope: _Scope) -> list:
     """The last plain assignment `name = ...` above `line` in the function (as [(line, value)]), [] if none."""
-    found = [(node.lineno, node.value) for node in scope_nodes(scope.function.body)
-             if isinstance(node, ast.Assign) and node.lineno < line
-             and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
+    found = [
+        (node.lineno, node.value)
+        for node in scope_nodes(scope.function.body)
+        if isinstance(node, ast.Assign)
+        and node.lineno < line
+        and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+    ]
     return [max(found, key=lambda pair: pair[0])] if found else []
 
 

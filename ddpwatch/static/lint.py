@@ -16,6 +16,7 @@ from .source import read_source
 
 __all__ = ["CHECKS", "LintFinding", "lint_source", "lint_file", "lint_paths", "iter_python_files", "main"]
 
+
 def lint_source(source: str, path: str = "<string>") -> list[LintFinding]:
     """All findings in `source`, sorted, `# noqa` applied. Raises SyntaxError (or ValueError) if it won't parse."""
     tree = ast.parse(source, filename=path)
@@ -30,8 +31,14 @@ def _parse_error(path: str, error: Exception) -> LintFinding:
     line = getattr(error, "lineno", None) or 1
     col = getattr(error, "offset", None) or 1
     detail = getattr(error, "msg", None) or str(error) or type(error).__name__
-    return LintFinding(path, line, col, PARSE_ERROR, f"could not parse: {type(error).__name__}: {detail}",
-                   "fix the syntax error; the file was not checked")
+    return LintFinding(
+        path,
+        line,
+        col,
+        PARSE_ERROR,
+        f"could not parse: {type(error).__name__}: {detail}",
+        "fix the syntax error; the file was not checked",
+    )
 
 
 def lint_file(path: str) -> list[LintFinding]:
@@ -73,6 +80,7 @@ def lint_paths(paths: Sequence[str]) -> list[LintFinding]:
 
 # --- command line -------------------------------------------------------------------------------------------
 
+
 class _UsageError(Exception):
     pass
 
@@ -101,8 +109,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="ddpwatch lint",
         description="Find distributed-training hangs in Python source before it runs.",
         epilog=f"checks:\n{codes}\n\nexit status: 0 clean, 1 findings, 2 usage error or a file that did not "
-               "parse.\nsilence one line with `# noqa: DDP001` (or a bare `# noqa`).",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "parse.\nsilence one line with `# noqa: DDP001` (or a bare `# noqa`).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders (searched for *.py)")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format")
     parser.add_argument("--select", metavar="CODES", help="comma-separated codes (or prefixes) to report")
@@ -147,8 +156,11 @@ def main(argv: list[str] | None = None, *, default_ignore: tuple[str, ...] = ())
     _print_findings(findings, args.format, hints=not args.no_hints)
     parse_errors = sum(1 for f in findings if f.code == PARSE_ERROR)
     problems = len(findings) - parse_errors
-    print(f"ddpwatch lint: {len(files)} file(s) checked, {problems} problem(s) found"
-          + (f", {parse_errors} file(s) could not be parsed" if parse_errors else ""), file=sys.stderr)
+    print(
+        f"ddpwatch lint: {len(files)} file(s) checked, {problems} problem(s) found"
+        + (f", {parse_errors} file(s) could not be parsed" if parse_errors else ""),
+        file=sys.stderr,
+    )
     if missing or parse_errors:
         return 2
     return 1 if problems else 0

@@ -4,12 +4,35 @@ from __future__ import annotations
 
 import ast
 
-from .rankcond import (collect_rank_names, dotted_name, function_rank_names, is_rank_condition, is_rank_expr,
-                       module_rank_names, scope_nodes)
-from .lint_model import (_DDP_CLASS, _FUNCTIONS, _PER_RANK_WRAPPERS, _SUBSET_GUARDS, _WRAPPER_PASSTHROUGH,
-                         ACCELERATOR_COLLECTIVES, COLLECTIVES, LintFinding, _Class, _EarlyExit, _Guard, _Scope, _Site,
-                         _calls_in, _nodes_in, _params)
+from .rankcond import (
+    collect_rank_names,
+    dotted_name,
+    function_rank_names,
+    is_rank_condition,
+    is_rank_expr,
+    module_rank_names,
+    scope_nodes,
+)
+from .lint_model import (
+    _DDP_CLASS,
+    _FUNCTIONS,
+    _PER_RANK_WRAPPERS,
+    _SUBSET_GUARDS,
+    _WRAPPER_PASSTHROUGH,
+    ACCELERATOR_COLLECTIVES,
+    COLLECTIVES,
+    LintFinding,
+    _Class,
+    _EarlyExit,
+    _Guard,
+    _Scope,
+    _Site,
+    _calls_in,
+    _nodes_in,
+    _params,
+)
 from .lint_walker import _same_callee, _header, _bindings, _ScopeWalker
+
 
 class _ModuleChecker:
     """Finds DDP001-DDP004 in one parsed module."""
@@ -27,8 +50,7 @@ class _ModuleChecker:
         self.unwrapped_only: set[int] = set()  # nodes in branches that never run for a DDP wrapper
         self._index_tree()
         self.rank_names: set[str] = set()
-        self.functions: dict[str, ast.AST] = {
-            stmt.name: stmt for stmt in tree.body if isinstance(stmt, _FUNCTIONS)}
+        self.functions: dict[str, ast.AST] = {stmt.name: stmt for stmt in tree.body if isinstance(stmt, _FUNCTIONS)}
         self.classes: dict[str, _Class] = {}
         self.module_scope = _Scope(tree, tree.body, is_function=False)
         self.scopes: list[_Scope] = []
@@ -82,8 +104,11 @@ class _ModuleChecker:
             return isinstance(kind, ast.Constant) and kind.value == "module"
         if test.func.id == "isinstance":
             classes = kind.elts if isinstance(kind, ast.Tuple) else [kind]
-            return any((isinstance(c, ast.Name) and c.id in self.ddp_names)
-                       or (isinstance(c, ast.Attribute) and c.attr == _DDP_CLASS) for c in classes)
+            return any(
+                (isinstance(c, ast.Name) and c.id in self.ddp_names)
+                or (isinstance(c, ast.Attribute) and c.attr == _DDP_CLASS)
+                for c in classes
+            )
         return False
 
     # -- scopes ----------------------------------------------------------------------------------------------
@@ -105,8 +130,7 @@ class _ModuleChecker:
         for scope in self.scopes:
             _ScopeWalker(self, scope).walk()
 
-    def _add_function_scopes(self, nodes: list[ast.AST], cls: _Class | None,
-                             parent: ast.AST | None = None) -> None:
+    def _add_function_scopes(self, nodes: list[ast.AST], cls: _Class | None, parent: ast.AST | None = None) -> None:
         """Register every function under `nodes` (one scope's nodes, or a class body's) as a scope."""
         for node in nodes:
             if isinstance(node, ast.ClassDef):
@@ -115,12 +139,22 @@ class _ModuleChecker:
                 self.classes.setdefault(node.name, info)
                 self._add_function_scopes(scope_nodes(node.body), info, parent)
             elif isinstance(node, _FUNCTIONS):
-                is_method = (cls is not None and any(node is s for s in cls.node.body)
-                             and not any(dotted_name(d) == "staticmethod" for d in node.decorator_list))
+                is_method = (
+                    cls is not None
+                    and any(node is s for s in cls.node.body)
+                    and not any(dotted_name(d) == "staticmethod" for d in node.decorator_list)
+                )
                 params = _params(node)
-                scope = _Scope(node, node.body, is_function=True, cls=cls if is_method else None,
-                               self_name=params[0] if is_method and params else None, params=params,
-                               nodes=scope_nodes(node.body), parent=parent)
+                scope = _Scope(
+                    node,
+                    node.body,
+                    is_function=True,
+                    cls=cls if is_method else None,
+                    self_name=params[0] if is_method and params else None,
+                    params=params,
+                    nodes=scope_nodes(node.body),
+                    parent=parent,
+                )
                 self.scopes.append(scope)
                 self.scope_of[id(node)] = scope
                 self._add_function_scopes(scope.nodes, None, node)
@@ -142,9 +176,13 @@ class _ModuleChecker:
                 continue
             scope = self.scope_of[id(method)]
             for target, value, line in _bindings(scope.nodes):
-                if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
-                        and target.value.id == params[0] and value is not None
-                        and self._wraps(value, scope, line)):
+                if (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == params[0]
+                    and value is not None
+                    and self._wraps(value, scope, line)
+                ):
                     cls.wrapped_attrs.add(target.attr)
 
     def _class_chain(self, cls: _Class | None) -> list[_Class]:
@@ -156,8 +194,7 @@ class _ModuleChecker:
             if any(current is seen for seen in chain):
                 continue
             chain.append(current)
-            pending.extend(self.classes[b.split(".")[-1]] for b in current.bases
-                           if b.split(".")[-1] in self.classes)
+            pending.extend(self.classes[b.split(".")[-1]] for b in current.bases if b.split(".")[-1] in self.classes)
         return chain
 
     # -- DDP-wrapped models ----------------------------------------------------------------------------------
@@ -177,8 +214,11 @@ class _ModuleChecker:
         if isinstance(value, ast.IfExp):
             branches = [b for b in (value.body, value.orelse) if id(b) not in self.unwrapped_only]
             return any(self._wraps(branch, scope, line) for branch in branches)
-        if (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
-                and value.func.attr in _WRAPPER_PASSTHROUGH):
+        if (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Attribute)
+            and value.func.attr in _WRAPPER_PASSTHROUGH
+        ):
             return self._wraps(value.func.value, scope, line)
         if isinstance(value, ast.Name):
             return self._name_is_wrapped(scope, value.id, line, frozenset())
@@ -208,8 +248,9 @@ class _ModuleChecker:
         module = self.module_scope.timeline.get(name, [])
         return bool(module) and module[-1][1]
 
-    def _wrapped_target(self, scope: _Scope, call: ast.Call, bound: frozenset[str] = frozenset(),
-                        cls: _Class | None = None) -> str | None:
+    def _wrapped_target(
+        self, scope: _Scope, call: ast.Call, bound: frozenset[str] = frozenset(), cls: _Class | None = None
+    ) -> str | None:
         """The wrapped model a call runs DDP's forward on (`model(x)`, `self.encoder.forward(x)`), or None."""
         if id(call) in self.unwrapped_only:
             return None
@@ -218,8 +259,12 @@ class _ModuleChecker:
             target = target.value
         if isinstance(target, ast.Name):
             return target.id if self._name_is_wrapped(scope, target.id, call.lineno, bound) else None
-        if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
-                and scope.self_name is not None and target.value.id == scope.self_name):
+        if (
+            isinstance(target, ast.Attribute)
+            and isinstance(target.value, ast.Name)
+            and scope.self_name is not None
+            and target.value.id == scope.self_name
+        ):
             classes = self._class_chain(cls or scope.cls)
             if any(target.attr in c.wrapped_attrs for c in classes):
                 return f"{scope.self_name}.{target.attr}"
@@ -279,11 +324,13 @@ class _ModuleChecker:
         if isinstance(expr, ast.Name):
             return expr.id in per_rank
         if isinstance(expr, ast.Subscript):
-            return (self._is_per_rank_index(expr.slice, rank_names, per_rank)
-                    or self._is_per_rank(expr.value, rank_names, per_rank))
+            return self._is_per_rank_index(expr.slice, rank_names, per_rank) or self._is_per_rank(
+                expr.value, rank_names, per_rank
+            )
         if isinstance(expr, ast.BinOp):
             return self._is_per_rank(expr.left, rank_names, per_rank) or self._is_per_rank(
-                expr.right, rank_names, per_rank)
+                expr.right, rank_names, per_rank
+            )
         if isinstance(expr, ast.Call):
             name = expr.func.id if isinstance(expr.func, ast.Name) else getattr(expr.func, "attr", None)
             if name == "range":
@@ -295,8 +342,10 @@ class _ModuleChecker:
     def _mentions_rank(self, expr: ast.AST | None, rank_names: set[str], per_rank: set[str]) -> bool:
         if expr is None:
             return False
-        return any(is_rank_expr(node, rank_names) or (isinstance(node, ast.Name) and node.id in per_rank)
-                   for node in _nodes_in([expr]))
+        return any(
+            is_rank_expr(node, rank_names) or (isinstance(node, ast.Name) and node.id in per_rank)
+            for node in _nodes_in([expr])
+        )
 
     def _is_per_rank_index(self, index: ast.AST, rank_names: set[str], per_rank: set[str]) -> bool:
         """`x[rank]` and `x[rank::n]` vary in size by rank; `x[rank*k:(rank+1)*k]` is a fixed-size window."""
@@ -393,11 +442,14 @@ class _ModuleChecker:
         self._report_wrapped_call(site.call, model, site.guard.describe())
 
     def _report_wrapped_call(self, call: ast.Call, model: str, where: str) -> None:
-        self._report(call, "DDP001",
-                     f"DDP-wrapped model `{model}` called on a subset of ranks ({where}); "
-                     "DistributedDataParallel.forward may broadcast buffers and hang",
-                     f"use `{model}.module(...)` for rank-local work: it runs the wrapped module without "
-                     "DistributedDataParallel's collectives")
+        self._report(
+            call,
+            "DDP001",
+            f"DDP-wrapped model `{model}` called on a subset of ranks ({where}); "
+            "DistributedDataParallel.forward may broadcast buffers and hang",
+            f"use `{model}.module(...)` for rank-local work: it runs the wrapped module without "
+            "DistributedDataParallel's collectives",
+        )
 
     def _check_collective(self, scope: _Scope, site: _Site, paired: set[str]) -> None:
         """DDP002 (collective under a rank condition) and DDP004 (collective in a per-rank loop)."""
@@ -405,27 +457,36 @@ class _ModuleChecker:
         if name is None or self.targets_subgroup(site.call, name):
             return
         guard = site.guard
-        if (guard is not None and guard.kind in ("if", "else") and name not in paired
-                and name not in self._collectives_run_by(scope, self._other_branches(scope, guard))):
+        if (
+            guard is not None
+            and guard.kind in ("if", "else")
+            and name not in paired
+            and name not in self._collectives_run_by(scope, self._other_branches(scope, guard))
+        ):
             self._report_subset_collective(site.call, guard.describe())
         per_rank_loops = [loop for loop in site.loops if loop.per_rank]
         if per_rank_loops:
             loop = per_rank_loops[-1].node
             text = self._call_text(site.call)
-            self._report(site.call, "DDP004",
-                         f"collective `{text}` inside a loop whose trip count depends on the rank "
-                         f"(`{_header(self.lines, loop)}` at line {loop.lineno}); ranks issue it a different "
-                         "number of times and hang",
-                         "give every rank the same number of iterations (pad or split the work evenly), or "
-                         f"move `{text}` out of the loop")
+            self._report(
+                site.call,
+                "DDP004",
+                f"collective `{text}` inside a loop whose trip count depends on the rank "
+                f"(`{_header(self.lines, loop)}` at line {loop.lineno}); ranks issue it a different "
+                "number of times and hang",
+                "give every rank the same number of iterations (pad or split the work evenly), or "
+                f"move `{text}` out of the loop",
+            )
 
     def _report_subset_collective(self, call: ast.Call, where: str) -> None:
         text = self._call_text(call)
-        self._report(call, "DDP002",
-                     f"collective `{text}` called on a subset of ranks ({where}); the other ranks never "
-                     "join it and it hangs",
-                     f"call `{text}` on every rank (move it out of the rank condition); for rank-local "
-                     "exchange use a subgroup or send/recv")
+        self._report(
+            call,
+            "DDP002",
+            f"collective `{text}` called on a subset of ranks ({where}); the other ranks never join it and it hangs",
+            f"call `{text}` on every rank (move it out of the rank condition); for rank-local "
+            "exchange use a subgroup or send/recv",
+        )
 
     def _paired_collectives(self, scope: _Scope) -> set[str]:
         """Collectives issued under two different rank conditions in one function, assumed to pair up.
@@ -486,7 +547,7 @@ class _ModuleChecker:
                 continue
             caller_side = binding.get(model, model)
             if callee.self_name and scope.self_name and model.startswith(callee.self_name + "."):
-                caller_side = scope.self_name + model[len(callee.self_name):]
+                caller_side = scope.self_name + model[len(callee.self_name) :]
             found.append((inner.call, model, caller_side))
         return found
 
@@ -510,8 +571,12 @@ class _ModuleChecker:
         skip_first = False
         if isinstance(func, ast.Name):
             definition = scope.nested.get(func.id) or self.functions.get(func.id)
-        elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
-              and scope.self_name is not None and func.value.id == scope.self_name):
+        elif (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and scope.self_name is not None
+            and func.value.id == scope.self_name
+        ):
             for cls in self._class_chain(scope.cls):
                 if func.attr in cls.methods:
                     definition = cls.methods[func.attr]
@@ -522,8 +587,7 @@ class _ModuleChecker:
         callee = self.scope_of[id(definition)]
         return callee, self._bound_wrapped_params(scope, call, callee, skip_first), definition.name
 
-    def _bound_wrapped_params(self, scope: _Scope, call: ast.Call, callee: _Scope,
-                              skip_first: bool) -> dict[str, str]:
+    def _bound_wrapped_params(self, scope: _Scope, call: ast.Call, callee: _Scope, skip_first: bool) -> dict[str, str]:
         """Parameters of the callee that receive a wrapped model at this call: `evaluate(model)`."""
         definition = callee.node
         positional = [a.arg for a in (*definition.args.posonlyargs, *definition.args.args)]
@@ -537,8 +601,11 @@ class _ModuleChecker:
                 bound[param] = arg.id
         for keyword in call.keywords:
             value = keyword.value
-            if (keyword.arg and isinstance(value, ast.Name)
-                    and self._name_is_wrapped(scope, value.id, call.lineno, frozenset())):
+            if (
+                keyword.arg
+                and isinstance(value, ast.Name)
+                and self._name_is_wrapped(scope, value.id, call.lineno, frozenset())
+            ):
                 bound[keyword.arg] = value.id
         return bound
 
@@ -551,8 +618,7 @@ class _ModuleChecker:
         candidates = []
         for call in _calls_in(early_exit.skipped):
             name = self.collective_name(call)
-            if (name and name not in balanced and id(call) not in inside_if
-                    and not self.targets_subgroup(call, name)):
+            if name and name not in balanced and id(call) not in inside_if and not self.targets_subgroup(call, name):
                 candidates.append(call)
         if not candidates:
             return
@@ -560,10 +626,11 @@ class _ModuleChecker:
         call = min(after or candidates, key=lambda c: (c.lineno, c.col_offset))
         word = type(early_exit.exit).__name__.lower()
         text = self._call_text(call)
-        self._report(early_exit.exit, "DDP003",
-                     f"`{word}` under `{_header(self.lines, early_exit.if_node)}` (line "
-                     f"{early_exit.if_node.lineno}) skips `{text}` at line {call.lineno} on those ranks; "
-                     "the ranks that reach it wait forever",
-                     f"let every rank reach `{text}`: guard only the rank-local work instead of using `{word}`")
-
-
+        self._report(
+            early_exit.exit,
+            "DDP003",
+            f"`{word}` under `{_header(self.lines, early_exit.if_node)}` (line "
+            f"{early_exit.if_node.lineno}) skips `{text}` at line {call.lineno} on those ranks; "
+            "the ranks that reach it wait forever",
+            f"let every rank reach `{text}`: guard only the rank-local work instead of using `{word}`",
+        )

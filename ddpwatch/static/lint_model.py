@@ -14,29 +14,40 @@ PARSE_ERROR = "DDP000"
 
 # code -> (summary, generic hint); each finding carries its own, more specific hint.
 CHECKS: dict[str, tuple[str, str]] = {
-    "DDP001": ("DDP-wrapped model called on a subset of ranks",
-               "call the wrapped module (`model.module(...)`) for rank-local work"),
-    "DDP002": ("collective called on a subset of ranks",
-               "call the collective on every rank: move it out of the rank condition"),
-    "DDP003": ("rank-conditional early exit skips a later collective",
-               "let every rank reach the collective: guard only the rank-local work"),
-    "DDP004": ("collective in a loop whose trip count depends on the rank",
-               "give every rank the same number of iterations, or move the collective out of the loop"),
+    "DDP001": (
+        "DDP-wrapped model called on a subset of ranks",
+        "call the wrapped module (`model.module(...)`) for rank-local work",
+    ),
+    "DDP002": (
+        "collective called on a subset of ranks",
+        "call the collective on every rank: move it out of the rank condition",
+    ),
+    "DDP003": (
+        "rank-conditional early exit skips a later collective",
+        "let every rank reach the collective: guard only the rank-local work",
+    ),
+    "DDP004": (
+        "collective in a loop whose trip count depends on the rank",
+        "give every rank the same number of iterations, or move the collective out of the loop",
+    ),
 }
 
 # Collectives every rank of their group must call -> the position of their group argument (None: no group
 # argument: new_group, which every rank of the default group must call). Point-to-point calls are left out: a
 # rank-guarded send_object_list is how they are meant to be used.
-COLLECTIVES: dict[str, int | None] = {name: entry.group_at for name, entry in catalogue.COLLECTIVES.items()
-                                      if entry.op not in ("send", "recv")}
+COLLECTIVES: dict[str, int | None] = {
+    name: entry.group_at for name, entry in catalogue.COLLECTIVES.items() if entry.op not in ("send", "recv")
+}
 # Hugging Face Accelerate methods that are collectives under the hood.
 ACCELERATOR_COLLECTIVES = frozenset({"gather", "gather_for_metrics", "reduce", "pad_across_processes"})
 
 _DDP_CLASS = "DistributedDataParallel"
-_WRAPPER_PASSTHROUGH = frozenset({"to", "cuda", "cpu", "float", "half", "bfloat16", "double", "train",
-                                  "eval", "requires_grad_", "type"})  # DDP methods that return the wrapper
-_PER_RANK_WRAPPERS = frozenset({"range", "len", "enumerate", "zip", "list", "tuple", "sorted", "reversed",
-                                "iter", "tqdm", "min", "max", "islice"})
+_WRAPPER_PASSTHROUGH = frozenset(
+    {"to", "cuda", "cpu", "float", "half", "bfloat16", "double", "train", "eval", "requires_grad_", "type"}
+)  # DDP methods that return the wrapper
+_PER_RANK_WRAPPERS = frozenset(
+    {"range", "len", "enumerate", "zip", "list", "tuple", "sorted", "reversed", "iter", "tqdm", "min", "max", "islice"}
+)
 _SUBSET_GUARDS = frozenset({"if", "else", "early_exit", "while"})
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -63,14 +74,21 @@ class LintFinding:
     hint: str = ""
 
     def to_dict(self, hints: bool = True) -> dict:
-        return {"path": self.path, "line": self.line, "col": self.col, "code": self.code,
-                "message": self.message, "hint": self.hint if hints else None}
+        return {
+            "path": self.path,
+            "line": self.line,
+            "col": self.col,
+            "code": self.code,
+            "message": self.message,
+            "hint": self.hint if hints else None,
+        }
 
     def to_text(self) -> str:
         return f"{self.path}:{self.line}:{self.col}: {self.code} {self.message}"
 
 
 # --- what the walker records -------------------------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class _Guard:
@@ -94,7 +112,6 @@ class _Guard:
         else:
             where = f"under `{self.text}`"
         return f"{where} at line {self.line}" if line is None else f"at line {line}, {where} (line {self.line})"
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,4 +182,3 @@ def _params(function: ast.AST) -> list[str]:
 
 
 # --- the checker --------------------------------------------------------------------------------------------
-

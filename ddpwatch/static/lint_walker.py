@@ -63,8 +63,9 @@ class _ScopeWalker:
     def _guard(self, node: ast.stmt, kind: str) -> _Guard:
         return _Guard(node, kind, _header(self.checker.lines, node))
 
-    def _block(self, stmts: list[ast.stmt], guard: _Guard | None, loops: tuple[_Loop, ...],
-               chain: list, owner: ast.stmt | None) -> None:
+    def _block(
+        self, stmts: list[ast.stmt], guard: _Guard | None, loops: tuple[_Loop, ...], chain: list, owner: ast.stmt | None
+    ) -> None:
         exit_guard = None
         for index, stmt in enumerate(stmts):
             frames = chain + [(stmts, index, owner)]
@@ -140,7 +141,7 @@ def _skipped_by(exit_stmt: ast.stmt, frames: list) -> list[ast.stmt]:
     """
     skipped: list[ast.stmt] = []
     for block, index, owner in reversed(frames):
-        skipped.extend(block[index + 1:])
+        skipped.extend(block[index + 1 :])
         if isinstance(owner, _LOOPS) and block is owner.body:
             if isinstance(exit_stmt, ast.Continue):
                 break
@@ -153,6 +154,7 @@ def _skipped_by(exit_stmt: ast.stmt, frames: list) -> list[ast.stmt]:
 
 # --- files and paths ----------------------------------------------------------------------------------------
 
+
 def _suppressed(finding: LintFinding, lines: list[str]) -> bool:
     """`# noqa` silences every finding on its line; `# noqa: DDP001,DDP002` only those codes."""
     if not 1 <= finding.line <= len(lines):
@@ -164,5 +166,3 @@ def _suppressed(finding: LintFinding, lines: list[str]) -> bool:
     if codes is None:
         return True
     return finding.code in {code.upper() for code in re.split(r"[\s,]+", codes) if code}
-
-

@@ -33,38 +33,98 @@ __all__ = [
 
 # Names that hold a rank or a "this is the main rank" flag: they match a bare name (`rank`) and an attribute
 # tail (`args.local_rank`, `self.trainer.is_global_zero`).
-DEFAULT_RANK_NAMES: frozenset[str] = frozenset({
-    # plain PyTorch, torchrun scripts, nanoGPT-style scripts
-    "rank", "local_rank", "global_rank", "world_rank", "node_rank", "group_rank",
-    "ddp_rank", "ddp_local_rank", "rank_id", "local_rank_id",
-    # flags that mean "I am the main rank"
-    "is_master", "is_main", "is_main_process", "is_local_main_process", "is_master_process",
-    "master_process", "main_process", "is_rank_zero", "is_rank0", "is_chief", "is_local_master",
-    # PyTorch Lightning, Hugging Face Accelerate / Trainer
-    "is_global_zero", "process_index", "local_process_index",
-})
+DEFAULT_RANK_NAMES: frozenset[str] = frozenset(
+    {
+        # plain PyTorch, torchrun scripts, nanoGPT-style scripts
+        "rank",
+        "local_rank",
+        "global_rank",
+        "world_rank",
+        "node_rank",
+        "group_rank",
+        "ddp_rank",
+        "ddp_local_rank",
+        "rank_id",
+        "local_rank_id",
+        # flags that mean "I am the main rank"
+        "is_master",
+        "is_main",
+        "is_main_process",
+        "is_local_main_process",
+        "is_master_process",
+        "master_process",
+        "main_process",
+        "is_rank_zero",
+        "is_rank0",
+        "is_chief",
+        "is_local_master",
+        # PyTorch Lightning, Hugging Face Accelerate / Trainer
+        "is_global_zero",
+        "process_index",
+        "local_process_index",
+    }
+)
 
 # Functions whose result is a rank, or a flag for one, whatever object they hang off.
-RANK_FUNCTIONS: frozenset[str] = frozenset({
-    "get_rank", "get_local_rank", "get_global_rank", "get_node_local_rank", "get_group_rank",
-    "is_main_process", "is_master", "is_main", "is_rank_zero", "is_rank_0", "is_local_main_process",
-    "is_world_process_zero", "is_local_process_zero", "is_local_master",
-    "get_ordinal", "is_master_ordinal",  # torch_xla
-    "get_data_parallel_rank", "get_tensor_model_parallel_rank", "get_pipeline_model_parallel_rank",  # Megatron
-})
+RANK_FUNCTIONS: frozenset[str] = frozenset(
+    {
+        "get_rank",
+        "get_local_rank",
+        "get_global_rank",
+        "get_node_local_rank",
+        "get_group_rank",
+        "is_main_process",
+        "is_master",
+        "is_main",
+        "is_rank_zero",
+        "is_rank_0",
+        "is_local_main_process",
+        "is_world_process_zero",
+        "is_local_process_zero",
+        "is_local_master",
+        "get_ordinal",
+        "is_master_ordinal",  # torch_xla
+        "get_data_parallel_rank",
+        "get_tensor_model_parallel_rank",
+        "get_pipeline_model_parallel_rank",  # Megatron
+    }
+)
 
 # Environment variables set per process by torchrun, SLURM, Open MPI and friends.
-RANK_ENV_VARS: frozenset[str] = frozenset({
-    "RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "GLOBAL_RANK",
-    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
-})
+RANK_ENV_VARS: frozenset[str] = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "GLOBAL_RANK",
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "SLURM_NODEID",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "PMI_RANK",
+        "PMIX_RANK",
+        "MV2_COMM_WORLD_RANK",
+    }
+)
 
 # Decorators that run the function on some ranks only (Lightning's rank_zero_only, Accelerate's on_main_process...).
-RANK_ONLY_DECORATORS: frozenset[str] = frozenset({
-    "rank_zero_only", "rank_zero_first", "on_main_process", "on_local_main_process", "on_process",
-    "on_local_process", "on_last_process", "main_process_only", "master_only", "on_rank_0", "rank0_only",
-})
+RANK_ONLY_DECORATORS: frozenset[str] = frozenset(
+    {
+        "rank_zero_only",
+        "rank_zero_first",
+        "on_main_process",
+        "on_local_main_process",
+        "on_process",
+        "on_local_process",
+        "on_last_process",
+        "main_process_only",
+        "master_only",
+        "on_rank_0",
+        "rank0_only",
+    }
+)
 
 # Wrappers that keep a value rank-dependent: int(os.environ["RANK"]) is still the rank.
 _VALUE_WRAPPERS = frozenset({"int", "str", "float", "bool", "abs"})
@@ -159,8 +219,7 @@ def is_rank_expr(expr: ast.AST, rank_names: Iterable[str] = DEFAULT_RANK_NAMES) 
     if isinstance(expr, (ast.Compare, ast.BoolOp)):
         return is_rank_condition(expr, names)
     if isinstance(expr, ast.IfExp):
-        return (is_rank_condition(expr.test, names) or is_rank_expr(expr.body, names)
-                or is_rank_expr(expr.orelse, names))
+        return is_rank_condition(expr.test, names) or is_rank_expr(expr.body, names) or is_rank_expr(expr.orelse, names)
     if isinstance(expr, ast.NamedExpr):
         return is_rank_expr(expr.value, names)
     return False
@@ -187,7 +246,7 @@ def _is_uniform_check(compare: ast.Compare, names: frozenset[str] | set[str]) ->
         return True
     # rank >= 0 and rank > -1 hold on every rank of a distributed job
     if other is right and isinstance(right, ast.Constant) and not isinstance(right.value, bool):
-        return (isinstance(op, ast.GtE) and right.value == 0)
+        return isinstance(op, ast.GtE) and right.value == 0
     if other is right and _is_sentinel(right) and isinstance(op, ast.Gt):
         return True
     return False
@@ -261,8 +320,9 @@ def _target_key(target: ast.AST) -> str | None:
     return None
 
 
-def collect_rank_names(body: list[ast.stmt], rank_names: Iterable[str] = DEFAULT_RANK_NAMES, *,
-                       nodes: list[ast.AST] | None = None) -> set[str]:
+def collect_rank_names(
+    body: list[ast.stmt], rank_names: Iterable[str] = DEFAULT_RANK_NAMES, *, nodes: list[ast.AST] | None = None
+) -> set[str]:
     """``rank_names`` plus every name (or ``self.x`` path) assigned a rank-dependent value in ``body``.
 
     Follows chains (``r = dist.get_rank()`` then ``is_main = r == 0``) in any order; nested functions and
@@ -285,8 +345,9 @@ def collect_rank_names(body: list[ast.stmt], rank_names: Iterable[str] = DEFAULT
     return names - (_loop_variables(nodes) - added)
 
 
-def function_rank_names(function: ast.FunctionDef | ast.AsyncFunctionDef, rank_names: Iterable[str], *,
-                        nodes: list[ast.AST] | None = None) -> set[str]:
+def function_rank_names(
+    function: ast.FunctionDef | ast.AsyncFunctionDef, rank_names: Iterable[str], *, nodes: list[ast.AST] | None = None
+) -> set[str]:
     """The rank names inside ``function``: the enclosing scope's, its own aliases, and parameters with a
     rank's name (``def train(rank, world_size)``) even where the enclosing scope reused that name."""
     args = function.args
@@ -302,16 +363,18 @@ def _loop_variables(nodes: Iterable[ast.AST]) -> set[str]:
     return variables
 
 
-def module_rank_names(tree: ast.Module,
-                      function_nodes: Iterable[list[ast.AST]] | None = None) -> set[str]:
+def module_rank_names(tree: ast.Module, function_nodes: Iterable[list[ast.AST]] | None = None) -> set[str]:
     """Defaults, module-level aliases, and ``self.x`` attributes assigned a rank value in any function.
 
     ``function_nodes`` may pass ``scope_nodes(f.body)`` for every function ``f`` of the tree, if the caller
     has them already.
     """
     if function_nodes is None:
-        function_nodes = [scope_nodes(node.body) for node in ast.walk(tree)
-                          if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        function_nodes = [
+            scope_nodes(node.body)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
     function_nodes = list(function_nodes)
     names = collect_rank_names(tree.body, DEFAULT_RANK_NAMES)
     # a second round only when the first found attributes: self.a = rank in one method, self.b = self.a == 0 in another
@@ -385,8 +448,15 @@ def _blocks_of(stmt: ast.stmt) -> list[tuple[list[ast.stmt], bool]]:
     return blocks
 
 
-def _condition_in_block(block: list[ast.stmt], line: int, lines: list[str], names: set[str],
-                        in_function: bool, in_loop: bool, best: dict | None) -> dict | None:
+def _condition_in_block(
+    block: list[ast.stmt],
+    line: int,
+    lines: list[str],
+    names: set[str],
+    in_function: bool,
+    in_loop: bool,
+    best: dict | None,
+) -> dict | None:
     """Walk down to ``line`` through ``block``, keeping the innermost rank condition met on the way."""
     for stmt in block:
         if not _contains(stmt, line):
@@ -398,16 +468,20 @@ def _condition_in_block(block: list[ast.stmt], line: int, lines: list[str], name
     return best
 
 
-def _condition_in_stmt(stmt: ast.stmt, line: int, lines: list[str], names: set[str],
-                       in_function: bool, in_loop: bool, best: dict | None) -> dict | None:
+def _condition_in_stmt(
+    stmt: ast.stmt, line: int, lines: list[str], names: set[str], in_function: bool, in_loop: bool, best: dict | None
+) -> dict | None:
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
         if not stmt.body or line < stmt.body[0].lineno:
             return best  # decorators and the signature run where the def is
         # a function body runs wherever it is called, not under the condition around its def; a rank-only
         # decorator (`@rank_zero_only`) is a condition over the whole body
         decorator = rank_only_decorator(stmt)
-        best = None if decorator is None else {"line": decorator.lineno, "kind": "decorator",
-                                               "text": _header_text(lines, decorator)}
+        best = (
+            None
+            if decorator is None
+            else {"line": decorator.lineno, "kind": "decorator", "text": _header_text(lines, decorator)}
+        )
         return _condition_in_block(stmt.body, line, lines, function_rank_names(stmt, names), True, False, best)
     if isinstance(stmt, ast.ClassDef):
         return _condition_in_block(stmt.body, line, lines, names, False, False, best)
@@ -461,6 +535,7 @@ def rank_condition_at_path(path: str, line: int) -> dict | None:
 
 # ---------------------------------------------------------------- over rank states: is the line under a rank condition?
 
+
 def rank_condition_of(state: dict) -> dict | None:
     """The innermost rank condition over the rank's main-thread user frames: {"frame", "condition"} or None.
 
@@ -508,6 +583,10 @@ def capture_rank_conditions(states: dict) -> dict:
 def _main_stack_key(state: dict) -> tuple:
     """What rank_condition_of reads of a state: its main-thread frames' (file, line, function, internal), as reprs
     (a crafted rank file's frame may hold a list where a line number goes: a key must still hash)."""
-    return tuple(repr((frame.get("file"), frame.get("line"), frame.get("function"), bool(frame.get("internal"))))
-                 for stack in state.get("stacks") or () if isinstance(stack, dict) and stack.get("main")
-                 for frame in stack.get("frames") or () if isinstance(frame, dict))
+    return tuple(
+        repr((frame.get("file"), frame.get("line"), frame.get("function"), bool(frame.get("internal"))))
+        for stack in state.get("stacks") or ()
+        if isinstance(stack, dict) and stack.get("main")
+        for frame in stack.get("frames") or ()
+        if isinstance(frame, dict)
+    )

@@ -18,17 +18,25 @@ from ..terminal import say, visible
 from .store import StoreUnavailable
 
 # What a collective's error says when the rank at the other end is gone (gloo, NCCL).
-PEER_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "remote worker", "Broken pipe",
-                        "Socket Timeout", "NCCL communicator was aborted")
+PEER_FAILURE_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "remote worker",
+    "Broken pipe",
+    "Socket Timeout",
+    "NCCL communicator was aborted",
+)
 
 POLICIES: dict = {}  # action name -> its function; every row of config.ACTIONS has one (tests/test_abort.py)
 
 
 def policy(name: str):
     """Register the function that carries out action `name` once its verdict is out on this rank."""
+
     def register(function):
         POLICIES[name] = function
         return function
+
     return register
 
 
@@ -48,13 +56,14 @@ def write_error_file(incident: dict, logged: set) -> None:
         return
     findings = incident.get("findings") or []
     first = findings[0] if findings else {}
-    message = (f"ddpwatch: {first.get('kind', 'hang')}"
-               + (f" (culprit {wording.rank_list(first['ranks'])})" if first.get("ranks") else "")
-               + (f": {first['summary']}" if first.get("summary") else "")
-               + f" Report: {incident.get('report_dir') or '(being written, or none could be written)'}")
+    message = (
+        f"ddpwatch: {first.get('kind', 'hang')}"
+        + (f" (culprit {wording.rank_list(first['ranks'])})" if first.get("ranks") else "")
+        + (f": {first['summary']}" if first.get("summary") else "")
+        + f" Report: {incident.get('report_dir') or '(being written, or none could be written)'}"
+    )
     message = visible(message)  # torchrun prints it: a peer's words must not drive the terminal
-    doc = {"message": {"message": message,
-                       "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}}
+    doc = {"message": {"message": message, "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}}
     try:
         with open(path, "w", encoding="utf-8") as handle:
             json.dump(doc, handle)  # ASCII-escaped: no string, however odd, can fail the write
@@ -141,11 +150,18 @@ class AbortPolicy:
         number, self.state, self.pending = self.pending, IDLE, None
         if not isinstance(posted, dict):
             return
-        why = verdict.why_not_act(posted, self.config.action, own_state(), self.rank, self.config.grace,
-                                  self.config.timeout)
+        why = verdict.why_not_act(
+            posted, self.config.action, own_state(), self.rank, self.config.grace, self.config.timeout
+        )
         if why is not None:
-            log_once(self.logged, f"verdict-{number}", "ddpwatch: rank %d does not act on incident %d's abort "
-                     "verdict: %s", self.rank, number, visible(why))
+            log_once(
+                self.logged,
+                f"verdict-{number}",
+                "ddpwatch: rank %d does not act on incident %d's abort verdict: %s",
+                self.rank,
+                number,
+                visible(why),
+            )
             return
         folder = posted.get("folder") if isinstance(posted.get("folder"), str) else None
         write_error_file({"findings": _posted_findings(posted), "report_dir": folder}, self.logged)
@@ -180,8 +196,13 @@ def _posted_findings(posted: dict) -> list:
     """The first finding, as far as a posted verdict (a peer's words, checked field by field) says it."""
     kinds = posted.get("kinds") if isinstance(posted.get("kinds"), list) else None
     culprits = posted.get("culprits") if isinstance(posted.get("culprits"), list) else None
-    return [{"kind": str((kinds or ["hang"])[0]), "ranks": [r for r in culprits or () if type(r) is int],
-             "summary": posted.get("summary") if isinstance(posted.get("summary"), str) else None}]
+    return [
+        {
+            "kind": str((kinds or ["hang"])[0]),
+            "ranks": [r for r in culprits or () if type(r) is int],
+            "summary": posted.get("summary") if isinstance(posted.get("summary"), str) else None,
+        }
+    ]
 
 
 @policy(REPORT)
@@ -194,8 +215,10 @@ def end_rank(policy: AbortPolicy, outcome: Outcome) -> None:
     """End this rank. Peers acknowledge first, so the writer (who may host the store) leaves last."""
     policy.arm()
     if outcome.leader:  # one line for the job: a line per rank came in whatever order the ranks happened to end in
-        say(f"ddpwatch: ending every rank with exit code {policy.exit_code} (action={policy.config.action}); "
-            f"report: {outcome.folder or '(none could be written)'}\n")
+        say(
+            f"ddpwatch: ending every rank with exit code {policy.exit_code} (action={policy.config.action}); "
+            f"report: {outcome.folder or '(none could be written)'}\n"
+        )
     try:
         if outcome.leader:
             deadline = time.monotonic() + 4 * policy.config.interval + 1.0

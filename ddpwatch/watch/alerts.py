@@ -48,13 +48,17 @@ def alert_of(incident: dict, folder: str | None) -> IncidentAlert:
     first = findings[0] if findings else {}
     kind = str(first.get("kind") or "hang")
     culprits = tuple(r for r in first.get("ranks") or () if type(r) is int)
-    line = (f"ddpwatch: {kind}" + (f" (culprit {wording.rank_list(list(culprits))})" if culprits else "")
-            + (f": {first['summary']}" if first.get("summary") else "")
-            + f" Report: {folder or '(none could be written)'}")
+    line = (
+        f"ddpwatch: {kind}"
+        + (f" (culprit {wording.rank_list(list(culprits))})" if culprits else "")
+        + (f": {first['summary']}" if first.get("summary") else "")
+        + f" Report: {folder or '(none could be written)'}"
+    )
     # One line, whatever the peers' words hold: it goes into an environment variable and a log line.
     line = visible(" ".join(line.split()))
-    return IncidentAlert(folder or "", line, kind, culprits, str(incident.get("run_id") or ""),
-                         str(incident.get("trigger") or ""))
+    return IncidentAlert(
+        folder or "", line, kind, culprits, str(incident.get("run_id") or ""), str(incident.get("trigger") or "")
+    )
 
 
 def announce(config, incident: dict, folder: str | None) -> None:
@@ -89,8 +93,12 @@ def start_hook(hook, alert: IncidentAlert) -> threading.Thread:
 
 def _run_command(command: str, alert: IncidentAlert) -> None:
     try:
-        supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(ON_INCIDENT_TIMEOUT_S), command],
-                                      env=hook_environ(alert), stdin=subprocess.DEVNULL, start_new_session=True)
+        supervisor = subprocess.Popen(
+            [sys.executable, "-c", SUPERVISOR, str(ON_INCIDENT_TIMEOUT_S), command],
+            env=hook_environ(alert),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     except Exception as exc:
         log.warning("ddpwatch: could not start the on_incident command %r: %s", command, exc)
         return
@@ -99,8 +107,7 @@ def _run_command(command: str, alert: IncidentAlert) -> None:
     except subprocess.TimeoutExpired:
         status = TIMED_OUT
     if status == TIMED_OUT:
-        log.warning("ddpwatch: the on_incident command %r ran past %g s and was killed", command,
-                    ON_INCIDENT_TIMEOUT_S)
+        log.warning("ddpwatch: the on_incident command %r ran past %g s and was killed", command, ON_INCIDENT_TIMEOUT_S)
     elif status != 0:
         log.warning("ddpwatch: the on_incident command %r failed with exit status %s", command, status)
 
@@ -108,6 +115,7 @@ def _run_command(command: str, alert: IncidentAlert) -> None:
 def _run_callable(hook, alert: IncidentAlert) -> None:
     """The callable on a thread of its own; this one only says when it fails or overruns (a thread cannot be
     killed: an overrunning one is left behind, a daemon that does not keep the process alive)."""
+
     def call():
         try:
             hook(alert)
@@ -118,8 +126,11 @@ def _run_callable(hook, alert: IncidentAlert) -> None:
     worker.start()
     worker.join(ON_INCIDENT_TIMEOUT_S)
     if worker.is_alive():
-        log.warning("ddpwatch: the on_incident callable %r still runs after %g s; left running, not waited for",
-                    hook, ON_INCIDENT_TIMEOUT_S)
+        log.warning(
+            "ddpwatch: the on_incident callable %r still runs after %g s; left running, not waited for",
+            hook,
+            ON_INCIDENT_TIMEOUT_S,
+        )
 
 
 def hook_environ(alert: IncidentAlert) -> dict:

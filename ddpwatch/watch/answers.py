@@ -59,18 +59,32 @@ class Answers:
         """Native stacks for a peer's incident when this rank's own view `needed` them, within the budget; else one
         line saying why there are none."""
         if not needed:
-            self.job.contribute_native(number, self.rank, {"unavailable": (
-                "native stacks not read: this rank was neither blocked in a collective nor outside collectives "
-                "for the timeout when asked (py-spy pauses the process it reads); Python stacks only")})
+            self.job.contribute_native(
+                number,
+                self.rank,
+                {
+                    "unavailable": (
+                        "native stacks not read: this rank was neither blocked in a collective nor outside collectives "
+                        "for the timeout when asked (py-spy pauses the process it reads); Python stacks only"
+                    )
+                },
+            )
             return
         now = self._clock()
         self._native_spent = [(at, spent) for at, spent in self._native_spent if now - at < NATIVE_WINDOW_S]
         used = sum(spent for _, spent in self._native_spent)
         if used >= NATIVE_BUDGET_S:
-            self.job.contribute_native(number, self.rank, {"unavailable": (
-                f"native stacks skipped: this rank already spent {used:.1f} s reading its own in the last "
-                f"{NATIVE_WINDOW_S:.0f} s (at most {NATIVE_BUDGET_S:g} s for peers' incidents); "
-                "Python stacks only")})
+            self.job.contribute_native(
+                number,
+                self.rank,
+                {
+                    "unavailable": (
+                        f"native stacks skipped: this rank already spent {used:.1f} s reading its own in the last "
+                        f"{NATIVE_WINDOW_S:.0f} s (at most {NATIVE_BUDGET_S:g} s for peers' incidents); "
+                        "Python stacks only"
+                    )
+                },
+            )
             return
         start = self._clock()
         try:

@@ -92,9 +92,14 @@ def _stacks(text: str) -> list:
             continue
         frame = _FRAME.match(line)
         if frame and threads:
-            threads[-1]["frames"].append({"file": frame.group(1), "line": int(frame.group(2)),
-                                          "function": frame.group(3).strip(),
-                                          "internal": is_internal_file(frame.group(1))})
+            threads[-1]["frames"].append(
+                {
+                    "file": frame.group(1),
+                    "line": int(frame.group(2)),
+                    "function": frame.group(3).strip(),
+                    "internal": is_internal_file(frame.group(1)),
+                }
+            )
     stacks = []
     for thread in threads:
         frames = thread["frames"][::-1]

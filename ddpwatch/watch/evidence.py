@@ -16,6 +16,7 @@ PY_SPY_TIMEOUT_S = 3.0
 
 # ---------------------------------------------------------------- this process, as psutil and tqdm see it
 
+
 class ProcessSampler:
     """psutil facts about this process; CPU use is measured between two calls (blocked vs busy)."""
 
@@ -33,9 +34,12 @@ class ProcessSampler:
             return None
         try:
             with self._proc.oneshot():
-                return {"status": self._proc.status(), "cpu_percent": self._proc.cpu_percent(interval=None),
-                        "rss_mb": round(self._proc.memory_info().rss / 2**20, 1),
-                        "threads": self._proc.num_threads()}
+                return {
+                    "status": self._proc.status(),
+                    "cpu_percent": self._proc.cpu_percent(interval=None),
+                    "rss_mb": round(self._proc.memory_info().rss / 2**20, 1),
+                    "threads": self._proc.num_threads(),
+                }
         except Exception as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
 
@@ -54,8 +58,13 @@ def peer_process_facts(pid: int) -> dict | None:
             if status == psutil.STATUS_ZOMBIE:
                 return {"exists": False, "status": status}
             times = proc.cpu_times()
-            return {"exists": True, "status": status, "cpu_s": round(times.user + times.system, 3),
-                    "rss_mb": round(proc.memory_info().rss / 2**20, 1), "threads": proc.num_threads()}
+            return {
+                "exists": True,
+                "status": status,
+                "cpu_s": round(times.user + times.system, 3),
+                "rss_mb": round(proc.memory_info().rss / 2**20, 1),
+                "threads": proc.num_threads(),
+            }
     except psutil.NoSuchProcess:
         return {"exists": False}
     except Exception as exc:
@@ -91,8 +100,7 @@ def peer_condition(now: dict | None, before: dict | None, seconds_between: float
     the straggler timeout may report it. unknown: psutil cannot look (not installed, no permission).
     """
     if not now or "error" in now or ("status" not in now and now.get("exists") is not False):
-        return {"condition": UNKNOWN, "why": (now or {}).get("error") or "psutil cannot look at it",
-                "cpu_share": None}
+        return {"condition": UNKNOWN, "why": (now or {}).get("error") or "psutil cannot look at it", "cpu_share": None}
     status = now.get("status")
     if now.get("exists") is False:
         return {"condition": GONE, "why": "the process no longer exists", "cpu_share": None}
@@ -117,15 +125,21 @@ def progress_bars() -> list:
     for bar in list(instances):
         try:
             last = getattr(bar, "last_print_t", None) or getattr(bar, "start_t", now)
-            bars.append({"desc": str(getattr(bar, "desc", "") or ""), "n": int(bar.n),
-                         "total": None if bar.total is None else int(bar.total),
-                         "since_update_s": round(max(0.0, now - last), 1)})
+            bars.append(
+                {
+                    "desc": str(getattr(bar, "desc", "") or ""),
+                    "n": int(bar.n),
+                    "total": None if bar.total is None else int(bar.total),
+                    "since_update_s": round(max(0.0, now - last), 1),
+                }
+            )
         except Exception:
             continue
     return bars
 
 
 # ---------------------------------------------------------------- native stacks through py-spy
+
 
 def native_stacks(pid: int, timeout: float = PY_SPY_TIMEOUT_S, native: bool = True) -> dict:
     """py-spy's dump of a process (with native frames unless native=False, which also works on a stopped
@@ -160,20 +174,42 @@ def native_stacks(pid: int, timeout: float = PY_SPY_TIMEOUT_S, native: bool = Tr
 def _compact_thread(thread: dict) -> dict:
     frames = []
     for frame in thread.get("frames") or ():
-        frames.append({"function": frame.get("name"), "file": frame.get("filename") or frame.get("module"),
-                       "line": frame.get("line")})
-    return {"thread": thread.get("thread_name") or str(thread.get("thread_id")), "active": thread.get("active"),
-            "owns_gil": thread.get("owns_gil"), "frames": frames[:80]}  # innermost first, as py-spy prints
+        frames.append(
+            {
+                "function": frame.get("name"),
+                "file": frame.get("filename") or frame.get("module"),
+                "line": frame.get("line"),
+            }
+        )
+    return {
+        "thread": thread.get("thread_name") or str(thread.get("thread_id")),
+        "active": thread.get("active"),
+        "owns_gil": thread.get("owns_gil"),
+        "frames": frames[:80],
+    }  # innermost first, as py-spy prints
 
 
 def python_stack_from_py_spy(dump: dict, is_internal) -> list:
     """py-spy's threads (innermost first) as ddpwatch stacks (innermost last, frames marked internal or not)."""
     stacks = []
     for index, thread in enumerate(dump.get("threads") or ()):
-        frames = [{"file": f.get("file") or "?", "line": f.get("line") or 0, "function": f.get("function") or "?",
-                   "internal": is_internal(f.get("file") or "<unknown>")} for f in reversed(thread.get("frames") or ())]
-        stacks.append({"thread": thread.get("thread"), "main": thread.get("thread") == "MainThread" or (
-            index == 0 and not any(t.get("thread") == "MainThread" for t in dump["threads"])), "frames": frames})
+        frames = [
+            {
+                "file": f.get("file") or "?",
+                "line": f.get("line") or 0,
+                "function": f.get("function") or "?",
+                "internal": is_internal(f.get("file") or "<unknown>"),
+            }
+            for f in reversed(thread.get("frames") or ())
+        ]
+        stacks.append(
+            {
+                "thread": thread.get("thread"),
+                "main": thread.get("thread") == "MainThread"
+                or (index == 0 and not any(t.get("thread") == "MainThread" for t in dump["threads"])),
+                "frames": frames,
+            }
+        )
     return stacks
 
 
@@ -215,8 +251,11 @@ def flight_recorder_active() -> list:
         data = pickle.loads(c10d_c._dump_fr_trace(True, False, True))  # our own process's dump: not hostile input
     except Exception:
         return []
-    active = [e for e in (data.get("entries") or ()) if isinstance(e, dict) and not e.get("retired")
-              and e.get("state") != "completed" and not e.get("is_p2p")]
+    active = [
+        e
+        for e in (data.get("entries") or ())
+        if isinstance(e, dict) and not e.get("retired") and e.get("state") != "completed" and not e.get("is_p2p")
+    ]
     return sorted(active, key=lambda e: e.get("time_created_ns") or 0)
 
 
@@ -234,21 +273,39 @@ def record_from_flight_recorder(entry: dict, state: dict, frame, now: float) -> 
     from ..capture.record import frame_site
 
     return build.record(
-        (state.get("last_seq") or {}).get(group, -1) + 1, group,
+        (state.get("last_seq") or {}).get(group, -1) + 1,
+        group,
         catalogue.canonical_op(str(entry.get("profiling_name", "")).split(":")[-1]) or "collective",
-        api=build.FLIGHT_RECORDER_ONLY, p2p=False, peer=None,
+        api=build.FLIGHT_RECORDER_ONLY,
+        p2p=False,
+        peer=None,
         shapes=[list(s) for s in entry.get("input_sizes") or () if isinstance(s, list)][:4],
-        dtypes=[str(d) for d in entry.get("input_dtypes") or ()][:4], site=frame_site(frame),
-        via=None, region=None, start=round(created, 6), age_s=round(max(0.0, now - created), 4),
-        duration_s=None, state=build.IN_FLIGHT, error=None, thread="MainThread",
-        flight_recorder={"seq": entry.get("collective_seq_id"), "op": entry.get("profiling_name")})
+        dtypes=[str(d) for d in entry.get("input_dtypes") or ()][:4],
+        site=frame_site(frame),
+        via=None,
+        region=None,
+        start=round(created, 6),
+        age_s=round(max(0.0, now - created), 4),
+        duration_s=None,
+        state=build.IN_FLIGHT,
+        error=None,
+        thread="MainThread",
+        flight_recorder={"seq": entry.get("collective_seq_id"), "op": entry.get("profiling_name")},
+    )
 
 
 def _compact_fr_entry(entry: dict) -> dict:
     group = entry.get("process_group") or ["?", ""]
-    return {"seq": entry.get("collective_seq_id"), "p2p_seq": entry.get("p2p_seq_id"), "group": str(group[0]),
-            "op": str(entry.get("profiling_name", "")).split(":")[-1], "sizes": entry.get("input_sizes"),
-            "state": entry.get("state"), "retired": entry.get("retired"), "is_p2p": entry.get("is_p2p")}
+    return {
+        "seq": entry.get("collective_seq_id"),
+        "p2p_seq": entry.get("p2p_seq_id"),
+        "group": str(group[0]),
+        "op": str(entry.get("profiling_name", "")).split(":")[-1],
+        "sizes": entry.get("input_sizes"),
+        "state": entry.get("state"),
+        "retired": entry.get("retired"),
+        "is_p2p": entry.get("is_p2p"),
+    }
 
 
 def align_flight_recorder(state: dict) -> None:
@@ -268,5 +325,9 @@ def align_flight_recorder(state: dict) -> None:
     for record in state.get("inflight") or ():
         entry = last_by_group.get(record.get("group"))
         if entry and catalogue.canonical_op(entry.get("op")) == catalogue.canonical_op(record.get("op")):
-            record["flight_recorder"] = {"seq": entry.get("seq"), "op": entry.get("op"),
-                                         "retired": entry.get("retired"), "sizes": entry.get("sizes")}
+            record["flight_recorder"] = {
+                "seq": entry.get("seq"),
+                "op": entry.get("op"),
+                "retired": entry.get("retired"),
+                "sizes": entry.get("sizes"),
+            }

@@ -134,14 +134,24 @@ class FingerprintLog:
                 epochs.append(epoch)
                 used.add(sig)
             groups[name] = {"first": first, "ids": ids, "steps": steps, "epoch": epochs[-1]}
-        return {"v": FORMAT, "n": self._documents, "groups": groups,
-                "signatures": {str(i): self._signature_doc(i) for i in sorted(used)}}
+        return {
+            "v": FORMAT,
+            "n": self._documents,
+            "groups": groups,
+            "signatures": {str(i): self._signature_doc(i) for i in sorted(used)},
+        }
 
     def _signature_doc(self, sig_id: int) -> dict:
         op, reduce, dtypes, counts, raw_site, region = self._signatures[sig_id]
         site = resolve_site(raw_site)
-        return {"op": op, "reduce": reduce, "dtypes": list(dtypes), "counts": list(counts),
-                "site": site and build.site(*site), "region": region}
+        return {
+            "op": op,
+            "reduce": reduce,
+            "dtypes": list(dtypes),
+            "counts": list(counts),
+            "site": site and build.site(*site),
+            "region": region,
+        }
 
 
 def _epoch():
@@ -196,8 +206,7 @@ class MismatchCheck:
             return None
         self._compared = key
         docs[self.rank] = self._mine
-        assessment = analysis.completed_mismatches({r: {"fingerprints": d} for r, d in docs.items()},
-                                                   self.world_size)
+        assessment = analysis.completed_mismatches({r: {"fingerprints": d} for r, d in docs.items()}, self.world_size)
         if assessment.verdict is None or assessment.fingerprint in reported:
             return None
         reported.add(assessment.fingerprint)

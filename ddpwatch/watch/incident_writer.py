@@ -35,8 +35,10 @@ def _render_or_summary(incident: dict) -> str:
         return render_text(incident)
     except Exception:
         log.warning("ddpwatch: could not render the report; its findings follow", exc_info=True)
-        lines = [f"ddpwatch: [{f.get('kind')}] {wording.rank_list(f.get('ranks') or [])}: {f.get('summary')}"
-                 for f in incident.get("findings") or ()]
+        lines = [
+            f"ddpwatch: [{f.get('kind')}] {wording.rank_list(f.get('ranks') or [])}: {f.get('summary')}"
+            for f in incident.get("findings") or ()
+        ]
         return "\n".join(lines or ["ddpwatch: a hang was found, but its report could not be rendered"]) + "\n"
 
 
@@ -88,8 +90,20 @@ class IncidentWriter:
     report is written: torchrun's error file, the exit), `logged` (the watchdog's set of warnings said once) and
     `stopping` (an Event, set once the process exits: no native stacks are waited for then)."""
 
-    def __init__(self, job, config, rank: int, world_size: int, host: str, run_tag: str, *, answers, policy,
-                 logged: set, stopping: threading.Event):
+    def __init__(
+        self,
+        job,
+        config,
+        rank: int,
+        world_size: int,
+        host: str,
+        run_tag: str,
+        *,
+        answers,
+        policy,
+        logged: set,
+        stopping: threading.Event,
+    ):
         self.job = job
         self.config = config
         self.rank = rank
@@ -113,8 +127,9 @@ class IncidentWriter:
                 dump = evidence.native_stacks(int(view["last_state"]["pid"]), native=False)
                 cached = self._frozen_stacks[rank] = dump
             if cached.get("threads"):
-                view["last_state"] = dict(view["last_state"],
-                                          stacks=evidence.python_stack_from_py_spy(cached, is_internal_file))
+                view["last_state"] = dict(
+                    view["last_state"], stacks=evidence.python_stack_from_py_spy(cached, is_internal_file)
+                )
             else:
                 view["py_spy"] = cached.get("unavailable")
 
@@ -126,11 +141,20 @@ class IncidentWriter:
         the folder is written once, after it, with the native stacks read since. A report that cannot be written
         anywhere (a full disk, a file size limit, no usable folder) loses nothing else: the verdict is posted and an
         abort still ends the job."""
-        number = self.job.open_incident({"trigger": assessment.verdict, "leader": self.rank, "action": action,
-                                         "fingerprint": assessment.fingerprint})
+        number = self.job.open_incident(
+            {
+                "trigger": assessment.verdict,
+                "leader": self.rank,
+                "action": action,
+                "fingerprint": assessment.fingerprint,
+            }
+        )
         self.answers.own(number)
-        contributions = self._collect(number, answering=self.world_size - len(silent or ()),
-                                      wait=MISMATCH_COLLECT_S if assessment.verdict == analysis.MISMATCH else COLLECT_S)
+        contributions = self._collect(
+            number,
+            answering=self.world_size - len(silent or ()),
+            wait=MISMATCH_COLLECT_S if assessment.verdict == analysis.MISMATCH else COLLECT_S,
+        )
         final, busy = self._with_stand_ins(contributions, silent or {}, watched)
         incident = self._build(assessment, final, contributions, silent)
         if incident is None:
@@ -144,23 +168,30 @@ class IncidentWriter:
         alerts.announce(self.config, incident, folder)  # returns at once: the hook runs on a thread of its own
         # Posted once the folder is written: with action=abort the peers exit on it.
         first = incident["findings"][0] if incident["findings"] else {}
-        self.job.post_verdict(number, {"folder": folder, "kinds": [f["kind"] for f in incident["findings"]],
-                                       "action": action, "culprits": first.get("ranks"),
-                                       "summary": first.get("summary"),
-                                       "positions": verdict.ranges_by_position(final, self.world_size,
-                                                                               self.config.grace),
-                                       **verdict.mismatch_claim(first)})
+        self.job.post_verdict(
+            number,
+            {
+                "folder": folder,
+                "kinds": [f["kind"] for f in incident["findings"]],
+                "action": action,
+                "culprits": first.get("ranks"),
+                "summary": first.get("summary"),
+                "positions": verdict.ranges_by_position(final, self.world_size, self.config.grace),
+                **verdict.mismatch_claim(first),
+            },
+        )
         return folder, number
 
     def _with_stand_ins(self, contributions: dict, silent: dict, watched: dict) -> tuple:
         """Every rank's state: its answer, else what the leader saw of it; and the local ranks too busy to answer."""
         final = dict(contributions)
-        stand_ins = {rank: view["last_state"] for rank, view in silent.items()
-                     if rank not in final and view.get("last_state")}  # its last heartbeat: all there is
-        stand_ins.update({rank: position for rank, position in watched.items()
-                          if rank not in final and rank not in stand_ins})  # too busy (a GIL-holding call) to answer
-        busy = sorted(rank for rank, seen in stand_ins.items()
-                      if rank not in silent and seen.get("host") == self.host)
+        stand_ins = {
+            rank: view["last_state"] for rank, view in silent.items() if rank not in final and view.get("last_state")
+        }  # its last heartbeat: all there is
+        stand_ins.update(
+            {rank: position for rank, position in watched.items() if rank not in final and rank not in stand_ins}
+        )  # too busy (a GIL-holding call) to answer
+        busy = sorted(rank for rank, seen in stand_ins.items() if rank not in silent and seen.get("host") == self.host)
         # What the leader saw wins (a busy rank's cleared wait, py-spy's stack); its last whole state adds history.
         for rank, view in self.job.with_history(stand_ins).items():
             final[rank] = dict(view, stale=True)
@@ -170,16 +201,28 @@ class IncidentWriter:
         """The incident from every rank's state, assessed again; None when a deadlock dissolved meanwhile."""
         again = analysis.assess(final, self.world_size, self.config.grace, self.config.timeout, silent)
         if assessment.verdict == analysis.DEADLOCK and (again.verdict, again.fingerprint) != (
-                assessment.verdict, assessment.fingerprint):
+            assessment.verdict,
+            assessment.fingerprint,
+        ):
             log.info("ddpwatch: the ranks moved on while stacks were collected; no report")
             return None
-        findings = again.findings if again.verdict else ([] if assessment.verdict == analysis.DUMP
-                                                          else assessment.findings)
-        built = build_incident(final, self.world_size, self.config.grace, self.config.timeout, silent=silent,
-                               trigger=assessment.verdict, findings=findings, run_id=self._incident_id(),
-                               written_by=self.rank, created_at=time.time(),
-                               missing_ranks=[r for r in range(self.world_size) if r not in contributions],
-                               rank_conditions=rankcond.capture_rank_conditions(final))
+        findings = (
+            again.findings if again.verdict else ([] if assessment.verdict == analysis.DUMP else assessment.findings)
+        )
+        built = build_incident(
+            final,
+            self.world_size,
+            self.config.grace,
+            self.config.timeout,
+            silent=silent,
+            trigger=assessment.verdict,
+            findings=findings,
+            run_id=self._incident_id(),
+            written_by=self.rank,
+            created_at=time.time(),
+            missing_ranks=[r for r in range(self.world_size) if r not in contributions],
+            rank_conditions=rankcond.capture_rank_conditions(final),
+        )
         return wording.worded_incident(built)  # as report.json has it: the summary and fix of each finding
 
     def _add_native_stacks(self, number: int, incident: dict, busy: list) -> None:
@@ -212,8 +255,10 @@ class IncidentWriter:
             folder, note = documents.save_incident(self.config.dir, incident["run_id"], incident, report.renderings)
         except Exception as exc:  # OSError (EFBIG, ENOSPC, EACCES), UnsafeFolder, or a value that cannot be encoded
             incident.pop("report_dir", None)
-            say(f"ddpwatch: could not write the report anywhere ({type(exc).__name__}: {exc}); "
-                "the verdict above is all there is\n")
+            say(
+                f"ddpwatch: could not write the report anywhere ({type(exc).__name__}: {exc}); "
+                "the verdict above is all there is\n"
+            )
             return None
         say(f"ddpwatch: report written to {folder}\n" + (f"ddpwatch: {note}\n" if note else ""))
         return folder
@@ -233,5 +278,7 @@ class IncidentWriter:
         folder = os.path.join(self.config.dir, f"local-{self.job.stamp or 'run'}-{self.run_tag or 'job'}")
         path = documents.save_rank_dump(folder, full)
         written = folder if path == documents.NOWHERE else os.path.dirname(path)  # the fallback, where that was used
-        say(f"ddpwatch: rank {self.rank} is stuck in {wording.describe_op(record)} and the store is gone; wrote "
-            f"{path}. Merge the ranks' dumps with: ddpwatch report {written}\n")
+        say(
+            f"ddpwatch: rank {self.rank} is stuck in {wording.describe_op(record)} and the store is gone; wrote "
+            f"{path}. Merge the ranks' dumps with: ddpwatch report {written}\n"
+        )

@@ -75,7 +75,8 @@ class PeerTracker:
             view["process"] = self.look_at_peer(rank, int(last.get("pid", 0)), now)
             condition = (view["process"] or {}).get("condition")
             if condition in (evidence.BUSY, evidence.WAITING) or (
-                    condition not in (evidence.GONE, evidence.FROZEN) and quiet < self.config.timeout):
+                condition not in (evidence.GONE, evidence.FROZEN) and quiet < self.config.timeout
+            ):
                 states[rank] = busy_state(last)  # at most a straggler, reported by the timeout stage
                 return None
         elif quiet < self.config.timeout:
@@ -109,9 +110,12 @@ class PeerTracker:
             process = self._facts(int(last.get("pid", 0))) if last.get("host") == self.host else None
             gone = (process or {}).get("exists") is False
             if gone or (process is None and quiet >= VANISHED_AFTER_INTERVALS * self.config.interval):
-                silent[rank] = {"silent_s": round(quiet, 1), "last_state": last,
-                                "process": process,
-                                "remote": process is None}
+                silent[rank] = {
+                    "silent_s": round(quiet, 1),
+                    "last_state": last,
+                    "process": process,
+                    "remote": process is None,
+                }
         return silent
 
     def _facts(self, pid: int) -> dict | None:

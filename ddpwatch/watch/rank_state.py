@@ -60,8 +60,12 @@ class StateReader:
         has made progress since, the last of it less than `grace` ago (so it cannot be blocked, in a recorded
         collective or in one only the Flight Recorder sees), and its whole state is not due. Building and encoding
         a state that moved on by the time it is read was most of a healthy round's cost."""
-        return (self._published_running and self.recorder.progress != self._round_progress
-                and now - self.recorder.progress_mono < self.config.grace and now - self._whole_at < WHOLE_EVERY_S)
+        return (
+            self._published_running
+            and self.recorder.progress != self._round_progress
+            and now - self.recorder.progress_mono < self.config.grace
+            and now - self._whole_at < WHOLE_EVERY_S
+        )
 
     def beat_round(self) -> int:
         """Count a round that sends its beat alone; returns that beat."""
@@ -75,9 +79,16 @@ class StateReader:
         entries); `position_only` leaves out the finished records and site counts. Each read is a new heartbeat."""
         self.beat += 1
         recent = 32 if full else 0 if position_only else 8
-        doc = build.rank_state(self.rank, self.world_size, pid=os.getpid(), host=self.host, beat=self.beat,
-                           published_at=time.time(), status=build.RUNNING,  # progress, records, groups ...
-                           **self.recorder.snapshot(recent=recent, site_counts=not position_only))
+        doc = build.rank_state(
+            self.rank,
+            self.world_size,
+            pid=os.getpid(),
+            host=self.host,
+            beat=self.beat,
+            published_at=time.time(),
+            status=build.RUNNING,  # progress, records, groups ...
+            **self.recorder.snapshot(recent=recent, site_counts=not position_only),
+        )
         self._add_unseen_collective(doc)
         if full:
             doc["stacks"] = python_stacks(skip_thread=threading.get_ident())

@@ -22,6 +22,7 @@ ENDING_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 # ----- signals while armed -----
 
+
 def _is_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -83,8 +84,10 @@ class LiveControl:
     def _install(self, signum: int, handler) -> None:
         previous = signal.getsignal(signum)
         if previous is None:  # a handler set outside Python: it cannot be chained, so leave it alone
-            log.warning("ddpwatch: %s has a handler installed outside Python; ddpwatch leaves it alone",
-                        signal.Signals(signum).name)
+            log.warning(
+                "ddpwatch: %s has a handler installed outside Python; ddpwatch leaves it alone",
+                signal.Signals(signum).name,
+            )
             return
         if previous is signal.SIG_IGN and signum == signal.SIGTERM:
             return  # the program chose to ignore SIGTERM; there is nothing to finish before it ends

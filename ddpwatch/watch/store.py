@@ -19,7 +19,7 @@ READ_BUILT_PER_BYTE = 12
 # value there, or ABSENT when there is none. A counter is read so, never with add(key, 0): TCPStore's add on a value
 # that is not an integer (anyone on the port can write one) closes the connection, which ended ddpwatch for the job.
 ABSENT = b"\x00ddpwatch: absent"
-COUNTER_RANGE = (-2**63, 2**63)  # what the store's add can hold (a 64-bit integer)
+COUNTER_RANGE = (-(2**63), 2**63)  # what the store's add can hold (a 64-bit integer)
 
 
 class StoreUnavailable(RuntimeError):
@@ -129,8 +129,9 @@ class StateStore:
         """{key: doc} in one round trip where the store can (multi_set), else one set per key. An int goes as its
         digits (what add() reads), a str as the JSON text it is: neither calls the encoder."""
         keys = list(docs)
-        values = [doc if type(doc) is str else str(doc) if type(doc) is int else documents.dumps(doc)
-                  for doc in docs.values()]  # a str: JSON text already (publish_beat)
+        values = [
+            doc if type(doc) is str else str(doc) if type(doc) is int else documents.dumps(doc) for doc in docs.values()
+        ]  # a str: JSON text already (publish_beat)
         if hasattr(self._store, "multi_set"):
             self._call(self._store.multi_set, keys, values)
         else:
@@ -192,7 +193,7 @@ class StateStore:
             return {}
         present, values = [], []
         for start in range(0, len(keys), MULTI_GET_SLICE):
-            chunk = list(keys[start:start + MULTI_GET_SLICE])
+            chunk = list(keys[start : start + MULTI_GET_SLICE])
             everything = bool(self._call(self._store.check, chunk))
             found = chunk if everything else [key for key in chunk if self.exists(key)]
             if not found:
@@ -218,15 +219,19 @@ def _by_rank(docs: dict, ranks: dict, world_size: int) -> dict:
     """{rank: doc} of `docs` ({key: doc}) whose doc names the rank of its key (`ranks`: {key: rank}) and passes the
     report format's checks of a rank state (validate.published_state); anything else, torn or someone else's, is
     left out."""
-    return {ranks[key]: doc for key, doc in docs.items()
-            if doc.get("rank") == ranks[key] and validate.published_state(doc, world_size)}
+    return {
+        ranks[key]: doc
+        for key, doc in docs.items()
+        if doc.get("rank") == ranks[key] and validate.published_state(doc, world_size)
+    }
 
 
 # What the leader reads of every rank each interval: a rank's state without its history (recent records, site counts).
 # Which ranks wait where, for how long, under which condition, is all a verdict needs; the history only names the
 # finding, and the leader reads it from each rank's full answer once an incident starts. 2.9 KiB -> about 0.5 KiB.
-POSITION_LEAVES_OUT = frozenset({"recent", "site_counts", "last_seq", "ops_recorded", "format_version",
-                                 "world_size", "published_at"})
+POSITION_LEAVES_OUT = frozenset(
+    {"recent", "site_counts", "last_seq", "ops_recorded", "format_version", "world_size", "published_at"}
+)
 
 
 def position(state: dict) -> dict:

@@ -16,7 +16,7 @@ NOT_WAITING = "-"  # the position of a rank the leader saw outside any collectiv
 
 
 def position_key(state: dict | None, grace: float) -> str:
-    """"group/seq/api" of the collective a rank is blocked in, or NOT_WAITING."""
+    """ "group/seq/api" of the collective a rank is blocked in, or NOT_WAITING."""
     if not state or not analysis.is_blocked(state, grace):
         return NOT_WAITING
     record = analysis.waiting_record(state)
@@ -51,14 +51,17 @@ def claimed_position(verdict: dict, rank: int) -> str | None:
         if not isinstance(key, str) or not isinstance(spans, list):
             continue
         for span in spans:
-            if (isinstance(span, list) and len(span) == 2 and all(type(x) is int for x in span)
-                    and span[0] <= rank <= span[1]):
+            if (
+                isinstance(span, list)
+                and len(span) == 2
+                and all(type(x) is int for x in span)
+                and span[0] <= rank <= span[1]
+            ):
                 return key
     return None
 
 
-def why_not_act(verdict: dict, own_action: str, own_state: dict, rank: int, grace: float,
-                timeout: float) -> str | None:
+def why_not_act(verdict: dict, own_action: str, own_state: dict, rank: int, grace: float, timeout: float) -> str | None:
     """None when this rank may act on an abort verdict; else one line saying why it does not."""
     if not action_row(own_action).ends_rank:
         return f"this rank is configured action={own_action}; a peer's verdict never upgrades that to abort"

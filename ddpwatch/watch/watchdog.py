@@ -61,8 +61,18 @@ class Watchdog(threading.Thread):
         self.states.fingerprints = log = FingerprintLog(recorder)
         self.mismatches = MismatchCheck(log, rank, world_size, lambda: recorder.groups)
         self._seen, self._info = 0, {}  # the newest incident whose info this rank has read, and that info
-        self.writer = IncidentWriter(self.job, config, rank, world_size, self.host, run_tag, answers=self.answers,
-                                     policy=self.policy, logged=self._logged, stopping=self._stop_event)
+        self.writer = IncidentWriter(
+            self.job,
+            config,
+            rank,
+            world_size,
+            self.host,
+            run_tag,
+            answers=self.answers,
+            policy=self.policy,
+            logged=self._logged,
+            stopping=self._stop_event,
+        )
         self._watched_states: dict = {}  # the peers' states of the last look that started an incident
         self._blocked_since = 0.0  # monotonic time this rank registered as waiting
         self._last_to_block = False  # this round's registration made every rank waiting
@@ -110,8 +120,12 @@ class Watchdog(threading.Thread):
                     self.policy.check_posted(self.states.read)
             except StoreUnavailable as exc:
                 self._store_ok = False
-                self._log_once("store", "ddpwatch: the store stopped answering (%s); no longer publishing; "
-                                        "each rank now writes its own dump when it is stuck", exc)
+                self._log_once(
+                    "store",
+                    "ddpwatch: the store stopped answering (%s); no longer publishing; "
+                    "each rank now writes its own dump when it is stuck",
+                    exc,
+                )
             except Exception:
                 self._log_once("tick", "ddpwatch: watchdog error, continuing", exc_info=True)
 
@@ -144,8 +158,11 @@ class Watchdog(threading.Thread):
         blocked for `grace` and not yet registered as waiting (two recorder reads: no store, no lock)."""
         if self._dump_requested.is_set() or self._peer_failure.is_set():
             return True
-        return (not self.registered_waiting and bool(self.recorder.inflight)
-                and now - self.recorder.progress_mono >= self.config.grace)
+        return (
+            not self.registered_waiting
+            and bool(self.recorder.inflight)
+            and now - self.recorder.progress_mono >= self.config.grace
+        )
 
     # ----- a peer's failure seen by the training thread (gloo: "Connection closed by peer") -----
     def on_collective_failure(self, error: BaseException) -> None:
@@ -168,8 +185,9 @@ class Watchdog(threading.Thread):
             fingerprint = "peer-failure-" + "-".join(str(r) for r in sorted(silent))
             if silent and fingerprint not in self.reported and self.job.claim(fingerprint):
                 self.reported.add(fingerprint)
-                self.run_incident(analysis.Assessment(analysis.SILENT, findings, fingerprint), silent,
-                                  action=REPORT)  # the user's exception follows; torchrun decides what to do
+                self.run_incident(
+                    analysis.Assessment(analysis.SILENT, findings, fingerprint), silent, action=REPORT
+                )  # the user's exception follows; torchrun decides what to do
         finally:
             self.writing.clear()  # set by on_collective_failure: a SIGTERM meanwhile waited for this report
 
@@ -201,8 +219,9 @@ class Watchdog(threading.Thread):
     def tick(self) -> None:
         self.recorder.poll_pending()
         now, state, positions = time.monotonic(), None, self.mismatches.outgoing()
-        if not (self.states.beat_is_enough(now)
-                and self.job.publish_beat(self.rank, self.states.beat_round(), positions)):
+        if not (
+            self.states.beat_is_enough(now) and self.job.publish_beat(self.rank, self.states.beat_round(), positions)
+        ):
             state, whole = self.states.heartbeat(now)
             self.job.publish(self.rank, state, whole, positions)
         waiting, latest = self.job.counters()  # two round trips a round in all: the publish and this
@@ -266,8 +285,9 @@ class Watchdog(threading.Thread):
         if self.rank == LEADER:  # its publish wrote its beat number, which the waiting ranks read
             return waiting > 0
         # Normally rank 0 watches: read its heartbeat counter only, the others' states only once it has gone silent.
-        return self.peers.leader_silent(self.job.leader_beat(), lambda: self.job.positions(range(1, self.rank)),
-                                        time.monotonic())
+        return self.peers.leader_silent(
+            self.job.leader_beat(), lambda: self.job.positions(range(1, self.rank)), time.monotonic()
+        )
 
     def watch(self) -> None:
         states = self.job.positions()  # enough for a verdict; the full states come with the incident's answers
