@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ddpwatch import config
+from ddpwatch import config, config_files
 from ddpwatch.config import ConfigError, load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,7 +80,7 @@ def test_pyproject_tool_that_is_not_a_table_is_ignored(tmp_path):
 
 
 def test_without_a_toml_parser_a_ddpwatch_section_is_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(config, "_toml", lambda: None)  # Python < 3.11 without tomli
+    monkeypatch.setattr(config_files, "_toml", lambda: None)  # Python < 3.11 without tomli
     write(tmp_path, "pyproject.toml", "[tool.black]\nline-length = 100\n")
     assert load(environ={}, cwd=str(tmp_path)) == config.Config()  # nothing of ours there: no error
     pyproject = write(tmp_path, "pyproject.toml", "[tool.black]\nx = 1\n\n[ tool.ddpwatch ]\ntimeout = 5\n")
@@ -90,7 +90,7 @@ def test_without_a_toml_parser_a_ddpwatch_section_is_a_clear_error(tmp_path, mon
 
 
 def test_tomli_is_the_fallback_parser():
-    source = open(os.path.join(ROOT, "ddpwatch", "config.py"), encoding="utf-8").read()
+    source = open(os.path.join(ROOT, "ddpwatch", "config_files.py"), encoding="utf-8").read()
     assert re.search(r"except ImportError:.*\n\s+try:\n\s+import tomli as tomllib", source)
 
 
@@ -204,7 +204,7 @@ def test_a_file_error_comes_before_a_good_environment(tmp_path):
 @pytest.fixture
 def warnings_seen(monkeypatch, caplog):
     """The ddpwatch warnings logged during the test, as text; the once-per-process memory starts empty."""
-    monkeypatch.setattr(config, "_warned", set())
+    monkeypatch.setattr(config_files, "_warned", set())
     caplog.set_level(logging.WARNING, logger="ddpwatch")
     return lambda: [r.getMessage() for r in caplog.records if r.name == "ddpwatch"]
 
