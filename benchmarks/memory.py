@@ -39,7 +39,7 @@ class FakeTensor:
 
 def caches_full_at() -> int:
     """Ops after which the code caches have reached their bound (CODE_LIMIT new code objects, one per step, twice)."""
-    from ddpwatch.capture.record import CODE_LIMIT
+    from ddpwatch.capture.sites import CODE_LIMIT
 
     return 2 * CODE_LIMIT * len(MIX)
 
@@ -119,7 +119,7 @@ def snapshot_sizes(recorder) -> dict:
 
 def main(argv=None) -> None:
     opts = C.parser(__doc__).parse_args(argv)
-    from ddpwatch.capture import record
+    from ddpwatch.capture import record, sites
     from ddpwatch.config import Config
 
     mode = "quick" if opts.quick else "full"
@@ -163,8 +163,8 @@ def main(argv=None) -> None:
             ["incident answer JSON without stacks (bytes, 64 recent)", sizes[64]],
             ["code objects in record.py's frame-kind cache (one new code object per step)", len(record._kind_of_code)],
             [
-                "code objects kept for raw sites (bound: record.CODE_LIMIT)",
-                f"{len(record._code_by_id)} (<= {record.CODE_LIMIT})",
+                "code objects kept for raw sites (bound: sites.CODE_LIMIT)",
+                f"{len(sites._code_by_id)} (<= {sites.CODE_LIMIT})",
             ],
         ],
     )

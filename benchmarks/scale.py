@@ -106,7 +106,8 @@ def block(recorder, leader: bool) -> None:
     """The hang: rank 0 inside DDP.forward's buffer broadcast, every other rank in the next barrier, 10 s ago."""
     from ddpwatch.format import build
     from ddpwatch.capture import record as record_module
-    from ddpwatch.capture.record import frame_site, tensor_meta, user_frame
+    from ddpwatch.capture.record import tensor_meta
+    from ddpwatch.capture.sites import frame_site, user_frame
 
     real = record_module._monotonic
     record_module._monotonic = lambda: real() - 10.0  # as if it had been waiting 10 s: past grace, no waiting for real

@@ -15,7 +15,8 @@ from .watch import crashes, signals
 from .capture import loaders
 from .capture.replacements import Patches
 from .capture.wrappers import Patcher
-from .capture.record import Recorder, configure_frames
+from .capture.record import Recorder
+from .capture.sites import configure_frames
 
 log = logging.getLogger("ddpwatch")
 

@@ -11,7 +11,7 @@ import torch.distributed.distributed_c10d as c10d
 
 import ddpwatch
 from ddpwatch import catalogue
-from ddpwatch.capture import record
+from ddpwatch.capture import record, sites
 from ddpwatch.capture.wrappers import _signature_source
 from ddpwatch.capture.replacements import PATCH_MARKER
 
@@ -98,7 +98,7 @@ def test_a_user_error_through_the_wrapper_shows_readable_lines_and_is_the_same_e
     frames = traceback.extract_tb(caught.value.__traceback__)
     ours = [f for f in frames if f.filename.startswith("<ddpwatch hot path")]
     assert ours and all(f.line for f in ours)  # the generated source is in linecache
-    assert record.file_kind(ours[0].filename) == record.INTERNAL  # never taken for the user's line
+    assert sites.file_kind(ours[0].filename) == sites.INTERNAL  # never taken for the user's line
 
 
 def test_the_site_is_the_line_of_a_call_spread_over_several_lines():
@@ -127,7 +127,7 @@ def test_the_line_read_back_from_the_instruction_offset_is_what_f_lineno_says():
 
     def probe():
         frame = sys._getframe(1)
-        seen.append((record._line_at(frame.f_code, frame.f_lasti), frame.f_lineno))
+        seen.append((sites._line_at(frame.f_code, frame.f_lasti), frame.f_lineno))
 
     def body():
         for i in range(3):

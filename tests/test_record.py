@@ -12,7 +12,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 from ddpwatch.capture import record as R
 from ddpwatch import frames  # noqa: E402
 from ddpwatch.format import build, documents  # noqa: E402
-from ddpwatch.capture.record import Recorder, is_internal_file, tensor_meta, user_frame  # noqa: E402
+from ddpwatch.capture.record import Recorder, tensor_meta  # noqa: E402
+from ddpwatch.capture import sites  # noqa: E402
+from ddpwatch.capture.sites import is_internal_file, user_frame  # noqa: E402
 from ddpwatch.capture.stacks import python_stacks  # noqa: E402
 
 HERE = os.path.abspath(__file__)
@@ -438,8 +440,8 @@ def test_is_internal_file():
     stdlib = frames.THIS_MACHINE.stdlib_prefixes[0]
     # an installed framework is library code: never the user's line
     assert is_internal_file(os.path.join(stdlib, "site-packages", "lightning", "trainer.py")) is True
-    assert R.file_kind(os.path.join(stdlib, "site-packages", "lightning", "trainer.py")) == R.LIBRARY
-    assert R.file_kind("/venv/lib/python3.11/dist-packages/accelerate/state.py") == R.LIBRARY
+    assert sites.file_kind(os.path.join(stdlib, "site-packages", "lightning", "trainer.py")) == sites.LIBRARY
+    assert sites.file_kind("/venv/lib/python3.11/dist-packages/accelerate/state.py") == sites.LIBRARY
 
 
 @pytest.mark.parametrize(
@@ -456,18 +458,18 @@ def test_a_frame_is_classified_the_same_live_and_offline(path):
     from ddpwatch.sources import flight_recorder
 
     assert flight_recorder.is_internal_path(path) is is_internal_file(path)
-    assert frames.classify(path, None, frames.DUMPED) == R.file_kind(path)
+    assert frames.classify(path, None, frames.DUMPED) == sites.file_kind(path)
 
 
 def test_configured_packages_move_frames_between_user_and_library():
     try:
-        R.configure_frames(user_packages=("mylab",), library_packages=("trainkit",))
-        assert R.file_kind("/venv/lib/python3.11/site-packages/mylab/train.py") == R.USER
-        assert R.file_kind("/src/trainkit/loop.py", "trainkit.loop") == R.LIBRARY
-        assert R.file_kind("/src/other/loop.py", "other.loop") == R.USER
+        sites.configure_frames(user_packages=("mylab",), library_packages=("trainkit",))
+        assert sites.file_kind("/venv/lib/python3.11/site-packages/mylab/train.py") == sites.USER
+        assert sites.file_kind("/src/trainkit/loop.py", "trainkit.loop") == sites.LIBRARY
+        assert sites.file_kind("/src/other/loop.py", "other.loop") == sites.USER
     finally:
-        R.configure_frames()
-    assert R.file_kind("/venv/lib/python3.11/site-packages/mylab/train.py") == R.LIBRARY
+        sites.configure_frames()
+    assert sites.file_kind("/venv/lib/python3.11/site-packages/mylab/train.py") == sites.LIBRARY
 
 
 def test_user_frame_steps_over_library_frames_and_names_the_library_call():
@@ -477,9 +479,9 @@ def test_user_frame_steps_over_library_frames_and_names_the_library_call():
         compile("def barrier(probe):\n    return probe(__import__('sys')._getframe())\n", library_file, "exec"),
         namespace,
     )
-    frame, via = namespace["barrier"](R.user_frame_and_via)
+    frame, via = namespace["barrier"](sites.user_frame_and_via)
     assert frame.f_code.co_name == "test_user_frame_steps_over_library_frames_and_names_the_library_call"
-    assert R.via_site(via)[2:] == ("barrier", "trainkit")
+    assert sites.via_site(via)[2:] == ("barrier", "trainkit")
 
 
 def test_user_frame_skips_internal_frames():
@@ -487,7 +489,7 @@ def test_user_frame_skips_internal_frames():
     # A function whose code claims to live in os.py: a standard-library frame between us and the recorder.
     exec(compile("import sys\ndef call(fn):\n    return fn(sys._getframe())\n", os.__file__, "exec"), namespace)
     line = this_line() + 1
-    found, where = namespace["call"](lambda frame: (user_frame(frame), R.frame_site(user_frame(frame))))
+    found, where = namespace["call"](lambda frame: (user_frame(frame), sites.frame_site(user_frame(frame))))
     assert found is sys._getframe()
     assert where == {"file": __file__, "line": line, "function": "test_user_frame_skips_internal_frames"}
 
@@ -496,7 +498,7 @@ def test_user_frame_of_a_user_frame_is_itself():
     here = sys._getframe()
     assert user_frame(here) is here
     assert user_frame(None) is None
-    assert R.frame_site(None) is None
+    assert sites.frame_site(None) is None
     namespace = {}
     exec(compile("import sys\ndef top():\n    return sys._getframe()\n", os.__file__, "exec"), namespace)
     assert user_frame(namespace["top"]()) is here  # the internal frame is skipped, its caller (this test) found
@@ -545,14 +547,14 @@ def test_in_flight_set_is_bounded_when_work_never_completes():
 def test_code_made_anew_each_step_does_not_grow_the_code_caches(monkeypatch):
     """A function compiled per step (exec, generated code) is a new code object each time: the caches stay bounded,
     the ring's records still name their lines, and the site counts still count every call by line."""
-    monkeypatch.setattr(R, "CODE_LIMIT", 16, raising=False)
+    monkeypatch.setattr(sites, "CODE_LIMIT", 16)
     recorder = Recorder(ring_size=8)
     for step in range(200):
         namespace = {}
         source = f"def step(record):\n    return record(__import__('sys')._getframe())  # step {step}\n"
         exec(compile(source, "/u/gen.py", "exec"), namespace)  # a new code object each step
         namespace["step"](lambda frame: recorder.finish(recorder.begin("barrier", "barrier", "0", (), frame)))
-    assert len(R._code_by_id) <= 16 and len(R._kind_of_code) <= 16
+    assert len(sites._code_by_id) <= 16 and len(sites.kind_of_code) <= 16
     snap = recorder.snapshot(recent=8)
     assert snap["site_counts"] == {"/u/gen.py:2": 200}
     assert [(r["site"]["file"], r["site"]["line"]) for r in snap["recent"]] == [("/u/gen.py", 2)] * 8

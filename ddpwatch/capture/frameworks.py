@@ -12,7 +12,7 @@ import inspect
 import os
 
 from ..static.source import parsed_file
-from .record import installed_package
+from .sites import installed_package
 
 
 def framework_context(frame) -> dict | None:

@@ -5,190 +5,28 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import os
 import threading
 import time
 import types
-import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from .. import frames
 from ..config import DEFAULTS
 from ..format import build
 from .point_to_point import p2p_fields
+from .sites import (
+    USER,
+    kind_of_code,
+    last_user_code,
+    recorders,
+    resolve_site,
+    site_dict,
+    user_frame_and_via,
+    cached_via_site,
+)
 from .tensors import describe_tensors, tensor_meta  # noqa: F401 - tensor_meta: what the wrappers keep of tensors
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..format.types import RecordDoc
-
-# What a frame is, for finding "the user's line": never the user's (ddpwatch, torch, the standard library), an
-# installed framework's (lightning, accelerate...: the user called it, it is not the line to change), or the user's.
-# The one classifier (frames.py) decides, once per code object; the offline reader asks it the same question.
-INTERNAL, LIBRARY, USER = frames.INTERNAL, frames.LIBRARY, frames.USER
-installed_package = frames.installed_package
-# id(code object) -> (that code object, INTERNAL/LIBRARY/USER). Keyed by id: hashing a code object hashes its
-# constants and names on every call (0.1-0.5 us for a training loop's function); the entry keeps the code alive, so
-# its id cannot be reused for another.
-_kind_of_code: dict = {}
-_last_user_code: list = [None]  # the last code object found to be the user's: the hot path's one-entry cache
-# Top-level package names that count as the user's although installed, and ones that count as library although
-# not installed (config options user_packages / library_packages, set by the session through configure_frames).
-_packages: frames.Packages = frames.NO_PACKAGES
-
-
-def configure_frames(user_packages=(), library_packages=()) -> None:
-    """Name packages that count as the user's code (a user's own installed package) or as a library."""
-    global _packages
-    _packages = frames.packages(user_packages, library_packages)
-    _kind_of_code.clear()
-    _last_user_code[0] = None
-
-
-def file_kind(filename: str, module: str | None = None) -> int:
-    """INTERNAL, LIBRARY or USER for a frame in this file (`module`: the frame's __name__, when known)."""
-    return frames.classify(filename, module, frames.THIS_MACHINE, _packages)
-
-
-def is_internal_file(filename: str) -> bool:
-    """Whether a frame in this file is not the user's own code (ddpwatch, torch, stdlib or an installed library)."""
-    return file_kind(filename) != USER
-
-
-def code_kind(frame) -> int:
-    """INTERNAL, LIBRARY or USER for a frame's code, decided once per code object."""
-    code = frame.f_code
-    entry = _kind_of_code.get(id(code))
-    if entry is not None and entry[0] is code:
-        return entry[1]
-    kind = file_kind(code.co_filename, frame.f_globals.get("__name__"))
-    if len(_code_by_id) >= CODE_LIMIT:
-        _forget_codes()
-    _kind_of_code[id(code)] = (code, kind)
-    _code_by_id[id(code)] = code  # every code a site can name passed here first: its id keeps naming it
-    return kind
-
-
-def user_frame_and_via(frame):
-    """(the user's innermost frame, the outermost library frame below it: the framework call it went through)."""
-    cache = _kind_of_code
-    via = None
-    while frame is not None:
-        code = frame.f_code
-        entry = cache.get(id(code))
-        kind = entry[1] if entry is not None and entry[0] is code else code_kind(frame)
-        if kind == USER:
-            return frame, via
-        if kind == LIBRARY:
-            via = frame
-        frame = frame.f_back
-    return None, via
-
-
-def user_frame(frame):
-    """The innermost frame of the user's own code (not torch, ddpwatch, the standard library or a library), or None."""
-    return user_frame_and_via(frame)[0]
-
-
-_via_cache: dict = {}  # raw site -> via_site(): a framework's frame is the same few lines, step after step
-
-
-def cached_via_site(frame) -> tuple | None:
-    """via_site(frame), computed once per (code, instruction): the package lookup touches the file system."""
-    if frame is None:
-        return None
-    raw = code_site(frame)
-    via = _via_cache.get(raw)
-    if via is None:
-        via = _via_cache[raw] = via_site(frame)
-    return via
-
-
-def via_site(frame) -> tuple | None:
-    """A library frame as (file, line, qualified function, package): "via DDPStrategy.barrier in lightning"."""
-    if frame is None:
-        return None
-    code = frame.f_code
-    name = getattr(code, "co_qualname", code.co_name)
-    package = (
-        installed_package(os.path.abspath(code.co_filename)) or (frame.f_globals.get("__name__") or "?").split(".")[0]
-    )
-    return (code.co_filename, frame.f_lineno, name, package)
-
-
-def frame_site(frame) -> dict | None:
-    if frame is None:
-        return None
-    return build.site(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
-
-
-# A call site on the hot path is (id(code), f_lasti): frame.f_lineno scans the code's line table on every read
-# (600+ instructions in a small function, more in a long training loop), f_lasti is a field. The code objects are
-# kept here, so an id is never reused while a record or a site count still names it.
-_code_by_id: dict = {}
-_line_cache: dict = {}  # (id(code), lasti) -> line number
-# Code made anew each step (exec'd, generated) would grow the caches above forever. Past CODE_LIMIT code objects,
-# on the slow path only (a code seen for the first time), they are emptied but for the codes a record in flight or
-# in a ring still names; the site counts are folded into counts by line first, so no raw site outlives its code.
-CODE_LIMIT = 1024
-_recorders: weakref.WeakSet = weakref.WeakSet()
-
-
-def code_site(frame) -> tuple:
-    """The raw site of a frame, cheap: (id(code), offset of its current instruction)."""
-    code = frame.f_code
-    key = id(code)
-    if key not in _code_by_id:
-        if len(_code_by_id) >= CODE_LIMIT:
-            _forget_codes()
-        _code_by_id[key] = code
-    return (key, frame.f_lasti)
-
-
-def _forget_codes() -> None:
-    """Empty the code caches, keeping only the codes that records still name (see CODE_LIMIT)."""
-    named = set()
-    for recorder in list(_recorders):
-        named.update(recorder.named_codes())
-    kept = {key: code for key, code in _code_by_id.items() if key in named}
-    _code_by_id.clear()
-    _code_by_id.update(kept)
-    _kind_of_code.clear()
-    _last_user_code[0] = None
-    _via_cache.clear()
-    for raw in [raw for raw in _line_cache if raw[0] not in kept]:
-        _line_cache.pop(raw, None)
-
-
-def _line_at(code, lasti: int) -> int:
-    """The line of the instruction at byte offset `lasti`: what frame.f_lineno would have said."""
-    import dis  # only when a record is formatted; findlinestarts reads the line table of every Python version
-
-    line = code.co_firstlineno
-    for start, start_line in dis.findlinestarts(code):
-        if start > lasti:
-            break
-        if start_line is not None:
-            line = start_line
-    return line
-
-
-def resolve_site(raw) -> tuple | None:
-    """(file, line, function) of a raw site: the formatting the hot path left for whoever reads the record."""
-    if raw is None:
-        return None
-    code = _code_by_id.get(raw[0])
-    if code is None:
-        return None
-    line = _line_cache.get(raw)
-    if line is None:
-        line = _line_cache[raw] = _line_at(code, raw[1])
-    return (code.co_filename, line, code.co_name)
-
-
-def _site_dict(raw) -> dict | None:
-    site = resolve_site(raw)
-    return site and build.site(*site)
-
 
 _monotonic, _get_ident = time.monotonic, threading.get_ident  # bound once: called twice per collective
 _IN_FLIGHT, _COMPLETED = build.IN_FLIGHT, build.COMPLETED
@@ -239,11 +77,29 @@ class Record:
         "p2p",
         "reduce",
     )
+    # Annotations only (no class attributes: slots): what each slot holds, for the type checker and the reader.
+    seq: int
+    group: str
+    op: str
+    api: str
+    peer: int | None
+    tensors: Any
+    site: tuple | None  # raw: (id(code), f_lasti), resolved by sites.resolve_site when read
+    via: tuple | None  # (file, line, function, package) of the framework call it went through
+    region: tuple | None  # (kind, raw site, api) of the DDP/FSDP region it ran in
+    start_mono: float
+    end_mono: float | None
+    state: str
+    error: str | None
+    work: Any
+    thread: int
+    p2p: tuple
+    reduce: Any
 
     def to_dict(self, now_mono: float, waited: frozenset = frozenset()) -> RecordDoc:
         """Plain data; `waited`: ids of the Work objects some thread is blocked in wait() on now."""
         shapes, dtypes = describe_tensors(self.tensors)
-        in_flight = self.state == build.IN_FLIGHT
+        end = self.end_mono  # None while in flight, and for an UNTRACKED record (given up on before it ended)
         more = p2p_fields(self, waited) if self.peer is not None else {}
         return build.record(
             self.seq,
@@ -254,13 +110,13 @@ class Record:
             peer=self.peer,
             shapes=shapes,
             dtypes=dtypes,
-            site=_site_dict(self.site),
+            site=site_dict(self.site),
             via=self.via
             and {"file": self.via[0], "line": self.via[1], "function": self.via[2], "package": self.via[3]},
             region=self.region and {"kind": self.region[0], "site": self.region[1], "api": self.region[2]},
             start=round(self.start_mono + _WALL_OFFSET, 6),
             age_s=round(now_mono - self.start_mono, 4),
-            duration_s=None if in_flight else round(self.end_mono - self.start_mono, 6),
+            duration_s=None if end is None else round(end - self.start_mono, 6),
             state=self.state,
             error=self.error,
             thread=_thread_name(self.thread),
@@ -272,7 +128,7 @@ class Recorder:
     """The live recording of one process: sequence counters per group, a ring of records, the in-flight set."""
 
     def __init__(self, ring_size: int = DEFAULTS["ring_size"]):
-        self._ring = collections.deque(maxlen=ring_size)
+        self._ring: collections.deque = collections.deque(maxlen=ring_size)
         self._inflight_limit = ring_size
         self._inflight: dict = {}  # record -> record, in the order they began
         # group, or (group, peer, op) for p2p -> the sequence number its next op gets: sends to a peer and receives
@@ -296,7 +152,7 @@ class Recorder:
         self._failure_hook = None  # set by the watchdog while it runs
         self._formatted: dict = {}  # finished record -> (its state, its to_dict()): see _recent_docs
         self._counts_by_line: dict = {}  # "file:line" -> count, folded from site_counts when the code caches empty
-        _recorders.add(self)
+        recorders.add(self)
 
     # --- what others read (read-only: every change goes through a method below that says what happened) ---
     ring = property(lambda self: self._ring, doc="The last records, oldest first (at most ring_size).")
@@ -398,13 +254,13 @@ class Recorder:
         record.state = _IN_FLIGHT
         # Found now: the stack is gone by the time anyone reads the record. Usually the caller is the user's line.
         code = caller.f_code
-        if code is _last_user_code[0]:  # a loop calls its collectives from the same function, op after op
+        if code is last_user_code[0]:  # a loop calls its collectives from the same function, op after op
             frame, record.via = caller, None
         else:
-            entry = _kind_of_code.get(id(code))
+            entry = kind_of_code.get(id(code))
             if entry is not None and entry[0] is code and entry[1] == USER:
                 frame, record.via = caller, None
-                _last_user_code[0] = code
+                last_user_code[0] = code
             else:
                 frame, via = user_frame_and_via(caller)
                 record.via = via and cached_via_site(via)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from .record import LIBRARY, USER, code_kind
+from .sites import LIBRARY, USER, code_kind
 
 
 def python_stacks(skip_thread: int | None = None, limit: int = 60) -> list:

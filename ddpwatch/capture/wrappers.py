@@ -509,7 +509,7 @@ class Patcher:
     def _region_wrapper(self, original, kind: str, api: str, skip_self: bool):
         """A call that is not itself a collective but issues some: records inside carry it as their region."""
         recorder = self.recorder
-        from .record import frame_site, user_frame
+        from .sites import frame_site, user_frame
 
         def wrapper(*args, **kwargs):
             site = frame_site(user_frame(sys._getframe(1)))

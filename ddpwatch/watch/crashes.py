@@ -18,7 +18,7 @@ import time
 
 from .. import analysis, private
 
-from ..capture.record import is_internal_file
+from ..capture.sites import is_internal_file
 
 log = logging.getLogger("ddpwatch")
 

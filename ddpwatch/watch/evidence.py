@@ -270,7 +270,7 @@ def record_from_flight_recorder(entry: dict, state: dict, frame, now: float) -> 
     created = (entry.get("time_created_ns") or 0) / 1e9
     if not created:
         return None
-    from ..capture.record import frame_site
+    from ..capture.sites import frame_site
 
     return build.record(
         (state.get("last_seq") or {}).get(group, -1) + 1,

@@ -16,7 +16,7 @@ import itertools
 from .. import analysis
 from ..format import build
 from ..capture import loaders
-from ..capture.record import resolve_site
+from ..capture.sites import resolve_site
 
 FORMAT = 1  # the published document's own version: analysis reads `v` and refuses others
 KEEP = 2048  # positions kept per group (this rank's own log): a peer that publishes late is still compared

@@ -17,7 +17,7 @@ from ..render.text import render_text
 from ..static import rankcond
 from ..terminal import say
 from . import alerts, evidence, verdict
-from ..capture.record import is_internal_file
+from ..capture.sites import is_internal_file
 from .store import StoreUnavailable
 
 log = logging.getLogger("ddpwatch")

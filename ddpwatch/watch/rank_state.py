@@ -13,7 +13,7 @@ from ..format import build
 from ..logonce import log_once
 from . import evidence
 from ..capture import frameworks, loaders
-from ..capture.record import is_internal_file, user_frame
+from ..capture.sites import is_internal_file, user_frame
 from ..capture.stacks import python_stacks
 
 # While a rank makes progress its whole state (its last records, formatted, and its site counts) goes out this
