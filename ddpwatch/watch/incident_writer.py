@@ -9,6 +9,7 @@ import threading
 import time
 
 from .. import analysis
+from ..capture.sites import is_internal_file
 from ..analysis.incident import build as build_incident
 from ..format import documents
 from ..logonce import log_once
@@ -17,7 +18,6 @@ from ..render.text import render_text
 from ..static import rankcond
 from ..terminal import say
 from . import alerts, evidence, verdict
-from ..capture.sites import is_internal_file
 from .store import StoreUnavailable
 
 log = logging.getLogger("ddpwatch")
@@ -115,6 +115,7 @@ class IncidentWriter:
         self.logged = logged
         self.stopping = stopping
         self._frozen_stacks: dict = {}  # rank -> py-spy's read of it (once per peer)
+        self._local_dumps: set = set()  # (group, seq) of each collective this rank dumped itself stuck in
 
     def read_frozen_stacks(self, silent: dict) -> None:
         """A frozen peer cannot answer: read its Python stack from outside with py-spy (once per peer) into its
@@ -272,6 +273,21 @@ class IncidentWriter:
         gone or frozen, cannot: it is not waited for)."""
         deadline = time.monotonic() + wait + self.world_size / 2000  # thousands of answers take longer
         return self.job.collect(number, deadline, answering)
+
+    def dump_if_stuck(self, read_state) -> None:
+        """The store is gone: a rank blocked past grace writes its own dump, once per collective it is stuck in.
+        `read_state(full=False)`: this rank's state as the watchdog publishes it."""
+        state = read_state()
+        record = analysis.waiting_record(state)
+        if record is None or not analysis.is_blocked(state, self.config.grace):
+            return
+        episode = (record["group"], record["seq"])
+        if episode in self._local_dumps:
+            return
+        self._local_dumps.add(episode)
+        full = read_state(full=True)
+        full["store_lost"] = True
+        self.write_local_dump(full, record)
 
     def write_local_dump(self, full: dict, record: dict) -> None:
         """The store is gone: this stuck rank's own dump, for `ddpwatch report` to merge later."""

@@ -51,7 +51,6 @@ class Watchdog(threading.Thread):
         self.writing = threading.Event()  # set while a report is being written: SIGTERM waits for it (signals.py)
         self._peer_failure = threading.Event()
         self.ending_signal = ""  # the name of a signal that came to end this process (signals.py notes it)
-        self._local_dumps: set = set()
         self._logged: set = set()
         self._store_ok = True
         self.states = StateReader(recorder, config, rank, world_size, self.host, self._logged)
@@ -195,17 +194,7 @@ class Watchdog(threading.Thread):
     def tick_local(self) -> None:
         """The store is gone: no peers to compare with, so a rank that is stuck writes its own dump for later."""
         self.recorder.poll_pending()
-        state = self.state()
-        record = analysis.waiting_record(state)
-        if record is None or not analysis.is_blocked(state, self.config.grace):
-            return
-        episode = (record["group"], record["seq"])
-        if episode in self._local_dumps:
-            return
-        self._local_dumps.add(episode)
-        full = self.state(full=True)
-        full["store_lost"] = True
-        self.writer.write_local_dump(full, record)
+        self.writer.dump_if_stuck(self.state)
 
     def request_dump(self) -> None:
         """Ask for a report now, from every rank, without stopping the job (SIGUSR1, `ddpwatch dump`); safe from a
