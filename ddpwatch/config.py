@@ -103,6 +103,16 @@ def _parse_codes(text: str) -> tuple:
     return tuple(code.strip().upper() for code in str(text).split(",") if code.strip())
 
 
+RECORDERS = ("auto", "python", "flight")  # the `recorder` option's values (docs/how-it-works.md#the-two-recorders)
+
+
+def _parse_recorder(text: str) -> str:
+    value = text.strip().lower()
+    if value not in RECORDERS:
+        raise ValueError(f"expected one of {', '.join(RECORDERS)}")
+    return value
+
+
 def _parse_command(text: str) -> str | None:
     """A shell command line; empty means none (a file or variable can switch an inherited one off)."""
     return text.strip() or None
@@ -225,6 +235,16 @@ OPTIONS = (
         (list, tuple),
     ),
     Option(
+        "recorder",
+        "auto",
+        _parse_recorder,
+        ", ".join(RECORDERS),
+        "Where each rank's sequence of collectives comes from: python (a wrapper on every collective), flight "
+        "(torch's own Flight Recorder, read by the watchdog only when a rank stops making progress: nothing "
+        "added per collective; gloo and nccl only, else python) or auto (python, until the flight recorder "
+        "covers every finding; see docs/how-it-works.md).",
+    ),
+    Option(
         "signals",
         True,
         _parse_bool,
@@ -271,6 +291,7 @@ class Config:
     user_packages: tuple = DEFAULTS["user_packages"]
     library_packages: tuple = DEFAULTS["library_packages"]
     signals: bool = DEFAULTS["signals"]
+    recorder: str = DEFAULTS["recorder"]
     on_incident: Any = DEFAULTS["on_incident"]
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 

@@ -107,6 +107,7 @@ def test_environment_variable_of_every_option(tmp_path):
         "exit_code": "9",
         "lint_ignore": "ddp001",
         "signals": "off",
+        "recorder": "Flight",
         "user_packages": "mylab, other",
         "library_packages": "trainkit",
         "on_incident": "notify hang",
@@ -126,6 +127,7 @@ def test_environment_variable_of_every_option(tmp_path):
         cfg.exit_code,
         cfg.lint_ignore,
         cfg.signals,
+        cfg.recorder,
         cfg.user_packages,
         cfg.library_packages,
         cfg.on_incident,
@@ -141,11 +143,17 @@ def test_environment_variable_of_every_option(tmp_path):
         9,
         ("DDP001",),
         False,
+        "flight",
         ("mylab", "other"),
         ("trainkit",),
         "notify hang",
     )
     assert all(cfg.sources[name] == config.OPTIONS_BY_NAME[name].env_var for name in raw)
+
+
+def test_an_unknown_recorder_is_an_error_naming_the_choices(tmp_path):
+    with pytest.raises(ConfigError, match="pyhton.*recorder.*auto, python, flight"):
+        load(environ={"DDPWATCH_RECORDER": "pyhton"}, cwd=str(tmp_path))
 
 
 def test_arguments_win_over_everything(tmp_path):
@@ -257,6 +265,7 @@ def test_known_and_unrelated_variables_give_no_warning(tmp_path, warnings_seen):
         "exit_code": "3",
         "lint_ignore": "",
         "signals": "1",
+        "recorder": "python",
         "user_packages": "mylab",
         "library_packages": "",
         "on_incident": "",

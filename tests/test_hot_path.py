@@ -12,7 +12,7 @@ import torch.distributed.distributed_c10d as c10d
 import ddpwatch
 from ddpwatch import catalogue
 from ddpwatch.capture import record, sites
-from ddpwatch.capture.wrappers import _signature_source
+from ddpwatch.capture.signatures import signature_source
 from ddpwatch.capture.replacements import PATCH_MARKER
 
 
@@ -43,7 +43,7 @@ def _kinds_of_parameters():
 
 @pytest.mark.parametrize("original, calls", _kinds_of_parameters(), ids=lambda v: getattr(v, "__name__", ""))
 def test_generated_signature_equals_the_original_and_passes_every_argument_on(original, calls):
-    params, call, defaults = _signature_source(inspect.signature(original))
+    params, call, defaults = signature_source(inspect.signature(original))
     namespace = {**defaults, "_original": original}
     exec(f"def generated({params}):\n    return _original({call})", namespace)
     generated = namespace["generated"]
@@ -58,7 +58,7 @@ def test_defaults_are_the_very_same_objects_not_their_repr():
     def original(tensor, op=sentinel):
         return op
 
-    params, call, defaults = _signature_source(inspect.signature(original))
+    params, call, defaults = signature_source(inspect.signature(original))
     namespace = {**defaults, "_original": original}
     exec(f"def generated({params}):\n    return _original({call})", namespace)
     assert namespace["generated"](1) is sentinel

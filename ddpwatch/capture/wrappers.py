@@ -17,6 +17,7 @@ from ..logonce import log_once
 from . import point_to_point
 from .replacements import PATCH_MARKER, Patches
 from .record import Recorder
+from .signatures import signature_source
 from .tensors import tensor_meta
 
 # What gets patched comes from the one catalogue (catalogue.py), shared with lint and the Flight Recorder reader.
@@ -90,38 +91,6 @@ def {name}({params}):
 """
 
 
-def _signature_source(signature: inspect.Signature) -> tuple:
-    """(parameter list, call passing them on, {default name: value}) for a generated function with this signature.
-
-    Defaults are passed by name, never by repr: the generated function gets the very same default objects.
-    """
-    P = inspect.Parameter
-    params: list = []
-    call: list = []
-    defaults: dict = {}
-    for name, param in signature.parameters.items():
-        default = ""
-        if param.default is not P.empty:
-            defaults[f"_w_default_{name}"] = param.default
-            default = f"=_w_default_{name}"
-        if params and param.kind is not P.POSITIONAL_ONLY and _last_kind(signature, params) is P.POSITIONAL_ONLY:
-            params.append("/")
-        if param.kind is P.KEYWORD_ONLY and not any(p.startswith("*") for p in params):
-            params.append("*")  # the first keyword-only parameter, with no *args before it
-        prefix = {P.VAR_POSITIONAL: "*", P.VAR_KEYWORD: "**"}.get(param.kind, "")
-        params.append(f"{prefix}{name}{default}")
-        call.append(f"{name}={name}" if param.kind is P.KEYWORD_ONLY else f"{prefix}{name}")
-    if params and _last_kind(signature, params) is P.POSITIONAL_ONLY:
-        params.append("/")
-    return ", ".join(params), ", ".join(call), defaults
-
-
-def _last_kind(signature: inspect.Signature, params: list):
-    """The kind of the parameter last written to `params` (None after a "*" or "/" marker)."""
-    last = params[-1].lstrip("*").split("=")[0] if params else ""
-    return signature.parameters[last].kind if last in signature.parameters else None
-
-
 class Patcher:
     """Owns every patch ddpwatch makes: applies them once, keeps the originals, puts them back."""
 
@@ -132,13 +101,17 @@ class Patcher:
         self._group_cache: dict = {}
         self._lock = threading.Lock()
         self._wait_hooked = False
+        self._per_op = True
 
     @property
     def active(self) -> bool:
         return bool(self.patches)
 
     # ----- applying and restoring -----
-    def patch(self) -> None:
+    def patch(self, per_op: bool = True) -> None:
+        """Apply the patches once. `per_op` false (the flight recorder, watch/flight.py): no wrapper on any
+        collective, torch's Flight Recorder keeps that record; only the regions a Python hook alone sees are
+        patched, at a cost per forward (DDP's and FSDP2's, which also count the training steps)."""
         with self._lock:
             if self.patches:
                 return
@@ -146,33 +119,57 @@ class Patcher:
             import torch.distributed.distributed_c10d as c10d
 
             self._c10d = c10d
-            for name, (op, tensor_params) in COLLECTIVES.items():
-                self._patch_function(
-                    dist,
-                    c10d,
-                    name,
-                    lambda orig, n=name, o=op, t=tensor_params: self._collective_wrapper(orig, n, o, t),
-                )
-            for name, (op, peer_param) in P2P.items():
-                self._patch_function(
-                    dist,
-                    c10d,
-                    name,
-                    lambda orig, n=name, o=op, p=peer_param: point_to_point.p2p_wrapper(self, orig, n, o, p),
-                )
-            self._patch_function(dist, c10d, BATCH_P2P, lambda orig: point_to_point.batch_wrapper(self, orig))
-            self._patch_function(dist, c10d, COALESCING_MANAGER, self._coalescing_wrapper)
-            for name in OBJECT_COLLECTIVES:
-                self._patch_function(
-                    dist,
-                    c10d,
-                    name,
-                    lambda orig, n=name: self._region_wrapper(orig, build.OBJECT_COLLECTIVE, n, skip_self=False),
-                )
-            self._patch_ddp_internals(dist)
-            from .functional import patch_functional_collectives
+            self._per_op = per_op
+            self._patch_forward_regions()
+            if per_op:
+                self._patch_per_op(dist, c10d)
 
-            patch_functional_collectives(self)
+    @property
+    def per_op(self) -> bool:
+        """Whether every collective has its wrapper (the python recorder)."""
+        return bool(self.patches) and self._per_op
+
+    def add_per_op(self) -> None:
+        """The per-op wrappers after all: the flight recorder was asked for, but the process group, known only once
+        it exists, is one it does not serve (watch/flight.py: backend_unsupported)."""
+        with self._lock:
+            if not self.patches or self._per_op:
+                return
+            import torch.distributed as dist
+            import torch.distributed.distributed_c10d as c10d
+
+            self._per_op = True
+            self._patch_per_op(dist, c10d)
+
+    def _patch_per_op(self, dist, c10d) -> None:
+        """A wrapper on every collective, point-to-point op and DDP internal that issues one: the python recorder."""
+        for name, (op, tensor_params) in COLLECTIVES.items():
+            self._patch_function(
+                dist,
+                c10d,
+                name,
+                lambda orig, n=name, o=op, t=tensor_params: self._collective_wrapper(orig, n, o, t),
+            )
+        for name, (op, peer_param) in P2P.items():
+            self._patch_function(
+                dist,
+                c10d,
+                name,
+                lambda orig, n=name, o=op, p=peer_param: point_to_point.p2p_wrapper(self, orig, n, o, p),
+            )
+        self._patch_function(dist, c10d, BATCH_P2P, lambda orig: point_to_point.batch_wrapper(self, orig))
+        self._patch_function(dist, c10d, COALESCING_MANAGER, self._coalescing_wrapper)
+        for name in OBJECT_COLLECTIVES:
+            self._patch_function(
+                dist,
+                c10d,
+                name,
+                lambda orig, n=name: self._region_wrapper(orig, build.OBJECT_COLLECTIVE, n, skip_self=False),
+            )
+        self._patch_ddp_internals(dist)
+        from .functional import patch_functional_collectives
+
+        patch_functional_collectives(self)
 
     def unpatch(self) -> None:
         with self._lock:
@@ -191,8 +188,6 @@ class Patcher:
             self.patches.replace(dist, name, getattr(c10d, name))
 
     def _patch_ddp_internals(self, dist) -> None:
-        from torch.nn.parallel import DistributedDataParallel
-
         for name, op in (("_broadcast_coalesced", "broadcast"), ("_verify_params_across_processes", "all_gather")):
             original = getattr(dist, name, None)
             if original is not None and not hasattr(original, PATCH_MARKER):
@@ -201,11 +196,16 @@ class Patcher:
         rebuild = getattr(reducer, "_rebuild_buckets", None)
         if rebuild is not None and not hasattr(rebuild, PATCH_MARKER):
             self.patches.replace(reducer, "_rebuild_buckets", self._rebuild_wrapper(rebuild))
-        self.wrap(DistributedDataParallel, "forward", self._ddp_forward_wrapper)
-        self._patch_fsdp2_forward()
         import torch.autograd
 
         self.wrap(torch.autograd, "backward", self._backward_wrapper)
+
+    def _patch_forward_regions(self) -> None:
+        """DDP's and FSDP2's forward as regions (and a grad-enabled DDP forward counted as a step): both recorders."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.wrap(DistributedDataParallel, "forward", self._ddp_forward_wrapper)
+        self._patch_fsdp2_forward()
 
     def _patch_fsdp2_forward(self) -> None:
         """FSDP2's pre-forward hook all-gathers the module's parameters: a region, like DDP.forward.
@@ -304,7 +304,7 @@ class Patcher:
         names = set(signature.parameters)
         if any(name.startswith("_w_") for name in names):
             raise ValueError(f"{original.__name__} has a parameter named _w_...: the generated wrapper's own names")
-        params, call, defaults = _signature_source(signature)
+        params, call, defaults = signature_source(signature)
         metas = " + ".join(f"_w_meta({p})" if p in names else "()" for p in tensor_params) or "()"
         if len(tensor_params) == 1 and tensor_params[0] in names:  # most collectives: one tensor, usually plain
             t = tensor_params[0]

@@ -1,0 +1,126 @@
+"""What a Flight Recorder entry says in ddpwatch's words: its op, dtypes, and the DDP or c10d call its frames show.
+
+Shared by the offline reader of dumps (sources/flight_recorder.py) and the live flight recorder (watch/flight.py);
+plain data, no torch: a frame here is {"file", "line", "function", "internal"}, innermost first, as FR writes them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from . import catalogue
+from .format import build
+
+if TYPE_CHECKING:  # annotations only
+    from .format.types import Site
+
+DDP_FILE = re.compile(r"torch[/\\]nn[/\\]parallel[/\\]distributed\.py$")
+C10D_FILE = re.compile(r"torch[/\\]distributed[/\\]distributed_c10d\.py$")
+
+DDP_BUFFER_SYNC_FUNCTIONS = {
+    "_sync_buffers",
+    "_sync_module_buffers",
+    "_default_broadcast_coalesced",
+    "_distributed_broadcast_coalesced",
+}
+OBJECT_COLLECTIVES = set(catalogue.object_collectives())
+# The C++ Reducer's gradient all-reduce, issued from autograd hooks during backward() (named as ddpwatch's own
+# recording names it, so the analysis treats both alike).
+DDP_GRADIENT_ALLREDUCE = build.DDP_GRAD_ALLREDUCE
+DDP_SYNC_MODULE_STATES = "_sync_module_states"
+
+# c10d's scalar type names (as FR writes dtypes) -> torch dtype names (as ddpwatch writes them).
+DTYPES = {
+    "Float": "float32",
+    "Double": "float64",
+    "Half": "float16",
+    "BFloat16": "bfloat16",
+    "Long": "int64",
+    "Int": "int32",
+    "Short": "int16",
+    "Char": "int8",
+    "Byte": "uint8",
+    "Bool": "bool",
+    "ComplexFloat": "complex64",
+    "ComplexDouble": "complex128",
+}
+
+
+def dtype(name) -> str:
+    return DTYPES.get(str(name), str(name).lower())
+
+
+def canonical_op(profiling_name) -> tuple:
+    """'gloo:broadcast' -> ('broadcast', None); 'nccl:send 0->1' -> ('send', (0, 1))."""
+    name = str(profiling_name or "?").split(":", 1)[-1].strip()
+    peers = None
+    match = re.search(r"(\d+)\s*->\s*(\d+)", name)
+    if match:
+        peers = (int(match.group(1)), int(match.group(2)))
+    op = name.split()[0] if name.split() else "?"
+    op = op.lstrip("_")
+    return catalogue.canonical_op(op), peers
+
+
+def first_user_frame(frames: list, start: int = 0) -> Site | None:
+    """The innermost user frame at or outside `start`, as a site."""
+    for frame in frames[start:]:
+        if not frame["internal"]:
+            return build.site(frame["file"], frame["line"], frame["function"])
+    return None
+
+
+def frame_index(frames: list, pattern, names=None) -> int | None:
+    """The innermost frame whose file matches `pattern` (and whose function is one of `names`, if given)."""
+    for index, frame in enumerate(frames):
+        if pattern.search(frame["file"]) and (names is None or frame["function"] in names):
+            return index
+    return None
+
+
+def classify(frames: list, op: str) -> tuple:
+    """(api, region) for an op from its frames: DDP's buffer sync, bucket rebuild, gradient all-reduce, ..."""
+    forward_at = frame_index(frames, DDP_FILE, {"forward"})
+    ddp_names = {f["function"] for f in frames if DDP_FILE.search(f["file"])}
+    names = {f["function"] for f in frames}
+    if forward_at is not None:
+        region = {
+            "kind": build.DDP_FORWARD,
+            "site": first_user_frame(frames, forward_at + 1),
+            "api": "DistributedDataParallel.forward",
+        }
+        innermost_ddp = frames[frame_index(frames, DDP_FILE) or 0]["function"]
+        if ddp_names & DDP_BUFFER_SYNC_FUNCTIONS:
+            return build.DDP_BUFFER_BROADCAST, region
+        if innermost_ddp == "_pre_forward" and op == "broadcast":
+            return build.DDP_BUCKET_REBUILD, region  # the C++ Reducer's rebuild, called from _pre_forward
+        return c10d_api(frames, op), region
+    if "_verify_param_shape_across_processes" in names:
+        return build.DDP_VERIFY_PARAMS, None
+    if names & {"_sync_module_states", "_sync_params_and_buffers"}:
+        return DDP_SYNC_MODULE_STATES, None
+    object_at = frame_index(frames, C10D_FILE, OBJECT_COLLECTIVES)
+    if object_at is not None:
+        api = frames[object_at]["function"]
+        return c10d_api(frames, op), {
+            "kind": build.OBJECT_COLLECTIVE,
+            "site": first_user_frame(frames, object_at + 1),
+            "api": api,
+        }
+    if frame_index(frames, C10D_FILE) is None and "_engine_run_backward" in names:
+        return DDP_GRADIENT_ALLREDUCE, None
+    return c10d_api(frames, op), None
+
+
+def c10d_api(frames: list, op: str) -> str:
+    """The public torch.distributed function called: the outermost c10d frame (inner ones are helpers)."""
+    c10d = [
+        f["function"]
+        for f in frames
+        if C10D_FILE.search(f["file"])
+        and not f["function"].startswith("_")
+        and f["function"] not in OBJECT_COLLECTIVES
+        and f["function"] != "wrapper"
+    ]
+    return c10d[-1] if c10d else op
