@@ -15,7 +15,7 @@ from .watch import crashes, signals
 from .capture import loaders
 from .capture.replacements import Patches
 from .capture.wrappers import Patcher
-from .capture.record import Recorder
+from .capture.record import FLIGHT, Recorder
 from .capture.sites import configure_frames
 
 log = logging.getLogger("ddpwatch")
@@ -37,7 +37,7 @@ class Session:
 
     def start(self) -> None:
         configure_frames(self.config.user_packages, self.config.library_packages)
-        self.patcher.patch()
+        self.patcher.patch(per_op=self.config.recorder != FLIGHT)  # auto: python, until flight covers every finding
         loaders.install(self.patcher.patches, lambda: self.recorder.ddp_steps)  # DataLoader epochs (once per epoch)
         self._wrap_lifecycle()
         self.arm()
@@ -64,7 +64,8 @@ class Session:
             world_size = dist.get_world_size()
             run_tag = config_module.run_tag()  # the job, and torchrun's attempt: a restart is a new run
             store = StateStore.from_default_group(run_tag or "job", world_size)
-            self.watchdog = Watchdog(self.recorder, self.config, dist.get_rank(), world_size, store, run_tag)
+            feed = self._flight_feed()
+            self.watchdog = Watchdog(self.recorder, self.config, dist.get_rank(), world_size, store, run_tag, feed)
             self.watchdog.start()
             self.faults = crashes.FaultFile.arm(store.stamp, self.watchdog.rank)
         except Exception:
@@ -72,6 +73,22 @@ class Session:
             self.watchdog = None
             return
         self._start_control(self.watchdog.rank, world_size, config_module.job_id())
+
+    def _flight_feed(self):
+        """The Flight Recorder's feed where this session records with it; else None, the per-op wrappers in place
+        (asked for, but unavailable: said once, and the python recorder records instead)."""
+        if self.patcher.per_op:
+            return None
+        from .watch import flight
+
+        why = flight.unavailable() or flight.backend_unsupported(None)
+        if why is not None:
+            log.warning("ddpwatch: recorder=flight, but %s; recording with the python recorder instead", why)
+            self.patcher.add_per_op()
+            return None
+        self.recorder.note_recorded_by(FLIGHT)
+        self.patcher.hook_work_wait()  # a failed wait is how a rank learns at once that a peer is gone
+        return flight.FlightFeed(self.recorder, self.patcher.group_name)
 
     def _start_control(self, rank: int, world_size: int, job: str) -> None:
         """SIGUSR1 -> a report now; SIGTERM -> a report being written may finish; an entry for `ddpwatch dump`."""

@@ -48,6 +48,7 @@ SNAPSHOT_KEYS = {
     "ddp_steps",
     "site_counts",
     "p2p_counts",
+    "recorder",
 }
 
 

@@ -30,6 +30,9 @@ if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
 
 _monotonic, _get_ident = time.monotonic, threading.get_ident  # bound once: called twice per collective
 _IN_FLIGHT, _COMPLETED = build.IN_FLIGHT, build.COMPLETED
+# Where the records come from (the `recorder` option): a wrapper on every collective, or torch's Flight Recorder
+# read by the watchdog thread when a rank stops making progress (watch/flight.py gives them through take_flight).
+PYTHON, FLIGHT = "python", "flight"
 P2P_COUNTS_KEPT = 64  # peers whose send/recv counts a snapshot carries (a ring or a pipeline has a few)
 # Wall clock = monotonic + offset: one clock read per record on the hot path, the other at formatting time.
 _WALL_OFFSET = time.time() - time.monotonic()
@@ -152,6 +155,7 @@ class Recorder:
         self._failure_hook = None  # set by the watchdog while it runs
         self._formatted: dict = {}  # finished record -> (its state, its to_dict()): see _recent_docs
         self._counts_by_line: dict = {}  # "file:line" -> count, folded from site_counts when the code caches empty
+        self._kind = PYTHON
         recorders.add(self)
 
     # --- what others read (read-only: every change goes through a method below that says what happened) ---
@@ -163,6 +167,7 @@ class Recorder:
     ddp_steps = property(lambda self: self._ddp_steps, doc="How many grad-enabled DDP forwards ran (training steps).")
     failure_hook = property(lambda self: self._failure_hook, doc="Called with the error of a failed collective.")
     groups = property(lambda self: types.MappingProxyType(self._groups), doc="Group name -> its ranks (None: all).")
+    kind = property(lambda self: self._kind, doc="Where the records come from: PYTHON or FLIGHT.")
 
     def runs_on_host(self, group: str) -> bool:
         """Whether the group's ops are done when their call returns (gloo), as note_group was told."""
@@ -223,9 +228,36 @@ class Recorder:
             if not stack:
                 self._regions.pop(ident, None)
 
-    def current_region(self):
-        stack = self._regions.get(_get_ident())
+    def current_region(self, ident: int | None = None):
+        """The innermost region of a thread (this one by default), or None."""
+        stack = self._regions.get(_get_ident() if ident is None else ident)
         return stack[-1] if stack else None
+
+    # --- the flight recorder's feed (watch/flight.py), on the watchdog thread ---
+    def note_recorded_by(self, kind: str) -> None:
+        """Say where the records come from (the session, once it knows whether the flight recorder can serve)."""
+        self._kind = kind
+
+    def take_flight(self, inflight: list, history: list, last_seq: dict, ops: int) -> None:
+        """What the flight recorder read: `ops` collectives issued since its last read (progress), the Records in
+        flight now (a Record it gave before and gives no more has finished), the Records new to the ring (finished
+        ones, and those in flight the first time they are given), and each group's last sequence number. In this
+        mode no per-op wrapper writes these containers: the watchdog thread alone does, here."""
+        now = _monotonic()
+        if ops:
+            self._progress += ops
+            self._progress_mono = now
+        current = set(inflight)
+        for record in [record for record in self._inflight if record not in current]:
+            record.end_mono = max(now, record.start_mono)
+            record.state = _COMPLETED
+            self._inflight.pop(record, None)
+        self._ring.extend(history)
+        for record in inflight:
+            record.end_mono, record.state = None, _IN_FLIGHT  # one found in flight again by a later look
+            self._inflight[record] = record
+        for group, seq in last_seq.items():
+            self._next_seq[group] = max(self._next_seq.get(group, 0), seq + 1)
 
     def begin(self, op: str, api: str, group: str, tensors, caller, peer=None, ident=None) -> Record:
         """Open a record: the hot path, so raw values only (tuples, ints); formatting waits for to_dict().
@@ -327,6 +359,8 @@ class Recorder:
             return
         record = self._by_work.get(id(work))
         if record is None:
+            if error is not None and self._kind == FLIGHT:
+                self._call_failure_hook(error)  # no records of its own: a failed wait still says a peer is gone
             return
         if record.work is not work:  # one Work of a batch: the record is done when all of them are
             if work in getattr(record.work, "works", ()):
@@ -351,6 +385,9 @@ class Recorder:
             self._forget_work(record)
         self._inflight.pop(record, None)
         self._progress += 1
+        self._call_failure_hook(error)
+
+    def _call_failure_hook(self, error: BaseException) -> None:
         hook = self._failure_hook
         if hook is not None:
             try:
@@ -422,6 +459,7 @@ class Recorder:
             "ops_recorded": self._progress,
             "ddp_steps": self._ddp_steps,
             "site_counts": self._site_counts_by_line() if site_counts else {},
+            "recorder": self._kind,
         }
 
     def _recent_docs(self, done: list, now: float) -> list:

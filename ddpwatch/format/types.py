@@ -245,6 +245,7 @@ class RankState(_RankStateBase, total=False):
     ddp_steps: Optional[int]
     site_counts: Dict[str, int]
     p2p_counts: Dict[str, int]  # "group:op:peer" -> sends to / receives from that peer so far (point-to-point)
+    recorder: str  # where the records came from: "python" (a wrapper per collective) or "flight" (torch's FR)
     rank_condition: Optional[RankCondition]
     code: Dict[str, CodeAround]  # "file:line" -> what encloses it, for the lines this rank passed (full form)
     epochs: List[LoaderEpochs]  # each DataLoader's epochs (full form)

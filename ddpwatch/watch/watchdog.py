@@ -16,6 +16,7 @@ from .abort import AbortPolicy, Outcome, peer_gone
 from . import crashes
 from .answers import Answers
 from .fingerprints import FingerprintLog, MismatchCheck
+from .flight import NO_FEED
 from .incident_writer import IncidentWriter
 from .peers import PeerTracker
 from .rank_state import StateReader
@@ -31,9 +32,10 @@ ANSWER_FAST_S = 10.0  # how long after blocking a rank looks for incidents every
 class Watchdog(threading.Thread):
     """Never raises into, slows, or hangs training: every failure is logged once and the watchdog steps aside."""
 
-    def __init__(self, recorder, config, rank: int, world_size: int, store, run_tag: str):
+    def __init__(self, recorder, config, rank: int, world_size: int, store, run_tag: str, feed=None):
         super().__init__(name="ddpwatch-watchdog", daemon=True)
         self.recorder = recorder
+        self.feed = feed or NO_FEED  # flight.FlightFeed where the Flight Recorder is the record: polled each wake-up
         self.config = config
         self.rank = rank
         self.world_size = world_size
@@ -107,6 +109,7 @@ class Watchdog(threading.Thread):
                 return
             now = time.monotonic()
             try:
+                self.feed.poll(now)
                 if not self._store_ok:
                     if now >= due:
                         due = now + self.config.interval
@@ -144,13 +147,13 @@ class Watchdog(threading.Thread):
     def _pause(self, now: float, due: float) -> float:
         """Seconds to sleep before the next look: sleep, do not poll, while nothing can have blocked yet."""
         if self.registered_waiting and now - self._blocked_since < ANSWER_FAST_S:
-            return FAST_S
-        if not self._store_ok or self.registered_waiting:
-            return max(0.0, due - now)
-        # A collective in flight since the last progress is blocked at progress + grace at the earliest; with none
-        # in flight, one started now would be at now + grace.
-        blocked_at = (self.recorder.progress_mono if self.recorder.inflight else now) + self.config.grace
-        return max(MIN_PAUSE_S, min(due, blocked_at) - now)
+            pause = FAST_S
+        elif not self._store_ok or self.registered_waiting:
+            pause = max(0.0, due - now)
+        else:  # a collective in flight since the last progress is blocked at progress + grace at the earliest
+            blocked_at = (self.recorder.progress_mono if self.recorder.inflight else now) + self.config.grace
+            pause = max(MIN_PAUSE_S, min(due, blocked_at) - now)
+        return min(pause, max(MIN_PAUSE_S, self.feed.due_in(now)))  # the flight recorder's feed: every POLL_S
 
     def _round_wanted_now(self, now: float) -> bool:
         """Whether something cannot wait for the next round: a dump asked for, a peer's failure, or this rank

@@ -1,0 +1,282 @@
+"""The flight recorder: a rank's collectives as torch's own Flight Recorder keeps them, read on the watchdog thread.
+
+No wrapper runs on any collective. Every POLL_S the feed reads each process group's sequence number (about 13 us a
+group): a change is progress. Once the rank has made none for LOOK_AFTER_S while one of its threads waits inside
+torch, it reads the Flight Recorder once (one dump, no stack traces: about 25 ms at 2,000 entries, holding the GIL
+while the training thread waits anyway) and hands the Recorder the collectives still in flight, placed at the
+waiting thread's own line, and those finished since its last read.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import threading
+import time
+
+from ..capture import record as record_module
+from ..capture.sites import cached_via_site, code_site, is_internal_file, user_frame_and_via
+from ..flight_entries import canonical_op, classify, dtype
+from ..format import build
+
+POLL_S = 0.1  # between two reads of the groups' sequence numbers
+LOOK_AFTER_S = 0.2  # no progress this long, a thread waiting inside torch: read the Flight Recorder
+HISTORY_KEPT = 64  # finished collectives handed to the ring per read (the ring keeps ring_size)
+MAX_SHAPES = 4  # as many tensors as the python recorder keeps
+# Where a thread that waits on a collective stands, by module: torch.distributed (c10d's wait), autograd (DDP's
+# gradient all-reduce in backward), DDP's forward, or ddpwatch's own Work.wait hook.
+WAITING_IN = ("torch.distributed.", "torch.autograd.", "torch.nn.parallel.", "ddpwatch.capture.")
+SERVED_BACKENDS = frozenset({"gloo", "nccl"})  # the backends whose every collective the Flight Recorder records
+
+
+def unavailable() -> str | None:
+    """Why torch's Flight Recorder cannot be the record here, or None when it can."""
+    try:
+        import torch._C._distributed_c10d as c10d_c
+        import torch.distributed as dist
+    except Exception as exc:
+        return f"torch.distributed cannot be imported ({type(exc).__name__})"
+    if not hasattr(c10d_c, "_dump_fr_trace") or not hasattr(dist.ProcessGroup, "_get_sequence_number_for_group"):
+        return f"torch {getattr(sys.modules.get('torch'), '__version__', '?')} has no Flight Recorder to read"
+    for variable in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        size = os.environ.get(variable, "").strip()
+        if size and size.lstrip("-").isdigit() and int(size) <= 0:
+            return f"{variable}={size} turns the Flight Recorder off"
+    return None
+
+
+def backend_unsupported(pg) -> str | None:
+    """Why the Flight Recorder does not record this group's collectives (a backend other than gloo and nccl: the
+    fake and custom ones record nothing and count no sequence numbers), or None."""
+    try:
+        import torch.distributed as dist
+
+        backend = str(dist.get_backend(pg)).lower()
+    except Exception as exc:
+        return f"its backend cannot be read ({type(exc).__name__})"
+    names = {part.split(":")[-1].strip() for part in backend.split(",")}  # "cpu:gloo,cuda:nccl"
+    return None if names <= SERVED_BACKENDS else f"the {backend} backend is not recorded by the Flight Recorder"
+
+
+def read_flight_recorder() -> list | None:
+    """The Flight Recorder's entries (collectives, no stack traces), oldest first; None when it cannot be read."""
+    try:
+        import torch._C._distributed_c10d as c10d_c
+
+        dump = c10d_c._dump_fr_trace(True, False, False)  # type: ignore[attr-defined]  # bound, not in the stubs
+        data = pickle.loads(dump)  # our own process's dump: not hostile input
+    except Exception:
+        return None
+    entries = data.get("entries") if isinstance(data, dict) else None
+    return [entry for entry in entries or () if isinstance(entry, dict)]
+
+
+def waiting_threads(skip: int) -> dict:
+    """ident -> top frame of each thread (but `skip`) that stands inside torch's distributed or autograd code."""
+    return {
+        ident: frame
+        for ident, frame in sys._current_frames().items()
+        if ident != skip and str(frame.f_globals.get("__name__", "")).startswith(WAITING_IN)
+    }
+
+
+def frames_of(frame) -> list:
+    """A live stack as the Flight Recorder writes one: innermost first, each frame a dict (flight_entries)."""
+    stack: list = []
+    while frame is not None and len(stack) < 256:
+        code = frame.f_code
+        stack.append(
+            {
+                "file": code.co_filename,
+                "line": frame.f_lineno,
+                "function": code.co_name,
+                "internal": is_internal_file(code.co_filename),
+            }
+        )
+        frame = frame.f_back
+    return stack
+
+
+def in_flight_entries(entries: list) -> list:
+    """The collectives the Flight Recorder has not retired, less the stale ones: on gloo an async op whose Work
+    nobody waited on is never retired, so an unretired entry older than a retired one on its group is not in flight."""
+    collectives = [entry for entry in entries if not entry.get("is_p2p") and entry.get("collective_seq_id")]
+    newest_retired: dict = {}
+    for entry in collectives:
+        if entry.get("retired") or entry.get("state") == "completed":
+            group = group_of(entry)
+            newest_retired[group] = max(newest_retired.get(group, 0), entry["collective_seq_id"])
+    return [
+        entry
+        for entry in collectives
+        if not (entry.get("retired") or entry.get("state") == "completed")
+        and entry["collective_seq_id"] > newest_retired.get(group_of(entry), 0)
+    ]
+
+
+def group_of(entry: dict) -> str:
+    group = entry.get("process_group")
+    return str(group[0] if isinstance(group, (list, tuple)) and group else group)
+
+
+def thread_of(entry: dict) -> int | None:
+    """The ident of the thread that issued the entry's op (FR writes threading.get_ident() as text)."""
+    try:
+        return int(entry.get("thread_id") or 0) or None
+    except (TypeError, ValueError):
+        return None
+
+
+def last_seq_by_group(entries: list) -> dict:
+    """Group -> the sequence number of its last collective, counted from 0 as the python recorder counts."""
+    last: dict = {}
+    for entry in entries:
+        seq = entry.get("collective_seq_id")
+        if not entry.get("is_p2p") and seq:
+            last[group_of(entry)] = max(last.get(group_of(entry), -1), seq - 1)
+    return last
+
+
+class FlightFeed:
+    """Gives a Recorder what the Flight Recorder holds; run by the watchdog thread (poll() each round, cheap).
+
+    `name_of(pg)`: the group's name as every rank gives it (Patcher.group_name, which also tells the Recorder the
+    group's ranks the first time it meets one)."""
+
+    def __init__(self, recorder, name_of):
+        self.recorder = recorder
+        self._name_of = name_of
+        self._seqs: dict = {}  # id(process group) -> its sequence number at the last poll
+        self._quiet_since = time.monotonic()
+        self._next_poll = 0.0
+        self._looked = False  # the Flight Recorder was read since the last progress
+        self._known: dict = {}  # (group, seq) -> the Record given for it (a look that finds it again keeps it)
+        self._newest_id = -1  # the newest entry (record_id) already handed to the ring
+        self._wall_offset = time.time() - time.monotonic()
+
+    def due_in(self, now: float) -> float:
+        """Seconds until the next poll is due (the watchdog sleeps no longer)."""
+        return max(0.0, self._next_poll - now)
+
+    def poll(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if now < self._next_poll:
+            return
+        self._next_poll = now + POLL_S
+        ops = self._count_new_ops()
+        if ops:
+            self._quiet_since, self._looked = now, False
+            # What a look found in flight is over, or no longer what the rank waits on: never leave it standing
+            # while the rank computes (a record in flight after progress would read as a rank blocked in it).
+            self.recorder.take_flight([], [], {}, ops)
+            return
+        if self._looked or now - self._quiet_since < LOOK_AFTER_S:
+            return
+        waiting = waiting_threads(skip=threading.get_ident())
+        if waiting:
+            self._looked = True
+            self.look(waiting)
+
+    def _count_new_ops(self) -> int:
+        """Collectives (and point-to-point ops) issued on any group since the last poll."""
+        try:
+            from torch.distributed import distributed_c10d as c10d
+
+            groups = list(c10d._world.pg_map)
+        except Exception:
+            return 0
+        seqs, ops = {}, 0
+        for pg in groups:
+            try:
+                seq = int(pg._get_sequence_number_for_group())  # type: ignore[attr-defined]  # bound, not in the stubs
+            except Exception:
+                continue
+            before = self._seqs.get(id(pg))
+            if before is None:
+                self._name_of(pg)  # a group met for the first time: the Recorder learns its ranks
+                before = 0
+            ops += abs(seq - before)
+            seqs[id(pg)] = seq
+        self._seqs = seqs
+        return ops
+
+    def look(self, waiting: dict) -> None:
+        """Read the Flight Recorder: the collectives in flight (at the waiting thread's line), those finished."""
+        entries = read_flight_recorder()
+        if not entries:
+            return
+        in_flight = in_flight_entries(entries)
+        inflight, fresh = [], []
+        for entry in in_flight:
+            key = (group_of(entry), entry["collective_seq_id"] - 1)
+            record = self._known.get(key)
+            if record is None:
+                # Placed at the line its thread waits at now: the op it waits on, or one of the async ops it issued
+                # since its last finished one (DDP's buffer broadcast is several); only the python recorder sees
+                # an async op's own line.
+                record = self._known[key] = self.record_of(entry, waiting.get(thread_of(entry)))
+                fresh.append(record)
+            inflight.append(record)
+        in_flight_ids = {id(entry) for entry in in_flight}
+        finished = [
+            self.record_of(entry, None, done=True)
+            for entry in entries
+            if id(entry) not in in_flight_ids
+            and not entry.get("is_p2p")
+            and entry.get("collective_seq_id")
+            and (entry.get("record_id") or 0) > self._newest_id
+        ][-HISTORY_KEPT:]
+        self._newest_id = max([self._newest_id] + [entry.get("record_id") or 0 for entry in entries])
+        self._forget_known(in_flight)
+        self.recorder.take_flight(inflight, finished + fresh, last_seq_by_group(entries), 0)
+
+    def _forget_known(self, in_flight: list) -> None:
+        keep = {(group_of(entry), entry["collective_seq_id"] - 1) for entry in in_flight}
+        self._known = {key: record for key, record in self._known.items() if key in keep}
+
+    def record_of(self, entry: dict, frame, done: bool = False):
+        """A Record for one entry; `frame`: the live top frame of the thread waiting on it (its site and api)."""
+        record = record_module.Record()
+        op = canonical_op(entry.get("profiling_name"))[0]
+        record.seq = int(entry["collective_seq_id"]) - 1
+        record.group = group_of(entry)
+        record.op = op
+        record.peer = None
+        sizes, dtypes = entry.get("input_sizes") or (), entry.get("input_dtypes") or ()
+        record.tensors = tuple((tuple(size), dtype(name)) for size, name in zip(sizes, dtypes))[:MAX_SHAPES]
+        record.thread = thread_of(entry) or threading.main_thread().ident or 0
+        created = (entry.get("time_created_ns") or 0) / 1e9
+        record.start_mono = created - self._wall_offset if created else time.monotonic()
+        record.end_mono = record.start_mono if done else None
+        record.state = build.COMPLETED if done else build.IN_FLIGHT
+        record.error = record.work = None
+        record.api, record.region, record.site, record.via = op, None, None, None
+        if frame is not None:
+            self._place(record, frame, op)
+        return record
+
+    def _place(self, record, frame, op: str) -> None:
+        """The line, api and region of a collective from the stack of the thread waiting on it now."""
+        api, region = classify(frames_of(frame), op)
+        user, via = user_frame_and_via(frame)
+        record.api = api
+        record.site = code_site(user) if user is not None else None
+        record.via = cached_via_site(via) if via is not None else None
+        if region is not None:
+            record.region = (region["kind"], region["site"], region["api"], None)
+        else:
+            record.region = self.recorder.current_region(record.thread)  # FSDP2's forward: its hook's region
+
+
+class _NoFeed:
+    """The python recorder's stand-in for a feed: the wrappers record as the training thread goes."""
+
+    def poll(self, now: float | None = None) -> None:
+        pass
+
+    def due_in(self, now: float) -> float:
+        return float("inf")
+
+
+NO_FEED = _NoFeed()
