@@ -29,6 +29,21 @@ settings.register_profile("long", max_examples=5000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ddpwatch"))
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--recorder",
+        choices=("auto", "python", "flight"),
+        default=None,
+        help="run the ranks the real tests start with this recorder (DDPWATCH_RECORDER; docs/how-it-works.md)",
+    )
+
+
+def pytest_configure(config):
+    recorder = config.getoption("--recorder", None)
+    if recorder:
+        os.environ["DDPWATCH_RECORDER"] = recorder  # inherited by every rank and torchrun job the tests start
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name.startswith(REAL_FILE_PREFIX):

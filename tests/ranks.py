@@ -78,7 +78,9 @@ def run_torchrun(args, nprocs, report_dir, timeout=90, **env_overrides):
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("DDPWATCH", "TORCHELASTIC", "MASTER_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+        if not k.startswith(("DDPWATCH", "TORCHELASTIC", "MASTER_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+        or k == "DDPWATCH_RECORDER"  # pytest --recorder: the recorder every test's ranks use
     }
     env.update(
         {

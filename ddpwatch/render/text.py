@@ -209,6 +209,12 @@ def _bar_text(bar: dict) -> str:
     return f"{bar.get('desc') or 'bar'} {bar.get('n')}{total}, still for {bar.get('since_update_s') or 0:.0f} s"
 
 
+RECORDER_WORDS = {
+    "python": "ddpwatch's wrappers (recorder=python)",
+    "flight": "torch's Flight Recorder (recorder=flight)",
+}
+
+
 def _progress_lines(incident: dict) -> list:
     """How far each rank got: the last sequence position per process group, DDP steps, its progress bars."""
     states = _states(incident)
@@ -232,6 +238,9 @@ def _progress_lines(incident: dict) -> list:
     }
     if bars:
         lines.extend(_wrap("progress bars: " + _value_groups_text(bars, str, len(states)), "  "))
+    recorders = {s["rank"]: RECORDER_WORDS.get(s["recorder"], s["recorder"]) for s in states if s.get("recorder")}
+    if recorders:  # the sequence numbers above count what that recorder counts (torch's: C++ collectives too)
+        lines.extend(_wrap("recorded by: " + _value_groups_text(recorders, str, len(states)), "  "))
     return ["Progress:"] + lines if lines else []
 
 
