@@ -238,6 +238,12 @@ class Recorder:
         """Say where the records come from (the session, once it knows whether the flight recorder can serve)."""
         self._kind = kind
 
+    def take_flight_lines(self, counts: dict) -> None:
+        """The flight recorder gave finished records their lines (set on them): `counts` is how many collectives
+        each line issued, (file, line, function) -> count, over what the Flight Recorder holds."""
+        self._site_counts = dict(counts)
+        self._formatted = {}  # the records' lines changed, not their states: format them again
+
     def take_flight(self, inflight: list, history: list, last_seq: dict, ops: int) -> None:
         """What the flight recorder read: `ops` collectives issued since its last read (progress), the Records in
         flight now (a Record it gave before and gives no more has finished), the Records new to the ring (finished

@@ -165,9 +165,12 @@ def _line_at(code, lasti: int) -> int:
 
 
 def resolve_site(raw) -> tuple | None:
-    """(file, line, function) of a raw site: the formatting the hot path left for whoever reads the record."""
+    """(file, line, function) of a raw site: the formatting the hot path left for whoever reads the record. A site
+    read from the Flight Recorder's frames (watch/flight.py) is that triple already."""
     if raw is None:
         return None
+    if len(raw) == 3:
+        return raw
     code = _code_by_id.get(raw[0])
     if code is None:
         return None

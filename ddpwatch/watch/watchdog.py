@@ -55,7 +55,7 @@ class Watchdog(threading.Thread):
         self.ending_signal = ""  # the name of a signal that came to end this process (signals.py notes it)
         self._logged: set = set()
         self._store_ok = True
-        self.states = StateReader(recorder, config, rank, world_size, self.host, self._logged)
+        self.states = StateReader(recorder, config, rank, world_size, self.host, self._logged, self.feed)
         self.peers = PeerTracker(rank, world_size, self.host, config)
         self.policy = AbortPolicy(config, rank, world_size, self.job, self.writing, self._logged)
         self.answers = Answers(self.job, rank, self.states)
