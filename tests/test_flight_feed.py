@@ -154,6 +154,7 @@ def test_the_flight_patcher_wraps_no_collective_until_asked_to():
         assert not patcher.per_op
         assert not hasattr(dist.all_reduce, PATCH_MARKER) and not hasattr(dist.barrier, PATCH_MARKER)
         assert hasattr(DistributedDataParallel.forward, PATCH_MARKER)  # the steps and the region: per forward
+        assert hasattr(dist.isend, PATCH_MARKER)  # gloo's Flight Recorder has no point-to-point entries
         patcher.add_per_op()
         assert patcher.per_op and hasattr(dist.all_reduce, PATCH_MARKER)
     finally:

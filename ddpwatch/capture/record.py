@@ -156,6 +156,7 @@ class Recorder:
         self._formatted: dict = {}  # finished record -> (its state, its to_dict()): see _recent_docs
         self._counts_by_line: dict = {}  # "file:line" -> count, folded from site_counts when the code caches empty
         self._kind = PYTHON
+        self._flight_inflight: set = set()  # the records in flight that the flight recorder gave
         recorders.add(self)
 
     # --- what others read (read-only: every change goes through a method below that says what happened) ---
@@ -254,7 +255,7 @@ class Recorder:
             self._progress += ops
             self._progress_mono = now
         current = set(inflight)
-        for record in [record for record in self._inflight if record not in current]:
+        for record in [record for record in self._flight_inflight if record not in current]:
             record.end_mono = max(now, record.start_mono)
             record.state = _COMPLETED
             self._inflight.pop(record, None)
@@ -262,6 +263,7 @@ class Recorder:
         for record in inflight:
             record.end_mono, record.state = None, _IN_FLIGHT  # one found in flight again by a later look
             self._inflight[record] = record
+        self._flight_inflight = current  # the point-to-point ops in flight are the wrappers' records, not these
         for group, seq in last_seq.items():
             self._next_seq[group] = max(self._next_seq.get(group, 0), seq + 1)
 

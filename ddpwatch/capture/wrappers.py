@@ -121,6 +121,7 @@ class Patcher:
             self._c10d = c10d
             self._per_op = per_op
             self._patch_forward_regions()
+            self._patch_point_to_point(dist, c10d)
             if per_op:
                 self._patch_per_op(dist, c10d)
 
@@ -141,15 +142,9 @@ class Patcher:
             self._per_op = True
             self._patch_per_op(dist, c10d)
 
-    def _patch_per_op(self, dist, c10d) -> None:
-        """A wrapper on every collective, point-to-point op and DDP internal that issues one: the python recorder."""
-        for name, (op, tensor_params) in COLLECTIVES.items():
-            self._patch_function(
-                dist,
-                c10d,
-                name,
-                lambda orig, n=name, o=op, t=tensor_params: self._collective_wrapper(orig, n, o, t),
-            )
+    def _patch_point_to_point(self, dist, c10d) -> None:
+        """A wrapper on every point-to-point op, under both recorders: gloo's Flight Recorder writes no entry for
+        them (it only counts them in the group's sequence number)."""
         for name, (op, peer_param) in P2P.items():
             self._patch_function(
                 dist,
@@ -158,6 +153,16 @@ class Patcher:
                 lambda orig, n=name, o=op, p=peer_param: point_to_point.p2p_wrapper(self, orig, n, o, p),
             )
         self._patch_function(dist, c10d, BATCH_P2P, lambda orig: point_to_point.batch_wrapper(self, orig))
+
+    def _patch_per_op(self, dist, c10d) -> None:
+        """A wrapper on every collective and DDP internal that issues one: the python recorder."""
+        for name, (op, tensor_params) in COLLECTIVES.items():
+            self._patch_function(
+                dist,
+                c10d,
+                name,
+                lambda orig, n=name, o=op, t=tensor_params: self._collective_wrapper(orig, n, o, t),
+            )
         self._patch_function(dist, c10d, COALESCING_MANAGER, self._coalescing_wrapper)
         for name in OBJECT_COLLECTIVES:
             self._patch_function(
