@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # annotations only
 
 DDP_FILE = re.compile(r"torch[/\\]nn[/\\]parallel[/\\]distributed\.py$")
 C10D_FILE = re.compile(r"torch[/\\]distributed[/\\]distributed_c10d\.py$")
+FUNCOL_FILE = re.compile(r"torch[/\\]distributed[/\\]_functional_collectives\.py$")
 
 DDP_BUFFER_SYNC_FUNCTIONS = {
     "_sync_buffers",
@@ -110,6 +111,9 @@ def classify(frames: list, op: str) -> tuple:
         }
     if frame_index(frames, C10D_FILE) is None and "_engine_run_backward" in names:
         return DDP_GRADIENT_ALLREDUCE, None
+    funcol = [f["function"] for f in frames if FUNCOL_FILE.search(f["file"]) and not f["function"].startswith("_")]
+    if funcol:  # a functional collective (DTensor's): named as the python recorder names it
+        return f"funcol.{funcol[-1]}", None
     return c10d_api(frames, op), None
 
 

@@ -51,6 +51,7 @@ SCRIPT = textwrap.dedent("""
 def test_a_collective_added_as_one_catalogue_row_is_patched_recorded_and_linted():
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("DDPWATCH", None)
+    env["DDPWATCH_RECORDER"] = "python"  # the recipe is the per-op wrapper's: the flight recorder patches no collective
     proc = subprocess.Popen(
         [sys.executable, "-c", SCRIPT],
         cwd=ROOT,

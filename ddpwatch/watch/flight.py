@@ -28,6 +28,7 @@ MAX_SHAPES = 4  # as many tensors as the python recorder keeps
 # Where a thread that waits on a collective stands, by module: torch.distributed (c10d's wait), autograd (DDP's
 # gradient all-reduce in backward), DDP's forward, or ddpwatch's own Work.wait hook.
 WAITING_IN = ("torch.distributed.", "torch.autograd.", "torch.nn.parallel.", "ddpwatch.capture.")
+WAITING_DEPTH = 16
 SERVED_BACKENDS = frozenset({"gloo", "nccl"})  # the backends whose every collective the Flight Recorder records
 
 
@@ -75,12 +76,24 @@ def read_flight_recorder(stack_traces: bool = False) -> list | None:
 
 
 def waiting_threads(skip: int) -> dict:
-    """ident -> top frame of each thread (but `skip`) that stands inside torch's distributed or autograd code."""
+    """ident -> top frame of each thread (but `skip`) that waits inside torch: its innermost frame is not the user's
+    code and one of its innermost WAITING_DEPTH frames is torch's distributed, autograd or DDP code (DTensor's
+    wait_tensor sits under torch._ops)."""
     return {
         ident: frame
         for ident, frame in sys._current_frames().items()
-        if ident != skip and str(frame.f_globals.get("__name__", "")).startswith(WAITING_IN)
+        if ident != skip and is_internal_file(frame.f_code.co_filename) and _inside_torch_distributed(frame)
     }
+
+
+def _inside_torch_distributed(frame) -> bool:
+    for _ in range(WAITING_DEPTH):
+        if frame is None:
+            return False
+        if str(frame.f_globals.get("__name__", "")).startswith(WAITING_IN):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def dumped_frames(entry: dict) -> list:
