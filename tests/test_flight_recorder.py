@@ -11,7 +11,7 @@ import pytest
 from ddpwatch import cli
 from ddpwatch.format import build
 from ddpwatch.format.version import FormatError
-from ddpwatch.sources import flight_recorder as fr
+from ddpwatch.sources import flight_recorder as fr, flight_recorder_files as fr_files
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -219,7 +219,7 @@ def test_pickle_beats_json_for_the_same_rank_and_other_files_are_ignored(tmp_pat
     write_dumps(folder, json_only, "json", prefix="fr_json_")
     (folder / "notes.txt").write_text("not a dump")
     (folder / "log.1").write_text("not a dump either, though named like one")
-    chosen = fr.find_dumps([str(folder)])
+    chosen = fr_files.find_dumps([str(folder)])
     assert {rank: os.path.basename(path) for rank, (_, path) in chosen.items()} == {0: "fr_trace_0", 1: "fr_trace_1"}
 
 
@@ -276,16 +276,16 @@ class _Evil:
 def test_a_pickle_that_names_a_callable_is_refused(tmp_path):
     path = tmp_path / "fr_trace_0"
     path.write_bytes(pickle.dumps({"entries": [_Evil()], "version": "2.10"}, protocol=2))
-    with pytest.raises(fr.FlightRecorderError, match="refused to load (posix|os|nt).system"):
-        fr.load_dump(str(path))
+    with pytest.raises(fr_files.FlightRecorderError, match="refused to load (posix|os|nt).system"):
+        fr_files.load_dump(str(path))
     with pytest.raises(pickle.UnpicklingError):
-        fr.safe_unpickle(pickle.dumps(FormatError("x")))
+        fr_files.safe_unpickle(pickle.dumps(FormatError("x")))
 
 
 def test_safe_unpickle_reads_plain_data():
     data = {"a": [1, 2.5, None, True, ("x", b"y")], "s": {1, 2}, "f": frozenset({3})}
-    assert fr.safe_unpickle(pickle.dumps(data, protocol=2)) == data
-    assert fr.safe_unpickle(pickle.dumps(data, protocol=5)) == data
+    assert fr_files.safe_unpickle(pickle.dumps(data, protocol=2)) == data
+    assert fr_files.safe_unpickle(pickle.dumps(data, protocol=5)) == data
 
 
 @pytest.mark.parametrize(
@@ -414,7 +414,7 @@ def test_real_gloo_seed_stall_dumps_name_rank0(tmp_path, capsys):
     assert time.monotonic() - started < 90
 
     # The format this reader relies on, checked on torch's real output (a torch upgrade that moves it fails here).
-    raw = fr.load_dump(str(out / "pickle" / "fr_trace_0"))
+    raw = fr_files.load_dump(str(out / "pickle" / "fr_trace_0"))
     assert {"version", "pg_config", "pg_status", "entries"} <= set(raw)
     assert "" in raw["pg_config"]  # gloo's empty-string key
     last = raw["entries"][-1]

@@ -21,7 +21,7 @@ from test_crafted_input import assert_one_line_error, report_cli, seed_incident 
 from test_flight_recorder import seed_dumps, write_dumps  # noqa: E402
 
 from ddpwatch.format import bounded, documents  # noqa: E402
-from ddpwatch.sources import flight_recorder as fr  # noqa: E402
+from ddpwatch.sources import flight_recorder_files as fr_files  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -137,10 +137,10 @@ _LOAD = """
 import json, resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
 from ddpwatch.format import documents
-from ddpwatch.sources import flight_recorder
+from ddpwatch.sources import flight_recorder_files
 start = time.perf_counter()
 try:
-    (documents.load_document if sys.argv[1] == "json" else flight_recorder.load_dump)(sys.argv[2])
+    (documents.load_document if sys.argv[1] == "json" else flight_recorder_files.load_dump)(sys.argv[2])
     error = None
 except BaseException as exc:
     error = f"{{type(exc).__name__}}: {{exc}}"
@@ -184,7 +184,8 @@ def test_four_mib_of_one_byte_opcodes_stop_at_the_budget(tmp_path, name):
     path.write_bytes(HOSTILE_PICKLES[name])
     error, peak_mib = load_in_a_subprocess("pickle", path)
     budget_mib = (
-        bounded.Budget("", len(HOSTILE_PICKLES[name]), fr.PICKLE_BUILT_CAP, fr.PICKLE_BUILT_PER_BYTE).limit / 2**20
+        bounded.Budget("", len(HOSTILE_PICKLES[name]), fr_files.PICKLE_BUILT_CAP, fr_files.PICKLE_BUILT_PER_BYTE).limit
+        / 2**20
     )
     assert "would build more than" in error, error[:1000]
     assert peak_mib < budget_mib + 150, (peak_mib, budget_mib)  # the sets built until then, and the interpreter
@@ -228,9 +229,9 @@ def test_ddpwatch_documents_load_within_the_per_byte_allowance(tmp_path, no_floo
 def test_flight_recorder_dumps_load_within_the_per_byte_allowance(tmp_path, no_floor):
     for kind in ("pickle", "json"):
         folder = write_dumps(tmp_path / kind, seed_dumps(), kind)
-        assert fr.load_dump(str(folder / "fr_trace_0"))["entries"]
+        assert fr_files.load_dump(str(folder / "fr_trace_0"))["entries"]
     with pytest.raises(bounded.OverBudget):
-        fr.safe_unpickle(b"\x80\x04" + pickle.EMPTY_SET * 1000 + pickle.STOP)
+        fr_files.safe_unpickle(b"\x80\x04" + pickle.EMPTY_SET * 1000 + pickle.STOP)
 
 
 def _written(path, doc):
@@ -263,4 +264,4 @@ def test_torchs_own_2000_entry_dump_loads_within_the_per_byte_allowance(tmp_path
     subprocess.run(
         [sys.executable, "-c", TORCH_DUMP, str(path), str(free_port())], check=True, timeout=150, capture_output=True
     )
-    assert len(fr.load_dump(str(path))["entries"]) == 2000
+    assert len(fr_files.load_dump(str(path))["entries"]) == 2000

@@ -8,7 +8,7 @@ this version does not know are kept as they are (readers ignore them; see docs/r
 The checks of ddpwatch's own objects are derived from ddpwatch/format/types.py, the one definition of their fields and
 types: a field added there is checked here. This module adds only what a type cannot say: bounds (LIMITS), the
 keys a reader insists on (REQUIRED), the field checked FIRST, and checks across fields (ACROSS). The combinators
-below also check torch's Flight Recorder dumps (sources/flight_recorder.py), whose format is not ddpwatch's.
+below also check torch's Flight Recorder dumps (sources/flight_recorder_files.py), whose format is not ddpwatch's.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""What `ddpwatch lint` reports and records: the checks, LintFinding, and the walker's records."""
+"""What `ddpwatch lint` reports and records: the checks, LintFinding, the walker's records, and the readers of a
+scope's nodes (its calls, its bindings) the checks share."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
-import re
 from typing import Iterable, Iterator
 
 from .. import catalogue
@@ -41,22 +41,7 @@ COLLECTIVES: dict[str, int | None] = {
 # Hugging Face Accelerate methods that are collectives under the hood.
 ACCELERATOR_COLLECTIVES = frozenset({"gather", "gather_for_metrics", "reduce", "pad_across_processes"})
 
-_DDP_CLASS = "DistributedDataParallel"
-_WRAPPER_PASSTHROUGH = frozenset(
-    {"to", "cuda", "cpu", "float", "half", "bfloat16", "double", "train", "eval", "requires_grad_", "type"}
-)  # DDP methods that return the wrapper
-_PER_RANK_WRAPPERS = frozenset(
-    {"range", "len", "enumerate", "zip", "list", "tuple", "sorted", "reversed", "iter", "tqdm", "min", "max", "islice"}
-)
-_SUBSET_GUARDS = frozenset({"if", "else", "early_exit", "while"})
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
-_LOOPS = (ast.For, ast.AsyncFor, ast.While)
-_MATCH = getattr(ast, "Match", ())  # Python 3.10+; setup.cfg still allows 3.9
-_TRY = (ast.Try, *((ast.TryStar,) if hasattr(ast, "TryStar") else ()))  # try/except* is 3.11+
-_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+[0-9]+(?:[\s,]+[A-Za-z]+[0-9]+)*))?", re.I)
-# Every finding needs a DDP wrapper or a collective, and each of those needs one of these in the text.
-_RELEVANT_MARKERS = ("distributed", "dist.", "DDP", "DistributedDataParallel", "wait_for_everyone", "accelerator")
-_SKIPPED_DIRS = frozenset({"__pycache__", "venv", "env", "site-packages", "node_modules"})
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -91,7 +76,7 @@ class LintFinding:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Guard:
+class Guard:
     """The innermost rank condition a statement runs under."""
 
     node: ast.stmt  # the If or While
@@ -115,22 +100,22 @@ class _Guard:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Loop:
+class Loop:
     node: ast.stmt
     per_rank: bool
 
 
 @dataclasses.dataclass(frozen=True)
-class _Site:
+class Site:
     """A call, with the rank condition and loops around it in its own function."""
 
     call: ast.Call
-    guard: _Guard | None
-    loops: tuple[_Loop, ...]
+    guard: Guard | None
+    loops: tuple[Loop, ...]
 
 
 @dataclasses.dataclass(frozen=True)
-class _EarlyExit:
+class EarlyExit:
     exit: ast.stmt  # the return/continue/break
     branch: list[ast.stmt]  # the branch of the rank `if` that ends in it
     if_node: ast.If
@@ -138,7 +123,7 @@ class _EarlyExit:
 
 
 @dataclasses.dataclass
-class _Class:
+class ClassInfo:
     node: ast.ClassDef
     methods: dict[str, ast.FunctionDef | ast.AsyncFunctionDef]
     wrapped_attrs: set[str]
@@ -146,39 +131,65 @@ class _Class:
 
 
 @dataclasses.dataclass
-class _Scope:
+class Scope:
     """A function body, or the module body."""
 
     node: ast.AST
     body: list[ast.stmt]
     is_function: bool
-    cls: _Class | None = None
+    cls: ClassInfo | None = None
     self_name: str | None = None
     params: list[str] = dataclasses.field(default_factory=list)
     rank_names: set[str] = dataclasses.field(default_factory=set)
     per_rank_names: set[str] = dataclasses.field(default_factory=set)
     timeline: dict[str, list[tuple[int, bool]]] = dataclasses.field(default_factory=dict)
-    sites: list[_Site] = dataclasses.field(default_factory=list)
-    exits: list[_EarlyExit] = dataclasses.field(default_factory=list)
+    sites: list[Site] = dataclasses.field(default_factory=list)
+    exits: list[EarlyExit] = dataclasses.field(default_factory=list)
     nested: dict[str, ast.AST] = dataclasses.field(default_factory=dict)
     nodes: list[ast.AST] = dataclasses.field(default_factory=list)  # scope_nodes(body), walked once
     parent: ast.AST | None = None  # the enclosing function, for nested functions
 
 
-def _nodes_in(nodes: Iterable[ast.AST]) -> list[ast.AST]:
+def nodes_in(nodes: Iterable[ast.AST]) -> list[ast.AST]:
     """Every node under `nodes`, not entering nested functions, classes or lambdas (they run elsewhere)."""
     return scope_nodes(list(nodes))
 
 
-def _calls_in(nodes: Iterable[ast.AST]) -> Iterator[ast.Call]:
-    return (node for node in _nodes_in(nodes) if isinstance(node, ast.Call))
+def calls_in(nodes: Iterable[ast.AST]) -> Iterator[ast.Call]:
+    return (node for node in nodes_in(nodes) if isinstance(node, ast.Call))
 
 
-def _params(function: ast.AST) -> list[str]:
-    if not isinstance(function, _FUNCTIONS):
+def param_names(function: ast.AST) -> list[str]:
+    if not isinstance(function, FUNCTIONS):
         return []
     args = function.args
     return [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
 
 
-# --- the checker --------------------------------------------------------------------------------------------
+def bindings(nodes: list[ast.AST]) -> Iterator[tuple[ast.AST, ast.AST | None, int]]:
+    """(target, value or None, line) for every binding among a scope's nodes."""
+    for node in nodes:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                yield from _paired(target, node.value, node.lineno)
+        elif isinstance(node, ast.AnnAssign):
+            yield node.target, node.value, node.lineno
+        elif isinstance(node, ast.NamedExpr):
+            yield node.target, node.value, node.lineno
+        elif isinstance(node, (ast.AugAssign, ast.For, ast.AsyncFor)):
+            yield from _paired(node.target, None, node.lineno)
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            yield from _paired(node.optional_vars, None, node.context_expr.lineno)
+
+
+def _paired(target: ast.AST, value: ast.AST | None, line: int) -> Iterator[tuple[ast.AST, ast.AST | None, int]]:
+    if isinstance(target, (ast.Tuple, ast.List)):
+        values = value.elts if isinstance(value, (ast.Tuple, ast.List)) else None
+        if values is not None and len(values) != len(target.elts):
+            values = None
+        for index, element in enumerate(target.elts):
+            yield from _paired(element, values[index] if values else None, line)
+    elif isinstance(target, ast.Starred):
+        yield from _paired(target.value, None, line)
+    else:
+        yield target, value, line
