@@ -123,6 +123,7 @@ OFFLINE = (
     "ddpwatch.static",
     "ddpwatch.format",
     "ddpwatch.catalogue",
+    "ddpwatch.flight_entries",
     "ddpwatch.frames",
     "ddpwatch.atomic",
     "ddpwatch.logonce",

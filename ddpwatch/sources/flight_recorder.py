@@ -5,50 +5,16 @@ The dump files themselves are found, read and checked by flight_recorder_files.p
 from __future__ import annotations
 
 import os
-import re
 
-from .. import catalogue, frames as classifier  # frames: the one frame classifier
+from .. import frames as classifier  # frames: the one frame classifier
 from ..analysis import incident, silent
+from ..flight_entries import canonical_op, classify, dtype, first_user_frame
 from ..format import build
 from ..static import rankcond
 from .flight_recorder_files import FlightRecorderError, find_dumps, parse_ranks
 
 RECENT_KEPT = 64
 MAX_SHAPES = 4  # as many tensors as ddpwatch's own records keep
-
-_DDP_FILE = re.compile(r"torch[/\\]nn[/\\]parallel[/\\]distributed\.py$")
-_C10D_FILE = re.compile(r"torch[/\\]distributed[/\\]distributed_c10d\.py$")
-
-DDP_BUFFER_SYNC_FUNCTIONS = {
-    "_sync_buffers",
-    "_sync_module_buffers",
-    "_default_broadcast_coalesced",
-    "_distributed_broadcast_coalesced",
-}
-OBJECT_COLLECTIVES = set(catalogue.object_collectives())
-# The C++ Reducer's gradient all-reduce, issued from autograd hooks during backward() (named as ddpwatch's own
-# recording names it, so the analysis treats both alike).
-DDP_GRADIENT_ALLREDUCE = build.DDP_GRAD_ALLREDUCE
-DDP_SYNC_MODULE_STATES = "_sync_module_states"
-
-# c10d's scalar type names (as FR writes dtypes) -> torch dtype names (as ddpwatch writes them).
-_DTYPES = {
-    "Float": "float32",
-    "Double": "float64",
-    "Half": "float16",
-    "BFloat16": "bfloat16",
-    "Long": "int64",
-    "Int": "int32",
-    "Short": "int16",
-    "Char": "int8",
-    "Byte": "uint8",
-    "Bool": "bool",
-    "ComplexFloat": "complex64",
-    "ComplexDouble": "complex128",
-}
-
-
-# ---------------------------------------------------------------- frames
 
 
 def is_internal_path(path: str, chosen: classifier.Packages = classifier.NO_PACKAGES) -> bool:
@@ -69,87 +35,6 @@ def _frame(raw: dict, chosen: classifier.Packages = classifier.NO_PACKAGES) -> d
     if kind == classifier.LIBRARY:
         frame["library"] = True  # as a live stack marks it
     return frame
-
-
-def _first_user_frame(frames: list, start: int = 0) -> dict | None:
-    """The innermost user frame at or outside `start` (frames innermost first, as FR writes them)."""
-    for frame in frames[start:]:
-        if not frame["internal"]:
-            return build.site(frame["file"], frame["line"], frame["function"])
-    return None
-
-
-def _index(frames: list, pattern, names=None) -> int | None:
-    for index, frame in enumerate(frames):
-        if pattern.search(frame["file"]) and (names is None or frame["function"] in names):
-            return index
-    return None
-
-
-def classify(frames: list, op: str) -> tuple:
-    """(api, region) for an op from its frames: DDP's buffer sync, bucket rebuild, gradient all-reduce, ..."""
-    forward_at = _index(frames, _DDP_FILE, {"forward"})
-    ddp_names = {f["function"] for f in frames if _DDP_FILE.search(f["file"])}
-    names = {f["function"] for f in frames}
-    if forward_at is not None:
-        region = {
-            "kind": build.DDP_FORWARD,
-            "site": _first_user_frame(frames, forward_at + 1),
-            "api": "DistributedDataParallel.forward",
-        }
-        innermost_ddp = frames[_index(frames, _DDP_FILE)]["function"]
-        if ddp_names & DDP_BUFFER_SYNC_FUNCTIONS:
-            return build.DDP_BUFFER_BROADCAST, region
-        if innermost_ddp == "_pre_forward" and op == "broadcast":
-            return build.DDP_BUCKET_REBUILD, region  # the C++ Reducer's rebuild, called from _pre_forward
-        return _c10d_api(frames, op), region
-    if "_verify_param_shape_across_processes" in names:
-        return build.DDP_VERIFY_PARAMS, None
-    if names & {"_sync_module_states", "_sync_params_and_buffers"}:
-        return DDP_SYNC_MODULE_STATES, None
-    object_at = _index(frames, _C10D_FILE, OBJECT_COLLECTIVES)
-    if object_at is not None:
-        api = frames[object_at]["function"]
-        return _c10d_api(frames, op), {
-            "kind": build.OBJECT_COLLECTIVE,
-            "site": _first_user_frame(frames, object_at + 1),
-            "api": api,
-        }
-    if _index(frames, _C10D_FILE) is None and "_engine_run_backward" in names:
-        return DDP_GRADIENT_ALLREDUCE, None
-    return _c10d_api(frames, op), None
-
-
-def _c10d_api(frames: list, op: str) -> str:
-    """The public torch.distributed function called: the outermost c10d frame (inner ones are helpers)."""
-    c10d = [
-        f["function"]
-        for f in frames
-        if _C10D_FILE.search(f["file"])
-        and not f["function"].startswith("_")
-        and f["function"] not in OBJECT_COLLECTIVES
-        and f["function"] != "wrapper"
-    ]
-    return c10d[-1] if c10d else op
-
-
-# ---------------------------------------------------------------- entries -> records
-
-
-def canonical_op(profiling_name: str) -> tuple:
-    """'gloo:broadcast' -> ('broadcast', None); 'nccl:send 0->1' -> ('send', (0, 1))."""
-    name = str(profiling_name or "?").split(":", 1)[-1].strip()
-    peers = None
-    match = re.search(r"(\d+)\s*->\s*(\d+)", name)
-    if match:
-        peers = (int(match.group(1)), int(match.group(2)))
-    op = name.split()[0] if name.split() else "?"
-    op = op.lstrip("_")
-    return catalogue.canonical_op(op), peers
-
-
-def _dtype(name) -> str:
-    return _DTYPES.get(str(name), str(name).lower())
 
 
 def _ns(value) -> float | None:
@@ -180,8 +65,8 @@ def _record(entry: dict, rank: int, now: float, chosen: classifier.Packages = cl
         p2p=p2p,
         peer=peer,
         shapes=shapes,
-        dtypes=[_dtype(d) for d in (entry.get("input_dtypes") or ())][:MAX_SHAPES],
-        site=_first_user_frame(stack),
+        dtypes=[dtype(d) for d in (entry.get("input_dtypes") or ())][:MAX_SHAPES],
+        site=first_user_frame(stack),
         region=region,  # no `via`: a dump does not say which framework was called
         start=start,
         age_s=round(max(0.0, now - start), 4),
