@@ -119,7 +119,7 @@ def snapshot_sizes(recorder) -> dict:
 
 def main(argv=None) -> None:
     opts = C.parser(__doc__).parse_args(argv)
-    from ddpwatch.capture import record, sites
+    from ddpwatch.capture import sites
     from ddpwatch.config import Config
 
     mode = "quick" if opts.quick else "full"
@@ -161,7 +161,7 @@ def main(argv=None) -> None:
             ["begin + finish, thread CPU time (us per op, no tracemalloc)", f"{per_op_us:.2f}"],
             ["heartbeat JSON per rank (bytes, 8 recent records)", sizes[8]],
             ["incident answer JSON without stacks (bytes, 64 recent)", sizes[64]],
-            ["code objects in record.py's frame-kind cache (one new code object per step)", len(record._kind_of_code)],
+            ["code objects in sites.py's frame-kind cache (one new code object per step)", len(sites.kind_of_code)],
             [
                 "code objects kept for raw sites (bound: sites.CODE_LIMIT)",
                 f"{len(sites._code_by_id)} (<= {sites.CODE_LIMIT})",
