@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .version import FORMAT_VERSION
 
@@ -94,7 +94,9 @@ def record(
         doc["via"] = via
     doc.update(region=region, start=start, age_s=age_s, duration_s=duration_s, state=state, error=error, thread=thread)
     doc.update(more)
-    return doc
+    # Every key RecordDoc always has is set above; `more` holds optional ones by name. Built step by step for the
+    # order the keys are written in (`via` after `site`), which a TypedDict literal cannot leave out.
+    return cast("RecordDoc", doc)
 
 
 def rank_state(
@@ -135,4 +137,5 @@ def rank_state(
         "ops_recorded": ops_recorded,
     }
     doc.update(more)
-    return doc
+    # Every key RankState always has is set above; `more` holds optional ones by name, in the order given.
+    return cast("RankState", doc)
