@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from ..format import build
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from ..format.types import RankState, RecordDoc
+    from ..format.types import RankState, RecordDoc, Site
 
 
 class Partition(NamedTuple):
@@ -30,7 +30,7 @@ def waiting_record(state: RankState) -> RecordDoc | None:
     return max(pool, key=lambda r: r.get("age_s", 0.0)) if pool else None
 
 
-def is_blocked(state: dict, grace: float) -> bool:
+def is_blocked(state: RankState, grace: float) -> bool:
     """In a collective for at least `grace` seconds, with no op started or finished meanwhile."""
     record = waiting_record(state)
     return (
@@ -41,7 +41,7 @@ def is_blocked(state: dict, grace: float) -> bool:
     )
 
 
-def user_line_now(state: dict) -> dict | None:
+def user_line_now(state: RankState) -> Site | None:
     """Where the rank's main thread stands now in the user's code (innermost non-internal frame), if stacks came."""
     for stack in state.get("stacks") or ():
         if stack.get("main"):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, Mapping, cast
 
 from .version import FORMAT_VERSION
 
@@ -39,13 +39,13 @@ def site(file: str, line: int, function: str) -> Site:
     return {"file": file, "line": line, "function": function}
 
 
-def format_site(where: dict | None) -> str:
+def format_site(where: Mapping[str, Any] | None) -> str:
     if not where:
         return "an unknown line"
     return f"{where['file']}:{where['line']} in {where['function']}()"
 
 
-def short_site(where: dict | None) -> str:
+def short_site(where: Mapping[str, Any] | None) -> str:
     """file basename:line, the way people name a line in conversation."""
     if not where:
         return "?"

@@ -15,7 +15,7 @@ from ..format import build
 if TYPE_CHECKING:  # annotations only: psutil is imported where it is used, and may be missing
     import psutil
 
-    from ..format.types import ProcessFacts, RecordDoc
+    from ..format.types import ProcessFacts, RankState, RecordDoc
 
 PY_SPY_TIMEOUT_S = 3.0
 
@@ -269,7 +269,7 @@ def flight_recorder_active() -> list:
     return sorted(active, key=lambda e: e.get("time_created_ns") or 0)
 
 
-def record_from_flight_recorder(entry: dict, state: dict, frame, now: float) -> RecordDoc | None:
+def record_from_flight_recorder(entry: dict, state: RankState, frame, now: float) -> RecordDoc | None:
     """A record for a collective only the Flight Recorder saw, at the position this rank's recorded ops reach next.
 
     ddpwatch's sequence numbers count the collectives it recorded; an op it never saw takes the next one on its
@@ -282,8 +282,9 @@ def record_from_flight_recorder(entry: dict, state: dict, frame, now: float) -> 
         return None
     from ..capture.sites import frame_site
 
+    last = (state.get("last_seq") or {}).get(group)  # a live state's: an int, or no key before its first
     return build.record(
-        (state.get("last_seq") or {}).get(group, -1) + 1,
+        (-1 if last is None else last) + 1,
         group,
         catalogue.canonical_op(str(entry.get("profiling_name", "")).split(":")[-1]) or "collective",
         api=build.FLIGHT_RECORDER_ONLY,
@@ -318,7 +319,7 @@ def _compact_fr_entry(entry: dict) -> dict:
     }
 
 
-def align_flight_recorder(state: dict) -> None:
+def align_flight_recorder(state: RankState) -> None:
     """Pair each in-flight record with the Flight Recorder's last entry on its group, when they name the same op.
 
     The pair confirms what the process group itself has in flight (DDP's gradient all-reduce, issued in C++, is
