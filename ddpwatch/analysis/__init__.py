@@ -11,7 +11,7 @@ from ..format import build
 # What other stages and the tests read from the package, besides assess(): the reading helpers the watchdog uses,
 # and the passes the finding-table tests reorder.
 from .passes import collective_on_subset_or_mismatch, ddp_forward_on_subset, shape_mismatch  # noqa: F401
-from .reading import is_blocked, partitions, shape_key, user_line_now, waiting_map, waiting_record  # noqa: F401
+from .reading import is_blocked, partitions, shape_key, user_line_now, waited_s, waiting_map, waiting_record  # noqa: F401
 from .table import (
     DEADLOCK,
     DUMP,
@@ -34,19 +34,23 @@ from .table import (
 )
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from ..format.types import Finding, RankState
+    from ..format.types import RankState
 
 
 @dataclasses.dataclass
 class Assessment:
-    """What the watchdog should do now: report a proven deadlock, report after the timeout, or nothing."""
+    """What the watchdog should do now: report a proven deadlock, report after the timeout, or nothing.
+
+    `findings`: passes.finding()'s data (kind, ranks, location, evidence, facts), not yet worded: types.Finding is
+    the form report.json holds, once render/wording.py has added the summary and fix.
+    """
 
     verdict: str | None
-    findings: list[Finding]
+    findings: list[dict]
     fingerprint: str = ""
 
 
-def stage_findings(stage: Stage, *arguments, passes: tuple | None = None) -> list[Finding]:
+def stage_findings(stage: Stage, *arguments, passes: tuple | None = None) -> list[dict]:
     """The findings of the first pass of `stage` (in table order) that finds anything; [] when none does.
 
     `passes`: the table to run, FINDING_PASSES unless given (read here at call time, so a test may patch
@@ -76,7 +80,7 @@ def proven_mismatches(states: dict, world_size: int) -> list:
     return found
 
 
-def classify(parts: list, states: dict, passes: tuple | None = None) -> list[Finding]:
+def classify(parts: list, states: dict, passes: tuple | None = None) -> list[dict]:
     """The findings for one group whose waiting ranks can never match (its partitions, from proven_mismatches)."""
     return stage_findings(STAGE_MISMATCH, parts, states, passes=passes)
 
@@ -131,7 +135,7 @@ def assess(
         if found:
             return _verdict(STAGE_EXITED, found, live)
     if blocked:
-        longest = max(waiting_record(live[r]).get("age_s", 0.0) for r in blocked)
+        longest = max(waited_s(live[r]) for r in blocked)
         if longest >= timeout:
             found = stage_findings(STAGE_TIMEOUT, live, blocked, timeout, passes=passes)
             if found:
@@ -159,6 +163,6 @@ def mismatch_fingerprint(findings: list) -> str:
 
 def analyze(
     states: dict[int, RankState], world_size: int, grace: float, timeout: float, silent: dict | None = None
-) -> list[Finding]:
+) -> list[dict]:
     """The findings for a finished incident document (re-run by `ddpwatch report`)."""
     return assess(states, world_size, grace, timeout, silent).findings

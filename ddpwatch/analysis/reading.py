@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 from ..format import build
 
@@ -41,6 +41,22 @@ def is_blocked(state: RankState, grace: float) -> bool:
     )
 
 
+def blocked_records(states: dict[int, RankState], grace: float) -> dict[int, RecordDoc]:
+    """{rank: the record it waits in} of the ranks blocked for at least `grace` seconds (is_blocked)."""
+    found = {}
+    for rank, state in states.items():
+        record = waiting_record(state)
+        if record is not None and is_blocked(state, grace):
+            found[rank] = record
+    return found
+
+
+def waited_s(state: RankState) -> float:
+    """How long the rank has waited in the record it waits in (0.0: it waits in none)."""
+    record = waiting_record(state)
+    return 0.0 if record is None else record.get("age_s", 0.0)
+
+
 def user_line_now(state: RankState) -> Site | None:
     """Where the rank's main thread stands now in the user's code (innermost non-internal frame), if stacks came."""
     for stack in state.get("stacks") or ():
@@ -51,7 +67,7 @@ def user_line_now(state: RankState) -> Site | None:
     return None
 
 
-def user_location(record: dict) -> dict | None:
+def user_location(record: Mapping[str, Any]) -> dict | None:
     """The user's line that made this call: the DDP/object-collective call site when inside one, else its own site."""
     region = record.get("region")
     if region and region.get("site"):

@@ -35,7 +35,7 @@ FLIGHT_RECORDER_ONLY = "flight_recorder"
 TRAINING_STEP_APIS = (DDP_BUFFER_BROADCAST, DDP_BUCKET_REBUILD, DDP_GRAD_ALLREDUCE)
 
 
-def site(file: str, line: int, function: str) -> Site:
+def site(file: str, line: int | None, function: str) -> Site:
     return {"file": file, "line": line, "function": function}
 
 

@@ -13,7 +13,7 @@ from ..format.version import FormatError
 from ..static import rankcond
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from ..format.types import Incident
+    from ..format.types import Incident, IncidentSource
 
 RANK_FILE = re.compile(r"^rank-(\d+)\.json$")
 PROGRESS_FROM = 64  # files; below this a progress bar is noise
@@ -109,7 +109,12 @@ def common_world_size(chosen: dict) -> int:
 
 
 def incident_from_states(
-    states: dict, world_size: int, grace: float, timeout: float, source: dict, created_at: float | None = None
+    states: dict,
+    world_size: int,
+    grace: float,
+    timeout: float,
+    source: IncidentSource,
+    created_at: float | None = None,
 ) -> Incident:
     """An incident document from rank snapshots, with ddpwatch's analysis run over them (and the rank conditions
     over their stacks read from the sources here, as the watchdog does, so the incident keeps them)."""
@@ -131,5 +136,8 @@ def merged_incident(
     chosen = load_rank_files(find_rank_files(paths))
     world_size = common_world_size(chosen)
     states = {rank: doc for rank, (doc, _) in chosen.items()}
-    source = {"kind": "rank_files", "files": [os.path.abspath(path) for _, (_, path) in sorted(chosen.items())]}
+    source: IncidentSource = {
+        "kind": "rank_files",
+        "files": [os.path.abspath(path) for _, (_, path) in sorted(chosen.items())],
+    }
     return incident_from_states(states, world_size, grace, timeout, source)
