@@ -67,7 +67,7 @@ def user_line_now(state: RankState) -> Site | None:
     return None
 
 
-def user_location(record: Mapping[str, Any]) -> dict | None:
+def user_location(record: Mapping[str, Any]) -> Site | None:
     """The user's line that made this call: the DDP/object-collective call site when inside one, else its own site."""
     region = record.get("region")
     if region and region.get("site"):
@@ -108,11 +108,11 @@ def completed_at(state: dict, group: str, seq: int) -> dict | None:
 # ---------------------------------------------------------------- history: has a rank been at this line before?
 
 
-def _same_line(a: dict | None, b: dict | None) -> bool:
+def _same_line(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
     return bool(a and b and a.get("file") == b.get("file") and a.get("line") == b.get("line"))
 
 
-def has_been_at(state: dict, site: dict | None) -> bool:
+def has_been_at(state: dict, site: Site | None) -> bool:
     """Whether this rank issued a collective from this line before (site counts, else its recent records)."""
     if not site:
         return False
@@ -125,12 +125,12 @@ def has_been_at(state: dict, site: dict | None) -> bool:
     return False
 
 
-def _inflight_count_at(state: dict, site: dict) -> int:
+def _inflight_count_at(state: dict, site: Site) -> int:
     """Site counts include the call in flight now; "been here before" must not count it."""
     return sum(1 for r in state.get("inflight") or () if _same_line(r.get("site"), site))
 
 
-def familiar_to(site: dict | None, states: dict, ranks) -> bool:
+def familiar_to(site: Site | None, states: dict, ranks) -> bool:
     return bool(ranks) and all(has_been_at(states[rank], site) for rank in ranks)
 
 
@@ -184,7 +184,7 @@ def waiting_map(states: dict) -> dict:
     return {rank: rec for rank, rec in ((r, waiting_record(s)) for r, s in states.items()) if rec is not None}
 
 
-def members(states: dict, group: str, world_size: int) -> list:
+def members(states: dict, group: str | None, world_size: int) -> list:
     for state in states.values():
         ranks = (state.get("groups") or {}).get(group)
         if ranks is not None:
