@@ -10,18 +10,12 @@ from typing import TYPE_CHECKING, Any, Mapping
 from ..format import build
 from .history import FAMILIAR, NEW, epochs_say_left_early, path, position, turn, went_on_to
 from .passes import _side_by_side, _side_records, ddp_forward_on_subset, finding, shape_mismatch
-from .reading import (
-    at_lowest,
-    blocked_records,
-    condition_kind,
-    members,
-    partitions,
-    ranks_of,
-    user_location,
-)
+from .reading import at_lowest, blocked_records, condition_kind, members, partitions, ranks_of, user_location
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..format.types import RecordDoc
+
+    Line = Mapping[str, Any]  # a site or a frame (a Site, or a dict read from facts): its "file" and "line"
 
 LOCAL_DECISION = "local_decision"
 CAUGHT_EXCEPTION = "caught_exception"
@@ -144,7 +138,7 @@ def _usable(around) -> bool:
         return False
 
 
-def _key(site: Mapping[str, Any]) -> str:
+def _key(site: Line) -> str:
     return f"{site.get('file')}:{site.get('line')}"
 
 
@@ -179,11 +173,11 @@ def _way(rank: int, records: list, common: RecordDoc, stay: list, states: dict, 
     return None
 
 
-def _numbered(site: Mapping[str, Any] | None) -> bool:
+def _numbered(site: Line | None) -> bool:
     return isinstance((site or {}).get("line"), int)
 
 
-def _anchors(x: Mapping[str, Any] | None, stacks: list, code: dict) -> list:
+def _anchors(x: Line | None, stacks: list, code: dict) -> list:
     """The last common call's line, then the lines that called its function (from the ranks' stacks), innermost
     first: a helper raised or returned, and the loop it left is its caller's."""
     if not x:
@@ -200,7 +194,7 @@ def _anchors(x: Mapping[str, Any] | None, stacks: list, code: dict) -> list:
     return found
 
 
-def _spans(around: dict, anchor: Mapping[str, Any], site: Mapping[str, Any] | None) -> bool:
+def _spans(around: dict, anchor: Line, site: Line | None) -> bool:
     """Whether `site` is a line of the function `around` describes (same file, within its lines)."""
     first, last = around["function"]
     if not site:
@@ -208,9 +202,7 @@ def _spans(around: dict, anchor: Mapping[str, Any], site: Mapping[str, Any] | No
     return site.get("file") == anchor.get("file") and first <= (site.get("line") or 0) <= last
 
 
-def _in_function(
-    around: dict, anchor: Mapping[str, Any], z: Mapping[str, Any] | None, theirs: list
-) -> Mapping[str, Any] | None:
+def _in_function(around: dict, anchor: Line, z: Line | None, theirs: list) -> Line | None:
     """Where the others are now, as a line of the anchor's function: their call, or the frame that leads to it."""
     if _spans(around, anchor, z):
         return z
@@ -218,16 +210,7 @@ def _in_function(
     return inside[-1] if inside else None
 
 
-def _through(
-    anchor: Mapping[str, Any],
-    around: dict,
-    z: Mapping[str, Any] | None,
-    mine: list,
-    rank: int,
-    stay: list,
-    states: dict,
-    calls: list,
-):
+def _through(anchor: Line, around: dict, z: Line | None, mine: list, rank: int, stay: list, states: dict, calls: list):
     """The exit `rank` took out of the anchor's loops (or the handler it went through), when only one fits. `calls`:
     the lines of this function its collectives came from."""
     lines = [f.get("line") or 0 for f in mine if f and f.get("file") == anchor.get("file")]
@@ -319,7 +302,7 @@ def _distinct(candidates: list) -> list:
     return list(seen.values())
 
 
-def _handlers(around: dict, anchor: Mapping[str, Any], z: Mapping[str, Any] | None, left: list, lines: list) -> list:
+def _handlers(around: dict, anchor: Line, z: Line | None, left: list, lines: list) -> list:
     """Handlers that swallow (`pass`, or nothing that leaves) of a try around the last common call, which skip where
     the others are: their call in the try's body after it, or the whole loop the rank left from inside the try."""
     found = []
@@ -355,7 +338,7 @@ def _local(candidate: dict) -> bool:
     return bool(candidate.get("handler")) or bool(condition and not condition.get("rank"))
 
 
-def _place(candidate: dict, anchor: Mapping[str, Any], z: Mapping[str, Any] | None, around: dict) -> str | None:
+def _place(candidate: dict, anchor: Line, z: Line | None, around: dict) -> str | None:
     """WITHIN: between the last common call and the others' call, where no iterator ends; BOUNDARY: where an
     iteration ends (or the order is unknown); None: nowhere the rank can have left."""
     x = anchor["line"]
@@ -371,7 +354,7 @@ def _place(candidate: dict, anchor: Mapping[str, Any], z: Mapping[str, Any] | No
     return BOUNDARY if line >= x or line <= z["line"] else None
 
 
-def _chosen(candidate: dict, anchor: Mapping[str, Any], left: list, proof: dict) -> dict:
+def _chosen(candidate: dict, anchor: Line, left: list, proof: dict) -> dict:
     handler = candidate.get("handler")
     kind = CAUGHT_EXCEPTION if handler else LOCAL_DECISION
     line = handler["line"] if handler else candidate["line"]
