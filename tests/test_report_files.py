@@ -23,7 +23,7 @@ RUN_ID = "20250101-120000-job7"
 
 def seed_incident(world_size=2, run_id=RUN_ID):
     st = seed_states(world_size)
-    return incident(st, analysis.analyze(st, world_size, 2.0, 300.0), run_id=run_id)
+    return incident(st, analysis.assess(st, world_size, 2.0, 300.0).findings, run_id=run_id)
 
 
 @pytest.fixture

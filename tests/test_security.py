@@ -270,7 +270,7 @@ def test_a_real_entry_is_found_and_signalled(temp_dir):
 
 def seed_incident():
     st = seed_states(2)
-    return incident(st, analysis.analyze(st, 2, 2.0, 300.0), run_id="run1")
+    return incident(st, analysis.assess(st, 2, 2.0, 300.0).findings, run_id="run1")
 
 
 def test_the_fallback_report_folder_is_in_the_users_private_folder(temp_dir, tmp_path):

@@ -159,10 +159,3 @@ def mismatch_fingerprint(findings: list) -> str:
     facts = first["facts"]
     seq = facts.get("seq", (facts.get("seqs") or [None])[0])
     return f"mismatch-{first['kind']}-{facts.get('group')}-{seq}"
-
-
-def analyze(
-    states: dict[int, RankState], world_size: int, grace: float, timeout: float, silent: dict | None = None
-) -> list[dict]:
-    """The findings for a finished incident document (re-run by `ddpwatch report`)."""
-    return assess(states, world_size, grace, timeout, silent).findings
