@@ -470,7 +470,7 @@ def _scenarios():
 
 
 @pytest.mark.parametrize("name", sorted(_scenarios()))
-def test_findings_are_well_formed(name):
+def test_findings_are_well_formed(name, tmp_path):
     st = _scenarios()[name]
     a = run(st)
     assert a.verdict in (DEADLOCK, TIMEOUT)
@@ -488,7 +488,8 @@ def test_findings_are_well_formed(name):
         assert isinstance(f["evidence"], dict)
     # Worded, JSON-native: survives the incident file round trip unchanged.
     as_written = [worded(f) for f in a.findings]
-    assert documents.load_json_text(documents.dumps({"format_version": 1, "f": as_written}), "x")["f"] == as_written
+    (tmp_path / "x.json").write_text(documents.dumps({"format_version": 1, "f": as_written}), encoding="utf-8")
+    assert documents.load_document(str(tmp_path / "x.json"))["f"] == as_written
 
 
 # ---------------------------------------------------------------- once bugs, now fixed

@@ -240,12 +240,13 @@ def test_process_lines():
 
 
 @pytest.mark.parametrize("world_size", [2, 64])
-def test_render_json_round_trips(world_size):
+def test_render_json_round_trips(world_size, tmp_path):
     doc = seed_incident(world_size)
     text = render_json(doc)
     assert text.endswith("\n")
     assert json.loads(text) == doc
-    assert documents.load_json_text(text, "report.json") == doc
+    (tmp_path / "report.json").write_text(text, encoding="utf-8")
+    assert documents.load_document(str(tmp_path / "report.json")) == doc  # as `ddpwatch report` reads it
 
 
 def test_render_json_never_fails_on_odd_values():

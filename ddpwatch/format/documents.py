@@ -148,14 +148,6 @@ def save_rank_dump(folder: str, doc: dict) -> str:
 # ---------------------------------------------------------------- loading
 
 
-def load_json_text(text: str, what: str) -> dict:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"{what}: not valid JSON ({exc})") from None
-    return check_version(doc, what)
-
-
 def is_incident(doc: dict) -> bool:
     return isinstance(doc.get("ranks"), list) and "findings" in doc
 
