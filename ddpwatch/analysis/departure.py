@@ -166,7 +166,7 @@ def _way(rank: int, records: list, common: RecordDoc, stay: list, states: dict, 
         z = _in_function(around, anchor, user_location(common), theirs)
         z = z if _numbered(z) else None
         sites = map(user_location, records[:-1] + [common])
-        calls = [site["line"] for site in sites if site and _spans(around, anchor, site)]  # _spans: a site
+        calls = [site["line"] for site in sites if site and _spans(around, anchor, site)]  # no site: no span
         way = _through(anchor, around, z, mine, rank, stay, states, calls)
         if way is not None:
             return way

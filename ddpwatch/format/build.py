@@ -94,8 +94,8 @@ def record(
         doc["via"] = via
     doc.update(region=region, start=start, age_s=age_s, duration_s=duration_s, state=state, error=error, thread=thread)
     doc.update(more)
-    # Every key RecordDoc always has is set above; `more` holds optional ones by name. Built step by step for the
-    # order the keys are written in (`via` after `site`), which a TypedDict literal cannot leave out.
+    # Every key RecordDoc always has is set above; `more` holds optional ones by name. Built step by step so that
+    # the keys are written in this order, `via` (when given) after `site`: a TypedDict literal could not leave it out.
     return cast("RecordDoc", doc)
 
 
