@@ -160,16 +160,9 @@ def rank_of(entry: dict) -> int:
     return rank if isinstance(rank, int) else -1
 
 
-def live_ranks(folder: str | None = None) -> list:
-    """Entries of armed ranks still running, sorted by (job, rank); [] when the registry cannot be used."""
-    try:
-        return registry(folder)
-    except OSError:
-        return []
-
-
 def registry(folder: str | None = None) -> list:
-    """live_ranks, but an unusable registry folder raises (private.UnsafeFolder says why in one line)."""
+    """Entries of armed ranks still running, sorted by (job, rank); an unusable registry folder raises
+    (private.UnsafeFolder says why in one line)."""
     fd = _open_registry(folder)
     try:
         return _scan(fd)

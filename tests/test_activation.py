@@ -398,6 +398,7 @@ def test_ddpwatch_run_sets_the_environment_and_checks_the_settings_first(tmp_pat
 def test_post_import_hook_runs_after_the_module_and_leaves_no_trace(tmp_path, monkeypatch):
     (tmp_path / "ddpw_probe_module.py").write_text("VALUE = 1\nLAST = 'set at the end'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # a hook left by a failure goes with the copy
     seen = []
     bootstrap.when_imported("ddpw_probe_module", lambda module: seen.append(getattr(module, "LAST", None)))
     try:
@@ -410,7 +411,6 @@ def test_post_import_hook_runs_after_the_module_and_leaves_no_trace(tmp_path, mo
         bootstrap.when_imported("ddpw_probe_module", lambda module: seen.append("again, at once"))
         assert seen[-1] == "again, at once"
     finally:
-        bootstrap.remove_import_hooks()
         sys.modules.pop("ddpw_probe_module", None)
 
 
@@ -439,7 +439,7 @@ def test_first_init_installs_and_arms_and_sigusr1_dumps(tmp_path, monkeypatch, i
         session = session_module.current()
         assert session.held and session.watchdog is not None and session.watchdog.is_alive()
         assert signal.getsignal(signal.SIGUSR1) == session.control._on_usr1
-        [entry] = registry.live_ranks()
+        [entry] = registry.registry()
         assert (entry["pid"], entry["rank"], entry["world_size"]) == (os.getpid(), 0, 1)
         assert "argv" not in entry and entry["program"]  # the program's name, never its arguments
         with session_module.guard() as inner:  # a guard() in the program shares the held session
@@ -712,7 +712,7 @@ def test_registry_lists_live_ranks_and_removes_stale_ones(isolated_registry):
     reused["created"] -= 100  # same pid, another process: pid reuse
     with open(path, "w") as handle:
         json.dump(reused, handle)
-    assert [(e["pid"], e["rank"]) for e in registry.live_ranks()] == [(os.getpid(), 1)]
+    assert [(e["pid"], e["rank"]) for e in registry.registry()] == [(os.getpid(), 1)]
     assert os.listdir(isolated_registry) == [f"{os.getpid()}.json"]
 
 

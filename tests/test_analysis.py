@@ -1,4 +1,4 @@
-"""assess()/analyze() and their helpers on hand-built traces: which rank, which line, which kind. No torch."""
+"""assess() and its helpers on hand-built traces: which rank, which line, which kind. No torch."""
 
 import copy
 import os
@@ -23,7 +23,7 @@ from factory import (
 
 from ddpwatch import analysis  # noqa: E402
 from ddpwatch.format import build, documents  # noqa: E402
-from ddpwatch.analysis import DEADLOCK, TIMEOUT, analyze, assess, fingerprint  # noqa: E402
+from ddpwatch.analysis import DEADLOCK, TIMEOUT, assess, fingerprint  # noqa: E402
 from ddpwatch.render.positions import groups_by_position  # noqa: E402
 from ddpwatch.render.wording import describe_op, rank_list, worded  # noqa: E402
 
@@ -69,7 +69,6 @@ def test_seed_stall_two_ranks_blames_rank0_at_the_ddp_call_site():
     assert f["summary"].startswith("Rank 0 called the DistributedDataParallel model at val.py:42")
     assert "rank 1 waits in barrier at train.py:88" in f["summary"]
     assert len(a.fingerprint) == 16
-    assert analyze(seed_states(2), 2, GRACE, TIMEOUT_S) == a.findings
 
 
 @pytest.mark.parametrize("world_size", [3, 8])
@@ -471,7 +470,7 @@ def _scenarios():
 
 
 @pytest.mark.parametrize("name", sorted(_scenarios()))
-def test_findings_are_well_formed(name):
+def test_findings_are_well_formed(name, tmp_path):
     st = _scenarios()[name]
     a = run(st)
     assert a.verdict in (DEADLOCK, TIMEOUT)
@@ -489,7 +488,8 @@ def test_findings_are_well_formed(name):
         assert isinstance(f["evidence"], dict)
     # Worded, JSON-native: survives the incident file round trip unchanged.
     as_written = [worded(f) for f in a.findings]
-    assert documents.load_json_text(documents.dumps({"format_version": 1, "f": as_written}), "x")["f"] == as_written
+    (tmp_path / "x.json").write_text(documents.dumps({"format_version": 1, "f": as_written}), encoding="utf-8")
+    assert documents.load_document(str(tmp_path / "x.json"))["f"] == as_written
 
 
 # ---------------------------------------------------------------- once bugs, now fixed

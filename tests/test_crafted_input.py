@@ -63,7 +63,7 @@ def seed_incident():
     st_ = seed_states(2)
     for state in st_.values():
         state["recent"] = [done(9, "all_reduce", age=30.0)]
-    return incident(st_, analysis.analyze(st_, 2, 2.0, 300.0))
+    return incident(st_, analysis.assess(st_, 2, 2.0, 300.0).findings)
 
 
 def write_json(path, doc, text=None):

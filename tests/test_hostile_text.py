@@ -61,7 +61,7 @@ def seed():
         state["recent"] = [done(9, "all_reduce", age=30.0)]
         state["process"] = {"status": "sleeping", "cpu_percent": 1.0, "rss_mb": 300.0}
         state["progress_bars"] = [{"desc": "epoch", "n": 3, "total": 10, "since_update_s": 30.0}]
-    return incident(states, analysis.analyze(states, 2, 2.0, 300.0))
+    return incident(states, analysis.assess(states, 2, 2.0, 300.0).findings)
 
 
 def hostile_incident():

@@ -34,7 +34,7 @@ def seed_incident(world_size=2):
     st = seed_states(world_size)
     for state in st.values():
         state["recent"] = [done(9, "all_reduce", age=30.0), done(10, "barrier", age=29.0)]
-    return incident(st, analysis.analyze(st, world_size, 2.0, 300.0))
+    return incident(st, analysis.assess(st, world_size, 2.0, 300.0).findings)
 
 
 def lanes(page, view="sequence-view"):
@@ -69,7 +69,7 @@ def wrapped_incident():
     """The seed incident with ddpwatch's own frames in rank 0's main stack."""
     st = seed_states(2)
     st[0]["stacks"] = [wrapped_stack()]
-    return incident(st, analysis.analyze(st, 2, 2.0, 300.0))
+    return incident(st, analysis.assess(st, 2, 2.0, 300.0).findings)
 
 
 FOLDED_RANK0 = [
@@ -120,7 +120,7 @@ def test_hostile_text_is_escaped_everywhere():
     st = seed_states(2)
     st[0]["stacks"] = [main_stack(("train.py", 1, "main"), (f"/u/{evil}.py", 2, evil))]
     st[0]["inflight"][0]["region"]["site"]["function"] = evil
-    doc = incident(st, analysis.analyze(st, 2, 2.0, 300.0))
+    doc = incident(st, analysis.assess(st, 2, 2.0, 300.0).findings)
     page = render_html(doc)
     assert page.count("<script") == 2 and "<b onmouseover" not in page
     assert embedded(page)["ranks"][0]["stacks"][0]["frames"][1]["function"] == evil
@@ -176,7 +176,7 @@ def straggler_incident():
         rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
         rank_state(1, 2, inflight=[barrier(age=301.0)], idle=301.0),
     )
-    return incident(st, analysis.analyze(st, 2, 2.0, 300.0), trigger="timeout")
+    return incident(st, analysis.assess(st, 2, 2.0, 300.0).findings, trigger="timeout")
 
 
 def poisoned(value, counter=None, ranks_too=False):
@@ -283,7 +283,7 @@ def test_a_straggler_shows_the_busy_rank_as_the_culprit_and_no_divergence():
         rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
         rank_state(1, 2, inflight=[barrier(age=301.0)], idle=301.0),
     )
-    doc = incident(st, analysis.analyze(st, 2, 2.0, 300.0), trigger="timeout")
+    doc = incident(st, analysis.assess(st, 2, 2.0, 300.0).findings, trigger="timeout")
     page = render_html(doc)
     assert 'id="divergence"' not in page
     assert re.search(
@@ -308,7 +308,7 @@ def test_many_positions_keep_the_divergence_in_view():
         for index, record in enumerate(state["recent"]):
             record["start"] = 1_600_000_000.0 + index
     st[0]["inflight"][0]["start"] = st[1]["inflight"][0]["start"] = 1_500_000_000.0  # oldest: would be cut
-    page = render_html(incident(st, analysis.analyze(st, 2, 2.0, 300.0)))
+    page = render_html(incident(st, analysis.assess(st, 2, 2.0, 300.0).findings))
     assert 'id="divergence"' in page and "older positions not shown" in page
 
 

@@ -124,7 +124,7 @@ def test_many_rank_files_show_a_progress_bar_on_stderr(tmp_path, capsys):
 def test_a_folder_of_several_incidents_must_be_narrowed(tmp_path, capsys):
     for run_id in ("r1", "r2"):
         st = seed_states(2)
-        doc = incident(st, analysis.analyze(st, 2, 2.0, 300.0))
+        doc = incident(st, analysis.assess(st, 2, 2.0, 300.0).findings)
         documents.save_incident(str(tmp_path), run_id, doc, report.renderings)
     err = one_line_error(capsys, str(tmp_path))
     assert "holds 2 incident folders" in err
@@ -141,7 +141,7 @@ def test_a_folder_of_several_incidents_must_be_narrowed(tmp_path, capsys):
 )
 def test_a_saved_incident_renders_in_every_format(tmp_path, capsys, fmt, check):
     st = seed_states(2)
-    doc = incident(st, analysis.analyze(st, 2, 2.0, 300.0))
+    doc = incident(st, analysis.assess(st, 2, 2.0, 300.0).findings)
     folder, _ = documents.save_incident(str(tmp_path), "r1", doc, report.renderings)
     code, out, _ = run(capsys, folder, "--format", fmt)
     assert code == 0 and check(out)
@@ -189,7 +189,7 @@ def test_input_errors_are_one_line(tmp_path, capsys):
         write_rank(tmp_path / "good", state)
     assert "notes.txt: not a ddpwatch" in one_line_error(capsys, str(tmp_path / "notes.txt"), str(tmp_path / "good"))
     st = seed_states(2)
-    doc = incident(st, analysis.analyze(st, 2, 2.0, 300.0))
+    doc = incident(st, analysis.assess(st, 2, 2.0, 300.0).findings)
     folder, _ = documents.save_incident(str(tmp_path / "inc"), "r1", doc, report.renderings)
     report_file = os.path.join(folder, "report.json")
     assert "not a ddpwatch rank snapshot" in one_line_error(capsys, report_file, str(tmp_path / "good"))

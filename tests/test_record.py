@@ -310,7 +310,7 @@ def test_sends_and_receives_are_counted_apart_per_peer_as_they_pair():
     assert rec.last_seq == {}  # collectives' positions only
 
 
-def test_snapshot_keys_and_contents():
+def test_snapshot_keys_and_contents(tmp_path):
     rec = Recorder()
     rec.note_group("0", None, False)
     rec.note_group("1", [0, 2], False)
@@ -331,7 +331,8 @@ def test_snapshot_keys_and_contents():
     assert snap["idle_s"] >= 0
     snap["groups"]["2"] = None
     assert "2" not in rec.snapshot()["groups"]  # a copy
-    loaded = documents.load_json_text(documents.dumps({"format_version": 1, **snap}), "snap")
+    (tmp_path / "snap.json").write_text(documents.dumps({"format_version": 1, **snap}), encoding="utf-8")
+    loaded = documents.load_document(str(tmp_path / "snap.json"))
     assert loaded["inflight"] == snap["inflight"]
 
 

@@ -35,7 +35,7 @@ STACK_FRAME_PREFIXES = ("  > ", "    /")
 
 def seed_incident(world_size=2, run_id="20250101-120000", **kw):
     st = seed_states(world_size)
-    findings = analysis.analyze(st, world_size, GRACE, TIMEOUT_S)
+    findings = analysis.assess(st, world_size, GRACE, TIMEOUT_S).findings
     assert [f["kind"] for f in findings] == ["ddp_forward_on_subset"]
     return incident(st, findings, run_id=run_id, **kw)
 
@@ -89,7 +89,7 @@ def test_stacks_show_user_frames_and_group_identical_stacks():
 def test_ddpwatch_own_frames_fold_into_one_line_and_torch_frames_stay():
     st = seed_states(2)
     st[0]["stacks"] = [wrapped_stack()]
-    doc = incident(st, analysis.analyze(st, 2, GRACE, TIMEOUT_S))
+    doc = incident(st, analysis.assess(st, 2, GRACE, TIMEOUT_S).findings)
     stack = section(render_text(doc), "Main-thread stack of rank 0 (most recent call last):")
     assert stack[6] == "Main-thread stack of rank 1 (most recent call last):"
     assert stack[:6] == [
@@ -179,7 +179,7 @@ def test_side_by_side_rows_fit_80_columns():
         ),
         rank_state(1, 2, inflight=[barrier()]),
     )
-    doc = incident(st, analysis.analyze(st, 2, GRACE, TIMEOUT_S), run_id="20250101-120000")
+    doc = incident(st, analysis.assess(st, 2, GRACE, TIMEOUT_S).findings, run_id="20250101-120000")
     assert doc["findings"][0]["evidence"]["ddp_op"] == "bucket_rebuild"
     assert long_lines(render_text(doc)) == []
 
@@ -194,7 +194,7 @@ def test_verdict_line_fits_80_columns_with_scattered_culprits():
             for r in range(32)
         ]
     )
-    findings = analysis.analyze(st, 32, GRACE, TIMEOUT_S)
+    findings = analysis.assess(st, 32, GRACE, TIMEOUT_S).findings
     assert [(f["kind"], f["ranks"]) for f in findings] == [("straggler", list(range(0, 32, 2)))]
     assert long_lines(render_text(incident(st, findings, trigger="timeout", run_id="r1"))) == []
 
@@ -204,7 +204,7 @@ def test_straggler_text():
         rank_state(0, 2, inflight=[], idle=400.0, user_line=("val.py", 40, "validate")),
         rank_state(1, 2, inflight=[barrier(age=301.0)], idle=301.0),
     )
-    findings = analysis.analyze(st, 2, GRACE, TIMEOUT_S)
+    findings = analysis.assess(st, 2, GRACE, TIMEOUT_S).findings
     text = render_text(incident(st, findings, trigger="timeout", run_id="20250101-120000"))
     assert next(line for line in text.splitlines()[3:] if line.strip()) == "[straggler] culprit: rank 0 at val.py:40"
     assert "  rank 0: busy outside collectives at val.py:40 (for 400 s)" in text
@@ -240,12 +240,13 @@ def test_process_lines():
 
 
 @pytest.mark.parametrize("world_size", [2, 64])
-def test_render_json_round_trips(world_size):
+def test_render_json_round_trips(world_size, tmp_path):
     doc = seed_incident(world_size)
     text = render_json(doc)
     assert text.endswith("\n")
     assert json.loads(text) == doc
-    assert documents.load_json_text(text, "report.json") == doc
+    (tmp_path / "report.json").write_text(text, encoding="utf-8")
+    assert documents.load_document(str(tmp_path / "report.json")) == doc  # as `ddpwatch report` reads it
 
 
 def test_render_json_never_fails_on_odd_values():

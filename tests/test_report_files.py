@@ -23,7 +23,7 @@ RUN_ID = "20250101-120000-job7"
 
 def seed_incident(world_size=2, run_id=RUN_ID):
     st = seed_states(world_size)
-    return incident(st, analysis.analyze(st, world_size, 2.0, 300.0), run_id=run_id)
+    return incident(st, analysis.assess(st, world_size, 2.0, 300.0).findings, run_id=run_id)
 
 
 @pytest.fixture
@@ -51,8 +51,7 @@ def test_write_incident_writes_every_kind_of_file(tmp_path, temp_dir):
     ]
     assert doc["report_dir"] == os.path.abspath(folder)
     for rank in range(3):
-        with open(os.path.join(folder, f"rank-{rank}.json"), encoding="utf-8") as handle:
-            state = documents.load_json_text(handle.read(), "rank file")
+        state = documents.load_document(os.path.join(folder, f"rank-{rank}.json"))
         assert state == doc["ranks"][rank]
     with open(os.path.join(folder, "report.txt"), encoding="utf-8") as handle:
         text = handle.read()
@@ -137,30 +136,36 @@ def test_load_incident_rejects_other_versions(tmp_path):
         documents.load_incident(str(tmp_path))
 
 
-def test_load_json_text_rejects_a_wrong_format_version():
+def _loaded(tmp_path, text: str) -> dict:
+    """`text` read as `ddpwatch report` reads a file (documents.load_document)."""
+    (tmp_path / "x.json").write_text(text, encoding="utf-8")
+    return documents.load_document(str(tmp_path / "x.json"))
+
+
+def test_load_document_rejects_a_wrong_format_version(tmp_path):
     with pytest.raises(FormatError, match="format_version 2 is not one this ddpwatch reads"):
-        documents.load_json_text('{"format_version": 2}', "x.json")
+        _loaded(tmp_path, '{"format_version": 2}')
     with pytest.raises(FormatError, match="format_version None"):
-        documents.load_json_text('{"rank": 0}', "x.json")
+        _loaded(tmp_path, '{"rank": 0}')
     with pytest.raises(FormatError, match="format_version '1'"):
-        documents.load_json_text('{"format_version": "1"}', "x.json")
+        _loaded(tmp_path, '{"format_version": "1"}')
 
 
 @pytest.mark.parametrize("text", ["{not json", "", '{"format_version": 1', "[1, 2"])
-def test_load_json_text_rejects_bad_json(text):
-    with pytest.raises(FormatError, match=r"^x\.json: not valid JSON"):
-        documents.load_json_text(text, "x.json")
+def test_load_document_rejects_bad_json(tmp_path, text):
+    with pytest.raises(FormatError, match=r"x\.json: not a ddpwatch report\.json or rank-<r>\.json \(JSONDecodeError"):
+        _loaded(tmp_path, text)
 
 
 @pytest.mark.parametrize("text", ["[]", "1", '"text"', "null"])
-def test_load_json_text_rejects_non_objects(text):
-    with pytest.raises(FormatError, match="expected a JSON object"):
-        documents.load_json_text(text, "x.json")
+def test_load_document_rejects_non_objects(tmp_path, text):
+    with pytest.raises(FormatError, match=r"x\.json: not a ddpwatch report\.json or rank-<r>\.json \(JSON \w+, not an"):
+        _loaded(tmp_path, text)
 
 
-def test_format_error_is_a_value_error():
+def test_format_error_is_a_value_error(tmp_path):
     assert issubclass(FormatError, ValueError)
-    assert documents.load_json_text('{"format_version": 1, "a": [1]}', "x") == {"format_version": 1, "a": [1]}
+    assert _loaded(tmp_path, '{"format_version": 1, "a": [1]}') == {"format_version": 1, "a": [1]}
 
 
 def test_html_and_trace_files_are_whole_renderings(tmp_path, temp_dir):

@@ -155,7 +155,7 @@ def test_an_own_folder_left_readable_is_made_private(temp_dir):
 def test_entries_forged_or_stale_are_not_signalled(temp_dir, victim, capsys):
     """In the user's own private registry: only an entry whose start time AND command match is signalled."""
     ranks = user_root(temp_dir) / "ranks"
-    registry.live_ranks()  # creates the private folders
+    registry.registry()  # creates the private folders
     exact = exact_entry(victim.pid)
     for forged in (
         {k: v for k, v in exact.items() if k != "created"},  # no start time to check
@@ -172,13 +172,13 @@ def test_entries_forged_or_stale_are_not_signalled(temp_dir, victim, capsys):
 @pytest.mark.real
 def test_only_files_ddpwatch_wrote_are_read_or_removed(temp_dir, tmp_path, victim):
     ranks = user_root(temp_dir) / "ranks"
-    registry.live_ranks()
+    registry.registry()
     elsewhere = tmp_path / "elsewhere.json"
     elsewhere.write_text(json.dumps(exact_entry(victim.pid)))
     os.symlink(elsewhere, ranks / f"{victim.pid}.json")  # a link to an entry is not an entry
     other = plant(ranks, {"pid": 999999999}, name="notes.json")  # not ddpwatch's name pattern
     stale = plant(ranks, {"pid": 999999998, "created": 1.0, "command": "python"})
-    assert registry.live_ranks() == []
+    assert registry.registry() == []
     assert dump_client.dump(pid=victim.pid, wait=0.2) == 1
     assert still_running(victim)
     assert os.path.islink(ranks / f"{victim.pid}.json") and elsewhere.exists() and other.exists()
@@ -189,7 +189,7 @@ def test_only_files_ddpwatch_wrote_are_read_or_removed(temp_dir, tmp_path, victi
 @as_root
 def test_an_entry_file_of_another_user_is_neither_signalled_nor_removed(temp_dir, victim):
     ranks = user_root(temp_dir) / "ranks"
-    registry.live_ranks()
+    registry.registry()
     planted = plant(ranks, exact_entry(victim.pid))
     os.chown(planted, OTHER_UID, OTHER_UID)
     assert dump_client.dump(pid=victim.pid, wait=0.2) == 1
@@ -256,7 +256,7 @@ def test_a_real_entry_is_found_and_signalled(temp_dir):
     try:
         path = proc.stdout.readline().strip()
         assert path.endswith(f"{proc.pid}.json")
-        [entry] = registry.live_ranks()
+        [entry] = registry.registry()
         assert entry["pid"] == proc.pid and entry["program"] == "x"
         assert dump_client.dump(wait=20) == 0
         assert proc.wait(timeout=20) == 0
@@ -270,7 +270,7 @@ def test_a_real_entry_is_found_and_signalled(temp_dir):
 
 def seed_incident():
     st = seed_states(2)
-    return incident(st, analysis.analyze(st, 2, 2.0, 300.0), run_id="run1")
+    return incident(st, analysis.assess(st, 2, 2.0, 300.0).findings, run_id="run1")
 
 
 def test_the_fallback_report_folder_is_in_the_users_private_folder(temp_dir, tmp_path):

@@ -24,7 +24,7 @@ def seed_incident(world_size=2):
         state["recent"] = [done(9, "all_reduce", age=30.0), done(10, "barrier", age=29.0)]
         state["recent"][0]["start"] = START - 2.0
         state["recent"][1]["start"] = START - 1.0
-    return incident(st, analysis.analyze(st, world_size, 2.0, 300.0))
+    return incident(st, analysis.assess(st, world_size, 2.0, 300.0).findings)
 
 
 REQUIRED = {

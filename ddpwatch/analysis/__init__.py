@@ -11,7 +11,7 @@ from ..format import build
 # What other stages and the tests read from the package, besides assess(): the reading helpers the watchdog uses,
 # and the passes the finding-table tests reorder.
 from .passes import collective_on_subset_or_mismatch, ddp_forward_on_subset, shape_mismatch  # noqa: F401
-from .reading import is_blocked, partitions, shape_key, user_line_now, waiting_map, waiting_record  # noqa: F401
+from .reading import is_blocked, partitions, shape_key, user_line_now, waited_s, waiting_map, waiting_record  # noqa: F401
 from .table import (
     DEADLOCK,
     DUMP,
@@ -34,25 +34,28 @@ from .table import (
 )
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from ..format.types import Finding, RankState
+    from ..format.types import RankState
 
 
 @dataclasses.dataclass
 class Assessment:
-    """What the watchdog should do now: report a proven deadlock, report after the timeout, or nothing."""
+    """What the watchdog should do now: report a proven deadlock, report after the timeout, or nothing.
+
+    `findings`: passes.finding()'s data (kind, ranks, location, evidence, facts), not yet worded: types.Finding is
+    the form report.json holds, once render/wording.py has added the summary and fix.
+    """
 
     verdict: str | None
-    findings: list[Finding]
+    findings: list[dict]
     fingerprint: str = ""
 
 
-def stage_findings(stage: Stage, *arguments, passes: tuple | None = None) -> list[Finding]:
+def stage_findings(stage: Stage, *arguments) -> list[dict]:
     """The findings of the first pass of `stage` (in table order) that finds anything; [] when none does.
 
-    `passes`: the table to run, FINDING_PASSES unless given (read here at call time, so a test may patch
-    `ddpwatch.analysis.FINDING_PASSES`).
+    FINDING_PASSES is read here, at each call: a table patched into `ddpwatch.analysis` reaches every caller.
     """
-    for row in FINDING_PASSES if passes is None else passes:
+    for row in FINDING_PASSES:
         if row.stage != stage:
             continue
         found = row.run(*arguments)
@@ -76,9 +79,9 @@ def proven_mismatches(states: dict, world_size: int) -> list:
     return found
 
 
-def classify(parts: list, states: dict, passes: tuple | None = None) -> list[Finding]:
+def classify(parts: list, states: dict) -> list[dict]:
     """The findings for one group whose waiting ranks can never match (its partitions, from proven_mismatches)."""
-    return stage_findings(STAGE_MISMATCH, parts, states, passes=passes)
+    return stage_findings(STAGE_MISMATCH, parts, states)
 
 
 def fingerprint(states: dict) -> str:
@@ -96,13 +99,11 @@ def assess(
     grace: float,
     timeout: float,
     silent: dict | None = None,
-    passes: tuple | None = None,
 ) -> Assessment:
     """Decide from every rank's snapshot whether a hang is proven now, or a wait has outlasted the timeout.
 
     `silent`: {rank: {"silent_s", "process", "last_state", ...}} for ranks whose heartbeat stopped for longer than
-    the watchdog's dead_after (or that never published); the watchdog measures that on its own clock. `passes`: the
-    table to run, FINDING_PASSES unless given.
+    the watchdog's dead_after (or that never published); the watchdog measures that on its own clock.
     """
     silent = silent or {}
     live = {r: s for r, s in states.items() if s.get("status") != build.EXITED and r not in silent}
@@ -114,38 +115,38 @@ def assess(
     if silent:  # nothing else is judged while a rank is silent: its last state may be stale
         # a peer the backend aborted left its stack (crashes.py): evidence enough without anyone blocked
         faulted = any(view.get("fault") for view in silent.values())
-        found = stage_findings(STAGE_SILENT, silent, live, grace, passes=passes) if blocked or faulted else []
+        found = stage_findings(STAGE_SILENT, silent, live, grace) if blocked or faulted else []
         return _verdict(STAGE_SILENT, found, live) if found else Assessment(None, [])
     if len(states) < world_size:
         return Assessment(None, [])  # a rank we cannot see may be the one that will unblock the rest
     if live and blocked == set(live):
         waiting = {r: waiting_record(live[r]) for r in blocked}
-        found = stage_findings(STAGE_CROSSING, waiting, live, world_size, passes=passes)
+        found = stage_findings(STAGE_CROSSING, waiting, live, world_size)
         if found:
             return _verdict(STAGE_CROSSING, found, live)
-        found = [f for _, parts in proven_mismatches(live, world_size) for f in classify(parts, live, passes)]
+        found = [f for _, parts in proven_mismatches(live, world_size) for f in classify(parts, live)]
         if found:
             return _verdict(STAGE_MISMATCH, found, live)
     if exited and blocked:
-        found = stage_findings(STAGE_EXITED, live, exited, grace, world_size, passes=passes)
+        found = stage_findings(STAGE_EXITED, live, exited, grace, world_size)
         if found:
             return _verdict(STAGE_EXITED, found, live)
     if blocked:
-        longest = max(waiting_record(live[r]).get("age_s", 0.0) for r in blocked)
+        longest = max(waited_s(live[r]) for r in blocked)
         if longest >= timeout:
-            found = stage_findings(STAGE_TIMEOUT, live, blocked, timeout, passes=passes)
+            found = stage_findings(STAGE_TIMEOUT, live, blocked, timeout)
             if found:
                 return _verdict(STAGE_TIMEOUT, found, live)
-    return completed_mismatches(states, world_size, passes)
+    return completed_mismatches(states, world_size)
 
 
-def completed_mismatches(states: dict, world_size: int, passes: tuple | None = None) -> Assessment:
+def completed_mismatches(states: dict, world_size: int) -> Assessment:
     """Positions the ranks completed without matching, from the fingerprints their states carry (an incident's
     answers do; a heartbeat's position does not, so the watchdog's looks for hangs never run this)."""
     docs = {rank: state["fingerprints"] for rank, state in states.items() if state.get("fingerprints")}
     if len(docs) < 2:
         return Assessment(None, [])
-    found = stage_findings(STAGE_COMPLETED, docs, world_size, passes=passes)
+    found = stage_findings(STAGE_COMPLETED, docs, world_size)
     return Assessment(MISMATCH, found, mismatch_fingerprint(found)) if found else Assessment(None, [])
 
 
@@ -155,10 +156,3 @@ def mismatch_fingerprint(findings: list) -> str:
     facts = first["facts"]
     seq = facts.get("seq", (facts.get("seqs") or [None])[0])
     return f"mismatch-{first['kind']}-{facts.get('group')}-{seq}"
-
-
-def analyze(
-    states: dict[int, RankState], world_size: int, grace: float, timeout: float, silent: dict | None = None
-) -> list[Finding]:
-    """The findings for a finished incident document (re-run by `ddpwatch report`)."""
-    return assess(states, world_size, grace, timeout, silent).findings

@@ -5,10 +5,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Mapping
+
 from ..format import build
 from .history import FAMILIAR, NEW, epochs_say_left_early, path, position, turn, went_on_to
 from .passes import _side_by_side, _side_records, ddp_forward_on_subset, finding, shape_mismatch
-from .reading import at_lowest, condition_kind, is_blocked, members, partitions, ranks_of, user_location, waiting_record
+from .reading import at_lowest, blocked_records, condition_kind, members, partitions, ranks_of, user_location
+
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from ..format.types import RecordDoc
+
+    Line = Mapping[str, Any]  # a site or a frame (a Site, or a dict read from facts): its "file" and "line"
 
 LOCAL_DECISION = "local_decision"
 CAUGHT_EXCEPTION = "caught_exception"
@@ -61,7 +68,7 @@ def departed_and_exited(live: dict, exited: dict, grace: float, world_size: int)
     last: an exit they took out of the loop (or a skipped iteration) read from the source, as for a rank that waits
     elsewhere (the live ranks' states hold the source read around those lines). `exited`: {rank: its last state}.
     None: the exited-rank rule decides."""
-    waiting = {r: waiting_record(s) for r, s in live.items() if is_blocked(s, grace)}
+    waiting = blocked_records(live, grace)
     if not isinstance(exited, dict) or not waiting or len(partitions(waiting)) != 1:
         return None
     common = next(iter(waiting.values()))
@@ -86,7 +93,7 @@ def departed_and_exited(live: dict, exited: dict, grace: float, world_size: int)
     return _finding(ways[0], gone, stay, [last, None], common, partitions(waiting))
 
 
-def _finished(state: dict, common: dict) -> list:
+def _finished(state: dict, common: RecordDoc) -> list:
     """An exited rank's finished calls on the others' thread, oldest first."""
     return [
         r
@@ -131,7 +138,7 @@ def _usable(around) -> bool:
         return False
 
 
-def _key(site: dict) -> str:
+def _key(site: Line) -> str:
     return f"{site.get('file')}:{site.get('line')}"
 
 
@@ -146,7 +153,7 @@ def _frames(state: dict | None) -> list:
 # ---------------------------------------------------------------- where the departed rank left the common path
 
 
-def _way(rank: int, records: list, common: dict, stay: list, states: dict, code: dict) -> dict | None:
+def _way(rank: int, records: list, common: RecordDoc, stay: list, states: dict, code: dict) -> dict | None:
     """How `rank` left: tried at its last common call's line, then at the lines that called that function."""
     last, now = records[-2], records[-1]
     exited = states[rank] is None or states[rank].get("status") == build.EXITED
@@ -158,18 +165,19 @@ def _way(rank: int, records: list, common: dict, stay: list, states: dict, code:
             continue
         z = _in_function(around, anchor, user_location(common), theirs)
         z = z if _numbered(z) else None
-        calls = [site["line"] for site in map(user_location, records[:-1] + [common]) if _spans(around, anchor, site)]
+        sites = map(user_location, records[:-1] + [common])
+        calls = [site["line"] for site in sites if site and _spans(around, anchor, site)]  # no site: no span
         way = _through(anchor, around, z, mine, rank, stay, states, calls)
         if way is not None:
             return way
     return None
 
 
-def _numbered(site: dict | None) -> bool:
+def _numbered(site: Line | None) -> bool:
     return isinstance((site or {}).get("line"), int)
 
 
-def _anchors(x: dict | None, stacks: list, code: dict) -> list:
+def _anchors(x: Line | None, stacks: list, code: dict) -> list:
     """The last common call's line, then the lines that called its function (from the ranks' stacks), innermost
     first: a helper raised or returned, and the loop it left is its caller's."""
     if not x:
@@ -186,13 +194,15 @@ def _anchors(x: dict | None, stacks: list, code: dict) -> list:
     return found
 
 
-def _spans(around: dict, anchor: dict, site: dict | None) -> bool:
+def _spans(around: dict, anchor: Line, site: Line | None) -> bool:
     """Whether `site` is a line of the function `around` describes (same file, within its lines)."""
     first, last = around["function"]
-    return bool(site) and site.get("file") == anchor.get("file") and first <= (site.get("line") or 0) <= last
+    if not site:
+        return False
+    return site.get("file") == anchor.get("file") and first <= (site.get("line") or 0) <= last
 
 
-def _in_function(around: dict, anchor: dict, z: dict | None, theirs: list) -> dict | None:
+def _in_function(around: dict, anchor: Line, z: Line | None, theirs: list) -> Line | None:
     """Where the others are now, as a line of the anchor's function: their call, or the frame that leads to it."""
     if _spans(around, anchor, z):
         return z
@@ -200,7 +210,7 @@ def _in_function(around: dict, anchor: dict, z: dict | None, theirs: list) -> di
     return inside[-1] if inside else None
 
 
-def _through(anchor: dict, around: dict, z: dict | None, mine: list, rank: int, stay: list, states: dict, calls: list):
+def _through(anchor: Line, around: dict, z: Line | None, mine: list, rank: int, stay: list, states: dict, calls: list):
     """The exit `rank` took out of the anchor's loops (or the handler it went through), when only one fits. `calls`:
     the lines of this function its collectives came from."""
     lines = [f.get("line") or 0 for f in mine if f and f.get("file") == anchor.get("file")]
@@ -292,12 +302,13 @@ def _distinct(candidates: list) -> list:
     return list(seen.values())
 
 
-def _handlers(around: dict, anchor: dict, z: dict | None, left: list, lines: list) -> list:
+def _handlers(around: dict, anchor: Line, z: Line | None, left: list, lines: list) -> list:
     """Handlers that swallow (`pass`, or nothing that leaves) of a try around the last common call, which skip where
     the others are: their call in the try's body after it, or the whole loop the rank left from inside the try."""
     found = []
+    z_line = z.get("line") if z else None
     for block in around.get("tries") or ():
-        z_in_body = bool(z) and anchor["line"] < (z.get("line") or 0) <= block["body_end"]
+        z_in_body = bool(z) and anchor["line"] < (z_line or 0) <= block["body_end"]
         loop_in_body = bool(left) and block["line"] < left[-1]["line"] and left[-1]["end"] <= block["body_end"]
         out_of_it = not any(block["line"] <= line <= block["body_end"] for line in lines)
         if not (z_in_body or (loop_in_body and out_of_it)):
@@ -327,7 +338,7 @@ def _local(candidate: dict) -> bool:
     return bool(candidate.get("handler")) or bool(condition and not condition.get("rank"))
 
 
-def _place(candidate: dict, anchor: dict, z: dict | None, around: dict) -> str | None:
+def _place(candidate: dict, anchor: Line, z: Line | None, around: dict) -> str | None:
     """WITHIN: between the last common call and the others' call, where no iterator ends; BOUNDARY: where an
     iteration ends (or the order is unknown); None: nowhere the rank can have left."""
     x = anchor["line"]
@@ -343,7 +354,7 @@ def _place(candidate: dict, anchor: dict, z: dict | None, around: dict) -> str |
     return BOUNDARY if line >= x or line <= z["line"] else None
 
 
-def _chosen(candidate: dict, anchor: dict, left: list, proof: dict) -> dict:
+def _chosen(candidate: dict, anchor: Line, left: list, proof: dict) -> dict:
     handler = candidate.get("handler")
     kind = CAUGHT_EXCEPTION if handler else LOCAL_DECISION
     line = handler["line"] if handler else candidate["line"]
@@ -370,7 +381,7 @@ def _chosen(candidate: dict, anchor: dict, left: list, proof: dict) -> dict:
     }
 
 
-def _finding(way: dict, gone: list, stay: list, records: list, common: dict, parts: list) -> dict:
+def _finding(way: dict, gone: list, stay: list, records: list, common: RecordDoc, parts: list) -> dict:
     departure = {key: way[key] for key in ("exit", "condition", "handler", "loop", "left", "proof", "helper")}
     return finding(
         way["kind"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from ..format import build
 from .reading import user_location
 
@@ -12,16 +14,17 @@ FAMILIAR = "familiar"  # the rank made this very move before
 # ---------------------------------------------------------------- positions: the user's line and what was called there
 
 
-def position(record: dict) -> tuple:
-    site = user_location(record) or {}
-    return (site.get("file"), site.get("line"), record.get("api") or record.get("op"))
+def position(record: Mapping[str, Any]) -> tuple:
+    site = user_location(record)
+    file, line = (site.get("file"), site.get("line")) if site else (None, None)
+    return (file, line, record.get("api") or record.get("op"))
 
 
-def path(state: dict, current: dict) -> list:
+def path(state: dict, current: Mapping[str, Any]) -> list:
     """The records of the thread that waits in `current`, oldest first, ending with `current`; a finished `current`
     (where a rank that went on was at the others' position) ends it there."""
     thread = current.get("thread")
-    done = [
+    done: list[Mapping[str, Any]] = [
         r
         for r in state.get("recent") or ()
         if isinstance(r, dict) and not r.get("p2p") and r.get("state") == build.COMPLETED and r.get("thread") == thread
@@ -49,7 +52,7 @@ def turn(records: list) -> str | None:
     return None
 
 
-def went_on_to(records: list, record: dict) -> bool:
+def went_on_to(records: list, record: Mapping[str, Any]) -> bool:
     """Whether, earlier, this rank went from its last finished position to where `record` was called."""
     return (position(records[-2]), position(record)) in _moves(records) if len(records) >= 2 else False
 

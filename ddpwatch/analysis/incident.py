@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .. import analysis
 from ..config import DEFAULTS
@@ -11,7 +11,7 @@ from ..format.version import FORMAT_VERSION
 from . import conditions
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from ..format.types import Incident, RankState
+    from ..format.types import Finding, Incident, IncidentSource, RankState
 
 # The values an incident written without them (older files) was analysed with: the configuration's defaults.
 DEFAULT_GRACE, DEFAULT_TIMEOUT = DEFAULTS["grace"], DEFAULTS["timeout"]
@@ -29,7 +29,7 @@ def build(
     run_id: str | None = None,
     written_by: int | None = None,
     created_at: float | None = None,
-    source: dict | None = None,
+    source: IncidentSource | None = None,
     missing_ranks: list | None = None,
     rank_conditions: dict | None = None,
 ) -> Incident:
@@ -53,8 +53,8 @@ def build(
     except Exception:  # a hint from captured data that may be odd: never a reason to lose the report
         pass
     created = created_at or max((s.get("published_at") or 0.0 for s in states.values()), default=0.0) or time.time()
-    kind = (source or {}).get("kind", "")
-    return {
+    kind = source.get("kind", "") if source else ""
+    doc: Incident = {
         "format_version": FORMAT_VERSION,
         "run_id": run_id
         or time.strftime("%Y%m%d-%H%M%S", time.localtime(created)) + (f"-{kind.replace('_', '-')}" if kind else ""),
@@ -69,10 +69,15 @@ def build(
         if missing_ranks is not None
         else [r for r in range(world_size) if r not in states],
         "silent": {str(rank): _without_last_state(view) for rank, view in sorted(silent.items())},
-        "findings": findings,
-        **({"rank_conditions": rank_conditions} if rank_conditions else {}),
-        **({"source": source} if source else {}),
+        # passes.finding()'s data: the summary and fix types.Finding adds are render/wording.py's, added when the
+        # incident is worded (by the watchdog before it writes the incident, by the renderers before they show it)
+        "findings": cast("list[Finding]", findings),
     }
+    if rank_conditions:
+        doc["rank_conditions"] = rank_conditions
+    if source:
+        doc["source"] = source
+    return doc
 
 
 def reanalyze(incident: Incident, grace: float | None = None, timeout: float | None = None) -> Incident:
@@ -98,7 +103,8 @@ def reanalyze(incident: Incident, grace: float | None = None, timeout: float | N
     if dump and not again["findings"]:
         again["trigger"] = analysis.DUMP  # asked for by hand (SIGUSR1), and still nothing to find
     for key, value in incident.items():
-        again.setdefault(key, value)  # what only the live writer knew (report_dir, notes) stays
+        # What only the live writer knew (report_dir, notes) stays: any key, which a TypedDict cannot name.
+        again.setdefault(key, value)  # type: ignore[misc]
     return again
 
 

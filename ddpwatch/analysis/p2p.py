@@ -3,10 +3,13 @@ ranks wait for one another in a cycle. Plain data in, a finding's facts out."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .passes import finding
 from .reading import members, user_line_now, user_location
+
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from ..format.types import Site
 
 SEND, RECV, COLLECTIVE = "send", "recv", "collective"
 ANY_SOURCE = -1  # a recv without `src`: any rank's send to this one matches it
@@ -111,7 +114,8 @@ def wait_cycle(blocking: dict, ops_by_rank: dict, states: dict, world_size: int)
         for rank, ops in blocking.items()
     }
     for start in sorted(edges):
-        path, seen = [], {}
+        path: list[tuple] = []  # (rank, op, the rank it waits for)
+        seen: dict[int, int] = {}  # rank -> its index in path
         rank = start
         while rank in edges and rank not in seen and edges[rank]:
             seen[rank] = len(path)
@@ -193,7 +197,7 @@ def culprits_of(shape: str, cycle: list, pair) -> list:
 def step_of(rank: int, op: Pending, peer: int, states: dict) -> dict:
     """One step of the cycle as facts: who, in what, at which line (and, for an isend/irecv waited on, the line
     where it waits), waiting for whom, and for a send or recv the counts on both sides."""
-    record, state = op.record, states.get(rank) or {}
+    record, state = op.record, states.get(rank)
     step = {
         "rank": rank,
         "kind": op.kind,
@@ -207,16 +211,16 @@ def step_of(rank: int, op: Pending, peer: int, states: dict) -> dict:
         "site": user_location(record),
         "wait_s": record.get("age_s"),
         "batch": bool(record.get("ops")),
-        "wait_site": user_line_now(state) if record.get("waited") else None,
+        "wait_site": user_line_now(state) if state and record.get("waited") else None,
     }
-    if op.kind != COLLECTIVE and op.peer != ANY_SOURCE and op.peer in states:
+    if op.kind != COLLECTIVE and op.peer is not None and op.peer != ANY_SOURCE and op.peer in states:
         other = SEND if op.kind == RECV else RECV
-        step["count"] = count_of(state, record.get("group"), op.kind, op.peer)  # this one included
+        step["count"] = count_of(state or {}, record.get("group"), op.kind, op.peer)  # this one included
         step["peer_count"] = count_of(states[op.peer], record.get("group"), other, rank)
     return step
 
 
-def _where(step: dict) -> dict | None:
+def _where(step: dict) -> Site | None:
     """The line a person should look at for a step: where it waits, else where it was issued."""
     return step.get("wait_site") or step["site"]
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Mapping
+
 from ..format import build
 from .reading import (
     Partition,
     at_lowest,
+    blocked_records,
     completed_at,
     condition_kind,
     familiar_to,
@@ -21,8 +24,11 @@ from .reading import (
     waiting_record,
 )
 
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from ..format.types import RankState
 
-def finding(kind: str, ranks, location: dict | None, evidence: dict, /, **facts) -> dict:
+
+def finding(kind: str, ranks, location: Mapping[str, Any] | None, evidence: dict, /, **facts) -> dict:
     """One finding as data: its kind, culprit ranks, the user's line, its evidence, and the facts its words need.
 
     render/wording.py turns the facts into the summary and fix that report.json carries (and fills the evidence's
@@ -189,9 +195,10 @@ def _left_the_loop_together(ranks, states: dict, group: str, below: int) -> bool
     """Whether the last collective these ranks all completed on `group` before `below` was outside training."""
     seq = below - 1
     records = [completed_at(states[r], group, seq) for r in ranks]
-    if seq < 0 or not all(records):
+    found = [rec for rec in records if rec]
+    if seq < 0 or len(found) < len(records):  # a rank's record of that position is gone
         return False
-    return not any(_is_training_step(rec) for rec in records) and len({rec["op"] for rec in records}) == 1
+    return not any(_is_training_step(rec) for rec in found) and len({rec["op"] for rec in found}) == 1
 
 
 def skipped_collective(
@@ -363,7 +370,7 @@ def group_order(waiting: dict, states: dict, world_size: int) -> dict | None:
 def skipped_by_exited(live: dict, exited: set, grace: float, world_size: int) -> list:
     """Ranks that exited while others wait in a collective of a group they belong to: they skipped it."""
     findings = []
-    waiting = {r: waiting_record(s) for r, s in live.items() if is_blocked(s, grace)}
+    waiting = blocked_records(live, grace)
     by_group: dict = {}
     for rank, rec in waiting.items():
         by_group.setdefault((rec["group"], rec["seq"]), []).append(rank)
@@ -391,7 +398,7 @@ def silent_ranks(silent: dict, live: dict, grace: float) -> list:
     waiting = sorted(r for r, s in live.items() if is_blocked(s, grace))
     for rank, view in sorted(silent.items()):
         process = view.get("process") or {}
-        last = view.get("last_state") or {}
+        last: RankState | None = view.get("last_state") or None  # None: it never published
         record = waiting_record(last) if last else None
         here = user_line_now(last) if last else None
         silent_s = view.get("silent_s", 0.0)
@@ -410,8 +417,8 @@ def silent_ranks(silent: dict, live: dict, grace: float) -> list:
                     "last_seen": None,
                 },
                 rank=rank,
-                pid=last.get("pid", "?"),
-                host=last.get("host", "?"),
+                pid=last.get("pid", "?") if last else "?",
+                host=last.get("host", "?") if last else "?",
                 remote=remote,
                 exists=process.get("exists"),
                 silent_s=silent_s,
@@ -453,7 +460,7 @@ def straggler(states: dict, blocked: set, timeout: float) -> dict | None:
     busy = sorted(r for r in states if r not in blocked and states[r].get("status") != build.EXITED)
     if not busy or not blocked:
         return None
-    waits = {r: waiting_record(states[r]) for r in blocked}
+    waits = {r: rec for r in blocked if (rec := waiting_record(states[r])) is not None}  # a blocked rank waits
     longest = max(rec.get("age_s", 0.0) for rec in waits.values())
     example = max(waits.values(), key=lambda rec: rec.get("age_s", 0.0))
     here = {r: user_line_now(states[r]) for r in busy}

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 from ..format import build
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from ..format.types import RankState, RecordDoc
+    from ..format.types import RankState, RecordDoc, Site
 
 
 class Partition(NamedTuple):
@@ -30,7 +30,7 @@ def waiting_record(state: RankState) -> RecordDoc | None:
     return max(pool, key=lambda r: r.get("age_s", 0.0)) if pool else None
 
 
-def is_blocked(state: dict, grace: float) -> bool:
+def is_blocked(state: RankState, grace: float) -> bool:
     """In a collective for at least `grace` seconds, with no op started or finished meanwhile."""
     record = waiting_record(state)
     return (
@@ -41,7 +41,23 @@ def is_blocked(state: dict, grace: float) -> bool:
     )
 
 
-def user_line_now(state: dict) -> dict | None:
+def blocked_records(states: dict[int, RankState], grace: float) -> dict[int, RecordDoc]:
+    """{rank: the record it waits in} of the ranks blocked for at least `grace` seconds (is_blocked)."""
+    found = {}
+    for rank, state in states.items():
+        record = waiting_record(state)
+        if record is not None and is_blocked(state, grace):
+            found[rank] = record
+    return found
+
+
+def waited_s(state: RankState) -> float:
+    """How long the rank has waited in the record it waits in (0.0: it waits in none)."""
+    record = waiting_record(state)
+    return 0.0 if record is None else record.get("age_s", 0.0)
+
+
+def user_line_now(state: RankState) -> Site | None:
     """Where the rank's main thread stands now in the user's code (innermost non-internal frame), if stacks came."""
     for stack in state.get("stacks") or ():
         if stack.get("main"):
@@ -51,7 +67,7 @@ def user_line_now(state: dict) -> dict | None:
     return None
 
 
-def user_location(record: dict) -> dict | None:
+def user_location(record: Mapping[str, Any]) -> Site | None:
     """The user's line that made this call: the DDP/object-collective call site when inside one, else its own site."""
     region = record.get("region")
     if region and region.get("site"):
@@ -92,11 +108,11 @@ def completed_at(state: dict, group: str, seq: int) -> dict | None:
 # ---------------------------------------------------------------- history: has a rank been at this line before?
 
 
-def _same_line(a: dict | None, b: dict | None) -> bool:
+def _same_line(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
     return bool(a and b and a.get("file") == b.get("file") and a.get("line") == b.get("line"))
 
 
-def has_been_at(state: dict, site: dict | None) -> bool:
+def has_been_at(state: dict, site: Site | None) -> bool:
     """Whether this rank issued a collective from this line before (site counts, else its recent records)."""
     if not site:
         return False
@@ -109,12 +125,12 @@ def has_been_at(state: dict, site: dict | None) -> bool:
     return False
 
 
-def _inflight_count_at(state: dict, site: dict) -> int:
+def _inflight_count_at(state: dict, site: Site) -> int:
     """Site counts include the call in flight now; "been here before" must not count it."""
     return sum(1 for r in state.get("inflight") or () if _same_line(r.get("site"), site))
 
 
-def familiar_to(site: dict | None, states: dict, ranks) -> bool:
+def familiar_to(site: Site | None, states: dict, ranks) -> bool:
     return bool(ranks) and all(has_been_at(states[rank], site) for rank in ranks)
 
 
@@ -168,7 +184,7 @@ def waiting_map(states: dict) -> dict:
     return {rank: rec for rank, rec in ((r, waiting_record(s)) for r, s in states.items()) if rec is not None}
 
 
-def members(states: dict, group: str, world_size: int) -> list:
+def members(states: dict, group: str | None, world_size: int) -> list:
     for state in states.values():
         ranks = (state.get("groups") or {}).get(group)
         if ranks is not None:

@@ -258,8 +258,8 @@ def mismatch_crash(silent: dict, live: dict, grace: float) -> list:
     """A peer the backend aborted (its fault file: 'Fatal Python error: Aborted') inside a collective, while a
     surviving rank's collective at that point failed: gloo aborts the side that receives more bytes than it
     expects. Both lines are named; the dead rank's sizes are not known (it died inside the call)."""
-    survivors = [(rank, _failed_record(state)) for rank, state in sorted(live.items())]
-    survivors = [(rank, record) for rank, record in survivors if record is not None]
+    failed = [(rank, _failed_record(state)) for rank, state in sorted(live.items())]
+    survivors = [(rank, record) for rank, record in failed if record is not None]
     findings = []
     for rank, view in sorted(silent.items()):
         fault = view.get("fault") or {}

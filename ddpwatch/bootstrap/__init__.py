@@ -130,10 +130,6 @@ def when_imported(name: str, callback) -> None:
         sys.meta_path.insert(0, _PostImportFinder(name, callback))
 
 
-def remove_import_hooks() -> None:
-    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _PostImportFinder)]
-
-
 def _on_imported(module) -> None:
     try:
         from ..session import activate_on_init

@@ -87,8 +87,8 @@ def _log_call_site(module_class, name: str, hook: str | None) -> dict | None:
                 found.append((function.name != hook, node.lineno, function.name))
     if not found:
         return None
-    _, line, function = min(found)  # a call inside the hook that logged it first, then the first in the file
-    return {"file": path, "line": line, "function": function}
+    _, line, name = min(found)  # a call inside the hook that logged it first, then the first in the file
+    return {"file": path, "line": line, "function": name}
 
 
 def _logs_metric(call: ast.Call, name: str) -> bool:

@@ -21,7 +21,8 @@ class Epochs:
     def __init__(self, steps):
         self._steps = steps
         self._lock = threading.Lock()
-        self._loaders: dict = {}  # id(loader) -> [weak ref, ordinal, epochs begun, steps in each epoch, batches]
+        # id(loader) -> [weak ref, ordinal, epochs begun, steps in each epoch, batches]
+        self._loaders: dict[int, list] = {}
         self._made = 0
         self._latest: list | None = None  # the entry of the loader iterated last
         self._mark = 0  # the step count when it was

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from types import FrameType
 
 from .sites import LIBRARY, USER, code_kind
 
@@ -13,10 +14,11 @@ def python_stacks(skip_thread: int | None = None, limit: int = 60) -> list:
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     main_ident = threading.main_thread().ident
     stacks = []
-    for ident, frame in sys._current_frames().items():
+    for ident, innermost in sys._current_frames().items():
         if ident == skip_thread:
             continue
         frames: list = []
+        frame: FrameType | None = innermost
         while frame is not None and len(frames) < limit:
             code = frame.f_code
             kind = code_kind(frame)

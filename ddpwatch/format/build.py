@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping, cast
 
 from .version import FORMAT_VERSION
 
@@ -35,17 +35,17 @@ FLIGHT_RECORDER_ONLY = "flight_recorder"
 TRAINING_STEP_APIS = (DDP_BUFFER_BROADCAST, DDP_BUCKET_REBUILD, DDP_GRAD_ALLREDUCE)
 
 
-def site(file: str, line: int, function: str) -> Site:
+def site(file: str, line: int | None, function: str) -> Site:
     return {"file": file, "line": line, "function": function}
 
 
-def format_site(where: dict | None) -> str:
+def format_site(where: Mapping[str, Any] | None) -> str:
     if not where:
         return "an unknown line"
     return f"{where['file']}:{where['line']} in {where['function']}()"
 
 
-def short_site(where: dict | None) -> str:
+def short_site(where: Mapping[str, Any] | None) -> str:
     """file basename:line, the way people name a line in conversation."""
     if not where:
         return "?"
@@ -94,7 +94,9 @@ def record(
         doc["via"] = via
     doc.update(region=region, start=start, age_s=age_s, duration_s=duration_s, state=state, error=error, thread=thread)
     doc.update(more)
-    return doc
+    # Every key RecordDoc always has is set above; `more` holds optional ones by name. Built step by step so that
+    # the keys are written in this order, `via` (when given) after `site`: a TypedDict literal could not leave it out.
+    return cast("RecordDoc", doc)
 
 
 def rank_state(
@@ -135,4 +137,5 @@ def rank_state(
         "ops_recorded": ops_recorded,
     }
     doc.update(more)
-    return doc
+    # Every key RankState always has is set above; `more` holds optional ones by name, in the order given.
+    return cast("RankState", doc)

@@ -7,12 +7,16 @@ import json
 import os
 import re
 import threading
+from typing import TYPE_CHECKING, cast
 
 from .. import atomic, private
 from ..terminal import visible
 from . import bounded, validate
 from .upgrade import upgrade
 from .version import FormatError, check_version
+
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from .types import Incident
 
 REPORT_JSON = "report.json"  # the incident itself, in its folder (render.report.RENDERERS names it there)
 NOWHERE = "(nowhere: no writable directory)"  # where a rank's local dump went when no folder took it
@@ -144,14 +148,6 @@ def save_rank_dump(folder: str, doc: dict) -> str:
 # ---------------------------------------------------------------- loading
 
 
-def load_json_text(text: str, what: str) -> dict:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FormatError(f"{what}: not valid JSON ({exc})") from None
-    return check_version(doc, what)
-
-
 def is_incident(doc: dict) -> bool:
     return isinstance(doc.get("ranks"), list) and "findings" in doc
 
@@ -183,10 +179,17 @@ def load_document(path: str) -> dict:
     return doc
 
 
-def load_incident(folder: str) -> dict:
+def as_incident(doc: dict) -> Incident | None:
+    """A document load_document() returned, as the incident it is; None when it is not one."""
+    # load_document checked an incident against the schema types.Incident defines (validate.incident) before
+    # returning it: what the type checker cannot follow from a dict read from JSON.
+    return cast("Incident", doc) if is_incident(doc) else None
+
+
+def load_incident(folder: str) -> Incident:
     """An incident from its folder or its report.json, of any format_version written so far."""
     path = os.path.join(folder, REPORT_JSON) if os.path.isdir(folder) else folder
-    doc = load_document(path)
-    if not is_incident(doc):
+    incident = as_incident(load_document(path))
+    if incident is None:
         raise FormatError(f"{path}: not a ddpwatch incident (no 'ranks' and 'findings')")
-    return doc
+    return incident

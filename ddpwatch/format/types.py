@@ -258,6 +258,7 @@ class RankState(_RankStateBase, total=False):
     store_lost: Optional[bool]
     signal: Optional[str]  # an exited rank ended by this signal (SIGTERM, SIGINT, SIGHUP), its handler's or not
     source: Dict[str, Any]  # Flight Recorder input: the dump it came from
+    fingerprints: Dict[str, Any]  # the positions it completed (watch/fingerprints.py; an incident's answer)
 
 
 class MismatchRow(TypedDict):

@@ -26,6 +26,7 @@ from .version import FormatError
 # Limits, far above what ddpwatch writes (1024 ranks with full stacks: about 30 MB), far below what hurts.
 MAX_DOCUMENT_BYTES = 256 * 2**20  # one report.json or rank file
 MAX_WORLD_SIZE = 2**20  # ranks in a job
+MIN_WORLD_SIZE = 1
 MAX_RECORDS = 20_000  # in-flight plus recent records of one rank (ddpwatch keeps 32 + ring_size)
 MAX_THREADS = 4096  # stacks of one rank
 MAX_FRAMES = 10_000  # frames of one stack
@@ -192,7 +193,7 @@ def _world(world_size: int) -> int:
 TIME = Limit(0.0, MAX_TIME)
 RANK = Limit(0, _last_rank)
 RANKS = Limit(items=MAX_WORLD_SIZE, each=RANK)
-WORLD_SIZE = Limit(1, MAX_WORLD_SIZE)
+WORLD_SIZE = Limit(MIN_WORLD_SIZE, MAX_WORLD_SIZE)
 SHAPES = Limit(items=1024, each=Limit(items=64))
 DTYPES = Limit(items=1024)
 
@@ -378,7 +379,7 @@ def _world_size(doc, where: str, required: tuple) -> int:
     for key in required:
         if key not in doc:
             _fail(where, f"no {key!r}")
-    integer(doc["world_size"], _child(where, "world_size"), WORLD_SIZE.low, WORLD_SIZE.high)
+    integer(doc["world_size"], _child(where, "world_size"), MIN_WORLD_SIZE, MAX_WORLD_SIZE)  # WORLD_SIZE's bounds
     return doc["world_size"]
 
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import traceback
+from typing import TYPE_CHECKING, Callable, cast
 
 from . import json_report, text
 from ..format import documents
 from ..format.documents import REPORT_JSON
 from ..terminal import visible
+
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from ..format.types import Incident
 
 REPORT_TXT = "report.txt"
 REPORT_HTML = "report.html"
@@ -46,25 +50,32 @@ RENDERERS = {
 FORMATS = tuple(RENDERERS)
 
 
-def render_format(incident: dict, fmt: str) -> str:
+def _plain(incident: Incident) -> dict:
+    # The renderers (and render/wording.py, which they call) take a plain dict still. An Incident is one at run
+    # time; the type checker keeps TypedDicts apart from dict (a dict's own methods could break their keys).
+    return cast(dict, incident)
+
+
+def render_format(incident: Incident, fmt: str) -> str:
     """The incident in one of FORMATS (text, json, html, trace: Chrome trace JSON)."""
     if fmt not in RENDERERS:
         raise ValueError(f"unknown format {fmt!r}; one of {', '.join(RENDERERS)}")
-    return RENDERERS[fmt][1](incident)
+    return RENDERERS[fmt][1](_plain(incident))
 
 
-def _render_or_note(incident: dict, fmt: str) -> str:
-    """A renderer bug must not cost the incident its other files: write what went wrong in its place."""
+def _render_or_note(incident: Incident, fmt: str, note_of: Callable[[str], str]) -> str:
+    """A renderer bug must not cost the incident its other files: write what went wrong in its place
+    (`note_of`: the format's row of RENDERERS says how)."""
     try:
         return render_format(incident, fmt)
     except Exception:
         note = f"ddpwatch could not render this file ({fmt}); report.json has the whole incident.\n\n"
-        return RENDERERS[fmt][2](visible(note + traceback.format_exc(), keep_newlines=True))
+        return note_of(visible(note + traceback.format_exc(), keep_newlines=True))
 
 
-def renderings(incident: dict) -> dict:
+def renderings(incident: Incident) -> dict:
     """file name -> text of every format of RENDERERS, for the incident's folder (format.documents writes it)."""
     return {
-        name: renderer(incident) if note is None else _render_or_note(incident, fmt)
+        name: renderer(_plain(incident)) if note is None else _render_or_note(incident, fmt, note)
         for fmt, (name, renderer, note) in RENDERERS.items()
     }

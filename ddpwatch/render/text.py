@@ -49,7 +49,7 @@ def _value_groups_text(values: dict, show, everyone: int | None = None) -> str:
 
 def _header_lines(incident: dict) -> list:
     writer = incident.get("written_by")
-    source = (incident.get("source") or {}).get("kind")
+    source = (incident.get("source") or {}).get("kind") or ""  # "": no source kind (SOURCES.get gives the default)
     by = f"written by rank {writer}" if writer is not None else f"rebuilt from {SOURCES.get(source, 'saved states')}"
     title = f"ddpwatch report {incident.get('run_id', '')}"
     facts = f"{incident.get('world_size')} ranks, trigger {incident.get('trigger')}, {by}"

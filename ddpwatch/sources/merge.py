@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 import re
 import sys
+from typing import TYPE_CHECKING
 
 from ..analysis import incident
 from ..format import bounded, documents
 from ..format.version import FormatError
 from ..static import rankcond
+
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from ..format.types import Incident, IncidentSource
 
 RANK_FILE = re.compile(r"^rank-(\d+)\.json$")
 PROGRESS_FROM = 64  # files; below this a progress bar is noise
@@ -105,8 +109,13 @@ def common_world_size(chosen: dict) -> int:
 
 
 def incident_from_states(
-    states: dict, world_size: int, grace: float, timeout: float, source: dict, created_at: float | None = None
-) -> dict:
+    states: dict,
+    world_size: int,
+    grace: float,
+    timeout: float,
+    source: IncidentSource,
+    created_at: float | None = None,
+) -> Incident:
     """An incident document from rank snapshots, with ddpwatch's analysis run over them (and the rank conditions
     over their stacks read from the sources here, as the watchdog does, so the incident keeps them)."""
     return incident.build(
@@ -122,10 +131,13 @@ def incident_from_states(
 
 def merged_incident(
     paths: list, grace: float = incident.DEFAULT_GRACE, timeout: float = incident.DEFAULT_TIMEOUT
-) -> dict:
+) -> Incident:
     """`ddpwatch report A B ...`: every rank file under the paths, merged, analysed again."""
     chosen = load_rank_files(find_rank_files(paths))
     world_size = common_world_size(chosen)
     states = {rank: doc for rank, (doc, _) in chosen.items()}
-    source = {"kind": "rank_files", "files": [os.path.abspath(path) for _, (_, path) in sorted(chosen.items())]}
+    source: IncidentSource = {
+        "kind": "rank_files",
+        "files": [os.path.abspath(path) for _, (_, path) in sorted(chosen.items())],
+    }
     return incident_from_states(states, world_size, grace, timeout, source)

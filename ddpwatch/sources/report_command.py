@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from typing import TYPE_CHECKING, cast
 
 from .. import atomic, config, frames
 from ..analysis import incident as incident_module
@@ -15,23 +16,25 @@ from ..terminal import visible
 from ..static import rankcond
 from . import flight_recorder, merge
 
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from ..format.types import Incident
+
 
 class ReportError(Exception):
     """A problem with the command's input, said in one line."""
 
 
-def _single_incident(paths: list) -> dict | None:
+def _single_incident(paths: list) -> Incident | None:
     """The incident to re-render when the one path given is an incident folder or a report.json file."""
     if len(paths) != 1:
         return None
     path = paths[0]
     if os.path.isdir(path):
         return documents.load_incident(path) if os.path.isfile(os.path.join(path, documents.REPORT_JSON)) else None
-    doc = documents.load_document(path)
-    return doc if documents.is_incident(doc) else None
+    return documents.as_incident(documents.load_document(path))
 
 
-def _or_defaults(grace, timeout) -> tuple:
+def _or_defaults(grace, timeout) -> tuple[float, float]:
     """--grace / --timeout as given, else the configuration's defaults."""
     return (
         incident_module.DEFAULT_GRACE if grace is None else grace,
@@ -48,7 +51,7 @@ def _configured_packages() -> frames.Packages:
         raise ReportError(str(exc)) from None
 
 
-def build_incident(args) -> dict:
+def build_incident(args) -> Incident:
     """The incident the command renders: a saved one, merged rank files, or Flight Recorder dumps."""
     paths = list(args.path or [])
     fr_dirs = list(getattr(args, "flight_recorder", None) or [])
@@ -59,7 +62,10 @@ def build_incident(args) -> dict:
     if fr_dirs and paths:
         raise ReportError("give either incident/rank-file paths or --flight-recorder folders, not both")
     if fr_dirs:
-        return flight_recorder.load_incident(fr_dirs, *_or_defaults(grace, timeout), _configured_packages())
+        # incident.build()'s document; flight_recorder.load_incident's signature says only dict
+        return cast(
+            "Incident", flight_recorder.load_incident(fr_dirs, *_or_defaults(grace, timeout), _configured_packages())
+        )
     if not paths:
         raise ReportError("give an incident folder, rank-<r>.json files or folders, or --flight-recorder DIR")
     for path in paths:
@@ -99,7 +105,7 @@ def run_command(args, stdout=None, stderr=None) -> int:
     return 0
 
 
-def with_rank_conditions(incident: dict) -> dict:
+def with_rank_conditions(incident: Incident) -> Incident:
     """An incident written before incidents kept their rank conditions (no `rank_conditions`), with them read now
     from the sources its stacks name, where those still are: reanalysing it words its findings as it did then. The
     analysis reads only the incident; this loader is the one place an old document's sources are read."""
@@ -107,4 +113,4 @@ def with_rank_conditions(incident: dict) -> dict:
         return incident
     states = {state["rank"]: state for state in incident.get("ranks") or ()}
     captured = rankcond.capture_rank_conditions(states)
-    return dict(incident, rank_conditions=captured) if captured else incident
+    return {**incident, "rank_conditions": captured} if captured else incident

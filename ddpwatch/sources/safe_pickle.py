@@ -206,9 +206,11 @@ class _SafeUnpickler(pickle._Unpickler):
             )
         return lambda *args: call(self, *args)
 
+    # pop_mark is the pure-Python unpickler's own method (pickle._Unpickler calls it for every MARK'd opcode);
+    # typeshed's stub of that private class leaves it out.
     def pop_mark(self):
         self.budget.used -= _MARK_COST  # the list MARK made is dropped: what lasts is charged by the opcode
-        return super().pop_mark()
+        return super().pop_mark()  # type: ignore[misc]
 
     def persistent_load(self, pid):
         raise pickle.UnpicklingError("refused a persistent reference: a Flight Recorder dump holds only plain data")

@@ -142,12 +142,13 @@ class AbortPolicy:
     def check_posted(self, own_state) -> None:
         """Act on the pending incident's verdict once it is posted, and only if it agrees with this rank's own view
         (`own_state()` gives it, read only then)."""
-        if self.state != PENDING:
+        number = self.pending
+        if self.state != PENDING or number is None:  # PENDING comes with its incident's number (consider())
             return
-        posted = self.job.verdict(self.pending)
+        posted = self.job.verdict(number)
         if posted is None:
             return
-        number, self.state, self.pending = self.pending, IDLE, None
+        self.state, self.pending = IDLE, None
         if not isinstance(posted, dict):
             return
         why = verdict.why_not_act(

@@ -57,7 +57,7 @@ class FaultFile:
 
     def disarm(self) -> None:
         """The rank ends normally: faulthandler off, its empty file gone."""
-        if self._handle is None:
+        if self._handle is None or self.path is None:  # not armed (a handle comes with its path)
             return
         try:
             faulthandler.disable()

@@ -7,9 +7,15 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from .. import catalogue
 from ..format import build
+
+if TYPE_CHECKING:  # annotations only: psutil is imported where it is used, and may be missing
+    import psutil
+
+    from ..format.types import ProcessFacts, RankState, RecordDoc
 
 PY_SPY_TIMEOUT_S = 3.0
 
@@ -21,6 +27,7 @@ class ProcessSampler:
     """psutil facts about this process; CPU use is measured between two calls (blocked vs busy)."""
 
     def __init__(self):
+        self._proc: psutil.Process | None
         try:
             import psutil
 
@@ -29,7 +36,7 @@ class ProcessSampler:
         except Exception:
             self._proc = None
 
-    def facts(self) -> dict | None:
+    def facts(self) -> ProcessFacts | None:
         if self._proc is None:
             return None
         try:
@@ -125,6 +132,8 @@ def progress_bars() -> list:
     for bar in list(instances):
         try:
             last = getattr(bar, "last_print_t", None) or getattr(bar, "start_t", now)
+            if last is None:
+                continue  # a bar without its times (start_t None): one that says nothing of its progress
             bars.append(
                 {
                     "desc": str(getattr(bar, "desc", "") or ""),
@@ -248,7 +257,8 @@ def flight_recorder_active() -> list:
 
         import torch._C._distributed_c10d as c10d_c
 
-        data = pickle.loads(c10d_c._dump_fr_trace(True, False, True))  # our own process's dump: not hostile input
+        # our own process's dump: not hostile input (a private function torch's stubs leave out)
+        data = pickle.loads(c10d_c._dump_fr_trace(True, False, True))  # type: ignore[attr-defined]
     except Exception:
         return []
     active = [
@@ -259,7 +269,7 @@ def flight_recorder_active() -> list:
     return sorted(active, key=lambda e: e.get("time_created_ns") or 0)
 
 
-def record_from_flight_recorder(entry: dict, state: dict, frame, now: float) -> dict | None:
+def record_from_flight_recorder(entry: dict, state: RankState, frame, now: float) -> RecordDoc | None:
     """A record for a collective only the Flight Recorder saw, at the position this rank's recorded ops reach next.
 
     ddpwatch's sequence numbers count the collectives it recorded; an op it never saw takes the next one on its
@@ -272,8 +282,9 @@ def record_from_flight_recorder(entry: dict, state: dict, frame, now: float) -> 
         return None
     from ..capture.sites import frame_site
 
+    last = (state.get("last_seq") or {}).get(group)  # a live state's: an int, or no key before its first
     return build.record(
-        (state.get("last_seq") or {}).get(group, -1) + 1,
+        (-1 if last is None else last) + 1,
         group,
         catalogue.canonical_op(str(entry.get("profiling_name", "")).split(":")[-1]) or "collective",
         api=build.FLIGHT_RECORDER_ONLY,
@@ -308,7 +319,7 @@ def _compact_fr_entry(entry: dict) -> dict:
     }
 
 
-def align_flight_recorder(state: dict) -> None:
+def align_flight_recorder(state: RankState) -> None:
     """Pair each in-flight record with the Flight Recorder's last entry on its group, when they name the same op.
 
     The pair confirms what the process group itself has in flight (DDP's gradient all-reduce, issued in C++, is

@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from .. import analysis
 from ..capture.sites import is_internal_file
@@ -19,6 +20,9 @@ from ..static import rankcond
 from ..terminal import say
 from . import alerts, evidence, verdict
 from .store import StoreUnavailable
+
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from ..format.types import RecordDoc
 
 log = logging.getLogger("ddpwatch")
 
@@ -289,7 +293,7 @@ class IncidentWriter:
         full["store_lost"] = True
         self.write_local_dump(full, record)
 
-    def write_local_dump(self, full: dict, record: dict) -> None:
+    def write_local_dump(self, full: dict, record: RecordDoc) -> None:
         """The store is gone: this stuck rank's own dump, for `ddpwatch report` to merge later."""
         folder = os.path.join(self.config.dir, f"local-{self.job.stamp or 'run'}-{self.run_tag or 'job'}")
         path = documents.save_rank_dump(folder, full)

@@ -72,8 +72,8 @@ class PeerTracker:
         if last is None:
             view["never_published"] = True
         elif last.get("host") == self.host:
-            view["process"] = self.look_at_peer(rank, int(last.get("pid", 0)), now)
-            condition = (view["process"] or {}).get("condition")
+            process = view["process"] = self.look_at_peer(rank, int(last.get("pid", 0)), now)
+            condition = (process or {}).get("condition")
             if condition in (evidence.BUSY, evidence.WAITING) or (
                 condition not in (evidence.GONE, evidence.FROZEN) and quiet < self.config.timeout
             ):

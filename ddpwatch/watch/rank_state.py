@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from .. import analysis
 from ..static import exits, rankcond
@@ -16,6 +17,10 @@ from .flight import NO_FEED
 from ..capture import frameworks, loaders
 from ..capture.sites import is_internal_file, user_frame
 from ..capture.stacks import python_stacks
+
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from ..format.types import RankState, RecordDoc
+    from .fingerprints import FingerprintLog
 
 # While a rank makes progress its whole state (its last records, formatted, and its site counts) goes out this
 # often; every other round sends its position only. Formatting records that are new every round was most of a
@@ -39,11 +44,12 @@ class StateReader:
         self.beat = 0
         self.sampler = evidence.ProcessSampler()
         self._explained: tuple = (None, (None, None))  # (the wait it was read for, (framework context, condition))
-        self._unseen: tuple = (None, None, 0.0)  # (progress, Flight-Recorder-only record found, idle of next read)
+        # (progress, Flight-Recorder-only record found, idle of next read)
+        self._unseen: tuple[object, RecordDoc | None, float] = (None, None, 0.0)
         self._round_progress = None  # the recorder's progress at the last heartbeat
         self._whole_at = float("-inf")  # monotonic time of the last whole heartbeat
         self._published_running = False  # the last heartbeat's state was running, not blocked
-        self.fingerprints = None  # the FingerprintLog whose positions an incident's answer carries (the watchdog's)
+        self.fingerprints: FingerprintLog | None = None  # whose positions an incident's answer carries (the watchdog's)
 
     def heartbeat(self, now: float) -> tuple:
         """(this round's state, whether it is whole): whole when the rank made no progress since the last round, or
@@ -75,6 +81,7 @@ class StateReader:
         self.beat += 1
         return self.beat
 
+    # -> dict, not RankState, while its caller watchdog.state() says dict (setup.cfg's line for this module)
     def read(self, full: bool = False, position_only: bool = False, flight_recorder: bool = True) -> dict:
         """This rank's state now; `full` adds what an incident needs (stacks, process facts, progress bars, the
         Flight Recorder's tail unless `flight_recorder` is false: 84 of the 93 ms a full read takes at 2,000
@@ -111,7 +118,7 @@ class StateReader:
         self._explain_wait(doc, full)
         return doc
 
-    def _explain_wait(self, doc: dict, full: bool) -> None:
+    def _explain_wait(self, doc: RankState, full: bool) -> None:
         """A rank waiting in a collective says what its own code was doing: the framework call behind it (Lightning's
         deferred `self.log` reduction) and the rank condition its code stands under.
 
@@ -131,7 +138,7 @@ class StateReader:
         doc["rank_condition"] = condition
 
     def _read_wait(self, stacks, call_site) -> tuple:
-        main = sys._current_frames().get(threading.main_thread().ident)
+        main = _main_thread_frame()
         context = None
         try:
             context = frameworks.framework_context(main)
@@ -148,7 +155,7 @@ class StateReader:
             condition = rankcond.rank_condition_at_site(call_site)
         return context, condition
 
-    def _add_unseen_collective(self, doc: dict) -> None:
+    def _add_unseen_collective(self, doc: RankState) -> None:
         """No recorded collective in flight, no progress, and the training thread sits inside torch: ask the
         Flight Recorder whether c10d has an op in flight that Python never saw (compiled graphs, torch.ops, C++).
 
@@ -165,16 +172,22 @@ class StateReader:
             found = self._read_unseen_collective(doc)
             next_read = min(2 * idle, idle + 30.0)
         self._unseen = (doc["progress"], found, next_read)
-        if found is not None:
-            record = dict(found, age_s=round(max(0.0, time.time() - found["start"]), 4))
+        if found is not None and found["start"] is not None:  # a Flight-Recorder-only record always starts
+            record: RecordDoc = {**found, "age_s": round(max(0.0, time.time() - found["start"]), 4)}
             if record["age_s"] >= self.config.grace:
                 doc["inflight"] = [record]
 
-    def _read_unseen_collective(self, doc: dict) -> dict | None:
-        main = sys._current_frames().get(threading.main_thread().ident)
+    def _read_unseen_collective(self, doc: RankState) -> RecordDoc | None:
+        main = _main_thread_frame()
         if main is None or not is_internal_file(main.f_code.co_filename):
             return None  # running the user's own Python: busy, not blocked in a native wait
         entries = evidence.flight_recorder_active()
         if not entries:
             return None
         return evidence.record_from_flight_recorder(entries[0], doc, user_frame(main), time.time())
+
+
+def _main_thread_frame():
+    """The main thread's innermost frame now; None when it has none (or no ident: not started)."""
+    ident = threading.main_thread().ident
+    return None if ident is None else sys._current_frames().get(ident)

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Callable
 
 from ..registry import register, unregister
 
@@ -204,7 +205,8 @@ class LiveControl:
 
     def _handles(self, signum: int) -> bool:
         """Whether ddpwatch's own handler for `signum` is installed now (signal.getsignal works from any thread)."""
-        ours = {signal.SIGUSR1: self._on_usr1, signal.SIGTERM: self._on_term}.get(signum)
+        handlers: dict[int, Callable] = {signal.SIGUSR1: self._on_usr1, signal.SIGTERM: self._on_term}
+        ours = handlers.get(signum)
         return ours is not None and signum in self.previous and signal.getsignal(signum) == ours
 
     def _wakeup_is_ours(self) -> bool:

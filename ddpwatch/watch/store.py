@@ -89,7 +89,7 @@ class StateStore:
 
         base = c10d._get_default_store()
         try:
-            client = base.clone()
+            client = base.clone()  # type: ignore[attr-defined]  # newer torch's; its stubs leave it out
         except Exception:
             client = base  # older torch: share the client; every call below is short and non-blocking
         try:
@@ -275,7 +275,8 @@ class JobProtocol:
         self.store = store
         self.world_size = world_size
         self._keys: dict = {}  # parts -> key, for the keys of every round: building them was a tenth of its work
-        self._position = None  # (rank, the JSON text of its last published position without its beat and "}")
+        # (rank, the JSON text of its last published position without its beat and "}")
+        self._position: tuple[int, str] | None = None
         self._counters = (0, 0)  # the last (ranks waiting, latest incident) read: what a malformed counter reads as
         self._leader_beat = 0
         self._fp_seen: set = set()  # the fingerprint keys seen to exist: read without a check from then on
@@ -293,7 +294,7 @@ class JobProtocol:
         beat = shown.pop("beat", None)
         body = documents.dumps(shown)[:-1]  # "{...", its closing brace off: the beat goes last, then "}"
         self._position = (rank, body)
-        docs = {self._key("pos", rank): _with_beat(body, beat)}
+        docs: dict[str, object] = {self._key("pos", rank): _with_beat(body, beat)}
         if whole:
             docs[self._key("state", rank)] = state
         self._add_fingerprints(docs, rank, fingerprints)
@@ -306,7 +307,7 @@ class JobProtocol:
         running one only that it runs, which still holds. False when this rank has published no position yet."""
         if self._position is None or self._position[0] != rank:
             return False
-        docs = {self._key("pos", rank): _with_beat(self._position[1], beat)}
+        docs: dict[str, object] = {self._key("pos", rank): _with_beat(self._position[1], beat)}
         self._add_fingerprints(docs, rank, fingerprints)
         self._add_leader_beat(docs, rank, beat)
         self.store.put_many(docs)

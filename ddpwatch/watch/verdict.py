@@ -9,17 +9,24 @@ a rank the verdict saw outside any collective (a straggler), no collective start
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import analysis
 from ..config import action_row
+
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from ..format.types import RankState
 
 NOT_WAITING = "-"  # the position of a rank the leader saw outside any collective (busy, silent, not yet there)
 
 
-def position_key(state: dict | None, grace: float) -> str:
+def position_key(state: RankState | None, grace: float) -> str:
     """ "group/seq/api" of the collective a rank is blocked in, or NOT_WAITING."""
-    if not state or not analysis.is_blocked(state, grace):
+    if not state:
         return NOT_WAITING
     record = analysis.waiting_record(state)
+    if record is None or not analysis.is_blocked(state, grace):  # blocked: in a collective, so record is set
+        return NOT_WAITING
     return f"{record.get('group')}/{record.get('seq')}/{record.get('api')}"
 
 
@@ -61,7 +68,9 @@ def claimed_position(verdict: dict, rank: int) -> str | None:
     return None
 
 
-def why_not_act(verdict: dict, own_action: str, own_state: dict, rank: int, grace: float, timeout: float) -> str | None:
+def why_not_act(
+    verdict: dict, own_action: str, own_state: RankState, rank: int, grace: float, timeout: float
+) -> str | None:
     """None when this rank may act on an abort verdict; else one line saying why it does not."""
     if not action_row(own_action).ends_rank:
         return f"this rank is configured action={own_action}; a peer's verdict never upgrades that to abort"
@@ -91,7 +100,7 @@ def mismatch_claim(finding: dict) -> dict:
     return {"mismatch": {"group": facts.get("group"), "seq": seq}}
 
 
-def _why_not_mismatch(claim, own_state: dict) -> str | None:
+def _why_not_mismatch(claim, own_state: RankState) -> str | None:
     """A mismatch verdict names a position every rank completed: this rank acts only if it completed it too."""
     if not isinstance(claim, dict) or not isinstance(claim.get("group"), str) or type(claim.get("seq")) is not int:
         return "the mismatch verdict does not say which position it means"
