@@ -160,3 +160,23 @@ def test_the_flight_patcher_wraps_no_collective_until_asked_to():
     finally:
         patcher.unpatch()
     assert not hasattr(dist.all_reduce, PATCH_MARKER) and not hasattr(DistributedDataParallel.forward, PATCH_MARKER)
+
+
+def test_a_full_read_gives_the_finished_collectives_their_lines_and_counts_once_per_quiet_spell(feed, monkeypatch):
+    user = {"filename": "/home/me/train.py", "line": 42, "name": "train"}
+    torch_frame = {"filename": "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", "line": 9,
+                   "name": "all_reduce"}  # fmt: skip
+    feed.entries = [entry(0, 1), entry(1, 2)]
+    feed.look({})
+    traced = [dict(e, frames=[torch_frame, user]) for e in feed.entries]
+    dumps = []
+    monkeypatch.setattr(flight, "read_flight_recorder", lambda stack_traces=False: dumps.append(stack_traces) or traced)
+    feed.fill_lines()
+    snapshot = feed.recorder.snapshot(recent=8)
+    assert [(r["seq"], r["site"]["line"], r["api"]) for r in snapshot["recent"]] == [
+        (0, 42, "all_reduce"),
+        (1, 42, "all_reduce"),
+    ]
+    assert snapshot["site_counts"] == {"/home/me/train.py:42": 2}
+    feed.fill_lines()
+    assert dumps == [True], "one dump with stack traces per quiet spell: it holds the GIL"
