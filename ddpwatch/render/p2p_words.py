@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from ..format import build
 from .departures import Phrases
 
@@ -9,7 +11,7 @@ from .departures import Phrases
 # p2p_deadlock with p2p_deadlock_words(), handing it the phrases every kind shares (Phrases).
 
 
-def _p2p_half(op: str, peer, tag) -> str:
+def _p2p_half(op: str | None, peer, tag) -> str:
     if op == "recv":
         text = "recv from any rank" if peer == -1 else f"recv from rank {peer}"
     else:
@@ -17,7 +19,7 @@ def _p2p_half(op: str, peer, tag) -> str:
     return text + (f" (tag {tag})" if tag not in (None, 0) else "")
 
 
-def p2p_text(record: dict) -> str:
+def p2p_text(record: Mapping[str, Any]) -> str:
     """'send to rank 1 (tag 3)', 'irecv from rank 0', 'batch_isend_irecv (send to rank 1, recv from rank 1)'."""
     ops = record.get("ops")
     if ops:

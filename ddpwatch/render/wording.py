@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Mapping, overload
+
 from ..format import build
 from .mismatch_words import crossed_collectives, mismatch_crash, side_text, silent_mismatch
 from .departures import Phrases, caught_exception_words, local_decision_words
 from .p2p_words import p2p_deadlock_words, p2p_text
 
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from ..format.types import Incident
 
-def describe_op(record: dict) -> str:
+
+def describe_op(record: Mapping[str, Any]) -> str:
     """'broadcast (DDP buffer sync) inside DistributedDataParallel.forward called at val.py:42'."""
     if record.get("p2p"):
         return f"{p2p_text(record)} at {build.short_site(record.get('site'))}"
@@ -47,11 +52,10 @@ def rank_list(ranks) -> str:
         return "no rank"
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
-    parts, start, prev = [], None, None
-    for rank in ranks:
-        if start is None:
-            start = prev = rank
-        elif rank == prev + 1:
+    parts = []
+    start = prev = ranks[0]
+    for rank in ranks[1:]:
+        if rank == prev + 1:
             prev = rank
         else:
             parts.append(f"{start}-{prev}" if prev != start else f"{start}")
@@ -77,7 +81,7 @@ def _waits_text(parts, ranks_text=rank_list) -> str:
     return "; ".join(f"{ranks_text(r)} {_verb(r, 'waits', 'wait')} in {describe_op(rec)}" for r, rec in parts)
 
 
-def _shape_text(record: dict) -> str:
+def _shape_text(record: Mapping[str, Any]) -> str:
     shapes = ", ".join("x".join(map(str, s)) or "scalar" for s in record.get("shapes") or ()) or "no tensor"
     return f"{shapes} {','.join(record.get('dtypes') or ())}".strip()
 
@@ -106,7 +110,9 @@ FRAMEWORK_FIXES = {
 }
 
 
-def framework_fix(record: dict, location: dict | None, condition: dict | None) -> str | None:
+def framework_fix(
+    record: Mapping[str, Any], location: Mapping[str, Any] | None, condition: Mapping[str, Any] | None
+) -> str | None:
     """The fix for a collective a framework issued for the user, in that framework's terms; None if not known."""
     if str(record.get("api") or "").startswith("funcol."):
         return (
@@ -477,8 +483,13 @@ def _unworded(finding) -> bool:
     return isinstance(finding, dict) and "facts" in finding and "summary" not in finding
 
 
-def worded_incident(incident: dict) -> dict:
-    """The incident with every finding worded (the same object when none needs it)."""
+@overload
+def worded_incident(incident: Incident) -> Incident: ...
+@overload
+def worded_incident(incident: dict) -> dict: ...
+def worded_incident(incident: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The incident with every finding worded (the same object when none needs it): an Incident stays one (its
+    findings worded as report.json has them), a plain dict (a document read back) a dict."""
     findings = incident.get("findings")
     if not findings or not any(_unworded(f) for f in findings):
         return incident

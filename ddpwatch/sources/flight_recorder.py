@@ -5,6 +5,7 @@ The dump files themselves are found, read and checked by flight_recorder_files.p
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, cast
 
 from .. import frames as classifier  # frames: the one frame classifier
 from ..analysis import incident, silent
@@ -12,6 +13,9 @@ from ..flight_entries import canonical_op, classify, dtype, first_user_frame
 from ..format import build
 from ..static import rankcond
 from .flight_recorder_files import FlightRecorderError, find_dumps, parse_ranks
+
+if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
+    from ..format.types import Incident, IncidentSource, RankState, RecordDoc
 
 RECENT_KEPT = 64
 MAX_SHAPES = 4  # as many tensors as ddpwatch's own records keep
@@ -46,7 +50,7 @@ def _ns(value) -> float | None:
     return value / 1e9 if value > 0 else None
 
 
-def _record(entry: dict, rank: int, now: float, chosen: classifier.Packages = classifier.NO_PACKAGES) -> dict:
+def _record(entry: dict, rank: int, now: float, chosen: classifier.Packages = classifier.NO_PACKAGES) -> RecordDoc:
     op, peers = canonical_op(entry.get("profiling_name"))
     stack = [_frame(f, chosen) for f in entry.get("frames") or () if isinstance(f, dict)]
     api, region = classify(stack, op)
@@ -211,7 +215,7 @@ def _world_size(dumps: dict) -> int:
     return max(sizes)
 
 
-def _groups_field(records: list, members: dict, world_size: int) -> dict:
+def _groups_field(records: list[RecordDoc], members: dict, world_size: int) -> dict:
     """ddpwatch's `groups`: name -> member ranks, None for the default group."""
     out = {}
     for record in records:
@@ -221,11 +225,12 @@ def _groups_field(records: list, members: dict, world_size: int) -> dict:
     return out
 
 
-def _stacks(records: list) -> list:
+def _stacks(records: list[RecordDoc]) -> list:
     """FR has no thread stacks; the frames of the op this rank waits in are the closest thing (outermost first)."""
     from ..analysis import waiting_record
 
-    waiting = waiting_record({"inflight": [r for r in records if r["state"] == build.IN_FLIGHT]})
+    # waiting_record reads a state's `inflight` only: a state of that one key is enough for it
+    waiting = waiting_record(cast("RankState", {"inflight": [r for r in records if r["state"] == build.IN_FLIGHT]}))
     if waiting is None or not waiting["fr"]["frames"]:
         return []
     return [
@@ -239,11 +244,14 @@ def _stacks(records: list) -> list:
 
 
 def _snapshot(
-    rank: int, world_size: int, records: list, dump: dict, path: str, now: float, members: dict, rule: str
-) -> dict:
+    rank: int, world_size: int, records: list[RecordDoc], dump: dict, path: str, now: float, members: dict, rule: str
+) -> RankState:
     inflight = [r for r in records if r["state"] == build.IN_FLIGHT]
     done = [r for r in records if r["state"] != build.IN_FLIGHT]
-    events = [r["start"] for r in records] + [r["start"] + r["duration_s"] for r in done if r["duration_s"]]
+    # every record read from a dump has a start (_record: its creation time, else the dump's); the type allows None
+    events = [r["start"] for r in records if r["start"] is not None] + [
+        r["start"] + r["duration_s"] for r in done if r["start"] is not None and r["duration_s"]
+    ]
     last_seq: dict = {}
     for r in records:
         if not r["p2p"] and r["seq"] is not None:
@@ -334,14 +342,17 @@ def load_incident(
     grace: float = incident.DEFAULT_GRACE,
     timeout: float = incident.DEFAULT_TIMEOUT,
     packages: classifier.Packages = classifier.NO_PACKAGES,
-) -> dict:
+) -> Incident:
     """`ddpwatch report --flight-recorder DIR`: every dump under the folders, converted and analysed by ddpwatch."""
     chosen = find_dumps(folders)
     states, world_size = states_from_dumps(chosen, packages)
     bad = [rank for rank in states if rank >= world_size]
     if bad:
         raise FlightRecorderError(f"{chosen[bad[0]][1]}: rank {bad[0]} is outside the world size {world_size}")
-    source = {"kind": "flight_recorder", "files": [os.path.abspath(chosen[r][1]) for r in sorted(chosen)]}
+    source: IncidentSource = {
+        "kind": "flight_recorder",
+        "files": [os.path.abspath(chosen[r][1]) for r in sorted(chosen)],
+    }
     created = max(state["published_at"] for state in states.values())
     return incident.build(
         states,

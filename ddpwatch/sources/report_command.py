@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from .. import atomic, config, frames
 from ..analysis import incident as incident_module
@@ -62,10 +62,7 @@ def build_incident(args) -> Incident:
     if fr_dirs and paths:
         raise ReportError("give either incident/rank-file paths or --flight-recorder folders, not both")
     if fr_dirs:
-        # incident.build()'s document; flight_recorder.load_incident's signature says only dict
-        return cast(
-            "Incident", flight_recorder.load_incident(fr_dirs, *_or_defaults(grace, timeout), _configured_packages())
-        )
+        return flight_recorder.load_incident(fr_dirs, *_or_defaults(grace, timeout), _configured_packages())
     if not paths:
         raise ReportError("give an incident folder, rank-<r>.json files or folders, or --flight-recorder DIR")
     for path in paths:

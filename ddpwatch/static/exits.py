@@ -10,7 +10,7 @@ import ast
 import io
 import os
 import tokenize
-from typing import NamedTuple
+from typing import Any, Mapping, NamedTuple, Union
 
 from .rankcond import dotted_name, function_rank_names, is_rank_condition, module_rank_names, scope_nodes
 from .source import parsed_file
@@ -22,14 +22,16 @@ _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _TRIES = tuple(t for t in (ast.Try, getattr(ast, "TryStar", None)) if t is not None)
 _BLOCKS = tuple(t for t in (ast.stmt, ast.ExceptHandler, getattr(ast, "match_case", None)) if t is not None)
-_EXIT_KINDS = {ast.Break: "break", ast.Continue: "continue", ast.Return: "return"}
+_Loop = Union[ast.For, ast.AsyncFor, ast.While]
+_Function = Union[ast.FunctionDef, ast.AsyncFunctionDef]
+_EXIT_KINDS: dict[type, str] = {ast.Break: "break", ast.Continue: "continue", ast.Return: "return"}
 MAX_LOOPS = 8  # enclosing loops kept per line, innermost first
 MAX_EXITS = 32  # exits kept per loop, in line order
 MAX_LINES = 64  # lines read per rank state
 TEXT = 200  # characters of a header line kept
 
 
-def _contains(node: ast.AST, line: int) -> bool:
+def _contains(node: ast.stmt | ast.ExceptHandler, line: int) -> bool:
     return node.lineno <= line <= (getattr(node, "end_lineno", None) or node.lineno)
 
 
@@ -74,7 +76,7 @@ def _header(lines: list, lineno: int) -> str:
     return text
 
 
-def _exits_of(loop: ast.AST, scope: "_Scope") -> list:
+def _exits_of(loop: _Loop, scope: "_Scope") -> list:
     """The loop's exits: breaks and continues aimed at it, returns anywhere in it (nested functions excluded), each
     with the innermost `if` over it and the `except` it sits in, inside the loop."""
     return _exits_in(loop.body, scope, in_loop=True)
@@ -128,21 +130,30 @@ def _condition(node: ast.If, lines: list, names: set) -> dict:
     }
 
 
-def _endless(loop: ast.AST) -> bool:
+def _endless(loop: _Loop) -> bool:
     """`while True:` (or `while 1:`), `for ... in itertools.count():`: it ends only by an exit."""
     if isinstance(loop, ast.While):
         return isinstance(loop.test, ast.Constant) and bool(loop.test.value) is True
-    return isinstance(loop.iter, ast.Call) and dotted_name(loop.iter.func) in ("count", "itertools.count")
+    if not isinstance(loop.iter, ast.Call):
+        return False
+    name = dotted_name(loop.iter.func)
+    return name is not None and name in ("count", "itertools.count")
 
 
 def _then(handler: ast.ExceptHandler) -> str:
     """What an except handler does last: continue, break, return, raise, pass, or falls (goes on after the try)."""
     last = handler.body[-1] if handler.body else None
-    kinds = {ast.Continue: "continue", ast.Break: "break", ast.Return: "return", ast.Raise: "raise", ast.Pass: "pass"}
+    kinds: dict[type, str] = {
+        ast.Continue: "continue",
+        ast.Break: "break",
+        ast.Return: "return",
+        ast.Raise: "raise",
+        ast.Pass: "pass",
+    }
     return kinds.get(type(last), "falls")
 
 
-def _try_doc(node: ast.AST, lines: list) -> dict:
+def _try_doc(node: ast.Try, lines: list) -> dict:  # or an ast.TryStar (3.11+): the same fields
     body_end = max((getattr(s, "end_lineno", None) or s.lineno) for s in node.body)
     return {
         "line": node.lineno,
@@ -175,7 +186,7 @@ class _Scope(NamedTuple):
 
     tree: ast.Module
     lines: list
-    function: object
+    function: _Function | None
     names: set
 
 
@@ -213,7 +224,7 @@ _NUMBER_CALLS = frozenset({"int", "min", "max", "abs", "round"})
 MAX_DEPTH = 8  # calls, names and generators followed from a loop's header
 
 
-def _counted(loop: ast.AST, scope: _Scope) -> bool:
+def _counted(loop: _Loop, scope: _Scope) -> bool:
     """A `for` whose iterator yields as many items on every rank, so that it cannot run out on one rank first:
     `range()` (or `trange()`) over numbers no rank or data sets, `enumerate`/`tqdm`/`zip` over such, or a
     generator function of this file that yields once per iteration of such a loop."""
@@ -239,25 +250,26 @@ def _counted_iter(expr: ast.AST, scope: _Scope, depth: int) -> bool:
     return generator is not None and _yields_counted(generator, scope, depth + 1)
 
 
-def _function_named(tree: ast.Module, name: str):
+def _function_named(tree: ast.Module, name: str) -> _Function | None:
     """The one function (or method) of the file with this name; None when there is none or more than one."""
     cached = _functions.get(id(tree))
     if cached is None or cached[0] is not tree:
         if len(_functions) > 64:
             _functions.clear()
-        index: dict = {}
+        index: dict[str, list[_Function]] = {}
         for node in ast.walk(tree):
             if isinstance(node, _FUNCTIONS):
                 index.setdefault(node.name, []).append(node)
         cached = _functions[id(tree)] = (tree, index)
-    found = cached[1].get(name) or ()
+    found = cached[1].get(name) or []
     return found[0] if len(found) == 1 else None
 
 
-_functions: dict = {}  # id(tree) -> (tree, {name: [function nodes]}): the tree is kept, so its id names it
+# id(tree) -> (tree, {name: [function nodes]}): the tree is kept, so its id names it
+_functions: dict[int, tuple[ast.Module, dict[str, list[_Function]]]] = {}
 
 
-def _yields_counted(function, scope: _Scope, depth: int) -> bool:
+def _yields_counted(function: _Function, scope: _Scope, depth: int) -> bool:
     """A generator whose one `yield` stands unconditionally in the body of a counted `for` at its top level, a loop
     that no break, continue or return leaves early, in a function with no return."""
     nodes = scope_nodes(function.body)
@@ -275,9 +287,9 @@ def _yields_counted(function, scope: _Scope, depth: int) -> bool:
     return False
 
 
-def _leaves(loop: ast.AST) -> bool:
+def _leaves(loop: _Loop) -> bool:
     """Whether a break or continue aims at this loop (not at a loop nested in it)."""
-    stack = list(loop.body)
+    stack: list[ast.AST] = list(loop.body)
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Break, ast.Continue)):
@@ -443,6 +455,8 @@ def _evaluate(node: ast.AST, name: str, value):
     if isinstance(node, ast.BoolOp):
         results = [bool(_evaluate(v, name, value)) for v in node.values]
         return all(results) if isinstance(node.op, ast.And) else any(results)
+    if not isinstance(node, ast.Compare):  # _evaluable() let only comparisons through past this point
+        raise TypeError(f"cannot evaluate {type(node).__name__}")
     left, right = _evaluate(node.left, name, value), _evaluate(node.comparators[0], name, value)
     op = node.ops[0]
     return {
@@ -455,6 +469,8 @@ def _evaluate(node: ast.AST, name: str, value):
 
 def _assigned_before(name: str, line: int, scope: _Scope) -> list:
     """The last plain assignment `name = ...` above `line` in the function (as [(line, value)]), [] if none."""
+    if scope.function is None:
+        return []
     found = [
         (node.lineno, node.value)
         for node in scope_nodes(scope.function.body)
@@ -504,7 +520,7 @@ def code_around(path: str, line: int) -> dict | None:
         return None
 
 
-def _lines_of(state: dict) -> list:
+def _lines_of(state: Mapping[str, Any]) -> list:
     """(file, line) of the user's lines a rank state names: its main-thread frames, then its records' sites."""
     found: dict = {}
     for stack in state.get("stacks") or ():
@@ -519,7 +535,7 @@ def _lines_of(state: dict) -> list:
     return [(f, n) for f, n in found if isinstance(f, str) and isinstance(n, int) and not f.startswith("<")]
 
 
-def code_of_state(state: dict, user_file=None) -> dict:
+def code_of_state(state: Mapping[str, Any], user_file=None) -> dict:
     """{"file:line": code_around(...)} for the user's lines of a rank state (`user_file(path)`: whether a record's file
     is the user's, when the caller can tell; frames say it themselves). Lines whose source cannot be read are left
     out; nothing here raises."""

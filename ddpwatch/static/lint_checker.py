@@ -47,7 +47,7 @@ class ModuleChecker:
                 self._check_early_exit(scope, early_exit)
         return sorted(self.findings.values())
 
-    def _report(self, node: ast.AST, code: str, message: str, hint: str) -> None:
+    def _report(self, node: ast.stmt | ast.expr, code: str, message: str, hint: str) -> None:
         key = (node.lineno, node.col_offset + 1, code)
         if key not in self.findings:  # the first (most direct) explanation wins
             self.findings[key] = LintFinding(self.path, node.lineno, node.col_offset + 1, code, message, hint)

@@ -21,7 +21,9 @@ class ModuleIndex:
         self.elif_parent: dict[int, ast.If] = {}  # an `elif` (an If alone in an else) -> the If above it
         self.unwrapped_only: set[int] = set()  # nodes in branches that never run for a DDP wrapper
         self._read(tree)
-        self.functions: dict[str, ast.AST] = {stmt.name: stmt for stmt in tree.body if isinstance(stmt, FUNCTIONS)}
+        self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {
+            stmt.name: stmt for stmt in tree.body if isinstance(stmt, FUNCTIONS)
+        }
 
     def _read(self, tree: ast.Module) -> None:
         """Read the imports (aliases of torch.distributed, its collectives, DistributedDataParallel), the elifs,

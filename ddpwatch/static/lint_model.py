@@ -79,7 +79,7 @@ class LintFinding:
 class Guard:
     """The innermost rank condition a statement runs under."""
 
-    node: ast.stmt  # the If or While
+    node: ast.If | ast.While
     kind: str  # "if", "else", "while", "early_exit"
     text: str  # its header line
 
@@ -145,7 +145,7 @@ class Scope:
     timeline: dict[str, list[tuple[int, bool]]] = dataclasses.field(default_factory=dict)
     sites: list[Site] = dataclasses.field(default_factory=list)
     exits: list[EarlyExit] = dataclasses.field(default_factory=list)
-    nested: dict[str, ast.AST] = dataclasses.field(default_factory=dict)
+    nested: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = dataclasses.field(default_factory=dict)
     nodes: list[ast.AST] = dataclasses.field(default_factory=list)  # scope_nodes(body), walked once
     parent: ast.AST | None = None  # the enclosing function, for nested functions
 

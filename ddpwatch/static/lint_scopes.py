@@ -203,11 +203,12 @@ class ModuleScopes:
         if definition is None or definition is scope.node or id(definition) not in self.scope_of:
             return None
         callee = self.scope_of[id(definition)]
-        return callee, self._bound_wrapped_params(scope, call, callee, skip_first), definition.name
+        return callee, self._bound_wrapped_params(scope, call, definition, skip_first), definition.name
 
-    def _bound_wrapped_params(self, scope: Scope, call: ast.Call, callee: Scope, skip_first: bool) -> dict[str, str]:
-        """Parameters of the callee that receive a wrapped model at this call: `evaluate(model)`."""
-        definition = callee.node
+    def _bound_wrapped_params(
+        self, scope: Scope, call: ast.Call, definition: ast.FunctionDef | ast.AsyncFunctionDef, skip_first: bool
+    ) -> dict[str, str]:
+        """Parameters of the callee (`definition`) that receive a wrapped model at this call: `evaluate(model)`."""
         positional = [a.arg for a in (*definition.args.posonlyargs, *definition.args.args)]
         if skip_first:
             positional = positional[1:]

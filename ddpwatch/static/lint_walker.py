@@ -13,7 +13,7 @@ _MATCH = getattr(ast, "Match", ())  # Python 3.10+; setup.cfg still allows 3.9
 _TRY = (ast.Try, *((ast.TryStar,) if hasattr(ast, "TryStar") else ()))  # try/except* is 3.11+
 
 
-def header_line(lines: list[str], node: ast.AST) -> str:
+def header_line(lines: list[str], node: ast.stmt) -> str:
     """The source line a statement starts on, stripped and cut at 120 characters ('' past the end)."""
     if 1 <= node.lineno <= len(lines):
         return lines[node.lineno - 1].strip()[:120]
@@ -31,7 +31,7 @@ class ScopeWalker:
     def walk(self) -> None:
         self._block(self.scope.body, None, (), [], None)
 
-    def _guard(self, node: ast.stmt, kind: str) -> Guard:
+    def _guard(self, node: ast.If | ast.While, kind: str) -> Guard:
         return Guard(node, kind, header_line(self.lines, node))
 
     def _block(
@@ -42,7 +42,8 @@ class ScopeWalker:
             frames = chain + [(stmts, index, owner)]
             self._stmt(stmt, exit_guard or guard, loops, frames)
             exit_stmt = rank_guarded_exit(stmt, self.names)
-            if exit_stmt is not None and self._exit_applies(exit_stmt, loops):
+            # an exit is found in an `if` only (rank_guarded_exit): isinstance says so to the type checker
+            if exit_stmt is not None and isinstance(stmt, ast.If) and self._exit_applies(exit_stmt, loops):
                 branch = stmt.body if stmt.body and stmt.body[-1] is exit_stmt else stmt.orelse
                 self.scope.exits.append(EarlyExit(exit_stmt, branch, stmt, _skipped_by(exit_stmt, frames)))
                 exit_guard = self._guard(stmt, "early_exit")
@@ -55,8 +56,10 @@ class ScopeWalker:
     def _stmt(self, stmt: ast.stmt, guard: Guard | None, loops: tuple[Loop, ...], frames: list) -> None:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             # decorators, defaults and base classes run here; the body is a scope of its own
-            args = getattr(stmt, "args", None)
-            extra = [*args.defaults, *[d for d in args.kw_defaults if d]] if args else list(stmt.bases)
+            if isinstance(stmt, ast.ClassDef):
+                extra = list(stmt.bases)
+            else:
+                extra = [*stmt.args.defaults, *[d for d in stmt.args.kw_defaults if d]]
             self._exprs([*stmt.decorator_list, *extra], guard, loops)
             return
         if isinstance(stmt, ast.If):

@@ -275,7 +275,7 @@ def is_rank_condition(test: ast.expr, rank_names: Iterable[str] = DEFAULT_RANK_N
     return is_rank_expr(test, names)
 
 
-def scope_nodes(body: list[ast.stmt]) -> list[ast.AST]:
+def scope_nodes(body: Iterable[ast.AST]) -> list[ast.AST]:
     """Every node of a scope's statements, nested blocks included, nested functions/classes/lambdas not.
 
     Those run elsewhere (when called), so what they assign or call is not this scope's business.
@@ -415,7 +415,7 @@ def _exit_applies(exit_stmt: ast.stmt, in_function: bool, in_loop: bool) -> bool
     return in_loop
 
 
-def _header_text(lines: list[str], node: ast.stmt) -> str:
+def _header_text(lines: list[str], node: ast.stmt | ast.expr) -> str:
     if 1 <= node.lineno <= len(lines):
         return lines[node.lineno - 1].strip()[:200]
     return ""
@@ -425,7 +425,7 @@ def _condition(lines: list[str], node: ast.stmt, kind: str) -> dict:
     return {"line": node.lineno, "text": _header_text(lines, node), "kind": kind}
 
 
-def _contains(node: ast.AST, line: int) -> bool:
+def _contains(node: ast.stmt, line: int) -> bool:
     end = getattr(node, "end_lineno", None) or node.lineno
     return node.lineno <= line <= end
 

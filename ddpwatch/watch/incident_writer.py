@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .. import analysis
 from ..capture.sites import is_internal_file
@@ -228,7 +228,10 @@ class IncidentWriter:
             missing_ranks=[r for r in range(self.world_size) if r not in contributions],
             rank_conditions=rankcond.capture_rank_conditions(final),
         )
-        return wording.worded_incident(built)  # as report.json has it: the summary and fix of each finding
+        # As report.json has it: the summary and fix of each finding. What takes it from here (render_text,
+        # save_incident, alerts) takes a plain dict still, which an Incident is at run time; the type checker keeps
+        # TypedDicts apart from dict (render/report.py's _plain says the same).
+        return cast(dict, wording.worded_incident(built))
 
     def _add_native_stacks(self, number: int, incident: dict, busy: list) -> None:
         """Each rank's native stacks into its state, once the verdict is out (py-spy pauses the process it reads, and
