@@ -170,7 +170,7 @@ class Session:
                 ("destroy_process_group", destroy_process_group, original_destroy),
             ):
                 if getattr(owner, name, None) is original:
-                    wrapper.__wrapped__ = original
+                    wrapper.__wrapped__ = original  # type: ignore[attr-defined]  # a function takes any attribute
                     self.patcher.patches.replace(owner, name, wrapper)
 
 
@@ -277,7 +277,7 @@ def _activating(original):
             session.arm()
         return result
 
-    init_process_group.__ddpwatch_activation__ = True  # activate_on_init() installs one hook per process
+    init_process_group.__ddpwatch_activation__ = True  # type: ignore[attr-defined]  # one hook per process (see above)
     return init_process_group
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import time
+from typing import Any, Mapping
 
 from ..format import bounded, documents, validate
 
@@ -234,7 +235,7 @@ POSITION_LEAVES_OUT = frozenset(
 )
 
 
-def position(state: dict) -> dict:
+def position(state: Mapping[str, Any]) -> dict:
     return {key: value for key, value in state.items() if key not in POSITION_LEAVES_OUT}
 
 
@@ -286,7 +287,9 @@ class JobProtocol:
         return self.store.stamp
 
     # ----- heartbeats -----
-    def publish(self, rank: int, state: dict, whole: bool = True, fingerprints: dict | None = None) -> None:
+    def publish(
+        self, rank: int, state: Mapping[str, Any], whole: bool = True, fingerprints: dict | None = None
+    ) -> None:
         """This rank's position, and its state when `whole` (else the last whole state stands), in one round trip;
         rank 0's carries its beat number to leader_beat too (an integer: an add of 0 reads it). The position's text
         is kept: publish_beat() sends it again with a new beat."""

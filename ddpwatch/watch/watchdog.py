@@ -7,6 +7,7 @@ import logging
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from .. import analysis
 from ..config import REPORT
@@ -21,6 +22,9 @@ from .incident_writer import IncidentWriter
 from .peers import PeerTracker
 from .rank_state import StateReader
 from .store import LEADER, JobProtocol, StoreUnavailable
+
+if TYPE_CHECKING:  # annotations only
+    from ..format.types import RankState
 
 log = logging.getLogger("ddpwatch")
 
@@ -61,7 +65,8 @@ class Watchdog(threading.Thread):
         self.answers = Answers(self.job, rank, self.states)
         self.states.fingerprints = log = FingerprintLog(recorder)
         self.mismatches = MismatchCheck(log, rank, world_size, lambda: recorder.groups)
-        self._seen, self._info = 0, {}  # the newest incident whose info this rank has read, and that info
+        self._seen = 0  # the newest incident whose info this rank has read
+        self._info: dict = {}  # and that info
         self.writer = IncidentWriter(
             self.job,
             config,
@@ -237,7 +242,7 @@ class Watchdog(threading.Thread):
             self._watched_states = found[1]  # each compared rank's positions, should it be too busy to answer
             self.run_incident(found[0])
 
-    def state(self, full: bool = False, costly: bool = True) -> dict:
+    def state(self, full: bool = False, costly: bool = True) -> RankState:
         """This rank's state as published (full: with stacks, process facts, as an answer; costly: with FR's tail)."""
         return self.states.read(full, flight_recorder=costly)
 
@@ -256,7 +261,7 @@ class Watchdog(threading.Thread):
         except Exception:
             pass  # the store may already be gone at shutdown; nothing to save
 
-    def _update_waiting(self, state: dict, waiting: int) -> int:
+    def _update_waiting(self, state: RankState | None, waiting: int) -> int:
         """Register this rank as waiting (or no longer); returns the ranks waiting now (`waiting`: as read this
         round). The rank whose registration completes the count is the last to block: it looks for a deadlock at
         once, not at the leader's next round. `state` None: a round that sent its beat alone (a running rank)."""
