@@ -459,7 +459,8 @@ def test_a_frame_is_classified_the_same_live_and_offline(path):
     """A Lightning frame was "via lightning" live but the user's line in a Flight Recorder dump: one classifier now."""
     from ddpwatch.sources import flight_recorder
 
-    assert flight_recorder.is_internal_path(path) is is_internal_file(path)
+    dumped = flight_recorder._frame({"filename": path, "line": 1, "name": "f"})
+    assert dumped["internal"] is is_internal_file(path)
     assert frames.classify(path, None, frames.DUMPED) == sites.file_kind(path)
 
 

@@ -21,12 +21,6 @@ RECENT_KEPT = 64
 MAX_SHAPES = 4  # as many tensors as ddpwatch's own records keep
 
 
-def is_internal_path(path: str, chosen: classifier.Packages = classifier.NO_PACKAGES) -> bool:
-    """torch, the standard library, ddpwatch (but not its examples), an installed library or no real file: never
-    the user's line (the one classifier, frames.py, told by path text: a dump may come from another machine)."""
-    return classifier.classify(path, None, classifier.DUMPED, chosen) != classifier.USER
-
-
 def _frame(raw: dict, chosen: classifier.Packages = classifier.NO_PACKAGES) -> dict:
     path = str(raw.get("filename") or raw.get("file") or "?")
     kind = classifier.classify(path, None, classifier.DUMPED, chosen)
