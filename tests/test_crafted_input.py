@@ -326,6 +326,32 @@ def test_a_nan_in_a_json_dump_is_refused(tmp_path):
     assert_one_line_error(report_cli("--flight-recorder", folder), "NaN")
 
 
+def _far_ahead_dumps(seq):
+    """The seed dumps with rank 0's first collective (a barrier it completed) at position `seq` instead of 1, as
+    the fuzz test below found it (seed 130): the positions of that group run from 2 to `seq`."""
+    dumps = seed_dumps()
+    dumps[0]["entries"][0]["collective_seq_id"] = seq
+    return dumps
+
+
+def test_a_sequence_number_far_ahead_makes_no_slot_per_position_between(tmp_path):
+    """The completed positions' fingerprints (analysis/silent.py) kept one slot per position from the oldest to the
+    newest: 10**7 slots here, 2**62 for a crafted dump (gigabytes, then minutes of rendering). At most two per
+    position completed, the newest."""
+    incident_doc = fr.load_incident([str(write_dumps(tmp_path / "fr", _far_ahead_dumps(10**7)))])
+    fingerprints = incident_doc["ranks"][0]["fingerprints"]["groups"]["0"]
+    assert fingerprints["first"] == 10**7 and len(fingerprints["ids"]) == 1  # 2 is more than two slots behind
+    render_everything(incident_doc)
+
+
+@pytest.mark.real
+def test_the_largest_sequence_number_renders_within_3_gb(tmp_path):
+    folder = write_dumps(tmp_path / "fr", _far_ahead_dumps(validate.MAX_INT - 1))
+    done_run = report_cli("--flight-recorder", folder, "--format", "json")
+    assert done_run.returncode == 0 and not done_run.stderr, done_run.stderr[-3000:]
+    assert json.loads(done_run.stdout)["ranks"][0]["fingerprints"]["groups"]["0"]["first"] == validate.MAX_INT - 1
+
+
 # ---------------------------------------------------------------- fuzz: mutated documents through every loader
 
 JUNK = st.one_of(
