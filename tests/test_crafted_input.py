@@ -428,6 +428,33 @@ def loads_or_format_error(load):
 # `--hypothesis-profile=long` (5000) for a longer hunt by hand.
 FUZZ = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
+HANGING_FUZZ_TEST = """
+from hypothesis import given, settings, strategies as st
+
+@settings(deadline=None, database=None)
+@given(st.integers())
+def test_hangs(n):
+    while True:
+        pass
+"""
+
+
+@pytest.mark.real
+def test_a_hanging_fuzz_test_stops_at_its_time_limit(tmp_path):
+    """pytest-timeout's default method raises pytest's Failed in the test, which Hypothesis takes for a failing
+    example: it runs the example again, with no alarm left, forever. conftest.py gives Hypothesis tests the thread
+    method: a stack dump, then the process ends."""
+    (tmp_path / "test_hangs.py").write_text(HANGING_FUZZ_TEST)
+    done_run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "--timeout=2", "test_hangs.py"],
+        capture_output=True,
+        text=True,
+        timeout=60,  # a hang: TimeoutExpired fails this test
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])),
+    )
+    assert done_run.returncode != 0 and "Timeout" in done_run.stdout + done_run.stderr, done_run.stdout[-3000:]
+
 
 @FUZZ
 @given(st.data())
