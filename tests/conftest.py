@@ -10,7 +10,7 @@ import types
 import warnings
 
 import pytest
-from hypothesis import settings
+from hypothesis import Phase, settings
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -23,9 +23,15 @@ sys.path.insert(0, os.path.dirname(__file__))
 REAL_FILE_PREFIX = "test_real_"
 
 # The fuzz tests' example count (tests/test_crafted_input.py): a small default sized to the suite's time budget,
-# `--hypothesis-profile=long` for a longer hunt (HYPOTHESIS_PROFILE=long works too).
-settings.register_profile("ddpwatch", max_examples=100)
-settings.register_profile("long", max_examples=5000)
+# `--hypothesis-profile=long` for a longer hunt (HYPOTHESIS_PROFILE=long works too; with --timeout=0).
+# By default a failing example is reported as found, not shrunk: shrinking runs the test again hundreds of times,
+# for up to 5 minutes (Hypothesis's own cap), past the 120 s limit (setup.cfg), which then ends the run with a
+# stack and no example (see _thread_timeout). The examples are small (a seed document with at most 4 changes,
+# 300 bytes), every draw is printed, and a @reproduce_failure line (print_blob) runs the same one again. The long
+# profile shrinks.
+UNSHRUNK = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target)
+settings.register_profile("ddpwatch", max_examples=100, phases=UNSHRUNK, print_blob=True)
+settings.register_profile("long", max_examples=5000, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ddpwatch"))
 
 
@@ -48,6 +54,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name.startswith(REAL_FILE_PREFIX):
             item.add_marker(pytest.mark.real)
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            item.add_marker(_thread_timeout(item), append=False)  # before a marker of its own: the closest
+
+
+def _thread_timeout(item):
+    """A Hypothesis test's time limit (setup.cfg's `timeout`, or its own marker's) by pytest-timeout's thread
+    method. The default method, signal, raises pytest's Failed inside the test; Hypothesis catches that as a
+    failing example and goes on: it shrinks it, running the slow example again and again with no alarm left (one
+    such run went on for over 20 minutes). The thread method dumps every thread's stack and ends the process (under
+    xdist: the worker, which xdist reports as crashed and replaces); these tests start no process to leave behind."""
+    marker = item.get_closest_marker("timeout")
+    timeout = None if marker is None else marker.kwargs.get("timeout", marker.args[0] if marker.args else None)
+    return pytest.mark.timeout(method="thread") if timeout is None else pytest.mark.timeout(timeout, method="thread")
 
 
 @pytest.fixture(autouse=True)

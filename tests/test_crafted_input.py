@@ -326,6 +326,32 @@ def test_a_nan_in_a_json_dump_is_refused(tmp_path):
     assert_one_line_error(report_cli("--flight-recorder", folder), "NaN")
 
 
+def _far_ahead_dumps(seq):
+    """The seed dumps with rank 0's first collective (a barrier it completed) at position `seq` instead of 1, as
+    the fuzz test below found it (seed 130): the positions of that group run from 2 to `seq`."""
+    dumps = seed_dumps()
+    dumps[0]["entries"][0]["collective_seq_id"] = seq
+    return dumps
+
+
+def test_a_sequence_number_far_ahead_makes_no_slot_per_position_between(tmp_path):
+    """The completed positions' fingerprints (analysis/silent.py) kept one slot per position from the oldest to the
+    newest: 10**7 slots here, 2**62 for a crafted dump (gigabytes, then minutes of rendering). At most two per
+    position completed, the newest."""
+    incident_doc = fr.load_incident([str(write_dumps(tmp_path / "fr", _far_ahead_dumps(10**7)))])
+    fingerprints = incident_doc["ranks"][0]["fingerprints"]["groups"]["0"]
+    assert fingerprints["first"] == 10**7 and len(fingerprints["ids"]) == 1  # 2 is more than two slots behind
+    render_everything(incident_doc)
+
+
+@pytest.mark.real
+def test_the_largest_sequence_number_renders_within_3_gb(tmp_path):
+    folder = write_dumps(tmp_path / "fr", _far_ahead_dumps(validate.MAX_INT - 1))
+    done_run = report_cli("--flight-recorder", folder, "--format", "json")
+    assert done_run.returncode == 0 and not done_run.stderr, done_run.stderr[-3000:]
+    assert json.loads(done_run.stdout)["ranks"][0]["fingerprints"]["groups"]["0"]["first"] == validate.MAX_INT - 1
+
+
 # ---------------------------------------------------------------- fuzz: mutated documents through every loader
 
 JUNK = st.one_of(
@@ -401,6 +427,33 @@ def loads_or_format_error(load):
 # Examples per loader from the Hypothesis profile (tests/conftest.py): 100 by default (about a second each here),
 # `--hypothesis-profile=long` (5000) for a longer hunt by hand.
 FUZZ = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck))
+
+HANGING_FUZZ_TEST = """
+from hypothesis import given, settings, strategies as st
+
+@settings(deadline=None, database=None)
+@given(st.integers())
+def test_hangs(n):
+    while True:
+        pass
+"""
+
+
+@pytest.mark.real
+def test_a_hanging_fuzz_test_stops_at_its_time_limit(tmp_path):
+    """pytest-timeout's default method raises pytest's Failed in the test, which Hypothesis takes for a failing
+    example: it runs the example again, with no alarm left, forever. conftest.py gives Hypothesis tests the thread
+    method: a stack dump, then the process ends."""
+    (tmp_path / "test_hangs.py").write_text(HANGING_FUZZ_TEST)
+    done_run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "--timeout=2", "test_hangs.py"],
+        capture_output=True,
+        text=True,
+        timeout=60,  # a hang: TimeoutExpired fails this test
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])),
+    )
+    assert done_run.returncode != 0 and "Timeout" in done_run.stdout + done_run.stderr, done_run.stdout[-3000:]
 
 
 @FUZZ

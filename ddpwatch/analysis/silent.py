@@ -19,6 +19,7 @@ UNEVEN_COUNTS = frozenset({"all_to_all", "barrier"})
 # Inside an object collective the payload tensors are sized per rank before they are padded: sizes are torch's own.
 OWN_SIZES_REGIONS = frozenset({"object_collective"})
 MAX_SHOWN = 8  # positions a crossed finding lists per rank
+SLOTS_PER_POSITION = 2  # fingerprints_of_records: slots (positions and gaps) per position a group completed
 
 
 def _usable(doc) -> bool:
@@ -356,7 +357,11 @@ def fingerprints_of_records(records: list, rank: int) -> dict:
         groups.setdefault(record["group"], {})[record["seq"]] = sig_id
     docs = {}
     for group, by_seq in groups.items():
-        first, last = min(by_seq), max(by_seq)
+        # One slot per position from `first` to `last`, as watch/fingerprints.py publishes them. A dump's positions
+        # in a group are consecutive, so the slots are as many as the records; a crafted sequence number (2**62
+        # beside 1 and 2) must not make billions of them: at most SLOTS_PER_POSITION per position, the newest.
+        last = max(by_seq)
+        first = min(seq for seq in by_seq if seq > last - SLOTS_PER_POSITION * len(by_seq))
         docs[group] = {
             "first": first,
             "ids": [by_seq.get(seq, -1) for seq in range(first, last + 1)],
