@@ -78,7 +78,7 @@ def launch(job: str, steps: int, level: int, limit: float) -> dict:
     run = {"job": job, "steps": steps, "level": level, "total_wall_s": wall}
     if status is None or status != 0 or None in ranks:
         how = "killed at the time limit" if status is None else f"exit {status}"
-        return dict(run, error=f"{how}; last output: {text[-1500:]}")
+        return dict(run, error=f"{how}; last output: {text[-1500:]}", ranks_reported=len([r for r in ranks if r]))
     return dict(
         run,
         loop_wall_s=max(r["loop_wall_s"] for r in ranks),
@@ -195,6 +195,11 @@ def measure(jobs: list, pairs: int, steps: dict, attributed: list, limit: float,
     order = schedule(jobs, pairs, attributed)
     for index, (pair, job, level) in enumerate(order):
         run = dict(launch(job, steps[job], level, limit), pair=pair)
+        if "error" in run and not run["ranks_reported"]:
+            # No rank got as far as its result: the launcher failed (once in a loaded test run, in torchrun's own
+            # startup: a plain job, no ddpwatch in it). Launched once more; the first failure is kept and shown.
+            first = run["error"]
+            run = dict(launch(job, steps[job], level, limit), pair=pair, launched_again_after=first)
         run["problem"] = run.get("error") or label_problem(run)
         runs.append(run)
         shown = (
@@ -394,6 +399,11 @@ def main(argv=None) -> int:
     for job, result in attributions.items():
         print_attribution(job, result)
     problems = [f"pair {r['pair'] + 1} {r['job']} {label(r['level'])}: {r['problem']}" for r in runs if r["problem"]]
+    for again in (r for r in runs if "launched_again_after" in r):
+        print(
+            f"pair {again['pair'] + 1} {again['job']} {label(again['level'])} was launched again: no rank reported "
+            f"the first time ({again['launched_again_after'][:1500]})"
+        )
     print(
         f"{len(runs)} runs in {time.perf_counter() - started:.0f} s; load average at the end: "
         f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; runs that failed or were not what their label says: "
