@@ -180,3 +180,75 @@ def test_a_full_read_gives_the_finished_collectives_their_lines_and_counts_once_
     assert snapshot["site_counts"] == {"/home/me/train.py:42": 2}
     feed.fill_lines()
     assert dumps == [True], "one dump with stack traces per quiet spell: it holds the GIL"
+
+
+def test_the_ops_of_one_library_call_are_one_record_in_flight_and_in_the_ring(feed, monkeypatch):
+    created = entry(0, 1)["time_created_ns"]  # entry k is created k ns after entry 0
+    ident = threading.get_ident()
+    windows = [(ident, created + 1, created + 2), (ident, created + 4, None)]  # a buffer sync done, one running
+    monkeypatch.setattr(feed.recorder, "call_windows", lambda: list(windows))
+    feed.entries = [
+        entry(0, 1, op="all_reduce"),
+        entry(1, 2, op="broadcast"),
+        entry(2, 3, op="broadcast", sizes=((1,),)),
+        entry(3, 4, op="all_reduce"),
+        entry(4, 5, op="broadcast", retired=False),
+        entry(5, 6, op="broadcast", retired=False, sizes=((1,),)),
+    ]
+    feed.look({})
+    snapshot = feed.recorder.snapshot(recent=8)
+    [waiting] = snapshot["inflight"]
+    assert (waiting["seq"], waiting["op"], waiting["shapes"]) == (4, "broadcast", [[4], [1]])
+    assert [(r["seq"], r["op"], r["shapes"]) for r in snapshot["recent"]] == [
+        (0, "all_reduce", [[4]]),
+        (1, "broadcast", [[4], [1]]),
+        (3, "all_reduce", [[4]]),
+    ]
+    assert snapshot["last_seq"] == {"0": 4}  # the last record's, as the python recorder counts its records
+    feed.look({})  # nothing new: no record given twice, the running call still the one in flight
+    assert len(feed.recorder.ring) == 4 and len(feed.recorder.inflight) == 1
+
+
+def test_a_call_window_is_the_outermost_calls_and_open_while_it_runs():
+    recorder = Recorder(8)
+    with recorder.call_window():
+        with recorder.call_window():  # _sync_module_states calls _broadcast_coalesced: one call
+            [(thread, start, end)] = recorder.call_windows()
+        assert (thread, end) == (threading.get_ident(), None)
+    [(thread, start_again, end)] = recorder.call_windows()
+    assert start_again == start and end >= start
+
+
+def test_the_flight_patcher_marks_the_calls_that_issue_several_ops_until_the_per_op_wrappers_come():
+    import torch.autograd
+    import torch.distributed as dist
+
+    from ddpwatch.capture.wrappers import Patcher
+
+    untouched = (dist._broadcast_coalesced, torch.autograd.backward, dist.Reducer._rebuild_buckets)
+    patcher = Patcher(Recorder(8))
+    try:
+        patcher.patch(per_op=False)
+        windows = (dist._broadcast_coalesced, torch.autograd.backward, dist.Reducer._rebuild_buckets)
+        assert [getattr(f, PATCH_MARKER, None) for f in windows] == list(untouched)
+        assert hasattr(dist._verify_params_across_processes, PATCH_MARKER)
+        patcher.add_per_op()  # the python recorder's own wrappers, on the originals
+        per_op = (dist._broadcast_coalesced, torch.autograd.backward, dist.Reducer._rebuild_buckets)
+        assert not set(per_op) & set(windows)
+        assert [getattr(f, PATCH_MARKER, None) for f in per_op] == list(untouched)
+    finally:
+        patcher.unpatch()
+    assert (dist._broadcast_coalesced, torch.autograd.backward, dist.Reducer._rebuild_buckets) == untouched
+
+
+def test_a_synced_backward_is_one_call_and_any_other_backward_is_none():
+    from ddpwatch.capture.call_windows import grad_sync_window_wrapper
+
+    recorder = Recorder(8)
+    inside = []
+    backward = grad_sync_window_wrapper(recorder, lambda: inside.append(recorder.call_windows()))
+    backward()
+    recorder.note_ddp_forward("pg")
+    backward()
+    assert inside[0] == [] and [end for _, _, end in inside[1]] == [None]
+    assert len(recorder.call_windows()) == 1

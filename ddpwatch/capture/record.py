@@ -34,6 +34,9 @@ _IN_FLIGHT, _COMPLETED = build.IN_FLIGHT, build.COMPLETED
 # read by the watchdog thread when a rank stops making progress (watch/flight.py gives them through take_flight).
 PYTHON, FLIGHT = "python", "flight"
 P2P_COUNTS_KEPT = 64  # peers whose send/recv counts a snapshot carries (a ring or a pipeline has a few)
+# Library calls whose time windows the flight recorder keeps (call_window): well over the calls behind the records
+# one read of the Flight Recorder hands the ring (watch/flight.py, HISTORY_KEPT), a few tuples each.
+CALLS_KEPT = 256
 # Wall clock = monotonic + offset: one clock read per record on the hot path, the other at formatting time.
 _WALL_OFFSET = time.time() - time.monotonic()
 # Thread ident -> name, refreshed whenever records are formatted (names are looked up then, not per op).
@@ -157,6 +160,10 @@ class Recorder:
         self._counts_by_line: dict = {}  # "file:line" -> count, folded from site_counts when the code caches empty
         self._kind = PYTHON
         self._flight_inflight: set = set()  # the records in flight that the flight recorder gave
+        # The flight recorder's windows of the library calls that issue several ops (call_window): (thread, start
+        # ns, end ns) of the last CALLS_KEPT, and thread -> start ns of the one it is inside now.
+        self._calls: collections.deque = collections.deque(maxlen=CALLS_KEPT)
+        self._open_calls: dict = {}
         recorders.add(self)
 
     # --- what others read (read-only: every change goes through a method below that says what happened) ---
@@ -233,6 +240,30 @@ class Recorder:
         """The innermost region of a thread (this one by default), or None."""
         stack = self._regions.get(_get_ident() if ident is None else ident)
         return stack[-1] if stack else None
+
+    # --- library calls that issue several ops: one record under the python recorder, one window under flight ---
+    @contextlib.contextmanager
+    def call_window(self):
+        """The flight recorder's mark of one call that issues several ops (DDP's buffer broadcast, its bucket rebuild,
+        the gradient all-reduce of a backward), which the python recorder records once: its thread and its start and
+        end on the system clock, the Flight Recorder's, by which the feed folds the call's entries into one record
+        (watch/flight_calls.py). A call inside another belongs to the outer one, as a nested patched call does."""
+        ident = _get_ident()
+        if ident in self._open_calls:
+            yield
+            return
+        self._open_calls[ident] = start = time.time_ns()
+        try:
+            yield
+        finally:
+            # Kept finished before it stops being open: a read in between sees it twice, never not at all.
+            self._calls.append((ident, start, time.time_ns()))
+            self._open_calls.pop(ident, None)
+
+    def call_windows(self) -> list:
+        """(thread, start ns, end ns, or None while the call runs) of the recent calls call_window marked."""
+        finished = list(self._calls)  # list() of a deque or of a dict's items runs in C: no thread interleaves
+        return finished + [(ident, start, None) for ident, start in list(self._open_calls.items())]
 
     # --- the flight recorder's feed (watch/flight.py), on the watchdog thread ---
     def note_recorded_by(self, kind: str) -> None:

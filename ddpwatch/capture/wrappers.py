@@ -14,7 +14,7 @@ import weakref
 from .. import catalogue
 from ..format import build
 from ..logonce import log_once
-from . import point_to_point
+from . import call_windows, point_to_point
 from .replacements import PATCH_MARKER, Patches
 from .record import Recorder
 from .signatures import signature_source
@@ -102,6 +102,8 @@ class Patcher:
         self._lock = threading.Lock()
         self._wait_hooked = False
         self._per_op = True
+        # The flight recorder's call windows (call_windows.py), kept apart: the per-op wrappers replace them.
+        self._windows = Patches()
 
     @property
     def active(self) -> bool:
@@ -124,6 +126,8 @@ class Patcher:
             self._patch_point_to_point(dist, c10d)
             if per_op:
                 self._patch_per_op(dist, c10d)
+            else:
+                call_windows.patch(self._windows, self.recorder, dist)
 
     @property
     def per_op(self) -> bool:
@@ -140,6 +144,7 @@ class Patcher:
             import torch.distributed.distributed_c10d as c10d
 
             self._per_op = True
+            self._windows.undo()  # the python recorder's own wrappers record these calls, once each
             self._patch_per_op(dist, c10d)
 
     def _patch_point_to_point(self, dist, c10d) -> None:
@@ -178,6 +183,7 @@ class Patcher:
 
     def unpatch(self) -> None:
         with self._lock:
+            self._windows.undo()
             self.patches.undo()
             self._group_cache.clear()
             self._wait_hooked = False

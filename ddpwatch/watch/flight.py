@@ -19,6 +19,8 @@ from ..capture import record as record_module
 from ..capture.sites import cached_via_site, code_site, is_internal_file, user_frame_and_via
 from ..flight_entries import canonical_op, classify, dtype, first_user_frame
 from ..format import build
+from ..logonce import log_once
+from .flight_calls import fold
 
 POLL_S = 0.1  # between two reads of the groups' sequence numbers
 LOOK_AFTER_S = 0.2  # no progress this long, a thread waiting inside torch: read the Flight Recorder
@@ -30,6 +32,7 @@ MAX_SHAPES = 4  # as many tensors as the python recorder keeps
 WAITING_IN = ("torch.distributed.", "torch.autograd.", "torch.nn.parallel.", "ddpwatch.capture.")
 WAITING_DEPTH = 16
 SERVED_BACKENDS = frozenset({"gloo", "nccl"})  # the backends whose every collective the Flight Recorder records
+_logged: set = set()
 
 
 def unavailable() -> str | None:
@@ -237,6 +240,8 @@ class FlightFeed:
         entries = read_flight_recorder()
         if not entries:
             return
+        newest_id = max([self._newest_id] + [entry.get("record_id") or 0 for entry in entries])
+        entries = self._calls_of(entries)
         in_flight = in_flight_entries(entries)
         inflight, fresh = [], []
         for entry in in_flight:
@@ -258,7 +263,7 @@ class FlightFeed:
             and entry.get("collective_seq_id")
             and (entry.get("record_id") or 0) > self._newest_id
         ][-HISTORY_KEPT:]
-        self._newest_id = max([self._newest_id] + [entry.get("record_id") or 0 for entry in entries])
+        self._newest_id = newest_id
         self._forget_known(in_flight)
         for record in finished + fresh:
             self._given[(record.group, record.seq)] = record
@@ -273,7 +278,7 @@ class FlightFeed:
         if self._filled:
             return
         self._filled = True
-        entries = read_flight_recorder(stack_traces=True)
+        entries = self._calls_of(read_flight_recorder(stack_traces=True) or [])
         counts: dict = {}
         for entry in entries or ():
             if entry.get("is_p2p") or not entry.get("collective_seq_id"):
@@ -291,6 +296,15 @@ class FlightFeed:
                     record.region = (region["kind"], region["site"], region["api"], None)
         if entries:
             self.recorder.take_flight_lines(counts)
+
+    def _calls_of(self, entries: list) -> list:
+        """The entries, one per library call where the python recorder records one (flight_calls.fold); as they
+        came if that fails: a record per op is a worse history, not a reason to lose it."""
+        try:
+            return fold(entries, self.recorder.call_windows())
+        except Exception:
+            log_once(_logged, "fold", "ddpwatch: could not fold the Flight Recorder's entries by call", exc_info=True)
+            return entries
 
     def _forget_known(self, in_flight: list) -> None:
         keep = {(group_of(entry), entry["collective_seq_id"] - 1) for entry in in_flight}
