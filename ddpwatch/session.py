@@ -12,7 +12,7 @@ import threading
 
 from . import config as config_module
 from .watch import crashes, signals
-from .capture import loaders
+from .capture import failures, loaders, reduce_ops
 from .capture.replacements import Patches
 from .capture.wrappers import Patcher
 from .capture.record import FLIGHT, Recorder
@@ -88,7 +88,10 @@ class Session:
             return None
         self.recorder.note_recorded_by(FLIGHT)
         self.patcher.hook_work_wait()  # a failed wait is how a rank learns at once that a peer is gone
-        return flight.FlightFeed(self.recorder, self.patcher.group_name)
+        failures.install(self.patcher)  # and so is a synchronous collective that raises
+        notes = reduce_ops.ReduceNotes()
+        reduce_ops.install(self.patcher.patches, notes)  # the Flight Recorder does not keep the reduce op
+        return flight.FlightFeed(self.recorder, self.patcher.group_name, notes)
 
     def _start_control(self, rank: int, world_size: int, job: str) -> None:
         """SIGUSR1 -> a report now; SIGTERM -> a report being written may finish; an entry for `ddpwatch dump`."""

@@ -57,7 +57,7 @@ def feed(monkeypatch):
     named = []
     made = flight.FlightFeed(recorder, named.append)
     made.entries = []
-    monkeypatch.setattr(flight, "read_flight_recorder", lambda: list(made.entries))
+    monkeypatch.setattr(flight, "read_flight_recorder", lambda stack_traces=False: list(made.entries))
     return made
 
 
@@ -162,24 +162,25 @@ def test_the_flight_patcher_wraps_no_collective_until_asked_to():
     assert not hasattr(dist.all_reduce, PATCH_MARKER) and not hasattr(DistributedDataParallel.forward, PATCH_MARKER)
 
 
-def test_a_full_read_gives_the_finished_collectives_their_lines_and_counts_once_per_quiet_spell(feed, monkeypatch):
-    user = {"filename": "/home/me/train.py", "line": 42, "name": "train"}
-    torch_frame = {"filename": "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", "line": 9,
-                   "name": "all_reduce"}  # fmt: skip
-    feed.entries = [entry(0, 1), entry(1, 2)]
+USER = {"filename": "/home/me/train.py", "line": 42, "name": "train"}
+C10D = {"filename": "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", "line": 9,
+        "name": "all_reduce"}  # fmt: skip
+
+
+def traced(*entries):
+    """Entries as a dump with stack traces has them: each with its frames, innermost first."""
+    return [dict(e, frames=[C10D, USER]) for e in entries]
+
+
+def test_a_read_gives_the_finished_collectives_their_lines_and_counts_from_the_dumped_frames(feed):
+    feed.entries = traced(entry(0, 1), entry(1, 2))
     feed.look({})
-    traced = [dict(e, frames=[torch_frame, user]) for e in feed.entries]
-    dumps = []
-    monkeypatch.setattr(flight, "read_flight_recorder", lambda stack_traces=False: dumps.append(stack_traces) or traced)
-    feed.fill_lines()
     snapshot = feed.recorder.snapshot(recent=8)
     assert [(r["seq"], r["site"]["line"], r["api"]) for r in snapshot["recent"]] == [
         (0, 42, "all_reduce"),
         (1, 42, "all_reduce"),
     ]
     assert snapshot["site_counts"] == {"/home/me/train.py:42": 2}
-    feed.fill_lines()
-    assert dumps == [True], "one dump with stack traces per quiet spell: it holds the GIL"
 
 
 def test_the_ops_of_one_library_call_are_one_record_in_flight_and_in_the_ring(feed, monkeypatch):
@@ -252,3 +253,150 @@ def test_a_synced_backward_is_one_call_and_any_other_backward_is_none():
     backward()
     assert inside[0] == [] and [end for _, _, end in inside[1]] == [None]
     assert len(recorder.call_windows()) == 1
+
+
+def test_a_refresh_reads_only_after_progress_and_spaces_its_reads_by_their_own_cost(feed, monkeypatch):
+    reads, clock = [], iter([0.0, 0.004])  # perf_counter around the one read: it takes 4 ms
+    monkeypatch.setattr(flight, "read_flight_recorder", lambda stack_traces=False: reads.append(stack_traces) or [])
+    monkeypatch.setattr(flight.time, "perf_counter", lambda: next(clock))
+    feed.refresh(now=10.0)
+    assert reads == []  # nothing was issued since the last read: nothing to read
+    feed._unread = 3
+    feed.refresh(now=10.0)
+    assert reads == [True]  # with stack traces: the lines are what the fingerprints compare
+    feed._unread = 3
+    feed.refresh(now=10.0 + 0.004 / flight.READ_SHARE - 0.01)
+    assert reads == [True], "no sooner than the last read's cost allows"
+    monkeypatch.setattr(flight.time, "perf_counter", lambda: 0.0)
+    feed.refresh(now=10.0 + 0.004 / flight.READ_SHARE)
+    assert reads == [True, True]
+
+
+def test_a_refresh_hands_over_what_finished_and_leaves_what_is_in_flight_for_a_later_read(feed):
+    feed._unread = 1
+    feed.entries = traced(entry(0, 1), entry(1, 2, retired=False), entry(2, 1, group="1"))
+    feed.refresh(now=0.0)
+    assert [(r.group, r.seq) for r in feed.recorder.ring] == [("0", 0)]
+    assert not feed.recorder.inflight  # the rank moves on: an op in flight now is a moment's state
+    feed.entries = traced(entry(0, 1), entry(1, 2), entry(2, 1, group="1"))
+    feed._unread, feed._next_read = 1, 0.0
+    feed.refresh(now=100.0)
+    assert [(r.group, r.seq, r.site[1]) for r in feed.recorder.ring] == [("0", 0, 42), ("0", 1, 42), ("1", 0, 42)]
+
+
+def test_the_first_poll_starts_the_symbolizer_so_that_no_look_waits_for_it(feed, monkeypatch):
+    reads = []
+    monkeypatch.setattr(flight, "read_flight_recorder", lambda stack_traces=False: reads.append(stack_traces) or [])
+    monkeypatch.setattr(feed, "_count_new_ops", lambda: 0)
+    feed.poll(now=0.0)
+    feed.poll(now=1.0)
+    assert reads == [True]
+
+
+def test_records_a_look_hands_over_without_progress_are_filed_for_the_mismatch_check(feed):
+    from ddpwatch.watch.fingerprints import FingerprintLog
+
+    log = FingerprintLog(feed.recorder)
+    feed.entries = traced(entry(0, 1))
+    feed.look({})
+    log.collect()
+    feed.entries = traced(entry(0, 1), entry(1, 2, sizes=((8,),)))
+    feed.look({})  # no progress counted in between: the ring alone says what is new
+    log.collect()
+    document = log.document()
+    assert document["groups"]["0"]["first"] == 0 and len(document["groups"]["0"]["ids"]) == 2
+    counts = sorted(sig["counts"] for sig in document["signatures"].values())
+    assert counts == [[4], [8]]
+
+
+def test_a_collective_that_raises_is_a_failed_record_that_reaches_the_failure_hook(monkeypatch):
+    """No wrapper sees a synchronous collective fail under flight: torch's own failure log (c10d_logger) does."""
+    import torch
+    from torch.distributed import c10d_logger
+
+    from ddpwatch.capture.failures import FailureListener
+
+    recorder, errors = Recorder(8), []
+    recorder.set_failure_hook(errors.append)
+    groups = type("Groups", (), {"recorder": recorder, "group_name": lambda self, group: "0"})()
+    monkeypatch.setattr(c10d_logger, "_c10d_logger", FailureListener(c10d_logger._c10d_logger, groups))
+
+    @c10d_logger._exception_logger
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        raise RuntimeError("Connection closed by peer")
+
+    @c10d_logger._exception_logger
+    def all_gather_object(object_list, obj, group=None):  # an object collective: its inner op failed first
+        all_reduce(torch.ones(2))
+
+    here = sys._getframe().f_lineno
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        all_reduce(torch.ones(8, dtype=torch.int32))
+    with pytest.raises(RuntimeError):
+        all_gather_object([None], 1)
+    first, second = recorder.snapshot(recent=8)["recent"]
+    assert (first["state"], first["op"], first["group"]) == (build.FAILED, "all_reduce", "0")
+    assert first["shapes"] == [[8]] and first["dtypes"] == ["int32"] and "closed by peer" in first["error"]
+    assert first["site"]["line"] == here + 2 and first["site"]["file"] == __file__
+    assert second["shapes"] == [[2]], "one failed record per error: the object collective re-raised its inner op's"
+    assert [str(error) for error in errors] == ["Connection closed by peer"] * 2
+
+
+def test_the_failure_listener_and_the_reduce_op_notes_are_put_in_once_and_taken_out_with_the_patches():
+    import torch.distributed as dist
+    from torch.distributed import c10d_logger
+
+    from ddpwatch.capture import failures, reduce_ops
+    from ddpwatch.capture.failures import FailureListener
+    from ddpwatch.capture.wrappers import Patcher
+
+    original = c10d_logger._c10d_logger
+    patcher = Patcher(Recorder(8))
+    try:
+        patcher.patch(per_op=False)
+        all_reduce = dist.all_reduce
+        for _ in range(2):  # idempotent: not a listener around a listener, nor a wrapper around a wrapper
+            failures.install(patcher)
+            reduce_ops.install(patcher.patches, reduce_ops.ReduceNotes())
+        assert isinstance(c10d_logger._c10d_logger, FailureListener)
+        assert c10d_logger._c10d_logger._logger is original
+        assert getattr(dist.all_reduce, PATCH_MARKER) is all_reduce and not hasattr(dist.broadcast, PATCH_MARKER)
+    finally:
+        patcher.unpatch()
+    assert c10d_logger._c10d_logger is original and dist.all_reduce is all_reduce
+
+
+def test_a_reduce_op_but_sum_is_noted_by_thread_and_time_and_sum_costs_only_the_call():
+    from torch.distributed import ReduceOp
+
+    from ddpwatch.capture.reduce_ops import ReduceNotes, reduce_op_wrapper
+
+    calls, notes = [], ReduceNotes()
+
+    def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+        calls.append(op)
+
+    wrapped = reduce_op_wrapper(all_reduce, notes)
+    wrapped("t")
+    wrapped("t", ReduceOp.SUM)
+    assert calls == [ReduceOp.SUM] * 2 and notes.op_of(threading.get_ident(), 0) is None
+    wrapped("t", op=ReduceOp.MAX)
+    [(ident, started, ended, op)] = list(notes._notes)
+    assert (ident, op) == (threading.get_ident(), ReduceOp.MAX) and started <= ended
+    assert notes.op_of(ident, started) is ReduceOp.MAX and notes.op_of(ident, ended + 1) is None
+    assert notes.op_of(ident + 1, started) is None  # another thread's entry at that moment is not this call's
+
+
+def test_a_reducing_entry_takes_its_noted_op_and_is_a_sum_without_one(monkeypatch):
+    from torch.distributed import ReduceOp
+
+    from ddpwatch.capture.reduce_ops import ReduceNotes
+
+    notes = ReduceNotes()
+    made = flight.FlightFeed(Recorder(64), lambda pg: None, notes)
+    made.entries = [entry(0, 1), entry(1, 2), entry(2, 3, op="broadcast")]
+    monkeypatch.setattr(flight, "read_flight_recorder", lambda stack_traces=False: list(made.entries))
+    created = made.entries[1]["time_created_ns"]
+    notes.add(threading.get_ident(), created, created, ReduceOp.MAX)  # the fixture's entries are 1 ns apart
+    made.look({})
+    assert [getattr(r, "reduce", None) for r in made.recorder.ring] == ["sum", ReduceOp.MAX, None]

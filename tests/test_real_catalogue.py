@@ -76,6 +76,11 @@ def test_two_groups_in_opposite_orders_is_group_order(tmp_path):
     assert finding["location"]["line"] in (line("order_first"), line("order_second"))
 
 
+@pytest.mark.skipif(
+    os.environ.get("DDPWATCH_RECORDER") == "flight",
+    reason="the scenario's transport fault is a Python function standing in for all_reduce: it never reaches c10d, "
+    "so torch's Flight Recorder has no op to show; a real stalled transport blocks inside c10d, where it does",
+)
 def test_a_collective_that_never_completes_anywhere_is_collective_stuck(tmp_path):
     results = run_case([CATALOGUE, "stuck"], 2, tmp_path, DDPWATCH_ACTION="abort", DDPWATCH_TIMEOUT=4)
     assert all(r.returncode == 3 for r in results), describe(results)

@@ -60,23 +60,28 @@ class FingerprintLog:
         self._signatures: dict = {}  # id -> signature
         self._next_id = itertools.count()
         self._waiting: list = []  # records in flight at the last round: filed once they complete
-        self._progress = -1
+        self._newest = None  # the ring's newest record at the last round
         self._documents = 0
         self.changed = False  # a position was filed since the last publish
 
     def collect(self) -> None:
-        """File every collective completed since the last round (the ring's newest records and the ones that were
-        in flight then); never blocks the training thread (the ring is read as the watchdog reads it anyway)."""
-        recorder = self.recorder
-        progress = recorder.progress
-        if progress == self._progress and not self._waiting:
+        """File every collective completed since the last round (the ring's records newer than the newest one seen
+        last round, and the ones that were in flight then); never blocks the training thread (the ring is read as
+        the watchdog reads it anyway). The ring, not the progress count, says what is new: the flight recorder hands
+        over finished records in reads of its own, apart from the progress it counts."""
+        ring = list(self.recorder.ring)  # one C-level copy: the training thread may append while this reads
+        newest = ring[-1] if ring else None
+        if newest is self._newest and not self._waiting:
             return
-        walk = len(recorder.ring) if self._progress < 0 else progress - self._progress + 1
-        self._progress = progress
-        newest = list(itertools.islice(reversed(recorder.ring), min(walk, len(recorder.ring))))
-        step, epoch = recorder.ddp_steps, _epoch()
+        fresh = []
+        for record in reversed(ring):
+            if record is self._newest:
+                break
+            fresh.append(record)
+        self._newest = newest
+        step, epoch = self.recorder.ddp_steps, _epoch()
         pending = []
-        for record in self._waiting + newest[::-1]:
+        for record in self._waiting + fresh[::-1]:
             if record.peer is not None or record.state == build.UNTRACKED:
                 continue  # point-to-point pairs are matched by analysis/p2p.py; an untracked op never ends
             if record.state == build.IN_FLIGHT:
@@ -168,8 +173,9 @@ class MismatchCheck:
     positions, hand their document to the round's publish, and compare it with the one peer each group is compared
     with (its lowest other rank: one store read a round, for any number of ranks)."""
 
-    def __init__(self, log: FingerprintLog, rank: int, world_size: int, groups):
+    def __init__(self, log: FingerprintLog, rank: int, world_size: int, groups, refresh=lambda: None):
         self.log = log
+        self.refresh = refresh  # the flight recorder's feed: hands the ring what finished since its last read
         self.rank = rank
         self.world_size = world_size
         self.groups = groups  # () -> {group name: its ranks, None for the default group}
@@ -178,6 +184,7 @@ class MismatchCheck:
 
     def outgoing(self) -> dict | None:
         """This round's document, when a position was filed since the last one (else None: the last one stands)."""
+        self.refresh()
         self.log.collect()
         if not self.log.changed:
             return None

@@ -25,12 +25,13 @@ from .flight_calls import fold
 POLL_S = 0.1  # between two reads of the groups' sequence numbers
 LOOK_AFTER_S = 0.2  # no progress this long, a thread waiting inside torch: read the Flight Recorder
 HISTORY_KEPT = 64  # finished collectives handed to the ring per read (the ring keeps ring_size)
-GIVEN_KEPT = 256  # Records whose lines a later fill_lines may set
+READ_SHARE = 0.005  # of the wall time, at most, that refresh()'s reads take: a read's cost sets the next one's time
 MAX_SHAPES = 4  # as many tensors as the python recorder keeps
 # Where a thread that waits on a collective stands, by module: torch.distributed (c10d's wait), autograd (DDP's
 # gradient all-reduce in backward), DDP's forward, or ddpwatch's own Work.wait hook.
 WAITING_IN = ("torch.distributed.", "torch.autograd.", "torch.nn.parallel.", "ddpwatch.capture.")
 WAITING_DEPTH = 16
+REDUCING_OPS = frozenset({"all_reduce", "reduce", "reduce_scatter"})  # the ops (canonical) that take a reduce op
 SERVED_BACKENDS = frozenset({"gloo", "nccl"})  # the backends whose every collective the Flight Recorder records
 _logged: set = set()
 
@@ -152,6 +153,11 @@ def group_of(entry: dict) -> str:
     return str(group[0] if isinstance(group, (list, tuple)) and group else group)
 
 
+def record_id(entry: dict) -> int:
+    """The entry's place in the Flight Recorder's order of creation (every process group's ops together)."""
+    return entry.get("record_id") or 0
+
+
 def thread_of(entry: dict) -> int | None:
     """The ident of the thread that issued the entry's op (FR writes threading.get_ident() as text)."""
     try:
@@ -171,14 +177,16 @@ def last_seq_by_group(entries: list) -> dict:
 
 
 class FlightFeed:
-    """Gives a Recorder what the Flight Recorder holds; run by the watchdog thread (poll() each round, cheap).
+    """Gives a Recorder what the Flight Recorder holds; run by the watchdog thread (poll() each wake-up, refresh()
+    each round; both cheap when there is nothing to read).
 
     `name_of(pg)`: the group's name as every rank gives it (Patcher.group_name, which also tells the Recorder the
-    group's ranks the first time it meets one)."""
+    group's ranks the first time it meets one). `reduce_notes`: the reduce ops other than SUM, by thread and time."""
 
-    def __init__(self, recorder, name_of):
+    def __init__(self, recorder, name_of, reduce_notes=None):
         self.recorder = recorder
         self._name_of = name_of
+        self._reduce_notes = reduce_notes  # capture/reduce_ops.ReduceNotes: the calls made with an op but SUM
         self._seqs: dict = {}  # id(process group) -> its sequence number at the last poll
         self._quiet_since = time.monotonic()
         self._next_poll = 0.0
@@ -186,8 +194,9 @@ class FlightFeed:
         self._known: dict = {}  # (group, seq) -> the Record given for it (a look that finds it again keeps it)
         self._newest_id = -1  # the newest entry (record_id) already handed to the ring
         self._wall_offset = time.time() - time.monotonic()
-        self._given: dict = {}  # (group, seq) -> the last GIVEN_KEPT Records handed over: fill_lines sets their lines
-        self._filled = False  # fill_lines ran since the last progress
+        self._warm = False  # torch's symbolizer has started (the first read with stack traces starts it)
+        self._unread = 0  # collectives issued since the last read
+        self._next_read = 0.0  # refresh() reads no sooner: each read's own cost sets the next (READ_SHARE)
 
     def due_in(self, now: float) -> float:
         """Seconds until the next poll is due (the watchdog sleeps no longer)."""
@@ -198,9 +207,12 @@ class FlightFeed:
         if now < self._next_poll:
             return
         self._next_poll = now + POLL_S
+        if not self._warm:
+            self.warm_up()
         ops = self._count_new_ops()
         if ops:
-            self._quiet_since, self._looked, self._filled = now, False, False
+            self._quiet_since, self._looked = now, False
+            self._unread += ops
             # What a look found in flight is over, or no longer what the rank waits on: never leave it standing
             # while the rank computes (a record in flight after progress would read as a rank blocked in it).
             self.recorder.take_flight([], [], {}, ops)
@@ -211,6 +223,26 @@ class FlightFeed:
         if waiting:
             self._looked = True
             self.look(waiting)
+
+    def warm_up(self) -> None:
+        """One read with stack traces, before any rank can need one: torch's symbolizer starts on its first use
+        (about 1 s of CPU, once per process), and a stalled rank's first look must not wait for it."""
+        self._warm = True
+        read_flight_recorder(stack_traces=True)
+
+    def refresh(self, now: float | None = None) -> None:
+        """Once a round, while the rank makes progress: the collectives finished since the last read, with their
+        lines (watch/fingerprints.py compares them across ranks: the mismatches that never hang). A read costs about
+        25 ms at 2,000 entries, a few at tens: the next waits until this one's cost is READ_SHARE of the time."""
+        now = time.monotonic() if now is None else now
+        if not self._unread or now < self._next_read:
+            return
+        started = time.perf_counter()
+        entries = read_flight_recorder(stack_traces=True)
+        self._next_read = now + (time.perf_counter() - started) / READ_SHARE
+        self._unread = 0
+        if entries:
+            self._take(entries, None)
 
     def _count_new_ops(self) -> int:
         """Collectives (and point-to-point ops) issued on any group since the last poll."""
@@ -236,66 +268,34 @@ class FlightFeed:
         return ops
 
     def look(self, waiting: dict) -> None:
-        """Read the Flight Recorder: the collectives in flight (at the waiting thread's line), those finished."""
-        entries = read_flight_recorder()
-        if not entries:
-            return
-        newest_id = max([self._newest_id] + [entry.get("record_id") or 0 for entry in entries])
+        """Read the Flight Recorder while a thread waits: the collectives in flight (at the waiting thread's line),
+        and those finished since the last read."""
+        self._unread = 0
+        entries = read_flight_recorder(stack_traces=True)
+        if entries:
+            self._take(entries, waiting)
+
+    def _take(self, entries: list, waiting: dict | None) -> None:
+        """Hand the Recorder what one read holds. `waiting`: the threads waiting inside torch (a look), or None (a
+        refresh while the rank makes progress: what is in flight then is a moment's state, left to the next read).
+        A folded entry (one library call's ops) carries its first op's record_id: the ids stay in order."""
         entries = self._calls_of(entries)
         in_flight = in_flight_entries(entries)
         inflight, fresh = [], []
-        for entry in in_flight:
-            key = (group_of(entry), entry["collective_seq_id"] - 1)
-            record = self._known.get(key)
-            if record is None:
-                # Placed at the line its thread waits at now: the op it waits on, or one of the async ops it issued
-                # since its last finished one (DDP's buffer broadcast is several); only the python recorder sees
-                # an async op's own line.
-                record = self._known[key] = self.record_of(entry, waiting.get(thread_of(entry)))
-                fresh.append(record)
-            inflight.append(record)
-        in_flight_ids = {id(entry) for entry in in_flight}
-        finished = [
-            self.record_of(entry, None, done=True)
-            for entry in entries
-            if id(entry) not in in_flight_ids
-            and not entry.get("is_p2p")
-            and entry.get("collective_seq_id")
-            and (entry.get("record_id") or 0) > self._newest_id
-        ][-HISTORY_KEPT:]
-        self._newest_id = newest_id
-        self._forget_known(in_flight)
-        for record in finished + fresh:
-            self._given[(record.group, record.seq)] = record
-        for key in list(self._given)[: max(0, len(self._given) - GIVEN_KEPT)]:
-            del self._given[key]
+        if waiting is not None:
+            for entry in in_flight:
+                key = (group_of(entry), entry["collective_seq_id"] - 1)
+                record = self._known.get(key)
+                if record is None:
+                    # Placed at the line its thread waits at now: the op it waits on, or one of the async ops it
+                    # issued since its last finished one (DDP's buffer broadcast is several).
+                    record = self._known[key] = self.record_of(entry, waiting.get(thread_of(entry)))
+                    fresh.append(record)
+                inflight.append(record)
+            self._known = {(record.group, record.seq): record for record in inflight}
+        finished = self._finished_since_last_read(entries, in_flight, waiting is None)
         self.recorder.take_flight(inflight, finished + fresh, last_seq_by_group(entries), 0)
-
-    def fill_lines(self) -> None:
-        """The lines of the collectives handed over, and how many each line issued, from one dump with stack traces:
-        for an incident's full state only, once per quiet spell (the only source of a finished collective's line
-        under this recorder; at 2,000 entries it holds the GIL for about 1.7 s)."""
-        if self._filled:
-            return
-        self._filled = True
-        entries = self._calls_of(read_flight_recorder(stack_traces=True) or [])
-        counts: dict = {}
-        for entry in entries or ():
-            if entry.get("is_p2p") or not entry.get("collective_seq_id"):
-                continue
-            frames = dumped_frames(entry)
-            site = first_user_frame(frames)
-            line = site and (site["file"], site["line"], site["function"])
-            if line:
-                counts[line] = counts.get(line, 0) + 1
-            record = self._given.get((group_of(entry), entry["collective_seq_id"] - 1))
-            if record is not None and record.site is None and line:
-                record.site = line
-                record.api, region = classify(frames, record.op)
-                if region is not None:
-                    record.region = (region["kind"], region["site"], region["api"], None)
-        if entries:
-            self.recorder.take_flight_lines(counts)
+        self.recorder.take_flight_lines(site_counts(entries))
 
     def _calls_of(self, entries: list) -> list:
         """The entries, one per library call where the python recorder records one (flight_calls.fold); as they
@@ -306,12 +306,27 @@ class FlightFeed:
             log_once(_logged, "fold", "ddpwatch: could not fold the Flight Recorder's entries by call", exc_info=True)
             return entries
 
-    def _forget_known(self, in_flight: list) -> None:
-        keep = {(group_of(entry), entry["collective_seq_id"] - 1) for entry in in_flight}
-        self._known = {key: record for key, record in self._known.items() if key in keep}
+    def _finished_since_last_read(self, entries: list, in_flight: list, stop_at_in_flight: bool) -> list:
+        """Records of the collectives finished since the last read (their lines from the entries' frames). A refresh
+        stops at the first one in flight: handed over later, when it has finished or a look finds it waiting."""
+        in_flight_ids = {id(entry) for entry in in_flight}
+        limit = min((record_id(entry) for entry in in_flight), default=None) if stop_at_in_flight else None
+        fresh = [
+            entry
+            for entry in entries
+            if self._newest_id < record_id(entry) and (limit is None or record_id(entry) < limit)
+        ]
+        if fresh:
+            self._newest_id = max(record_id(entry) for entry in fresh)
+        return [
+            self.record_of(entry, None, done=True)
+            for entry in fresh
+            if id(entry) not in in_flight_ids and not entry.get("is_p2p") and entry.get("collective_seq_id")
+        ][-HISTORY_KEPT:]
 
     def record_of(self, entry: dict, frame, done: bool = False):
-        """A Record for one entry; `frame`: the live top frame of the thread waiting on it (its site and api)."""
+        """A Record for one entry; `frame`: the live top frame of the thread waiting on it (its site and api), else
+        the entry's own frames where the dump has them."""
         record = record_module.Record()
         op = canonical_op(entry.get("profiling_name"))[0]
         record.seq = int(entry["collective_seq_id"]) - 1
@@ -327,9 +342,18 @@ class FlightFeed:
         record.state = build.COMPLETED if done else build.IN_FLIGHT
         record.error = record.work = None
         record.api, record.region, record.site, record.via = op, None, None, None
+        if op in REDUCING_OPS:
+            record.reduce = self._reduce_op(record.thread, entry.get("time_created_ns") or 0)
         if frame is not None:
             self._place(record, frame, op)
+        else:
+            self._place_dumped(record, dumped_frames(entry), op)
         return record
+
+    def _reduce_op(self, thread: int, created_ns: int):
+        """The reduce op of a reducing collective: the op noted for its call, else the default, SUM."""
+        noted = self._reduce_notes.op_of(thread, created_ns) if self._reduce_notes is not None else None
+        return "sum" if noted is None else noted
 
     def _place(self, record, frame, op: str) -> None:
         """The line, api and region of a collective from the stack of the thread waiting on it now."""
@@ -343,6 +367,31 @@ class FlightFeed:
         else:
             record.region = self.recorder.current_region(record.thread)  # FSDP2's forward: its hook's region
 
+    @staticmethod
+    def _place_dumped(record, frames: list, op: str) -> None:
+        """The line, api and region of a collective from the frames the Flight Recorder kept when it was issued."""
+        site = first_user_frame(frames)
+        if site is None:
+            return
+        record.site = (site["file"], site["line"], site["function"])
+        record.api, region = classify(frames, op)
+        if region is not None:
+            record.region = (region["kind"], region["site"], region["api"], None)
+
+
+def site_counts(entries: list) -> dict:
+    """(file, line, function) -> how many of the entries' collectives that line issued (frames of a dump with stack
+    traces; none without)."""
+    counts: dict = {}
+    for entry in entries:
+        if entry.get("is_p2p") or not entry.get("collective_seq_id"):
+            continue
+        site = first_user_frame(dumped_frames(entry))
+        if site is not None:
+            line = (site["file"], site["line"], site["function"])
+            counts[line] = counts.get(line, 0) + 1
+    return counts
+
 
 class _NoFeed:
     """The python recorder's stand-in for a feed: the wrappers record as the training thread goes."""
@@ -353,7 +402,7 @@ class _NoFeed:
     def due_in(self, now: float) -> float:
         return float("inf")
 
-    def fill_lines(self) -> None:
+    def refresh(self, now: float | None = None) -> None:
         pass
 
 

@@ -13,7 +13,6 @@ from ..static import exits, rankcond
 from ..format import build
 from ..logonce import log_once
 from . import evidence
-from .flight import NO_FEED
 from ..capture import frameworks, loaders
 from ..capture.sites import is_internal_file, user_frame
 from ..capture.stacks import python_stacks
@@ -33,9 +32,8 @@ class StateReader:
     """Reads this rank's state for the watchdog; remembers what is costly to read again (one explanation per wait,
     one Flight Recorder read per doubling of the idle time)."""
 
-    def __init__(self, recorder, config, rank: int, world_size: int, host: str, logged: set, feed=None):
+    def __init__(self, recorder, config, rank: int, world_size: int, host: str, logged: set):
         self.recorder = recorder
-        self.feed = feed or NO_FEED  # the flight recorder's feed: the finished collectives' lines for a full read
         self.config = config
         self.rank = rank
         self.world_size = world_size
@@ -87,8 +85,6 @@ class StateReader:
         entries); `position_only` leaves out the finished records and site counts. Each read is a new heartbeat."""
         self.beat += 1
         recent = 32 if full else 0 if position_only else 8
-        if full:
-            self.feed.fill_lines()
         doc = build.rank_state(
             self.rank,
             self.world_size,

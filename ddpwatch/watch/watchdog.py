@@ -59,12 +59,12 @@ class Watchdog(threading.Thread):
         self.ending_signal = ""  # the name of a signal that came to end this process (signals.py notes it)
         self._logged: set = set()
         self._store_ok = True
-        self.states = StateReader(recorder, config, rank, world_size, self.host, self._logged, self.feed)
+        self.states = StateReader(recorder, config, rank, world_size, self.host, self._logged)
         self.peers = PeerTracker(rank, world_size, self.host, config)
         self.policy = AbortPolicy(config, rank, world_size, self.job, self.writing, self._logged)
         self.answers = Answers(self.job, rank, self.states)
         self.states.fingerprints = log = FingerprintLog(recorder)
-        self.mismatches = MismatchCheck(log, rank, world_size, lambda: recorder.groups)
+        self.mismatches = MismatchCheck(log, rank, world_size, lambda: recorder.groups, self.feed.refresh)
         self._seen = 0  # the newest incident whose info this rank has read
         self._info: dict = {}  # and that info
         self.writer = IncidentWriter(
