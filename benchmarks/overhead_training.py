@@ -20,6 +20,10 @@ INTERLEAVED = {"full": 4000, "quick": 20}
 # wall: the step time; thread: CPU of the training thread (forward, backward, the guard's wrappers; not affected
 # by other processes the way wall time is); process: CPU of every thread (gloo's and the watchdog's too).
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time, "process": time.process_time}
+# The python recorder, whatever DDPWATCH_RECORDER says: this benchmark attributes a step's cost by taking the
+# wrappers off and putting them back; the flight recorder's record is the watchdog's reads, which no such switch
+# pauses (its cost is benchmarks/whole_job's, on whole runs).
+PYTHON = "python"
 # name -> (extra environment, whether the guard is toggled A/B/B/A in that run)
 CONFIGS = {
     "Flight Recorder on (default, 2000 entries)": ({}, True),
@@ -117,7 +121,7 @@ def worker(steps: int, rounds: int, toggle: bool) -> None:
     for guarded in C.abba(rounds):
         guarded = guarded and toggle
         if guarded:
-            ddpwatch.install()
+            ddpwatch.install(recorder=PYTHON)
         times[guarded].append(block(step, steps))
         if guarded:
             ddpwatch.uninstall()
@@ -148,7 +152,7 @@ def interleaved_worker(pairs: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     step = make_step()
-    session = ddpwatch.install()
+    session = ddpwatch.install(recorder=PYTHON)
     for index in range(10):
         step(index)  # warm-up, guarded: bucket rebuild, first-call costs, the lazily hooked Work.wait
     patches = session.patcher.patches

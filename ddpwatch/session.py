@@ -81,7 +81,7 @@ class Session:
             return None
         from .watch import flight
 
-        why = flight.unavailable() or flight.backend_unsupported(None)
+        why = flight.unavailable() or flight.backend_unsupported(None) or flight.load_symbolizer()
         if why is not None:
             log.warning("ddpwatch: recorder=flight, but %s; recording with the python recorder instead", why)
             self.patcher.add_per_op()

@@ -50,6 +50,19 @@ def pytest_configure(config):
         os.environ["DDPWATCH_RECORDER"] = recorder  # inherited by every rank and torchrun job the tests start
 
 
+@pytest.fixture(autouse=True)
+def fast_tier_records_with_the_default(request):
+    """`--recorder` is for the real tier's ranks: a fast-tier test's in-process session is a unit test of the
+    recorder it asks for (or of the default), not of the one the run was started with. (Not monkeypatch: a test
+    that calls monkeypatch.undo() would undo this too.)"""
+    asked = None if request.node.get_closest_marker("real") else os.environ.pop("DDPWATCH_RECORDER", None)
+    try:
+        yield
+    finally:
+        if asked is not None:
+            os.environ["DDPWATCH_RECORDER"] = asked
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name.startswith(REAL_FILE_PREFIX):

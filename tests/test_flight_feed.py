@@ -284,13 +284,22 @@ def test_a_refresh_hands_over_what_finished_and_leaves_what_is_in_flight_for_a_l
     assert [(r.group, r.seq, r.site[1]) for r in feed.recorder.ring] == [("0", 0, 42), ("0", 1, 42), ("1", 0, 42)]
 
 
-def test_the_first_poll_starts_the_symbolizer_so_that_no_look_waits_for_it(feed, monkeypatch):
-    reads = []
-    monkeypatch.setattr(flight, "read_flight_recorder", lambda stack_traces=False: reads.append(stack_traces) or [])
-    monkeypatch.setattr(feed, "_count_new_ops", lambda: 0)
-    feed.poll(now=0.0)
-    feed.poll(now=1.0)
-    assert reads == [True]
+def test_a_read_for_an_incident_keeps_what_a_look_found_in_flight(feed):
+    """The abort policy checks the verdict's position against this rank's own: a read for the incident's answer
+    (no look) must not end the record the rank waits in."""
+    feed.entries = traced(entry(0, 1), entry(1, 2, retired=False))
+    feed.look({threading.get_ident(): sys._getframe()})
+    [waiting] = feed.recorder.inflight
+    feed.refresh(now_or_never=True)
+    assert list(feed.recorder.inflight) == [waiting] and waiting.state == build.IN_FLIGHT
+    assert len(feed.recorder.ring) == 2
+
+
+def test_the_symbolizer_is_loaded_on_the_arming_thread_so_that_no_read_imports_anything(monkeypatch):
+    """A read with stack traces imports torch._inductor.codecache the first time: never from the watchdog thread."""
+    assert flight.load_symbolizer() is None and sys.modules.get("torch._inductor.codecache") is not None
+    monkeypatch.setitem(sys.modules, "torch._inductor.codecache", None)  # an import that fails: said, not raised
+    assert "cannot be loaded" in flight.load_symbolizer()
 
 
 def test_records_a_look_hands_over_without_progress_are_filed_for_the_mismatch_check(feed):

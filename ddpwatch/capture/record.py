@@ -276,15 +276,20 @@ class Recorder:
         self._site_counts = dict(counts)
         self._formatted = {}  # the records' lines changed, not their states: format them again
 
-    def take_flight(self, inflight: list, history: list, last_seq: dict, ops: int) -> None:
+    def take_flight(self, inflight: list | None, history: list, last_seq: dict, ops: int) -> None:
         """What the flight recorder read: `ops` collectives issued since its last read (progress), the Records in
-        flight now (a Record it gave before and gives no more has finished), the Records new to the ring (finished
-        ones, and those in flight the first time they are given), and each group's last sequence number. In this
-        mode no per-op wrapper writes these containers: the watchdog thread alone does, here."""
+        flight now (a Record it gave before and gives no more has finished; None: a read that did not look, the
+        ones in flight stay as they are), the Records new to the ring (finished ones, and those in flight the first
+        time they are given), and each group's last sequence number. In this mode no per-op wrapper writes these
+        containers: the watchdog thread alone does, here."""
         now = _monotonic()
         if ops:
             self._progress += ops
             self._progress_mono = now
+        if inflight is None:
+            self._ring.extend(history)
+            self._note_last_seq(last_seq)
+            return
         current = set(inflight)
         for record in [record for record in self._flight_inflight if record not in current]:
             record.end_mono = max(now, record.start_mono)
@@ -295,6 +300,9 @@ class Recorder:
             record.end_mono, record.state = None, _IN_FLIGHT  # one found in flight again by a later look
             self._inflight[record] = record
         self._flight_inflight = current  # the point-to-point ops in flight are the wrappers' records, not these
+        self._note_last_seq(last_seq)
+
+    def _note_last_seq(self, last_seq: dict) -> None:
         for group, seq in last_seq.items():
             self._next_seq[group] = max(self._next_seq.get(group, 0), seq + 1)
 

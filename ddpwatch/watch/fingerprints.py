@@ -53,8 +53,9 @@ def signature_of(record) -> tuple:
 class FingerprintLog:
     """This rank's completed positions, per group: seq -> (fingerprint id, DDP step, epoch)."""
 
-    def __init__(self, recorder):
+    def __init__(self, recorder, refresh=None):
         self.recorder = recorder
+        self.refresh = refresh  # the flight recorder's feed: hands the ring what finished since its last read
         self._log: dict = {}  # group -> OrderedDict(seq -> (signature id, step, epoch))
         self._ids: dict = {}  # signature -> id
         self._signatures: dict = {}  # id -> signature
@@ -64,11 +65,13 @@ class FingerprintLog:
         self._documents = 0
         self.changed = False  # a position was filed since the last publish
 
-    def collect(self) -> None:
+    def collect(self, for_incident: bool = False) -> None:
         """File every collective completed since the last round (the ring's records newer than the newest one seen
         last round, and the ones that were in flight then); never blocks the training thread (the ring is read as
         the watchdog reads it anyway). The ring, not the progress count, says what is new: the flight recorder hands
-        over finished records in reads of its own, apart from the progress it counts."""
+        over finished records in reads of its own, apart from the progress it counts; `for_incident`, it reads now."""
+        if self.refresh is not None:
+            self.refresh(now_or_never=for_incident)
         ring = list(self.recorder.ring)  # one C-level copy: the training thread may append while this reads
         newest = ring[-1] if ring else None
         if newest is self._newest and not self._waiting:
@@ -173,9 +176,8 @@ class MismatchCheck:
     positions, hand their document to the round's publish, and compare it with the one peer each group is compared
     with (its lowest other rank: one store read a round, for any number of ranks)."""
 
-    def __init__(self, log: FingerprintLog, rank: int, world_size: int, groups, refresh=lambda: None):
+    def __init__(self, log: FingerprintLog, rank: int, world_size: int, groups):
         self.log = log
-        self.refresh = refresh  # the flight recorder's feed: hands the ring what finished since its last read
         self.rank = rank
         self.world_size = world_size
         self.groups = groups  # () -> {group name: its ranks, None for the default group}
@@ -184,7 +186,6 @@ class MismatchCheck:
 
     def outgoing(self) -> dict | None:
         """This round's document, when a position was filed since the last one (else None: the last one stands)."""
-        self.refresh()
         self.log.collect()
         if not self.log.changed:
             return None

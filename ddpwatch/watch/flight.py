@@ -28,8 +28,17 @@ HISTORY_KEPT = 64  # finished collectives handed to the ring per read (the ring 
 READ_SHARE = 0.005  # of the wall time, at most, that refresh()'s reads take: a read's cost sets the next one's time
 MAX_SHAPES = 4  # as many tensors as the python recorder keeps
 # Where a thread that waits on a collective stands, by module: torch.distributed (c10d's wait), autograd (DDP's
-# gradient all-reduce in backward), DDP's forward, or ddpwatch's own Work.wait hook.
-WAITING_IN = ("torch.distributed.", "torch.autograd.", "torch.nn.parallel.", "ddpwatch.capture.")
+# gradient all-reduce in backward), DDP's forward, torch.ops (a functional collective's wait_tensor called as an
+# op, as compiled code calls it), or ddpwatch's own Work.wait hook. A thread computing in one of these only costs
+# a read that finds nothing in flight.
+WAITING_IN = (
+    "torch.distributed.",
+    "torch.autograd.",
+    "torch.nn.parallel.",
+    "torch._ops",
+    "torch._library.",
+    "ddpwatch.capture.",
+)
 WAITING_DEPTH = 16
 REDUCING_OPS = frozenset({"all_reduce", "reduce", "reduce_scatter"})  # the ops (canonical) that take a reduce op
 SERVED_BACKENDS = frozenset({"gloo", "nccl"})  # the backends whose every collective the Flight Recorder records
@@ -49,6 +58,19 @@ def unavailable() -> str | None:
         size = os.environ.get(variable, "").strip()
         if size and size.lstrip("-").isdigit() and int(size) <= 0:
             return f"{variable}={size} turns the Flight Recorder off"
+    return None
+
+
+def load_symbolizer() -> str | None:
+    """Import what torch's traceback symbolizer imports on its first use, here, on the thread that arms the session
+    (the program's own, inside init_process_group); or why that failed. A read with stack traces imports
+    torch._inductor.codecache (about 1.5 s and 80 MB once per process, measured): from the watchdog thread, that
+    import raced the program's own lazy import of torch._dynamo (an ImportError in the program, seen on a
+    torch.ops call). Imported first, no read ever imports anything."""
+    try:
+        import torch._inductor.codecache  # noqa: F401  (what py_symbolize imports: generated code's lines)
+    except Exception as exc:
+        return f"torch's traceback symbolizer cannot be loaded ({type(exc).__name__}: {exc})"[:300]
     return None
 
 
@@ -194,7 +216,6 @@ class FlightFeed:
         self._known: dict = {}  # (group, seq) -> the Record given for it (a look that finds it again keeps it)
         self._newest_id = -1  # the newest entry (record_id) already handed to the ring
         self._wall_offset = time.time() - time.monotonic()
-        self._warm = False  # torch's symbolizer has started (the first read with stack traces starts it)
         self._unread = 0  # collectives issued since the last read
         self._next_read = 0.0  # refresh() reads no sooner: each read's own cost sets the next (READ_SHARE)
 
@@ -207,8 +228,6 @@ class FlightFeed:
         if now < self._next_poll:
             return
         self._next_poll = now + POLL_S
-        if not self._warm:
-            self.warm_up()
         ops = self._count_new_ops()
         if ops:
             self._quiet_since, self._looked = now, False
@@ -224,18 +243,13 @@ class FlightFeed:
             self._looked = True
             self.look(waiting)
 
-    def warm_up(self) -> None:
-        """One read with stack traces, before any rank can need one: torch's symbolizer starts on its first use
-        (about 1 s of CPU, once per process), and a stalled rank's first look must not wait for it."""
-        self._warm = True
-        read_flight_recorder(stack_traces=True)
-
-    def refresh(self, now: float | None = None) -> None:
+    def refresh(self, now: float | None = None, now_or_never: bool = False) -> None:
         """Once a round, while the rank makes progress: the collectives finished since the last read, with their
         lines (watch/fingerprints.py compares them across ranks: the mismatches that never hang). A read costs about
-        25 ms at 2,000 entries, a few at tens: the next waits until this one's cost is READ_SHARE of the time."""
+        25 ms at 2,000 entries, a few at tens: the next waits until this one's cost is READ_SHARE of the time.
+        `now_or_never`: an incident's answer carries this rank's positions, whatever the last read cost."""
         now = time.monotonic() if now is None else now
-        if not self._unread or now < self._next_read:
+        if not now_or_never and (not self._unread or now < self._next_read):
             return
         started = time.perf_counter()
         entries = read_flight_recorder(stack_traces=True)
@@ -294,7 +308,9 @@ class FlightFeed:
                 inflight.append(record)
             self._known = {(record.group, record.seq): record for record in inflight}
         finished = self._finished_since_last_read(entries, in_flight, waiting is None)
-        self.recorder.take_flight(inflight, finished + fresh, last_seq_by_group(entries), 0)
+        self.recorder.take_flight(
+            inflight if waiting is not None else None, finished + fresh, last_seq_by_group(entries), 0
+        )
         self.recorder.take_flight_lines(site_counts(entries))
 
     def _calls_of(self, entries: list) -> list:
@@ -402,7 +418,7 @@ class _NoFeed:
     def due_in(self, now: float) -> float:
         return float("inf")
 
-    def refresh(self, now: float | None = None) -> None:
+    def refresh(self, now: float | None = None, now_or_never: bool = False) -> None:
         pass
 
 

@@ -14,6 +14,7 @@ from ..format import build
 from ..logonce import log_once
 from . import evidence
 from ..capture import frameworks, loaders
+from ..capture.record import FLIGHT
 from ..capture.sites import is_internal_file, user_frame
 from ..capture.stacks import python_stacks
 
@@ -105,7 +106,7 @@ class StateReader:
                 evidence.align_flight_recorder(doc)
             doc["epochs"] = loaders.read()  # each DataLoader's epochs and the training steps in each
             if self.fingerprints is not None:  # the positions completed: an incident compares them (silent.py)
-                self.fingerprints.collect()
+                self.fingerprints.collect(for_incident=True)
                 doc["fingerprints"] = dict(self.fingerprints.document(), rank=self.rank)
             # the loops, exits and try blocks around the lines this rank passed (static.exits): the analysis reads
             # no file, and tells a rank that left a loop by a decision from one whose data ran out with them
@@ -158,8 +159,8 @@ class StateReader:
         doubling of the idle time (grace, 2 grace, 4 grace...), and a found op is kept, not read again.
         """
         idle = doc.get("idle_s", 0.0)
-        if doc["inflight"] or idle < self.config.grace:
-            return
+        if doc["inflight"] or idle < self.config.grace or self.recorder.kind == FLIGHT:
+            return  # the flight recorder's records are the Flight Recorder's: nothing there that they have not
         progress, found, next_read = self._unseen
         if progress != doc["progress"]:
             found, next_read = None, self.config.grace

@@ -63,8 +63,8 @@ class Watchdog(threading.Thread):
         self.peers = PeerTracker(rank, world_size, self.host, config)
         self.policy = AbortPolicy(config, rank, world_size, self.job, self.writing, self._logged)
         self.answers = Answers(self.job, rank, self.states)
-        self.states.fingerprints = log = FingerprintLog(recorder)
-        self.mismatches = MismatchCheck(log, rank, world_size, lambda: recorder.groups, self.feed.refresh)
+        self.states.fingerprints = log = FingerprintLog(recorder, self.feed.refresh)
+        self.mismatches = MismatchCheck(log, rank, world_size, lambda: recorder.groups)
         self._seen = 0  # the newest incident whose info this rank has read
         self._info: dict = {}  # and that info
         self.writer = IncidentWriter(
