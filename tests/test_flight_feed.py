@@ -409,3 +409,18 @@ def test_a_reducing_entry_takes_its_noted_op_and_is_a_sum_without_one(monkeypatc
     notes.add(threading.get_ident(), created, created, ReduceOp.MAX)  # the fixture's entries are 1 ns apart
     made.look({})
     assert [getattr(r, "reduce", None) for r in made.recorder.ring] == ["sum", ReduceOp.MAX, None]
+
+
+def test_a_dump_with_stack_traces_that_fails_still_gives_the_entries_without_their_frames(monkeypatch):
+    """torch cannot cast a frame whose file name is not UTF-8 (a script under b"caf\\xe9"): the whole dump fails."""
+    import pickle
+
+    import torch._C._distributed_c10d as c10d_c
+
+    def dump(collectives, stack_traces, only_active):
+        if stack_traces:
+            raise RuntimeError("Unable to cast Python instance of type <class 'str'> to C++ type '?'")
+        return pickle.dumps({"entries": [entry(0, 1)]})
+
+    monkeypatch.setattr(c10d_c, "_dump_fr_trace", dump)
+    assert [e["collective_seq_id"] for e in flight.read_flight_recorder(stack_traces=True)] == [1]
