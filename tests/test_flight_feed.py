@@ -424,3 +424,22 @@ def test_a_dump_with_stack_traces_that_fails_still_gives_the_entries_without_the
 
     monkeypatch.setattr(c10d_c, "_dump_fr_trace", dump)
     assert [e["collective_seq_id"] for e in flight.read_flight_recorder(stack_traces=True)] == [1]
+
+
+def test_a_wait_that_ends_without_a_new_op_ends_what_the_look_found(feed, monkeypatch):
+    """A barrier done, the rank computes (no op issued, no sequence number moved): not blocked in that barrier."""
+    waiting = {threading.get_ident(): sys._getframe()}
+    monkeypatch.setattr(flight, "waiting_threads", lambda skip: dict(waiting))
+    monkeypatch.setattr(feed, "_count_new_ops", lambda: 0)
+    feed.entries = [entry(0, 1, retired=False)]
+    start = feed._quiet_since
+    feed.poll(now=start + flight.LOOK_AFTER_S + 0.01)
+    [record] = feed.recorder.inflight
+    feed.poll(now=start + flight.LOOK_AFTER_S + 0.2)
+    assert list(feed.recorder.inflight) == [record], "still waiting: still in flight"
+    waiting.clear()
+    feed.poll(now=start + flight.LOOK_AFTER_S + 0.4)
+    assert not feed.recorder.inflight and record.state == build.COMPLETED
+    waiting[threading.get_ident()] = sys._getframe()  # waits again, on what is still unretired: the same record
+    feed.poll(now=start + 2 * flight.LOOK_AFTER_S + 0.5)
+    assert list(feed.recorder.inflight) == [record] and record.state == build.IN_FLIGHT

@@ -238,12 +238,24 @@ class FlightFeed:
             # while the rank computes (a record in flight after progress would read as a rank blocked in it).
             self.recorder.take_flight([], [], {}, ops)
             return
-        if self._looked or now - self._quiet_since < LOOK_AFTER_S:
+        if self._looked:
+            self._end_look_if_no_longer_waiting(now)
+            return
+        if now - self._quiet_since < LOOK_AFTER_S:
             return
         waiting = waiting_threads(skip=threading.get_ident())
         if waiting:
             self._looked = True
             self.look(waiting)
+
+    def _end_look_if_no_longer_waiting(self, now: float) -> None:
+        """A collective's completion moves no sequence number: a rank that waited in a barrier (a look found it in
+        flight), got through and now computes has issued nothing. Once no thread waits inside torch, what the look
+        found is over (else that rank reads as blocked in it: a false deadlock once a peer blocks); a later wait is
+        looked at afresh."""
+        if not waiting_threads(skip=threading.get_ident()):
+            self._quiet_since, self._looked = now, False
+            self.recorder.take_flight([], [], {}, 0)
 
     def refresh(self, now: float | None = None, now_or_never: bool = False) -> None:
         """Once a round, while the rank makes progress: the collectives finished since the last read, with their
