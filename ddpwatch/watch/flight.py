@@ -220,6 +220,8 @@ class FlightFeed:
         self._wall_offset = time.time() - time.monotonic()
         self._unread = 0  # collectives issued since the last read
         self._next_read = 0.0  # refresh() reads no sooner: each read's own cost sets the next (READ_SHARE)
+        self._line_counts: dict = {}  # (file, line, function) -> collectives that user line issued, every read's
+        self._file_is_internal: dict = {}  # file name -> not the user's (sites.is_internal_file), decided once
 
     def due_in(self, now: float) -> float:
         """Seconds until the next poll is due (the watchdog sleeps no longer)."""
@@ -267,10 +269,10 @@ class FlightFeed:
             return
         started = time.perf_counter()
         entries = read_flight_recorder(stack_traces=True)
-        self._next_read = now + (time.perf_counter() - started) / READ_SHARE
         self._unread = 0
         if entries:
             self._take(entries, None)
+        self._next_read = now + (time.perf_counter() - started) / READ_SHARE  # the dump and what was made of it
 
     def _count_new_ops(self) -> int:
         """Collectives (and point-to-point ops) issued on any group since the last poll."""
@@ -321,11 +323,13 @@ class FlightFeed:
                     fresh.append(record)
                 inflight.append(record)
             self._known = {(record.group, record.seq): record for record in inflight}
-        finished = self._finished_since_last_read(entries, in_flight, waiting is None)
+        fresh_entries = self._fresh_entries(entries, in_flight, waiting is None)
+        self._count_lines(fresh_entries)
+        finished = [self.record_of(entry, None, done=True) for entry in fresh_entries[-HISTORY_KEPT:]]
         self.recorder.take_flight(
             inflight if waiting is not None else None, finished + fresh, last_seq_by_group(entries), 0
         )
-        self.recorder.take_flight_lines(site_counts(entries))
+        self.recorder.take_flight_lines(dict(self._line_counts))
 
     def _calls_of(self, entries: list) -> list:
         """The entries, one per library call where the python recorder records one (flight_calls.fold); as they
@@ -336,9 +340,10 @@ class FlightFeed:
             log_once(_logged, "fold", "ddpwatch: could not fold the Flight Recorder's entries by call", exc_info=True)
             return entries
 
-    def _finished_since_last_read(self, entries: list, in_flight: list, stop_at_in_flight: bool) -> list:
-        """Records of the collectives finished since the last read (their lines from the entries' frames). A refresh
-        stops at the first one in flight: handed over later, when it has finished or a look finds it waiting."""
+    def _fresh_entries(self, entries: list, in_flight: list, stop_at_in_flight: bool) -> list:
+        """The collectives finished since the last read. A refresh stops at the first one in flight: handed over
+        later, when it has finished or a look finds it waiting. Only the newest HISTORY_KEPT of them become
+        Records (a read every few seconds may find thousands: the ring and the fingerprints take a sample)."""
         in_flight_ids = {id(entry) for entry in in_flight}
         limit = min((record_id(entry) for entry in in_flight), default=None) if stop_at_in_flight else None
         fresh = [
@@ -349,10 +354,25 @@ class FlightFeed:
         if fresh:
             self._newest_id = max(record_id(entry) for entry in fresh)
         return [
-            self.record_of(entry, None, done=True)
+            entry
             for entry in fresh
             if id(entry) not in in_flight_ids and not entry.get("is_p2p") and entry.get("collective_seq_id")
-        ][-HISTORY_KEPT:]
+        ]
+
+    def _count_lines(self, entries: list) -> None:
+        """How many collectives each user line issued, over every entry read so far (the python recorder counts every
+        call); from each entry's frames, the first one outside torch and the libraries (a file's kind cached)."""
+        counts, kinds = self._line_counts, self._file_is_internal
+        for entry in entries:
+            for raw in entry.get("frames") or ():
+                file = str(raw.get("filename") or "?") if isinstance(raw, dict) else "?"
+                internal = kinds.get(file)
+                if internal is None:
+                    internal = kinds[file] = is_internal_file(file) if len(kinds) < 4096 else True
+                if not internal:
+                    line = (file, raw.get("line"), str(raw.get("name") or "?"))
+                    counts[line] = counts.get(line, 0) + 1
+                    break
 
     def record_of(self, entry: dict, frame, done: bool = False):
         """A Record for one entry; `frame`: the live top frame of the thread waiting on it (its site and api), else
@@ -407,20 +427,6 @@ class FlightFeed:
         record.api, region = classify(frames, op)
         if region is not None:
             record.region = (region["kind"], region["site"], region["api"], None)
-
-
-def site_counts(entries: list) -> dict:
-    """(file, line, function) -> how many of the entries' collectives that line issued (frames of a dump with stack
-    traces; none without)."""
-    counts: dict = {}
-    for entry in entries:
-        if entry.get("is_p2p") or not entry.get("collective_seq_id"):
-            continue
-        site = first_user_frame(dumped_frames(entry))
-        if site is not None:
-            line = (site["file"], site["line"], site["function"])
-            counts[line] = counts.get(line, 0) + 1
-    return counts
 
 
 class _NoFeed:
