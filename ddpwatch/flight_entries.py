@@ -128,3 +128,17 @@ def c10d_api(frames: list, op: str) -> str:
         and f["function"] != "wrapper"
     ]
     return c10d[-1] if c10d else op
+
+
+def group_of(entry: dict) -> str:
+    """The name of the process group an entry's op ran on (FR writes (name, description))."""
+    group = entry.get("process_group")
+    return str(group[0] if isinstance(group, (list, tuple)) and group else group)
+
+
+def thread_of(entry: dict) -> int | None:
+    """The ident of the thread that issued the entry's op (FR writes threading.get_ident() as text)."""
+    try:
+        return int(entry.get("thread_id") or 0) or None
+    except (TypeError, ValueError):
+        return None

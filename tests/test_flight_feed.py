@@ -7,6 +7,7 @@ import threading
 import pytest
 import torch.distributed  # noqa: F401 - imported at collection: its first import runs ldconfig, a process
 
+from ddpwatch import flight_entries
 from ddpwatch.capture.record import FLIGHT, Recorder
 from ddpwatch.capture.replacements import PATCH_MARKER
 from ddpwatch.format import build
@@ -46,8 +47,8 @@ def test_in_flight_is_unretired_and_newer_than_every_retired_op_of_its_group():
 
 def test_sequence_numbers_count_from_zero_as_the_python_recorder_counts():
     assert flight.last_seq_by_group([entry(0, 1), entry(1, 2), entry(2, 5, group="3")]) == {"0": 1, "3": 4}
-    assert flight.thread_of({"thread_id": "140000"}) == 140000
-    assert flight.thread_of({"thread_id": "x"}) is None and flight.thread_of({}) is None
+    assert flight_entries.thread_of({"thread_id": "140000"}) == 140000
+    assert flight_entries.thread_of({"thread_id": "x"}) is None and flight_entries.thread_of({}) is None
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import time
 
 from ..capture import record as record_module
 from ..capture.sites import cached_via_site, code_site, is_internal_file, user_frame_and_via
-from ..flight_entries import canonical_op, classify, dtype, first_user_frame
+from ..flight_entries import canonical_op, classify, dtype, first_user_frame, group_of, thread_of
 from ..format import build
 from ..logonce import log_once
 from .flight_calls import fold
@@ -172,22 +172,9 @@ def in_flight_entries(entries: list) -> list:
     ]
 
 
-def group_of(entry: dict) -> str:
-    group = entry.get("process_group")
-    return str(group[0] if isinstance(group, (list, tuple)) and group else group)
-
-
 def record_id(entry: dict) -> int:
     """The entry's place in the Flight Recorder's order of creation (every process group's ops together)."""
     return entry.get("record_id") or 0
-
-
-def thread_of(entry: dict) -> int | None:
-    """The ident of the thread that issued the entry's op (FR writes threading.get_ident() as text)."""
-    try:
-        return int(entry.get("thread_id") or 0) or None
-    except (TypeError, ValueError):
-        return None
 
 
 def last_seq_by_group(entries: list) -> dict:

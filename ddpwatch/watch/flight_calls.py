@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import bisect
 
+from ..flight_entries import group_of, thread_of
+
 # A call's window as the Recorder keeps it (capture/record.py, call_window): (thread ident, start ns, end ns or
 # None while the call is still running), on the system clock, the one the Flight Recorder's time_created_ns uses.
 FINISHED_STATE = "completed"
@@ -25,7 +27,7 @@ def fold(entries: list, calls: list) -> list:
         if call is None:
             folded.append(entry)
             continue
-        key = (*call, _group(entry))
+        key = (*call, group_of(entry))
         if key not in members:
             members[key] = [entry]
             folded.append(key)  # a placeholder, where the call's first entry stood
@@ -74,7 +76,7 @@ def _call_of(entry: dict, windows: dict) -> tuple | None:
     entry (the wrappers record those) or one outside every call."""
     if entry.get("is_p2p") or not entry.get("collective_seq_id"):
         return None
-    thread, created = _thread(entry), entry.get("time_created_ns")
+    thread, created = thread_of(entry), entry.get("time_created_ns")
     if thread not in windows or not isinstance(created, int):
         return None
     starts, ends = windows[thread]
@@ -83,18 +85,6 @@ def _call_of(entry: dict, windows: dict) -> tuple | None:
         return None
     end = ends[index]
     return (thread, starts[index]) if end is None or created <= end else None
-
-
-def _thread(entry: dict) -> int | None:
-    try:
-        return int(entry.get("thread_id") or 0) or None
-    except (TypeError, ValueError):
-        return None
-
-
-def _group(entry: dict) -> str:
-    group = entry.get("process_group")
-    return str(group[0] if isinstance(group, (list, tuple)) and group else group)
 
 
 def _finished(entry: dict) -> bool:
