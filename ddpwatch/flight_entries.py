@@ -142,3 +142,8 @@ def thread_of(entry: dict) -> int | None:
         return int(entry.get("thread_id") or 0) or None
     except (TypeError, ValueError):
         return None
+
+
+def is_collective(entry: dict) -> bool:
+    """A collective's entry: a point-to-point op has no collective sequence number (the wrappers record those)."""
+    return not entry.get("is_p2p") and bool(entry.get("collective_seq_id"))

@@ -43,9 +43,7 @@ def install(patches, notes: ReduceNotes) -> None:
     import torch.distributed.distributed_c10d as c10d
 
     for name in REDUCING:
-        original = patches.wrap(c10d, name, lambda original: reduce_op_wrapper(original, notes))
-        if original is not None and getattr(dist, name, None) is original:
-            patches.replace(dist, name, getattr(c10d, name))
+        patches.wrap_public(dist, c10d, name, lambda original: reduce_op_wrapper(original, notes))
 
 
 def reduce_op_wrapper(original, notes: ReduceNotes):

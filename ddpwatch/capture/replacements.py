@@ -37,6 +37,13 @@ class Patches:
         self.replace(owner, attribute, functools.wraps(original)(make_wrapper(original)))
         return original
 
+    def wrap_public(self, dist, c10d, name: str, make_wrapper) -> None:
+        """wrap() distributed_c10d.X (internal calls use it) and put the same wrapper at torch.distributed.X when
+        that is the same function."""
+        original = self.wrap(c10d, name, make_wrapper)
+        if original is not None and getattr(dist, name, None) is original:
+            self.replace(dist, name, getattr(c10d, name))
+
     def made(self) -> tuple:
         """(owner, attribute, wrapper, original) of every patch in place, oldest first (a benchmark switches them
         off and on between two training steps without making new wrappers)."""

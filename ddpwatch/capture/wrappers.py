@@ -194,9 +194,7 @@ class Patcher:
 
     def _patch_function(self, dist, c10d, name: str, make_wrapper) -> None:
         """Install one wrapper under both torch.distributed.X and distributed_c10d.X (internal calls use the latter)."""
-        original = self.wrap(c10d, name, make_wrapper)
-        if original is not None and getattr(dist, name, None) is original:
-            self.patches.replace(dist, name, getattr(c10d, name))
+        self.patches.wrap_public(dist, c10d, name, make_wrapper)
 
     def _patch_ddp_internals(self, dist) -> None:
         for name, op in (("_broadcast_coalesced", "broadcast"), ("_verify_params_across_processes", "all_gather")):

@@ -17,7 +17,7 @@ import time
 
 from ..capture import record as record_module
 from ..capture.sites import cached_via_site, code_site, is_internal_file, user_frame_and_via
-from ..flight_entries import canonical_op, classify, dtype, first_user_frame, group_of, thread_of
+from ..flight_entries import canonical_op, classify, dtype, first_user_frame, group_of, is_collective, thread_of
 from ..format import build
 from ..logonce import log_once
 from .flight_calls import fold
@@ -158,7 +158,7 @@ def frames_of(frame) -> list:
 def in_flight_entries(entries: list) -> list:
     """The collectives the Flight Recorder has not retired, less the stale ones: on gloo an async op whose Work
     nobody waited on is never retired, so an unretired entry older than a retired one on its group is not in flight."""
-    collectives = [entry for entry in entries if not entry.get("is_p2p") and entry.get("collective_seq_id")]
+    collectives = [entry for entry in entries if is_collective(entry)]
     newest_retired: dict = {}
     for entry in collectives:
         if entry.get("retired") or entry.get("state") == "completed":
@@ -181,9 +181,8 @@ def last_seq_by_group(entries: list) -> dict:
     """Group -> the sequence number of its last collective, counted from 0 as the python recorder counts."""
     last: dict = {}
     for entry in entries:
-        seq = entry.get("collective_seq_id")
-        if not entry.get("is_p2p") and seq:
-            last[group_of(entry)] = max(last.get(group_of(entry), -1), seq - 1)
+        if is_collective(entry):
+            last[group_of(entry)] = max(last.get(group_of(entry), -1), entry["collective_seq_id"] - 1)
     return last
 
 
@@ -340,11 +339,7 @@ class FlightFeed:
         ]
         if fresh:
             self._newest_id = max(record_id(entry) for entry in fresh)
-        return [
-            entry
-            for entry in fresh
-            if id(entry) not in in_flight_ids and not entry.get("is_p2p") and entry.get("collective_seq_id")
-        ]
+        return [entry for entry in fresh if id(entry) not in in_flight_ids and is_collective(entry)]
 
     def _count_lines(self, entries: list) -> None:
         """How many collectives each user line issued, over every entry read so far (the python recorder counts every

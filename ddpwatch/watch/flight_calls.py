@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 
-from ..flight_entries import group_of, thread_of
+from ..flight_entries import group_of, is_collective, thread_of
 
 # A call's window as the Recorder keeps it (capture/record.py, call_window): (thread ident, start ns, end ns or
 # None while the call is still running), on the system clock, the one the Flight Recorder's time_created_ns uses.
@@ -74,7 +74,7 @@ def _windows_by_thread(calls: list) -> dict:
 def _call_of(entry: dict, windows: dict) -> tuple | None:
     """(thread, start) of the call whose window holds the entry's creation on its thread; None for a point-to-point
     entry (the wrappers record those) or one outside every call."""
-    if entry.get("is_p2p") or not entry.get("collective_seq_id"):
+    if not is_collective(entry):
         return None
     thread, created = thread_of(entry), entry.get("time_created_ns")
     if thread not in windows or not isinstance(created, int):
