@@ -10,6 +10,7 @@ import types
 import warnings
 
 import pytest
+import torch  # noqa: F401  (its first import may run ldconfig, ctypes.util.find_library: not a test's process)
 from hypothesis import Phase, settings
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -444,3 +444,115 @@ def test_a_wait_that_ends_without_a_new_op_ends_what_the_look_found(feed, monkey
     waiting[threading.get_ident()] = sys._getframe()  # waits again, on what is still unretired: the same record
     feed.poll(now=start + 2 * flight.LOOK_AFTER_S + 0.5)
     assert list(feed.recorder.inflight) == [record] and record.state == build.IN_FLIGHT
+
+
+# ---------------------------------------------------------------- a fast job: the ranks sample the same positions
+
+
+def buffer_at(newest: int, kept: int = 2000, group: str = "0") -> list:
+    """The Flight Recorder's buffer once `newest` collectives ran: the last `kept` of them, all finished."""
+    return traced(*(entry(seq, seq, group=group) for seq in range(max(1, newest - kept + 1), newest + 1)))
+
+
+def running_feed(stride: int, newest_handed: int = 0):
+    feed = flight.FlightFeed(Recorder(4096), lambda pg: None)
+    feed._stride, feed._progressed = stride, True
+    feed._newest_id = newest_handed
+    return feed
+
+
+def test_ranks_that_read_at_different_moments_of_a_fast_job_hand_over_the_same_block_of_positions(monkeypatch):
+    """Thousands of collectives between two reads, more than the buffer keeps: each rank hands over the block that
+    ends at the newest multiple of the stride, so its peers' samples are the same positions (the fingerprints are
+    compared position by position). Strides of two ranks divide each other: the larger one's block is common."""
+    handed = {}
+    for rank, (newest, stride) in {0: (8192 + 37, 8192), 1: (8192 + 1500, 4096)}.items():
+        feed = running_feed(stride, newest_handed=3000)
+        monkeypatch.setattr(flight, "read_flight_recorder", lambda stack_traces=False, n=newest: buffer_at(n))
+        feed._unread, feed._block_due = 5000, True
+        feed.refresh(now=1.0)
+        handed[rank] = [r.seq for r in feed.recorder.ring]
+    assert handed[0] == handed[1] == list(range(8192 - flight.HISTORY_KEPT, 8192))  # seqs count from 0
+
+
+def test_a_group_with_few_new_collectives_is_handed_over_whole_and_a_rank_at_rest_hands_its_newest():
+    few = running_feed(1024)
+    few._take(buffer_at(40, group="1") + buffer_at(5000, group="0")[-3000:], None)
+    groups = [(r.group, r.seq) for r in few.recorder.ring]
+    assert [seq for group, seq in groups if group == "1"] == list(range(40))  # a slow group: every position
+    assert [seq for group, seq in groups if group == "0"] == list(range(4096 - 64, 4096))  # the block
+    resting = running_feed(1024)
+    resting._progressed = False  # its peers at rest end at the same position: the newest ones are shared
+    resting._take(buffer_at(5000), None)
+    assert [r.seq for r in resting.recorder.ring] == list(range(5000 - 64, 5000))
+
+
+def test_a_group_passing_a_multiple_of_the_stride_makes_the_next_refresh_read_at_once():
+    feed = running_feed(1024)
+    feed._note_blocks({"0": 2999})  # 3,000 collectives read: the last multiple reached is 2,048
+    feed._counted = {"0": 3050}
+    assert not feed._passed_a_block()
+    feed._counted = {"0": 3072}
+    assert feed._passed_a_block()
+    # Point-to-point ops count in the group's sequence number, not in its collectives': an estimate without them
+    feed._counted = {"0": 3500}
+    feed._note_blocks({"0": 2999})  # 500 of the 3,500 were sends and receives
+    feed._counted = {"0": 3500 + 71}
+    assert not feed._passed_a_block()
+    feed._counted = {"0": 3500 + 72}
+    assert feed._passed_a_block()
+
+
+def test_reads_of_a_running_rank_wait_for_a_block_while_a_rank_at_rest_or_a_slow_one_reads_when_its_cost_allows():
+    feed = running_feed(1024)
+    feed._unread = 500  # more than a read hands over, no multiple passed: a read now would be a sample of its own
+    assert not feed._read_due(now=100.0)
+    feed._block_due = True
+    assert feed._read_due(now=100.0)
+    feed._block_due, feed._unread = False, flight.HISTORY_KEPT
+    assert feed._read_due(now=100.0)  # all of it fits: nothing to sample, every rank keeps every position
+    feed._unread, feed._progressed = 500, False
+    assert feed._read_due(now=100.0)
+
+
+@pytest.mark.parametrize(
+    "rate, cost, expected", [(10, 0.001, flight.MIN_STRIDE), (2500, 0.03, 16384), (2600, 0.03, 16384)]
+)
+def test_the_stride_is_a_power_of_two_that_keeps_reads_to_their_share_of_the_time(rate, cost, expected):
+    feed = running_feed(flight.MIN_STRIDE)
+    feed._last_read, feed._counted_total = (0.0, 0), rate * 10
+    feed._size_stride(10.0, cost)
+    assert feed._stride == expected and (rate * cost / flight.READ_SHARE <= feed._stride or rate < 100)
+
+
+def test_a_read_makes_and_drops_its_objects_with_the_cyclic_collector_off(monkeypatch):
+    """A read's tens of thousands of objects brought on full collections (116 ms with the GIL held, measured):
+    none runs during one, and the program's own setting stands after it, also when the read fails."""
+    import gc
+
+    collections = []
+    monkeypatch.setattr(gc, "callbacks", gc.callbacks + [lambda phase, info: collections.append(phase)])
+
+    def heavy_read(stack_traces=False):
+        garbage = [{"frames": [{"line": i}]} for i in range(100_000)]  # far past the young generation's threshold
+        assert not gc.isenabled() and garbage
+        return buffer_at(10)
+
+    monkeypatch.setattr(flight, "read_flight_recorder", heavy_read)
+    feed = running_feed(1024)
+    feed._unread = 1
+    assert gc.isenabled()
+    feed.refresh(now=1.0)
+    assert gc.isenabled() and collections == [] and len(feed.recorder.ring) == 10
+    gc.disable()
+    try:
+        feed._unread, feed._next_read = 1, 0.0
+        feed.refresh(now=1e6)
+        assert not gc.isenabled()  # the program turned it off: left off
+    finally:
+        gc.enable()
+    monkeypatch.setattr(flight, "read_flight_recorder", lambda stack_traces=False: 1 / 0)
+    feed._unread, feed._next_read = 1, 0.0
+    with pytest.raises(ZeroDivisionError):
+        feed.refresh(now=2e6)
+    assert gc.isenabled()

@@ -16,8 +16,8 @@ def line(tag):
     return tagged_line(SILENT, tag)
 
 
-def mismatch(tmp_path, case, nprocs=2, **env):
-    results = run_case([SILENT, case], nprocs, tmp_path, timeout=60, **env)
+def mismatch(tmp_path, case, nprocs=2, timeout=60, **env):
+    results = run_case([SILENT, case], nprocs, tmp_path, timeout=timeout, **env)
     incident = load_only_report(tmp_path)
     assert incident["trigger"] == "mismatch", describe(results)
     [finding] = incident["findings"]
@@ -44,6 +44,21 @@ def test_helpers_called_in_another_order_are_crossed_collectives_naming_both_lin
     assert orders == {(0,): [line("loss"), line("hist")], (1,): [line("hist"), line("loss")]}
     assert finding["facts"]["positions"] == 2 and "sorted" in finding["fix"]
     assert after < 2.0, after
+
+
+def test_a_crossing_in_every_step_of_a_fast_loop_is_found_and_reported_once(tmp_path):
+    """Thousands of collectives a second, the same two lines crossed in each step for a while, then not: found while
+    it lasts (the flight recorder keeps the last 2,000: what it holds at the end is in order), and one report for
+    the run, not one each watchdog round for the same lines at later positions."""
+    flight = os.environ.get("DDPWATCH_RECORDER") == "flight"  # it samples reads 200 times their cost apart
+    results, incident, finding, after = mismatch(
+        tmp_path, "crossed_every_step", timeout=100 if flight else 60, SILENT_LOOP_S=12 if flight else 3
+    )
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert finding["kind"] == "crossed_collectives" and finding["ranks"] == [0, 1]
+    lines = {s["line"] for o in finding["facts"]["orders"] for s in o["sites"]}
+    assert lines == {line("loss"), line("hist")}, finding["facts"]["orders"]
+    assert sum("[crossed_collectives]" in r.stderr for r in results) == 1, describe(results)
 
 
 def test_a_reduce_op_from_rank_local_configuration_is_a_silent_mismatch_on_three_ranks(tmp_path):

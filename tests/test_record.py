@@ -561,3 +561,14 @@ def test_code_made_anew_each_step_does_not_grow_the_code_caches(monkeypatch):
     snap = recorder.snapshot(recent=8)
     assert snap["site_counts"] == {"/u/gen.py:2": 200}
     assert [(r["site"]["file"], r["site"]["line"]) for r in snap["recent"]] == [("/u/gen.py", 2)] * 8
+
+
+def test_an_ended_threads_name_moves_aside_so_that_a_thread_reusing_its_ident_is_named_afresh(monkeypatch):
+    """Thread idents are reused: a stale ident -> name entry made a new thread's records read under an ended one's
+    name (test_guard's side-thread read as ddpwatch-signals, after other tests' threads ended)."""
+    ended = max(t.ident for t in threading.enumerate()) + 12345  # no live thread has it
+    monkeypatch.setitem(R._thread_names, ended, "ended-thread")
+    Recorder()  # a recording begins: the names are refreshed
+    assert ended not in R._thread_names  # begin() names the next thread to have this ident, whatever it is called
+    assert R._thread_name(ended) == "ended-thread"  # the ended thread's own records still name it
+    R._ended_names.pop(ended, None)

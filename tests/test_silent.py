@@ -114,9 +114,40 @@ def test_a_malformed_document_compares_as_nothing(doc):
 def test_the_incident_says_when_it_formed_and_reanalysis_finds_it_again():
     trace = F.trace_float_against_int()
     assessment = analysis.assess(trace.states, 2, 0.5, 300.0)
-    assert assessment.verdict == analysis.MISMATCH and assessment.fingerprint == "mismatch-silent_mismatch-0-1"
+    assert assessment.verdict == analysis.MISMATCH and assessment.fingerprint.startswith("mismatch-silent_mismatch-0-")
     summary = wording.worded(assessment.findings[0])["summary"]
     assert "12 DDP steps in epoch 2" in summary and "int32" in summary and "float32" in summary
+
+
+def _mismatch_at(first: int, dtype: str = "int32", site=F.LOSS, crossed: bool = False) -> analysis.Assessment:
+    """Two ranks' documents holding one mismatch at position `first` + 1 (a dtype, or two crossed lines)."""
+    if crossed:
+        loss, hist = F.signature(site=F.LOSS), F.signature(site=F.HIST)
+        mine, theirs = [loss, hist], [hist, loss]
+    else:
+        mine, theirs = [F.signature(site=site)], [F.signature(dtypes=(dtype,), site=site)]
+    docs = {
+        0: F.fingerprints(0, [F.signature(), *mine], first=first),
+        1: F.fingerprints(1, [F.signature(), *theirs], first=first),
+    }
+    return analysis.completed_mismatches({rank: {"fingerprints": doc} for rank, doc in docs.items()}, 2)
+
+
+@pytest.mark.parametrize("crossed", [False, True])
+def test_a_mismatch_recurring_at_later_positions_is_the_same_incident_not_a_report_a_round(crossed):
+    """A mismatch inside a training loop recurs every step: one report, not one each watchdog round (a real run of
+    a crossed pair every step wrote 5 reports in 7 s, each at a later position)."""
+    first, later = _mismatch_at(3, crossed=crossed), _mismatch_at(4003, crossed=crossed)
+    assert first.verdict == later.verdict == analysis.MISMATCH
+    assert first.findings[0]["facts"] != later.findings[0]["facts"]  # other positions ...
+    assert first.fingerprint == later.fingerprint  # ... one incident
+
+
+def test_a_mismatch_of_another_kind_or_at_another_line_is_a_new_incident():
+    reference = _mismatch_at(3).fingerprint
+    assert _mismatch_at(3, dtype="float64").fingerprint == reference  # what differs is still the dtype
+    assert _mismatch_at(3, site=F.HIST).fingerprint != reference  # another line
+    assert _mismatch_at(3, crossed=True).fingerprint != reference  # another kind
 
 
 def test_a_hang_is_still_the_verdict_when_the_ranks_also_carry_fingerprints():

@@ -151,8 +151,16 @@ def completed_mismatches(states: dict, world_size: int) -> Assessment:
 
 
 def mismatch_fingerprint(findings: list) -> str:
-    """One incident per mismatch: its kind, group and first position (the same mismatch read again is not new)."""
+    """One incident per mismatch: its kind, group, what differs and the lines involved. Not its position: a mismatch
+    in a training loop recurs every step, and a report per step (one a watchdog round) would bury the first."""
     first = findings[0]
     facts = first["facts"]
-    seq = facts.get("seq", (facts.get("seqs") or [None])[0])
-    return f"mismatch-{first['kind']}-{facts.get('group')}-{seq}"
+    sites = sorted({_site_text(side.get("site")) for side in facts.get("sides") or ()})
+    sites += sorted({_site_text(site) for order in facts.get("orders") or () for site in order.get("sites") or ()})
+    what = "|".join([*map(str, facts.get("differs") or ()), *sites])
+    digest = hashlib.sha1(what.encode("utf-8", "replace")).hexdigest()[:12]
+    return f"mismatch-{first['kind']}-{facts.get('group')}-{digest}"
+
+
+def _site_text(site) -> str:
+    return f"{site.get('file')}:{site.get('line')}" if isinstance(site, dict) else str(site)

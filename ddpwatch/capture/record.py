@@ -39,8 +39,12 @@ P2P_COUNTS_KEPT = 64  # peers whose send/recv counts a snapshot carries (a ring 
 CALLS_KEPT = 256
 # Wall clock = monotonic + offset: one clock read per record on the hot path, the other at formatting time.
 _WALL_OFFSET = time.time() - time.monotonic()
-# Thread ident -> name, refreshed whenever records are formatted (names are looked up then, not per op).
+# Thread ident -> name, refreshed whenever records are formatted (names are looked up then, not per op). An ident
+# is reused once its thread ends: a refresh moves the ended threads' names aside, so that a new thread with the same
+# ident is named afresh by begin() (it names a thread the first time its ident is not here).
 _thread_names: dict = {}
+_ended_names: dict = {}  # ident -> the name of a thread that ended: its records still name it
+MAX_ENDED_NAMES = 4096
 
 
 _threads_named = [0]  # how many threads were alive at the last refresh: the watchdog refreshes when that changes
@@ -48,14 +52,20 @@ _threads_named = [0]  # how many threads were alive at the last refresh: the wat
 
 def refresh_thread_names() -> None:
     threads = threading.enumerate()
-    _thread_names.update({thread.ident: thread.name for thread in threads})
+    alive = {thread.ident: thread.name for thread in threads}
+    if len(_ended_names) > MAX_ENDED_NAMES:
+        _ended_names.clear()
+    for ident in list(_thread_names):  # a copy: begin() may add a thread meanwhile, on its own thread
+        if ident not in alive:
+            _ended_names[ident] = _thread_names.pop(ident, None)
+    _thread_names.update(alive)
     _threads_named[0] = len(threads)
 
 
 def _thread_name(ident: int) -> str:
     if ident not in _thread_names:
         refresh_thread_names()
-    return _thread_names.get(ident) or f"thread-{ident}"
+    return _thread_names.get(ident) or _ended_names.get(ident) or f"thread-{ident}"
 
 
 class Record:
@@ -165,6 +175,7 @@ class Recorder:
         self._calls: collections.deque = collections.deque(maxlen=CALLS_KEPT)
         self._open_calls: dict = {}
         recorders.add(self)
+        refresh_thread_names()  # a thread that ended before this recording began may have left its ident to another
 
     # --- what others read (read-only: every change goes through a method below that says what happened) ---
     ring = property(lambda self: self._ring, doc="The last records, oldest first (at most ring_size).")
@@ -490,7 +501,9 @@ class Recorder:
         """This rank's recording as plain data: `recent` finished records, and the site counts when asked for
         (a position-only heartbeat leaves both out: formatting new records is most of a round's cost)."""
         if threading.active_count() != _threads_named[0]:
-            refresh_thread_names()  # a thread came or went; otherwise begin() named every thread that recorded
+            # A thread came or went (else begin() named every thread that recorded). Missed: one that ended while
+            # another started, between two rounds, and took its ident; that one reads under the ended one's name.
+            refresh_thread_names()
         now = time.monotonic()
         inflight = sorted(self._inflight.values(), key=lambda r: r.start_mono)
         waited = frozenset(id(work) for work in list(self._in_wait.values()))

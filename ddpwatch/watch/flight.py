@@ -9,6 +9,8 @@ waiting thread's own line, and those finished since its last read.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import pickle
 import sys
@@ -24,8 +26,14 @@ from .flight_calls import fold
 
 POLL_S = 0.1  # between two reads of the groups' sequence numbers
 LOOK_AFTER_S = 0.2  # no progress this long, a thread waiting inside torch: read the Flight Recorder
-HISTORY_KEPT = 64  # finished collectives handed to the ring per read (the ring keeps ring_size)
+HISTORY_KEPT = 64  # finished collectives handed to the ring per group and read (the ring keeps ring_size)
 READ_SHARE = 0.005  # of the wall time, at most, that refresh()'s reads take: a read's cost sets the next one's time
+# A fast job issues more collectives between two reads than the Flight Recorder keeps (2,000 by default): a read then
+# hands over a sample, and the ranks' samples must be the same positions for watch/fingerprints.py to compare them.
+# So it is the block of HISTORY_KEPT positions that ends at a multiple of the stride, read as soon as a group's
+# count passes that multiple: every rank reads the same blocks. The stride is a power of two sized by the reads'
+# cost (READ_SHARE), so two ranks' strides divide each other: the larger one's blocks are read by both.
+MIN_STRIDE = 128
 MAX_SHAPES = 4  # as many tensors as the python recorder keeps
 # Where a thread that waits on a collective stands, by module: torch.distributed (c10d's wait), autograd (DDP's
 # gradient all-reduce in backward), DDP's forward, torch.ops (a functional collective's wait_tensor called as an
@@ -101,6 +109,24 @@ def read_flight_recorder(stack_traces: bool = False) -> list | None:
         return read_flight_recorder(False) if stack_traces else None
     entries = data.get("entries") if isinstance(data, dict) else None
     return [entry for entry in entries or () if isinstance(entry, dict)]
+
+
+@contextlib.contextmanager
+def collection_paused():
+    """Python's cyclic collector off while a read makes and drops its objects (tens of thousands: an entry's dict,
+    its frames' dicts, their strings). Left on, they survive the young collections the read itself triggers, reach
+    the oldest generation and bring on full collections: one took 116 ms of a 145 ms read, measured in a job with
+    torch._inductor loaded, with the GIL held, the training thread stopped. Off, they are freed uncollected and
+    count for nothing; the training thread's own allocations meanwhile are collected once it is back on. Left off
+    if the program turned it off."""
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
 
 
 def waiting_threads(skip: int) -> dict:
@@ -207,6 +233,14 @@ class FlightFeed:
         self._unread = 0  # collectives issued since the last read
         self._next_read = 0.0  # refresh() reads no sooner: each read's own cost sets the next (READ_SHARE)
         self._line_counts: dict = {}  # (file, line, function) -> collectives that user line issued, every read's
+        self._stride = MIN_STRIDE  # sampled reads take the block ending at a multiple of it (see MIN_STRIDE)
+        self._counted: dict = {}  # group name -> its sequence number (collectives and point-to-point) at the last poll
+        self._p2p: dict = {}  # group name -> its point-to-point ops at the last read (counted, but not collectives)
+        self._blocks: dict = {}  # group name -> the multiple of the stride its count had reached at the last read
+        self._block_due = False  # a group's count passed a multiple of the stride: the next refresh reads at once
+        self._progressed = False  # the last poll found progress (a quiet rank reads the same newest positions)
+        self._last_read = (time.monotonic(), 0)  # (when, collectives counted by then): the rate that sizes the stride
+        self._counted_total = 0  # collectives and point-to-point ops counted by every poll
         self._file_is_internal: dict = {}  # file name -> not the user's (sites.is_internal_file), decided once
 
     def due_in(self, now: float) -> float:
@@ -219,6 +253,7 @@ class FlightFeed:
             return
         self._next_poll = now + POLL_S
         ops = self._count_new_ops()
+        self._progressed = bool(ops)
         if ops:
             self._quiet_since, self._looked = now, False
             self._unread += ops
@@ -248,17 +283,57 @@ class FlightFeed:
     def refresh(self, now: float | None = None, now_or_never: bool = False) -> None:
         """Once a round, while the rank makes progress: the collectives finished since the last read, with their
         lines (watch/fingerprints.py compares them across ranks: the mismatches that never hang). A read costs about
-        25 ms at 2,000 entries, a few at tens: the next waits until this one's cost is READ_SHARE of the time.
+        25 ms at 2,000 entries, a few at tens: the next waits until this one's cost is READ_SHARE of the time, and
+        for a fast job until a group's count passes a multiple of the stride (MIN_STRIDE), so that every rank hands
+        over the same sample; a rank at rest reads its newest, which its peers at rest share.
         `now_or_never`: an incident's answer carries this rank's positions, whatever the last read cost."""
         now = time.monotonic() if now is None else now
-        if not now_or_never and (not self._unread or now < self._next_read):
+        if not (now_or_never or self._read_due(now)):
             return
-        started = time.perf_counter()
-        entries = read_flight_recorder(stack_traces=True)
-        self._unread = 0
-        if entries:
-            self._take(entries, None)
-        self._next_read = now + (time.perf_counter() - started) / READ_SHARE  # the dump and what was made of it
+        started, last = time.perf_counter(), {}
+        with collection_paused():
+            entries = read_flight_recorder(stack_traces=True)
+            self._unread, self._block_due = 0, False
+            if entries:
+                self._take(entries, None)
+                last = last_seq_by_group(entries)
+            del entries  # freed before collections resume: see collection_paused
+        cost = time.perf_counter() - started  # the dump and what was made of it
+        self._next_read = now + cost / READ_SHARE
+        self._size_stride(now, cost)
+        self._note_blocks(last)
+
+    def _read_due(self, now: float) -> bool:
+        if not self._unread:
+            return False
+        if self._block_due:
+            return True
+        return now >= self._next_read and (self._unread <= HISTORY_KEPT or not self._progressed)
+
+    def _size_stride(self, now: float, cost: float) -> None:
+        """The stride at which reads keep to READ_SHARE at this rank's current rate (a power of two, see MIN_STRIDE)."""
+        when, counted = self._last_read
+        self._last_read = (now, self._counted_total)
+        if now <= when:
+            return
+        wanted = (self._counted_total - counted) / (now - when) * cost / READ_SHARE
+        self._stride = max(MIN_STRIDE, 1 << max(0, int(wanted) - 1).bit_length())
+
+    def _note_blocks(self, last_seqs: dict) -> None:
+        """After a read: each group's multiple of the stride reached so far, and its point-to-point ops (counted by
+        the poll with the collectives, but not by the Flight Recorder's collective sequence numbers)."""
+        for name, last in last_seqs.items():
+            collectives = last + 1
+            self._blocks[name] = collectives // self._stride
+            self._p2p[name] = max(0, self._counted.get(name, collectives) - collectives)
+
+    def _passed_a_block(self) -> bool:
+        """A group's collectives (its count less its point-to-point ops) passed a multiple of the stride."""
+        stride = self._stride
+        return any(
+            (count - self._p2p.get(name, 0)) // stride > self._blocks.get(name, 0)
+            for name, count in self._counted.items()
+        )
 
     def _count_new_ops(self) -> int:
         """Collectives (and point-to-point ops) issued on any group since the last poll."""
@@ -275,21 +350,28 @@ class FlightFeed:
             except Exception:
                 continue
             before = self._seqs.get(id(pg))
+            name = self._name_of(pg)  # the first time, the Recorder learns the group's ranks; cached after
             if before is None:
-                self._name_of(pg)  # a group met for the first time: the Recorder learns its ranks
                 before = 0
             ops += abs(seq - before)
             seqs[id(pg)] = seq
+            if name:
+                self._counted[name] = seq
         self._seqs = seqs
+        self._counted_total += ops
+        if ops and not self._block_due:
+            self._block_due = self._passed_a_block()
         return ops
 
     def look(self, waiting: dict) -> None:
         """Read the Flight Recorder while a thread waits: the collectives in flight (at the waiting thread's line),
         and those finished since the last read."""
         self._unread = 0
-        entries = read_flight_recorder(stack_traces=True)
-        if entries:
-            self._take(entries, waiting)
+        with collection_paused():
+            entries = read_flight_recorder(stack_traces=True)
+            if entries:
+                self._take(entries, waiting)
+            del entries
 
     def _take(self, entries: list, waiting: dict | None) -> None:
         """Hand the Recorder what one read holds. `waiting`: the threads waiting inside torch (a look), or None (a
@@ -311,7 +393,8 @@ class FlightFeed:
             self._known = {(record.group, record.seq): record for record in inflight}
         fresh_entries = self._fresh_entries(entries, in_flight, waiting is None)
         self._count_lines(fresh_entries)
-        finished = [self.record_of(entry, None, done=True) for entry in fresh_entries[-HISTORY_KEPT:]]
+        sampled = waiting is None and self._progressed  # a look, or a rank at rest: its newest positions
+        finished = [self.record_of(entry, None, done=True) for entry in self._kept(fresh_entries, sampled)]
         self.recorder.take_flight(
             inflight if waiting is not None else None, finished + fresh, last_seq_by_group(entries), 0
         )
@@ -340,6 +423,25 @@ class FlightFeed:
         if fresh:
             self._newest_id = max(record_id(entry) for entry in fresh)
         return [entry for entry in fresh if id(entry) not in in_flight_ids and is_collective(entry)]
+
+    def _kept(self, fresh: list, sampled: bool) -> list:
+        """The finished collectives that become Records, per group: all of them where they are few, else the block
+        of HISTORY_KEPT that ends at the group's newest multiple of the stride (`sampled`: a read while the rank
+        runs, which its peers make at the same multiples) or its newest HISTORY_KEPT (a look, or a rank at rest)."""
+        by_group: dict = {}
+        for entry in fresh:
+            by_group.setdefault(group_of(entry), []).append(entry)
+        kept = []
+        for entries in by_group.values():
+            if len(entries) <= HISTORY_KEPT:
+                kept += entries
+            elif sampled:
+                end = entries[-1]["collective_seq_id"] // self._stride * self._stride
+                kept += [e for e in entries if end - HISTORY_KEPT < e["collective_seq_id"] <= end]
+            else:
+                kept += entries[-HISTORY_KEPT:]
+        kept.sort(key=record_id)
+        return kept
 
     def _count_lines(self, entries: list) -> None:
         """How many collectives each user line issued, over every entry read so far (the python recorder counts every

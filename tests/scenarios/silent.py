@@ -16,6 +16,9 @@ import torch.distributed as dist
 import ddpwatch
 
 SETTLE_S = 3.5  # enough for two watchdog rounds (interval 1 s) after the last position
+# crossed_every_step: each phase of its loop, several watchdog rounds (the flight recorder samples a fast job every
+# few seconds, 200 times a read's cost: the test gives it longer)
+LOOP_S = float(os.environ.get("SILENT_LOOP_S", "3.0"))
 
 
 def mark():
@@ -54,6 +57,31 @@ def crossed(rank, world):
     mark()
     for helper, value in order:
         helper(value)
+    time.sleep(SETTLE_S)
+
+
+def crossed_every_step(rank, world):
+    """The crossed helpers inside a training loop: every step of a few watchdog rounds, among metric reductions, some
+    rounds in (thousands of collectives a second: more than torch's Flight Recorder keeps between two of its reads)."""
+    warm_up()
+    loss, hist = torch.full((1,), 1.0 + rank), torch.full((1,), 100.0 + rank)
+    started, step, phase = time.monotonic(), 0, torch.zeros(1)
+    while phase.item() < 3:  # 0: in order; 1: crossed on odd ranks; 2: in order again (what stays in the
+        # Flight Recorder's buffer at the end holds no crossing: it must be found while it happens); 3: done
+        for _ in range(8):
+            dist.all_reduce(torch.ones(4))
+        order = [(sync_loss, loss), (sync_hist, hist)]
+        if rank % 2 and phase.item() == 1:
+            order.reverse()
+        for helper, value in order:
+            helper(value)
+        step += 1
+        if step % 50 == 0:  # every rank changes phase at the same step: rank 0's clock decides
+            before = phase.item()
+            phase.fill_(float(rank == 0) * ((time.monotonic() - started) // LOOP_S))
+            dist.all_reduce(phase)
+            if before == 0 and phase.item() == 1:
+                mark()
     time.sleep(SETTLE_S)
 
 
