@@ -599,3 +599,44 @@ def test_nothing_read_from_the_store_makes_the_watchdog_log_a_traceback(job, cap
             dog.peers.beats = {r: (beat, when - 10.0) for r, (beat, when) in dog.peers.beats.items()}  # silent now
     tracebacks = [r for r in caplog.records if r.exc_info]
     assert not tracebacks, "\n".join(f"{r.getMessage()}: {r.exc_info[1]!r}" for r in tracebacks)
+
+
+def caught_up_watchdog(monkeypatch, action, incident):
+    """A watchdog whose thread 'runs' (its catch-up done at once, as the loop would on its wake-up) and whose store
+    holds `incident` (None: no incident) as its newest."""
+    dog, recorder, codes = abort_watchdog(monkeypatch, action=action)
+    monkeypatch.setattr(dog, "is_alive", lambda: True)
+    monkeypatch.setattr(dog.catch_up, "_wake", lambda: dog.catch_up.serve(dog._answer_incidents))
+    monkeypatch.setattr(dog.job, "latest_incident", lambda: 0 if incident is None else 1)
+    monkeypatch.setattr(dog.job, "incident_info", lambda number: incident)
+    monkeypatch.setattr(dog.answers, "peer", lambda number, needed: False)
+    return dog, recorder, codes
+
+
+def test_a_peer_gone_before_this_rank_read_the_incident_its_peers_exit_on_ends_it_as_they_end(monkeypatch):
+    """A loaded machine: the peers proved a p2p deadlock, posted the abort verdict and exited while this rank's
+    watchdog had not read the incident yet; the rank's send failed with the peer gone and it exited 1, not 3 (the
+    flight suite, test_real_p2p). The failure now has the watchdog read the newest incident first."""
+    dog, recorder, codes = caught_up_watchdog(monkeypatch, "abort", {"action": "abort", "leader": 0})
+    failing = recorder.begin("send", "send", "0", (), sys._getframe(), peer=0)
+    with pytest.raises(Ended):
+        recorder.finish(failing, RuntimeError("Connection closed by peer [127.0.0.1]:37254"))
+    assert codes == [7]
+
+
+@pytest.mark.parametrize(
+    "action, incident, error",
+    [
+        ("abort", None, "Connection closed by peer"),  # a peer crashed: no incident, the error goes on
+        ("abort", {"action": "report", "leader": 0}, "Connection closed by peer"),  # not under this action
+        ("report", {"action": "report", "leader": 0}, "Connection closed by peer"),  # a report ends nobody
+        ("abort", {"action": "abort", "leader": 0}, "shape mismatch"),  # the peer is not gone
+    ],
+)
+def test_a_failing_collective_ends_the_rank_only_on_an_incident_under_its_own_rank_ending_action(
+    monkeypatch, action, incident, error
+):
+    dog, recorder, codes = caught_up_watchdog(monkeypatch, action, incident)
+    failing = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())
+    recorder.finish(failing, RuntimeError(error))
+    assert codes == []

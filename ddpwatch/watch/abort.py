@@ -80,6 +80,7 @@ def end_process(code: int) -> None:
 
 
 IDLE, PENDING, ARMED = "idle", "pending", "armed"
+CATCH_UP_S = 1.0  # at most this long a collective's peer-gone error waits for the watchdog to read the newest incident
 
 
 class AbortPolicy:
@@ -106,6 +107,11 @@ class AbortPolicy:
     @property
     def armed(self) -> bool:
         return self.state == ARMED
+
+    @property
+    def ends_ranks(self) -> bool:
+        """This rank's own action ends ranks: a peer's incident under it may end this one too (consider())."""
+        return action_row(self.config.action).ends_rank
 
     def arm(self) -> None:
         self.state, self.pending = ARMED, None
@@ -182,6 +188,46 @@ class AbortPolicy:
             while self.writing.is_set() and time.monotonic() < deadline:
                 time.sleep(0.05)
         end_process(self.exit_code)
+
+
+class CatchUp:
+    """A failing collective's request to the watchdog thread: read the newest incident now.
+
+    A peer is gone and this rank has seen no incident to wait on; under a rank-ending action the peers may be exiting
+    on a verdict this rank's watchdog has not read yet (a loaded machine: the peers proved a p2p deadlock, posted
+    it and exited while this rank's send was failing, and it exited 1 where they exited 3). The failing thread asks,
+    waits at most CATCH_UP_S, and the policy then decides as it would have (AbortPolicy.ends_on_failure). The
+    read is the watchdog's, on its thread: a store that no longer answers holds up the failing thread no longer."""
+
+    def __init__(self, policy: AbortPolicy, wake):
+        self.policy = policy
+        self._wake = wake  # the watchdog's: its loop then serve()s at once
+        self._asked = threading.Event()
+        self._done = threading.Event()
+
+    def ends_rank_on(self, error: BaseException, may_ask: bool) -> bool:
+        """(The failing thread.) Whether this failure ends the rank (AbortPolicy.ends_on_failure), once the newest
+        incident has been read where a peer is gone and none was (`may_ask`: the watchdog thread runs, another one
+        fails, the store answered so far)."""
+        if self.policy.ends_on_failure(error):
+            return True
+        if not may_ask or not peer_gone(error) or self.policy.state != IDLE or not self.policy.ends_ranks:
+            return False
+        self._done.clear()
+        self._asked.set()
+        self._wake()
+        self._done.wait(CATCH_UP_S)
+        return self.policy.ends_on_failure(error)
+
+    def serve(self, read_newest_incident) -> None:
+        """(The watchdog thread, each wake-up.) Read the newest incident if a failing collective asked."""
+        if not self._asked.is_set():
+            return
+        self._asked.clear()
+        try:
+            read_newest_incident()
+        finally:
+            self._done.set()
 
 
 def _names_a_crash(incident: dict) -> bool:

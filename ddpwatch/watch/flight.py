@@ -343,21 +343,18 @@ class FlightFeed:
             groups = list(c10d._world.pg_map)
         except Exception:
             return 0
-        seqs, ops = {}, 0
+        seqs, counted, ops = {}, {}, 0
         for pg in groups:
             try:
                 seq = int(pg._get_sequence_number_for_group())  # type: ignore[attr-defined]  # bound, not in the stubs
             except Exception:
                 continue
-            before = self._seqs.get(id(pg))
             name = self._name_of(pg)  # the first time, the Recorder learns the group's ranks; cached after
-            if before is None:
-                before = 0
-            ops += abs(seq - before)
+            ops += abs(seq - self._seqs.get(id(pg), 0))
             seqs[id(pg)] = seq
             if name:
-                self._counted[name] = seq
-        self._seqs = seqs
+                counted[name] = seq
+        self._seqs, self._counted = seqs, counted  # the groups alive now: a destroyed one is no longer followed
         self._counted_total += ops
         if ops and not self._block_due:
             self._block_due = self._passed_a_block()

@@ -13,7 +13,7 @@ from .. import analysis
 from ..config import REPORT
 from ..format import build
 from ..logonce import log_once
-from .abort import AbortPolicy, Outcome, peer_gone
+from .abort import AbortPolicy, CatchUp, Outcome, peer_gone
 from . import crashes
 from .answers import Answers
 from .fingerprints import FingerprintLog, MismatchCheck
@@ -62,6 +62,7 @@ class Watchdog(threading.Thread):
         self.states = StateReader(recorder, config, rank, world_size, self.host, self._logged)
         self.peers = PeerTracker(rank, world_size, self.host, config)
         self.policy = AbortPolicy(config, rank, world_size, self.job, self.writing, self._logged)
+        self.catch_up = CatchUp(self.policy, self.wake)
         self.answers = Answers(self.job, rank, self.states)
         self.states.fingerprints = log = FingerprintLog(recorder, self.feed.refresh)
         self.mismatches = MismatchCheck(log, rank, world_size, lambda: recorder.groups)
@@ -114,6 +115,7 @@ class Watchdog(threading.Thread):
                 return
             now = time.monotonic()
             try:
+                self.catch_up.serve(self._answer_incidents)
                 self.feed.poll(now)
                 if not self._store_ok:
                     if now >= due:
@@ -163,22 +165,18 @@ class Watchdog(threading.Thread):
     def _round_wanted_now(self, now: float) -> bool:
         """Whether something cannot wait for the next round: a dump asked for, a peer's failure, or this rank
         blocked for `grace` and not yet registered as waiting (two recorder reads: no store, no lock)."""
-        if self._dump_requested.is_set() or self._peer_failure.is_set():
-            return True
-        return (
-            not self.registered_waiting
-            and bool(self.recorder.inflight)
-            and now - self.recorder.progress_mono >= self.config.grace
-        )
+        blocked = bool(self.recorder.inflight) and now - self.recorder.progress_mono >= self.config.grace
+        return self._dump_requested.is_set() or self._peer_failure.is_set() or (blocked and not self.registered_waiting)
 
     # ----- a peer's failure seen by the training thread (gloo: "Connection closed by peer") -----
     def on_collective_failure(self, error: BaseException) -> None:
         """Called by the recorder when a collective fails: end the rank if the abort policy says so; else ask the
         watchdog to report a vanished peer, on its own thread, and return at once: the user's exception goes on
         as it would without ddpwatch (the program's own `except` may be writing an emergency checkpoint)."""
-        if self.policy.ends_on_failure(error):
-            self.policy.end_on_failure(on_watchdog_thread=threading.current_thread() is self)
-        if threading.current_thread() is self or not peer_gone(error):
+        on_watchdog = threading.current_thread() is self
+        if self.catch_up.ends_rank_on(error, may_ask=not on_watchdog and self._store_ok and self.is_alive()):
+            self.policy.end_on_failure(on_watchdog_thread=on_watchdog)
+        if on_watchdog or not peer_gone(error):
             return
         if self._store_ok:  # torchrun's SIGTERM, sent once the peer's exit is seen, waits for the report
             self.writing.set()
