@@ -556,3 +556,14 @@ def test_a_read_makes_and_drops_its_objects_with_the_cyclic_collector_off(monkey
     with pytest.raises(ZeroDivisionError):
         feed.refresh(now=2e6)
     assert gc.isenabled()
+
+
+def test_a_poll_that_sees_a_multiple_of_the_stride_passed_reads_at_once_not_at_the_next_round(monkeypatch):
+    """The block ends at the multiple just passed; at 2,500 collectives a second a round later (1 s) is past the
+    Flight Recorder's 2,000 entries, and the block is gone."""
+    feed = running_feed(1024)
+    monkeypatch.setattr(flight, "read_flight_recorder", lambda stack_traces=False: buffer_at(1024 + 40))
+    monkeypatch.setattr(feed, "_count_new_ops", lambda: feed.__dict__.update(_block_due=True) or 100)
+    feed.poll(now=5.0)
+    assert [r.seq for r in feed.recorder.ring] == list(range(1024 - 64, 1024))
+    assert not feed._block_due

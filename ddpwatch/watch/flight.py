@@ -260,6 +260,8 @@ class FlightFeed:
             # What a look found in flight is over, or no longer what the rank waits on: never leave it standing
             # while the rank computes (a record in flight after progress would read as a rank blocked in it).
             self.recorder.take_flight([], [], {}, ops)
+            if self._block_due:  # now, not at the next round: by then a fast job may have pushed it out of the buffer
+                self.refresh(now)
             return
         if self._looked:
             self._end_look_if_no_longer_waiting(now)
