@@ -490,16 +490,16 @@ def test_a_group_with_few_new_collectives_is_handed_over_whole_and_a_rank_at_res
 def test_a_group_passing_a_multiple_of_the_stride_makes_the_next_refresh_read_at_once():
     feed = running_feed(1024)
     feed._note_blocks({"0": 2999})  # 3,000 collectives read: the last multiple reached is 2,048
-    feed._counted = {"0": 3050}
+    feed._seqs = {1: ("0", 3050)}
     assert not feed._passed_a_block()
-    feed._counted = {"0": 3072}
+    feed._seqs = {1: ("0", 3072)}
     assert feed._passed_a_block()
     # Point-to-point ops count in the group's sequence number, not in its collectives': an estimate without them
-    feed._counted = {"0": 3500}
+    feed._seqs = {1: ("0", 3500)}
     feed._note_blocks({"0": 2999})  # 500 of the 3,500 were sends and receives
-    feed._counted = {"0": 3500 + 71}
+    feed._seqs = {1: ("0", 3500 + 71)}
     assert not feed._passed_a_block()
-    feed._counted = {"0": 3500 + 72}
+    feed._seqs = {1: ("0", 3500 + 72)}
     assert feed._passed_a_block()
 
 

@@ -141,8 +141,7 @@ class AbortPolicy:
     def consider(self, number: int, info: dict) -> None:
         """A peer opened incident `number`: wait for its verdict if it is under this rank's own rank-ending action
         (this rank's configuration decides; a peer's info cannot upgrade it)."""
-        own = self.config.action
-        if self.state != ARMED and info.get("action") == own and action_row(own).ends_rank:
+        if self.state != ARMED and info.get("action") == self.config.action and self.ends_ranks:
             self.state, self.pending = PENDING, number
 
     def check_posted(self, own_state) -> None:

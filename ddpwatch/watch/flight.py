@@ -72,7 +72,8 @@ def unavailable() -> str | None:
 def load_symbolizer() -> str | None:
     """Import what torch's traceback symbolizer imports on its first use, here, on the thread that arms the session
     (the program's own, inside init_process_group); or why that failed. A read with stack traces imports
-    torch._inductor.codecache (about 1.5 s and 80 MB once per process, measured): from the watchdog thread, that
+    torch._inductor.codecache (0.9 s and 76 MB in a process that imported only torch; a few hundredths of a second
+    where a torch.optim optimizer already imported torch._inductor, measured): from the watchdog thread, that
     import raced the program's own lazy import of torch._dynamo (an ImportError in the program, seen on a
     torch.ops call). Imported first, no read ever imports anything."""
     try:
@@ -223,7 +224,8 @@ class FlightFeed:
         self.recorder = recorder
         self._name_of = name_of
         self._reduce_notes = reduce_notes  # capture/reduce_ops.ReduceNotes: the calls made with an op but SUM
-        self._seqs: dict = {}  # id(process group) -> its sequence number at the last poll
+        # id(process group) -> (its name, its sequence number at the last poll: collectives and point-to-point)
+        self._seqs: dict = {}
         self._quiet_since = time.monotonic()
         self._next_poll = 0.0
         self._looked = False  # the Flight Recorder was read since the last progress
@@ -234,7 +236,6 @@ class FlightFeed:
         self._next_read = 0.0  # refresh() reads no sooner: each read's own cost sets the next (READ_SHARE)
         self._line_counts: dict = {}  # (file, line, function) -> collectives that user line issued, every read's
         self._stride = MIN_STRIDE  # sampled reads take the block ending at a multiple of it (see MIN_STRIDE)
-        self._counted: dict = {}  # group name -> its sequence number (collectives and point-to-point) at the last poll
         self._p2p: dict = {}  # group name -> its point-to-point ops at the last read (counted, but not collectives)
         self._blocks: dict = {}  # group name -> the multiple of the stride its count had reached at the last read
         self._block_due = False  # a group's count passed a multiple of the stride: the next refresh reads at once
@@ -298,7 +299,7 @@ class FlightFeed:
             self._unread, self._block_due = 0, False
             if entries:
                 self._take(entries, None)
-                last = last_seq_by_group(entries)
+                last = last_seq_by_group(entries)  # every op's, before _take folds a library call's into one
             del entries  # freed before collections resume: see collection_paused
         cost = time.perf_counter() - started  # the dump and what was made of it
         self._next_read = now + cost / READ_SHARE
@@ -324,17 +325,19 @@ class FlightFeed:
     def _note_blocks(self, last_seqs: dict) -> None:
         """After a read: each group's multiple of the stride reached so far, and its point-to-point ops (counted by
         the poll with the collectives, but not by the Flight Recorder's collective sequence numbers)."""
+        counted = {name: seq for name, seq in self._seqs.values() if name}
         for name, last in last_seqs.items():
             collectives = last + 1
             self._blocks[name] = collectives // self._stride
-            self._p2p[name] = max(0, self._counted.get(name, collectives) - collectives)
+            self._p2p[name] = max(0, counted.get(name, collectives) - collectives)
 
     def _passed_a_block(self) -> bool:
         """A group's collectives (its count less its point-to-point ops) passed a multiple of the stride."""
         stride = self._stride
         return any(
             (count - self._p2p.get(name, 0)) // stride > self._blocks.get(name, 0)
-            for name, count in self._counted.items()
+            for name, count in self._seqs.values()
+            if name
         )
 
     def _count_new_ops(self) -> int:
@@ -345,18 +348,18 @@ class FlightFeed:
             groups = list(c10d._world.pg_map)
         except Exception:
             return 0
-        seqs, counted, ops = {}, {}, 0
+        seqs, ops = {}, 0
         for pg in groups:
             try:
                 seq = int(pg._get_sequence_number_for_group())  # type: ignore[attr-defined]  # bound, not in the stubs
             except Exception:
                 continue
-            name = self._name_of(pg)  # the first time, the Recorder learns the group's ranks; cached after
-            ops += abs(seq - self._seqs.get(id(pg), 0))
-            seqs[id(pg)] = seq
-            if name:
-                counted[name] = seq
-        self._seqs, self._counted = seqs, counted  # the groups alive now: a destroyed one is no longer followed
+            known = self._seqs.get(id(pg))
+            if known is None:  # a group met for the first time: the Recorder learns its ranks
+                known = (self._name_of(pg), 0)
+            ops += abs(seq - known[1])
+            seqs[id(pg)] = (known[0], seq)
+        self._seqs = seqs  # the groups alive now: a destroyed one is no longer followed
         self._counted_total += ops
         if ops and not self._block_due:
             self._block_due = self._passed_a_block()
