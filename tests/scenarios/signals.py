@@ -33,7 +33,10 @@ def rank():
 
 
 def say(text):
-    print(f"SIGNALS rank {rank()} {text}", file=sys.stderr, flush=True)
+    # One write, line and newline together: print() writes them apart, and a signal handler that says something
+    # in between ran two lines into one ("readySIGNALS rank 0 sigint: saving", seen once under the suite's load).
+    sys.stderr.write(f"SIGNALS rank {rank()} {text}\n")
+    sys.stderr.flush()
 
 
 def save_checkpoint(how):
