@@ -567,3 +567,51 @@ def test_a_poll_that_sees_a_multiple_of_the_stride_passed_reads_at_once_not_at_t
     feed.poll(now=5.0)
     assert [r.seq for r in feed.recorder.ring] == list(range(1024 - 64, 1024))
     assert not feed._block_due
+
+
+def simulated_job(monkeypatch, rate: float, stride: int, seconds: float, late_s: float = 0.002):
+    """A rank issuing `rate` collectives a second on one group for `seconds`, its watchdog polling when the feed asks
+    (each wake-up `late_s` late, never sooner than the watchdog sleeps): the blocks handed over, and the polls made."""
+    group, clock = object(), {"now": 0.0}
+    feed = flight.FlightFeed(Recorder(4096), lambda pg: "0")
+    feed._stride, feed._last_poll, feed._next_poll = stride, 0.0, 0.0
+    monkeypatch.setattr(feed, "_size_stride", lambda now, cost: None)  # the stride as given, whatever a read costs
+    monkeypatch.setattr(feed, "_read_counts", lambda: [(group, int(rate * clock["now"]))])
+    monkeypatch.setattr(flight, "read_flight_recorder", lambda stack_traces=False: buffer_at(int(rate * clock["now"])))
+    polls = 0
+    while clock["now"] < seconds:
+        feed.poll(now=clock["now"])
+        polls += 1
+        clock["now"] += max(flight.MIN_POLL_S, feed.due_in(clock["now"])) + late_s
+    seqs = sorted(r.seq for r in feed.recorder.ring)
+    return {seq + 1 for seq in seqs if (seq + 1) % stride == 0 and seq - flight.HISTORY_KEPT + 1 in seqs}, polls
+
+
+@pytest.mark.parametrize("rate", [12_000, 50_000, 90_000])
+def test_a_job_too_fast_for_a_poll_every_poll_s_has_its_blocks_read_before_they_leave_the_buffer(monkeypatch, rate):
+    """At 50,000 collectives a second (an NCCL job's speed) 0.1 s is 5,000 collectives, more than the Flight
+    Recorder's 2,000: a poll every POLL_S found a multiple passed once its block was gone (2 blocks of 4 were lost
+    here), and no rank handed over a sample to compare. Polls come closer near a multiple, only there."""
+    blocks, polls = simulated_job(monkeypatch, rate=rate, stride=32_768, seconds=3.0)
+    passed = {k * 32_768 for k in range(1, 100) if k * 32_768 / rate < 3.0}
+    in_time = {multiple for multiple in passed if multiple / rate < 3.0 - flight.POLL_S}  # the last, maybe not
+    assert in_time <= blocks <= passed  # every multiple passed, its 64 positions whole
+    assert polls <= 3.0 / flight.POLL_S + 3 * len(passed)  # a few more polls per multiple, at most
+
+
+def test_a_job_slow_enough_for_the_buffer_keeps_a_poll_every_poll_s(monkeypatch):
+    blocks, polls = simulated_job(monkeypatch, rate=2_500, stride=2_048, seconds=3.0)
+    assert blocks == {2_048, 4_096, 6_144}
+    assert polls == pytest.approx(3.0 / (flight.POLL_S + 0.002), abs=1)
+
+
+def test_the_buffer_size_is_torchs_setting_or_its_default(monkeypatch):
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
+    assert flight.buffer_size() == flight.DEFAULT_BUFFER
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "500")
+    assert flight.buffer_size() == 500
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "20000")  # the current name wins
+    assert flight.buffer_size() == 20_000
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "lots")  # not a whole number: ignored here
+    assert flight.buffer_size() == 500

@@ -4,6 +4,7 @@ Lines tagged `# LINE:name`. Each case ends with a few seconds of work outside co
 compare the ranks' published positions meanwhile), then every rank checks out through a barrier.
 """
 
+import glob
 import importlib
 import os
 import sys
@@ -16,9 +17,12 @@ import torch.distributed as dist
 import ddpwatch
 
 SETTLE_S = 3.5  # enough for two watchdog rounds (interval 1 s) after the last position
-# crossed_every_step: each phase of its loop, several watchdog rounds (the flight recorder samples a fast job every
-# few seconds, 200 times a read's cost: the test gives it longer)
+# crossed_every_step: each phase of its loop, several watchdog rounds; the crossed phase goes on until a report is
+# written and LOOP_S more (the same lines at later positions: one report, not one a round), at most CROSS_MAX_S (the
+# flight recorder samples a fast job every 200-400 times a read's cost: tens of seconds on a loaded machine)
 LOOP_S = float(os.environ.get("SILENT_LOOP_S", "3.0"))
+REPORTS = os.path.join(os.environ.get("DDPWATCH_DIR", "."), "*", "report.json")
+CROSS_MAX_S = float(os.environ.get("SILENT_CROSS_MAX_S", "20"))
 
 
 def mark():
@@ -65,7 +69,7 @@ def crossed_every_step(rank, world):
     rounds in (thousands of collectives a second: more than torch's Flight Recorder keeps between two of its reads)."""
     warm_up()
     loss, hist = torch.full((1,), 1.0 + rank), torch.full((1,), 100.0 + rank)
-    started, step, phase = time.monotonic(), 0, torch.zeros(1)
+    started, step, phase, reported = time.monotonic(), 0, torch.zeros(1), [None]  # when rank 0 first saw a report
     while phase.item() < 3:  # 0: in order; 1: crossed on odd ranks; 2: in order again (what stays in the
         # Flight Recorder's buffer at the end holds no crossing: it must be found while it happens); 3: done
         for _ in range(8):
@@ -78,11 +82,24 @@ def crossed_every_step(rank, world):
         step += 1
         if step % 50 == 0:  # every rank changes phase at the same step: rank 0's clock decides
             before = phase.item()
-            phase.fill_(float(rank == 0) * ((time.monotonic() - started) // LOOP_S))
+            if rank == 0 and phase_over(before, time.monotonic() - started, reported):
+                phase.fill_(before + 1)
+                started = time.monotonic()
+            if rank == 0 and before == 1 and reported[0] is None and glob.glob(REPORTS):
+                reported[0] = time.monotonic()
+            phase.fill_(phase.item() if rank == 0 else 0.0)
             dist.all_reduce(phase)
             if before == 0 and phase.item() == 1:
                 mark()
     time.sleep(SETTLE_S)
+
+
+def phase_over(phase: float, lasted: float, reported: list) -> bool:
+    """crossed_every_step's phases: LOOP_S each, but the crossed one (1) lasts until LOOP_S after the first report, or
+    CROSS_MAX_S (no report: the test fails on that)."""
+    if phase != 1:
+        return lasted >= LOOP_S
+    return lasted >= CROSS_MAX_S or (reported[0] is not None and time.monotonic() - reported[0] >= LOOP_S)
 
 
 def reduce_op(rank, world):
