@@ -4,9 +4,11 @@ Each run is `python -m torch.distributed.run --standalone --nproc-per-node 2 ben
 STEPS` in a fresh temporary folder (no settings file there), with DDPWATCH=1 in its environment (armed) or not
 (plain). Measured per run: the training loop's wall time (the job reports it: barrier to barrier, the slower rank),
 the whole job's CPU time, launcher included (os.wait4 on torchrun: its own and its reaped ranks' user + system
-time) and the whole job's wall time (start to exit). Pairs of runs go A B, B A, A B, ... (ABBA), jobs interleaved
-within each pair; per job and measure the table gives the median ratio armed / plain over the pairs, the spread
-(min .. max) and every pair's ratio.
+time), the whole job's wall time (start to exit), and the training loop's CPU time by thread, both ranks summed
+(each rank reads /proc/self/task: its training thread, ddpwatch's threads, the backend's threads; 10 ms ticks; no
+ratio for ddpwatch's threads, which a plain run has none of). Pairs of runs go A B, B A, A B, ... (ABBA), jobs
+interleaved within each pair; per job and measure the table gives the median ratio armed / plain over the pairs, the
+spread (min .. max) and every pair's ratio.
 
 Attribution (--attribute, the ddp job by default): the runs of each pair of an attributed job go through ddpwatch's
 parts one level at a time (benchmarks/whole_job_parts.py: plain, start-up, wrappers, DDP/FSDP regions, watchdog,
@@ -44,9 +46,14 @@ MEASURES = {
     "loop_wall_s": "training-loop wall (s)",
     "job_cpu_s": "whole-job CPU, launcher included (s)",
     "total_wall_s": "whole-job wall (s)",
+    # The training loop's CPU by thread, both ranks: where an armed run's extra CPU is spent (per rank, /proc).
+    "loop_training_cpu_s": "loop CPU, training threads (s)",
+    "loop_ddpwatch_cpu_s": "loop CPU, ddpwatch's threads (s)",
+    "loop_backend_cpu_s": "loop CPU, the backend's threads (s)",
 }
+THREAD_KINDS = ("training", "ddpwatch", "backend")  # whole_job_train.threads_cpu()
 NEIGHBOUR = "while True: pass"  # one core kept busy by a pure-Python loop, for as long as the measurement runs
-FORMAT = 1  # the JSON document's version: 1, the first
+FORMAT = 2  # the JSON document's version: 1, the first; 2 adds the loop CPU by thread
 
 
 def launch(job: str, steps: int, level: int, limit: float) -> dict:
@@ -79,12 +86,15 @@ def launch(job: str, steps: int, level: int, limit: float) -> dict:
     if status is None or status != 0 or None in ranks:
         how = "killed at the time limit" if status is None else f"exit {status}"
         return dict(run, error=f"{how}; last output: {text[-1500:]}", ranks_reported=len([r for r in ranks if r]))
+    by_thread = [r.get("loop_cpu_by_thread_s") for r in ranks]
+    threads = {} if None in by_thread else {f"loop_{k}_cpu_s": sum(b[k] for b in by_thread) for k in THREAD_KINDS}
     return dict(
         run,
         loop_wall_s=max(r["loop_wall_s"] for r in ranks),
         job_cpu_s=usage,
         ranks_cpu_s=sum(r["process_cpu_s"] for r in ranks),
         ddpwatch=[r["ddpwatch"] for r in ranks],
+        **threads,
     )
 
 
@@ -219,7 +229,13 @@ def label(level: int) -> str:
 
 
 def by_pair(runs: list, job: str, level: int, measure_name: str) -> dict:
-    return {r["pair"]: r[measure_name] for r in runs if r["job"] == job and r["level"] == level and not r["problem"]}
+    """pair -> the measure, for the runs of this job and level that went as labelled and have it (the loop's CPU by
+    thread needs /proc)."""
+    return {
+        r["pair"]: r[measure_name]
+        for r in runs
+        if r["job"] == job and r["level"] == level and not r["problem"] and measure_name in r
+    }
 
 
 def summary(runs: list, job: str) -> dict:
@@ -231,14 +247,15 @@ def summary(runs: list, job: str) -> dict:
         if not pairs:
             stats[name] = None
             continue
-        ratios = [armed[p] / plain[p] for p in pairs]
+        # No ratio where a plain run has none of it (ddpwatch's threads): the added seconds say it.
+        ratios = [armed[p] / plain[p] for p in pairs] if all(plain[p] > 0 for p in pairs) else None
         stats[name] = {
             "plain": statistics.median(plain[p] for p in pairs),
             "armed": statistics.median(armed[p] for p in pairs),
             "added": statistics.median(armed[p] - plain[p] for p in pairs),
-            "ratio": statistics.median(ratios),
-            "ratio_min": min(ratios),
-            "ratio_max": max(ratios),
+            "ratio": statistics.median(ratios) if ratios else None,
+            "ratio_min": min(ratios) if ratios else None,
+            "ratio_max": max(ratios) if ratios else None,
             "ratios": ratios,
             "pairs": len(pairs),
         }
@@ -288,9 +305,9 @@ def print_summary(summaries: dict) -> None:
                     s["plain"],
                     s["armed"],
                     f"{s['added']:+.3f}",
-                    f"{s['ratio']:.4f}",
-                    f"{s['ratio_min']:.4f} .. {s['ratio_max']:.4f}",
-                    " ".join(f"{r:.3f}" for r in s["ratios"]),
+                    f"{s['ratio']:.4f}" if s["ratios"] else "-",
+                    f"{s['ratio_min']:.4f} .. {s['ratio_max']:.4f}" if s["ratios"] else "-",
+                    " ".join(f"{r:.3f}" for r in s["ratios"]) if s["ratios"] else "- (none in a plain run)",
                 ]
             )
     C.print_table(

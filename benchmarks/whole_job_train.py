@@ -1,8 +1,9 @@
 """The jobs benchmarks/whole_job.py launches, as a user would: `torchrun ... whole_job_train.py JOB STEPS`.
 
 Nothing here imports ddpwatch: under DDPWATCH=1 the start-up hook guards the ranks, as it would any script. Each
-rank writes what it measured (its training loop's wall and CPU time) to $BENCH_WHOLEJOB_OUT/rank<R>.json, and,
-only when ddpwatch is armed, what ddpwatch had on (a check that the run was what its label says).
+rank writes what it measured (its training loop's wall and CPU time, that CPU time by thread) to
+$BENCH_WHOLEJOB_OUT/rank<R>.json, and, only when ddpwatch is armed, what ddpwatch had on (a check that the run was
+what its label says).
 
 The jobs (STEPS: micro-steps per rank):
 - ddp: a small ResNet with BatchNorm under DistributedDataParallel, gradients accumulated over 2 micro-steps with
@@ -215,6 +216,30 @@ def many_job(steps: int, rank: int, world: int, out: str):
 JOBS = {"ddp": ddp_job, "fsdp2": fsdp2_job, "many": many_job}
 
 
+def threads_cpu() -> dict | None:
+    """This process's CPU seconds so far by thread kind: "training" (the main thread, the training loop's), "ddpwatch"
+    (Python threads named ddpwatch-*) and "backend" (every other thread: gloo's and torch's own, unnamed in Python);
+    None where /proc cannot be read (not Linux). A thread that ended is no longer counted."""
+    import threading
+
+    main = threading.main_thread().native_id
+    ours = {t.native_id for t in threading.enumerate() if t.name.startswith("ddpwatch")}
+    tick, kinds = os.sysconf("SC_CLK_TCK"), {"training": 0.0, "ddpwatch": 0.0, "backend": 0.0}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
+        except OSError:
+            continue  # ended meanwhile
+        kind = "training" if int(tid) == main else "ddpwatch" if int(tid) in ours else "backend"
+        kinds[kind] += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return kinds
+
+
 def armed_facts() -> dict | None:
     """What ddpwatch had on in this rank (None: not loaded, the plain runs): a check on the run's label."""
     session_module = sys.modules.get("ddpwatch.session")
@@ -246,10 +271,12 @@ def main() -> None:
     rank, world, out = dist.get_rank(), dist.get_world_size(), os.environ["BENCH_WHOLEJOB_OUT"]
     loop = JOBS[job](steps, rank, world, out)
     dist.barrier()
-    wall, cpu = time.perf_counter(), time.process_time()
+    threads, wall, cpu = threads_cpu(), time.perf_counter(), time.process_time()
     loop()
     dist.barrier()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    after = threads_cpu()
+    by_thread = {kind: after[kind] - threads[kind] for kind in after} if threads and after else None
     facts = armed_facts()  # before destroy: the watchdog is stopped there
     dist.destroy_process_group()
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -261,6 +288,7 @@ def main() -> None:
                 "steps": steps,
                 "loop_wall_s": wall,
                 "loop_cpu_s": cpu,
+                "loop_cpu_by_thread_s": by_thread,
                 "process_cpu_s": usage.ru_utime + usage.ru_stime,
                 "ddpwatch": facts,
                 "level": int(level) if level else None,

@@ -120,7 +120,7 @@ def test_whole_job_quick_mode_runs_every_job_and_level_and_its_attribution_adds_
     assert "== whole_job" in out and "(quick mode)" in out and "Where the difference comes from, ddp job" in out
     assert TABLE_RULE.search(out) and len(TABLE_ROW.findall(out)) >= (2 + 9) + (2 + 6), out  # the two tables
     doc = json.loads(path.read_text())
-    assert (doc["format"], doc["quick"], doc["neighbour"], doc["pairs"]) == (1, True, False, 1)
+    assert (doc["format"], doc["quick"], doc["neighbour"], doc["pairs"]) == (2, True, False, 1)
     expected = [("ddp", level) for level in range(6)] + [(job, level) for job in ("fsdp2", "many") for level in (0, 5)]
     assert sorted((run["job"], run["level"]) for run in doc["runs"]) == sorted(expected)
     assert [run["problem"] for run in doc["runs"]] == [""] * len(expected)
@@ -129,6 +129,11 @@ def test_whole_job_quick_mode_runs_every_job_and_level_and_its_attribution_adds_
             stats = doc["summary"][job][measure]
             assert stats["pairs"] == 1 and len(stats["ratios"]) == 1
             assert stats["ratio_min"] <= stats["ratio"] <= stats["ratio_max"]
+        for measure in ("loop_training_cpu_s", "loop_backend_cpu_s", "loop_ddpwatch_cpu_s"):  # /proc, by thread
+            stats = doc["summary"][job][measure]
+            assert stats["pairs"] == 1 and stats["armed"] >= 0 and stats["plain"] >= 0
+        assert doc["summary"][job]["loop_ddpwatch_cpu_s"]["plain"] == 0  # no ddpwatch thread: no ratio either
+        assert doc["summary"][job]["loop_ddpwatch_cpu_s"]["ratio"] is None
     assert list(doc["attribution"]) == ["ddp"]
     for measure in WHOLE_JOB_MEASURES:
         result = doc["attribution"]["ddp"][measure]
