@@ -273,7 +273,7 @@ class FlightFeed:
         if now < self._next_poll:
             return
         ops = self._count_new_ops()
-        self._next_poll = now + self._poll_gap(now)
+        self._next_poll = now + self._poll_gap(now, ops)
         self._progressed = bool(ops)
         if ops:
             self._quiet_since, self._looked = now, False
@@ -294,14 +294,13 @@ class FlightFeed:
             self._looked = True
             self.look(waiting)
 
-    def _poll_gap(self, now: float) -> float:
+    def _poll_gap(self, now: float, issued: int) -> float:
         """POLL_S, unless the job runs so fast that a block could leave the Flight Recorder's buffer within 2 *
         POLL_S of its multiple being passed (above about 9,700 collectives a second with 2,000 entries: an NCCL
         job's speed). Then the next poll is due within half that time after the nearest group's next multiple, at
         its current rate: it reads the block while the buffer still holds it. Polls come closer only near a multiple,
-        once a stride."""
+        once a stride. `issued`: every group's ops since the last poll (the buffer is one ring for all of them)."""
         elapsed, self._last_poll = now - self._last_poll, now
-        issued = sum(self._gains.values())  # every group's: the buffer is one ring for all of them
         if elapsed <= 0 or not issued:
             return POLL_S
         stays = max(0, self._buffer - HISTORY_KEPT) * elapsed / issued  # seconds a passed block stays readable
