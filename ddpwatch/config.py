@@ -241,7 +241,7 @@ OPTIONS = (
         ", ".join(RECORDERS),
         "Where each rank's sequence of collectives comes from: python (a wrapper on every collective), flight "
         "(torch's own Flight Recorder, read by the watchdog when a rank stops making progress and once a round "
-        "while it makes some: no record per collective; gloo and nccl only, else python) or auto (python; why: "
+        "while it makes some: no record per collective; gloo only, else python) or auto (python; why: "
         "docs/how-it-works.md, the two recorders).",
     ),
     Option(

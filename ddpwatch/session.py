@@ -79,9 +79,9 @@ class Session:
         (asked for, but unavailable: said once, and the python recorder records instead)."""
         if self.patcher.per_op:
             return None
-        from .watch import flight
+        from .watch import flight, flight_support
 
-        why = flight.unavailable() or flight.backend_unsupported(None) or flight.load_symbolizer()
+        why = flight_support.why_not_here()
         if why is not None:
             log.warning("ddpwatch: recorder=flight, but %s; recording with the python recorder instead", why)
             self.patcher.add_per_op()

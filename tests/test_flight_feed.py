@@ -11,7 +11,7 @@ from ddpwatch import flight_entries
 from ddpwatch.capture.record import FLIGHT, Recorder
 from ddpwatch.capture.replacements import PATCH_MARKER
 from ddpwatch.format import build
-from ddpwatch.watch import flight
+from ddpwatch.watch import flight, flight_support
 
 
 def entry(record_id, seq, op="all_reduce", retired=True, group="0", thread=None, sizes=((4,),), p2p=False):
@@ -58,7 +58,9 @@ def feed(monkeypatch):
     named = []
     made = flight.FlightFeed(recorder, named.append)
     made.entries = []
+    made.status = {}  # the Flight Recorder's pg_status: nothing enqueued and not completed
     monkeypatch.setattr(flight, "read_flight_recorder", lambda stack_traces=False: list(made.entries))
+    monkeypatch.setattr(made, "_read_status", lambda: made.status)
     return made
 
 
@@ -134,13 +136,25 @@ def test_a_failed_wait_with_no_record_still_reaches_the_watchdog_in_flight_mode(
 def test_the_flight_recorder_is_unavailable_when_its_buffer_is_off(monkeypatch):
     monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
     monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
-    assert flight.unavailable() is None
+    assert flight_support.unavailable() is None
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "0")
-    assert "TORCH_FR_BUFFER_SIZE=0" in flight.unavailable()
+    assert "TORCH_FR_BUFFER_SIZE=0" in flight_support.unavailable()
 
 
 def test_a_group_whose_backend_cannot_be_read_is_not_served():
-    assert "backend cannot be read" in flight.backend_unsupported(object())
+    assert "backend cannot be read" in flight_support.backend_unsupported(object())
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl"])
+def test_an_nccl_group_is_not_served_its_collectives_go_to_a_recorder_of_their_own(monkeypatch, backend):
+    """ProcessGroupNCCL records into FlightRecorderCUDA (read by _dump_nccl_trace), not the generic recorder that
+    _dump_fr_trace reads: read there, an NCCL job would progress and never be found in a collective."""
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "get_backend", lambda pg=None: backend)
+    assert "NCCL's collectives go to its own Flight Recorder" in flight_support.backend_unsupported(None)
+    monkeypatch.setattr(dist, "get_backend", lambda pg=None: "gloo")
+    assert flight_support.backend_unsupported(None) is None
 
 
 def test_the_flight_patcher_wraps_no_collective_until_asked_to():
@@ -298,9 +312,9 @@ def test_a_read_for_an_incident_keeps_what_a_look_found_in_flight(feed):
 
 def test_the_symbolizer_is_loaded_on_the_arming_thread_so_that_no_read_imports_anything(monkeypatch):
     """A read with stack traces imports torch._inductor.codecache the first time: never from the watchdog thread."""
-    assert flight.load_symbolizer() is None and sys.modules.get("torch._inductor.codecache") is not None
+    assert flight_support.load_symbolizer() is None and sys.modules.get("torch._inductor.codecache") is not None
     monkeypatch.setitem(sys.modules, "torch._inductor.codecache", None)  # an import that fails: said, not raised
-    assert "cannot be loaded" in flight.load_symbolizer()
+    assert "cannot be loaded" in flight_support.load_symbolizer()
 
 
 def test_records_a_look_hands_over_without_progress_are_filed_for_the_mismatch_check(feed):
@@ -444,6 +458,47 @@ def test_a_wait_that_ends_without_a_new_op_ends_what_the_look_found(feed, monkey
     waiting[threading.get_ident()] = sys._getframe()  # waits again, on what is still unretired: the same record
     feed.poll(now=start + 2 * flight.LOOK_AFTER_S + 0.5)
     assert list(feed.recorder.inflight) == [record] and record.state == build.IN_FLIGHT
+
+
+def status(enqueued, completed, group="0"):
+    """A group's entry in the Flight Recorder's pg_status, as torch 2.13 writes it (gloo: nothing is "started")."""
+    return {
+        group: {
+            "last_enqueued_collective": enqueued,
+            "last_started_collective": -1,
+            "last_completed_collective": completed,
+        }
+    }
+
+
+def test_a_collective_is_pending_while_a_group_has_one_enqueued_and_not_completed():
+    assert flight.collectives_pending(status(3, 2))
+    assert flight.collectives_pending({**status(4, 4), **status(1, -1, group="1")})
+    assert not flight.collectives_pending(status(4, 4))
+    assert not flight.collectives_pending({}) and not flight.collectives_pending(None)
+    assert not flight.collectives_pending({"0": {"last_enqueued_collective": 2}})  # a field missing: not known
+
+
+def test_a_rank_whose_thread_waits_outside_torch_on_a_pending_collective_is_looked_at_until_it_completes(
+    feed, monkeypatch
+):
+    """An async all_reduce whose thread polls is_completed() in a sleep loop (NCCL's way: blocked at a device sync,
+    outside torch): no thread waits inside torch, yet the rank is in that collective, at the line that issued it."""
+    monkeypatch.setattr(flight, "waiting_threads", lambda skip: {})
+    monkeypatch.setattr(feed, "_count_new_ops", lambda: 0)
+    feed.entries = traced(entry(0, 1), entry(1, 2, retired=False))
+    start = feed._quiet_since
+    feed.poll(now=start + flight.LOOK_AFTER_S + 0.01)
+    assert not feed.recorder.inflight, "nothing pending: a rank computing is not looked at"
+    feed.status = status(2, 1)
+    feed.poll(now=start + flight.LOOK_AFTER_S + 0.2)
+    [record] = feed.recorder.inflight
+    assert (record.seq, record.op, record.site[1]) == (1, "all_reduce", 42)  # the issuing line, from its frames
+    feed.poll(now=start + flight.LOOK_AFTER_S + 0.4)
+    assert list(feed.recorder.inflight) == [record], "still pending: still in flight"
+    feed.status = status(2, 2)
+    feed.poll(now=start + flight.LOOK_AFTER_S + 0.6)
+    assert not feed.recorder.inflight and record.state == build.COMPLETED
 
 
 # ---------------------------------------------------------------- a fast job: the ranks sample the same positions
@@ -608,10 +663,10 @@ def test_a_job_slow_enough_for_the_buffer_keeps_a_poll_every_poll_s(monkeypatch)
 def test_the_buffer_size_is_torchs_setting_or_its_default(monkeypatch):
     monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
     monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
-    assert flight.buffer_size() == flight.DEFAULT_BUFFER
+    assert flight_support.buffer_size() == flight_support.DEFAULT_BUFFER
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "500")
-    assert flight.buffer_size() == 500
+    assert flight_support.buffer_size() == 500
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "20000")  # the current name wins
-    assert flight.buffer_size() == 20_000
+    assert flight_support.buffer_size() == 20_000
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "lots")  # not a whole number: ignored here
-    assert flight.buffer_size() == 500
+    assert flight_support.buffer_size() == 500

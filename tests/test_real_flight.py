@@ -50,6 +50,23 @@ def test_a_rank0_only_all_reduce_from_the_flight_recorder_is_collective_on_subse
     assert finding["location"]["line"] == tagged_line(HANGS, "subset_all_reduce")
 
 
+@pytest.mark.parametrize("recorder", ["flight", "python"])
+def test_an_async_collective_whose_thread_waits_outside_torch_is_a_mismatch_under_both_recorders(tmp_path, recorder):
+    """No thread of rank 0 waits inside torch (it polls is_completed() in a sleep loop): the flight recorder finds
+    its all_reduce pending from the Flight Recorder's own status, and places it at the line that issued it."""
+    results = run_case([HANGS, "async_polled"], 2, tmp_path, DDPWATCH_RECORDER=recorder, DDPWATCH_ACTION="abort")
+    assert all(r.returncode == 3 for r in results), describe(results)
+    incident = load_only_report(tmp_path)
+    assert [state["recorder"] for state in incident["ranks"]] == [recorder, recorder]
+    [finding] = incident["findings"]
+    assert finding["kind"] == "collective_mismatch", finding
+    lines = {row["op"]: row["site"]["line"] for row in finding["evidence"]["mismatched"]}
+    assert lines == {
+        "all_reduce": tagged_line(HANGS, "polled_all_reduce"),
+        "broadcast": tagged_line(HANGS, "polled_broadcast"),
+    }
+
+
 def test_flight_asked_for_with_the_flight_recorder_off_records_with_python_and_says_why(tmp_path):
     results = run_case(
         ["-m", "ddpwatch.examples.seed_stall", "--mark"], 2, tmp_path, TORCH_FR_BUFFER_SIZE="0", **FLIGHT

@@ -136,7 +136,7 @@ class Patcher:
 
     def add_per_op(self) -> None:
         """The per-op wrappers after all: the flight recorder was asked for, but the process group, known only once
-        it exists, is one it does not serve (watch/flight.py: backend_unsupported)."""
+        it exists, is one it does not serve (watch/flight_support.py: backend_unsupported)."""
         with self._lock:
             if not self.patches or self._per_op:
                 return

@@ -2,16 +2,16 @@
 
 No wrapper runs on any collective. Every POLL_S the feed reads each process group's sequence number (about 13 us a
 group): a change is progress. Once the rank has made none for LOOK_AFTER_S while one of its threads waits inside
-torch, it reads the Flight Recorder once (one dump, no stack traces: about 25 ms at 2,000 entries, holding the GIL
-while the training thread waits anyway) and hands the Recorder the collectives still in flight, placed at the
-waiting thread's own line, and those finished since its last read.
+torch, or a collective is pending (enqueued, not completed: the dump's header), it reads the Flight Recorder once
+(one dump: about 25 ms at 2,000 entries, holding the GIL while the training thread waits anyway) and hands the
+Recorder the collectives still in flight, placed at the waiting thread's own line (else the line that issued
+them), and those finished since its last read.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import pickle
 import sys
 import threading
@@ -23,11 +23,11 @@ from ..flight_entries import canonical_op, classify, dtype, first_user_frame, gr
 from ..format import build
 from ..logonce import log_once
 from .flight_calls import fold
+from .flight_support import buffer_size
 
 POLL_S = 0.1  # between two reads of the groups' sequence numbers (less near a block in a very fast job: _poll_gap)
 MIN_POLL_S = 0.01  # the shortest gap between two polls (the watchdog sleeps no less: watchdog.MIN_PAUSE_S)
-DEFAULT_BUFFER = 2000  # the Flight Recorder's entries when TORCH_FR_BUFFER_SIZE is not set (torch 2.13)
-LOOK_AFTER_S = 0.2  # no progress this long, a thread waiting inside torch: read the Flight Recorder
+LOOK_AFTER_S = 0.2  # no progress this long, a thread waiting inside torch or a collective pending: read it
 HISTORY_KEPT = 64  # finished collectives handed to the ring per group and read (the ring keeps ring_size)
 READ_SHARE = 0.005  # of the wall time, at most, that refresh()'s reads take: a read's cost sets the next one's time
 # A fast job issues more collectives between two reads than the Flight Recorder keeps (2,000 by default): a read then
@@ -51,66 +51,7 @@ WAITING_IN = (
 )
 WAITING_DEPTH = 16
 REDUCING_OPS = frozenset({"all_reduce", "reduce", "reduce_scatter"})  # the ops (canonical) that take a reduce op
-SERVED_BACKENDS = frozenset({"gloo", "nccl"})  # the backends whose every collective the Flight Recorder records
 _logged: set = set()
-
-
-def unavailable() -> str | None:
-    """Why torch's Flight Recorder cannot be the record here, or None when it can."""
-    try:
-        import torch._C._distributed_c10d as c10d_c
-        import torch.distributed as dist
-    except Exception as exc:
-        return f"torch.distributed cannot be imported ({type(exc).__name__})"
-    if not hasattr(c10d_c, "_dump_fr_trace") or not hasattr(dist.ProcessGroup, "_get_sequence_number_for_group"):
-        return f"torch {getattr(sys.modules.get('torch'), '__version__', '?')} has no Flight Recorder to read"
-    for variable, size in _buffer_settings():
-        if size <= 0:
-            return f"{variable}={size} turns the Flight Recorder off"
-    return None
-
-
-def _buffer_settings() -> list:
-    """(variable, entries) for each of torch's buffer-size variables set to a whole number, the current name first."""
-    settings = []
-    for variable in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
-        size = os.environ.get(variable, "").strip()
-        if size and size.lstrip("-").isdigit():
-            settings.append((variable, int(size)))
-    return settings
-
-
-def buffer_size() -> int:
-    """How many entries the Flight Recorder keeps, all groups together (its buffer is one ring per process)."""
-    settings = _buffer_settings()
-    return settings[0][1] if settings else DEFAULT_BUFFER
-
-
-def load_symbolizer() -> str | None:
-    """Import what torch's traceback symbolizer imports on its first use, here, on the thread that arms the session
-    (the program's own, inside init_process_group); or why that failed. A read with stack traces imports
-    torch._inductor.codecache (0.9 s and 76 MB in a process that imported only torch; a few hundredths of a second
-    where a torch.optim optimizer already imported torch._inductor, measured): from the watchdog thread, that
-    import raced the program's own lazy import of torch._dynamo (an ImportError in the program, seen on a
-    torch.ops call). Imported first, no read ever imports anything."""
-    try:
-        import torch._inductor.codecache  # noqa: F401  (what py_symbolize imports: generated code's lines)
-    except Exception as exc:
-        return f"torch's traceback symbolizer cannot be loaded ({type(exc).__name__}: {exc})"[:300]
-    return None
-
-
-def backend_unsupported(pg) -> str | None:
-    """Why the Flight Recorder does not record this group's collectives (a backend other than gloo and nccl: the
-    fake and custom ones record nothing and count no sequence numbers), or None."""
-    try:
-        import torch.distributed as dist
-
-        backend = str(dist.get_backend(pg)).lower()
-    except Exception as exc:
-        return f"its backend cannot be read ({type(exc).__name__})"
-    names = {part.split(":")[-1].strip() for part in backend.split(",")}  # "cpu:gloo,cuda:nccl"
-    return None if names <= SERVED_BACKENDS else f"the {backend} backend is not recorded by the Flight Recorder"
 
 
 def read_flight_recorder(stack_traces: bool = False) -> list | None:
@@ -216,6 +157,21 @@ def in_flight_entries(entries: list) -> list:
     ]
 
 
+def collectives_pending(status) -> bool:
+    """Whether a group's status (the Flight Recorder's pg_status: group -> its last enqueued and last completed
+    collective) shows one enqueued and not yet completed. Gloo marks an op completed when it finishes, waited on
+    or not (an async op polled to completion counts), a moment after a synchronous call returns."""
+    if not isinstance(status, dict):
+        return False
+    for group in status.values():
+        try:
+            if int(group["last_enqueued_collective"]) > int(group["last_completed_collective"]):
+                return True
+        except (KeyError, TypeError, ValueError):
+            continue
+    return False
+
+
 def record_id(entry: dict) -> int:
     """The entry's place in the Flight Recorder's order of creation (every process group's ops together)."""
     return entry.get("record_id") or 0
@@ -285,12 +241,14 @@ class FlightFeed:
                 self.refresh(now)
             return
         if self._looked:
-            self._end_look_if_no_longer_waiting(now)
+            self._end_look_if_nothing_waits(now)
             return
         if now - self._quiet_since < LOOK_AFTER_S:
             return
         waiting = waiting_threads(skip=threading.get_ident())
-        if waiting:
+        # No thread waits inside torch, yet a collective can be: an async op whose thread polls is_completed() or
+        # computes, or, NCCL's way, blocks outside torch at a device sync. The header says so (enqueued, not done).
+        if waiting or self._collective_pending():
             self._looked = True
             self.look(waiting)
 
@@ -315,14 +273,29 @@ class FlightFeed:
                 gap = min(gap, ahead * elapsed / gained + stays / 2)
         return max(MIN_POLL_S, gap)
 
-    def _end_look_if_no_longer_waiting(self, now: float) -> None:
+    def _end_look_if_nothing_waits(self, now: float) -> None:
         """A collective's completion moves no sequence number: a rank that waited in a barrier (a look found it in
-        flight), got through and now computes has issued nothing. Once no thread waits inside torch, what the look
-        found is over (else that rank reads as blocked in it: a false deadlock once a peer blocks); a later wait is
-        looked at afresh."""
-        if not waiting_threads(skip=threading.get_ident()):
+        flight), got through and now computes has issued nothing. Once no thread waits inside torch and no
+        collective is still pending, what the look found is over (else that rank reads as blocked in it: a false
+        deadlock once a peer blocks); a later wait is looked at afresh."""
+        if not waiting_threads(skip=threading.get_ident()) and not self._collective_pending():
             self._quiet_since, self._looked = now, False
             self.recorder.take_flight([], [], {}, 0)
+
+    def _collective_pending(self) -> bool:
+        return collectives_pending(self._read_status())
+
+    @staticmethod
+    def _read_status():
+        """The Flight Recorder's per-group status (pg_status), from a dump of its header alone: no entries, about
+        12 us. None when it cannot be read."""
+        try:
+            import torch._C._distributed_c10d as c10d_c
+
+            header = pickle.loads(c10d_c._dump_fr_trace(False, False, False))  # type: ignore[attr-defined]
+        except Exception:
+            return None
+        return header.get("pg_status") if isinstance(header, dict) else None
 
     def refresh(self, now: float | None = None, now_or_never: bool = False) -> None:
         """Once a round, while the rank makes progress: the collectives finished since the last read, with their

@@ -27,6 +27,20 @@ def busy(rank, seconds):
     dist.barrier()  # LINE:busy_barrier
 
 
+def async_polled(rank):
+    """Rank 0's all_reduce is async and its thread polls the Work in a sleep loop: it waits outside torch (as an
+    NCCL rank blocks at a device sync); rank 1 broadcasts at the same position. They can never match."""
+    values = torch.ones(4)
+    dist.barrier()
+    if rank == 0:
+        work = dist.all_reduce(values, async_op=True)  # LINE:polled_all_reduce
+        while not work.is_completed():
+            time.sleep(0.01)  # LINE:polled_sleep
+    else:
+        dist.broadcast(values, src=1)  # LINE:polled_broadcast
+    dist.barrier()
+
+
 def matched(rank):
     for _ in range(50):
         dist.all_reduce(torch.ones(4))
@@ -44,6 +58,8 @@ def main():
             collective_on_subset(rank)
         elif case.startswith("busy:"):
             busy(rank, float(case.split(":")[1]))
+        elif case == "async_polled":
+            async_polled(rank)
         elif case == "matched":
             matched(rank)
         else:
