@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -107,6 +108,10 @@ def main(argv=None) -> int:
             ]
         ],
     )
+    if reports:
+        print(f"the false alarms' reports are kept in {report_dir}")
+    else:
+        shutil.rmtree(report_dir, ignore_errors=True)
     ok = all(r.returncode == 0 for r in results) and lines
     return 0 if ok else 1
 

@@ -42,6 +42,7 @@ def hang_report(case, tmp_path, **env):
         stop_when=lambda: bool(reports(report_dir)),
         DDPWATCH_ACTION="report",
         DDPWATCH_TIMEOUT=10,
+        FRAMEWORKS_ROOT_DIR=str(tmp_path),  # Lightning's folder in the test's own, not a new one in /tmp each run
         **env,
     )
     assert reports(report_dir), "no report at all\n" + describe(results)
