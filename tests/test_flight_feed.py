@@ -501,6 +501,26 @@ def test_a_rank_whose_thread_waits_outside_torch_on_a_pending_collective_is_look
     assert not feed.recorder.inflight and record.state == build.COMPLETED
 
 
+def test_a_look_for_a_waiting_thread_ends_when_it_stops_waiting_though_another_collective_is_pending(feed, monkeypatch):
+    """Through a barrier, an async all_reduce still pending on another group: the barrier is not left in flight
+    (the rank would read as blocked in it); the next look, made for the pending op, finds that one alone."""
+    waiting = {threading.get_ident(): sys._getframe()}
+    monkeypatch.setattr(flight, "waiting_threads", lambda skip: dict(waiting))
+    monkeypatch.setattr(feed, "_count_new_ops", lambda: 0)
+    feed.entries = traced(entry(0, 1, retired=False, group="1"), entry(1, 1, op="barrier", retired=False))
+    feed.status = {**status(1, 0, group="1"), **status(1, 0)}
+    start = feed._quiet_since
+    feed.poll(now=start + flight.LOOK_AFTER_S + 0.01)
+    assert sorted(record.op for record in feed.recorder.inflight) == ["all_reduce", "barrier"]
+    waiting.clear()
+    feed.entries = traced(entry(0, 1, retired=False, group="1"), entry(1, 1, op="barrier"))
+    feed.status = {**status(1, 0, group="1"), **status(1, 1)}
+    feed.poll(now=start + flight.LOOK_AFTER_S + 0.2)
+    assert not feed.recorder.inflight, "the barrier is done: not in flight"
+    feed.poll(now=start + 2 * flight.LOOK_AFTER_S + 0.4)
+    assert [(record.op, record.group) for record in feed.recorder.inflight] == [("all_reduce", "1")]
+
+
 # ---------------------------------------------------------------- a fast job: the ranks sample the same positions
 
 

@@ -36,6 +36,7 @@ READ_SHARE = 0.005  # of the wall time, at most, that refresh()'s reads take: a 
 # count passes that multiple: every rank reads the same blocks. The stride is a power of two sized by the reads'
 # cost (READ_SHARE), so two ranks' strides divide each other: the larger one's blocks are read by both.
 MIN_STRIDE = 128
+WAITING, PENDING = "waiting", "pending"  # why a look was made: FlightFeed._looked
 MAX_SHAPES = 4  # as many tensors as the python recorder keeps
 # Where a thread that waits on a collective stands, by module: torch.distributed (c10d's wait), autograd (DDP's
 # gradient all-reduce in backward), DDP's forward, torch.ops (a functional collective's wait_tensor called as an
@@ -201,7 +202,9 @@ class FlightFeed:
         self._seqs: dict = {}
         self._quiet_since = time.monotonic()
         self._next_poll = 0.0
-        self._looked = False  # the Flight Recorder was read since the last progress
+        # Why the Flight Recorder was read since the last progress: WAITING (a thread waited inside torch), PENDING
+        # (no thread did, a collective was pending), or None (not read)
+        self._looked: str | None = None
         self._known: dict = {}  # (group, seq) -> the Record given for it (a look that finds it again keeps it)
         self._newest_id = -1  # the newest entry (record_id) already handed to the ring
         self._wall_offset = time.time() - time.monotonic()
@@ -232,7 +235,7 @@ class FlightFeed:
         self._next_poll = now + self._poll_gap(now, ops)
         self._progressed = bool(ops)
         if ops:
-            self._quiet_since, self._looked = now, False
+            self._quiet_since, self._looked = now, None
             self._unread += ops
             # What a look found in flight is over, or no longer what the rank waits on: never leave it standing
             # while the rank computes (a record in flight after progress would read as a rank blocked in it).
@@ -249,7 +252,7 @@ class FlightFeed:
         # No thread waits inside torch, yet a collective can be: an async op whose thread polls is_completed() or
         # computes, or, NCCL's way, blocks outside torch at a device sync. The header says so (enqueued, not done).
         if waiting or self._collective_pending():
-            self._looked = True
+            self._looked = WAITING if waiting else PENDING
             self.look(waiting)
 
     def _poll_gap(self, now: float, issued: int) -> float:
@@ -275,12 +278,17 @@ class FlightFeed:
 
     def _end_look_if_nothing_waits(self, now: float) -> None:
         """A collective's completion moves no sequence number: a rank that waited in a barrier (a look found it in
-        flight), got through and now computes has issued nothing. Once no thread waits inside torch and no
-        collective is still pending, what the look found is over (else that rank reads as blocked in it: a false
-        deadlock once a peer blocks); a later wait is looked at afresh."""
-        if not waiting_threads(skip=threading.get_ident()) and not self._collective_pending():
-            self._quiet_since, self._looked = now, False
-            self.recorder.take_flight([], [], {}, 0)
+        flight), got through and now computes has issued nothing. Once no thread waits inside torch, what a look
+        made for a waiting thread found is over (else that rank reads as blocked in it: a false deadlock once a peer
+        blocks), even where another collective is still pending: the next look, made for that one, finds it again
+        without the barrier. What a look made for a pending collective found is over once nothing is pending. A
+        later wait is looked at afresh."""
+        if waiting_threads(skip=threading.get_ident()):
+            return
+        if self._looked == PENDING and self._collective_pending():
+            return
+        self._quiet_since, self._looked = now, None
+        self.recorder.take_flight([], [], {}, 0)
 
     def _collective_pending(self) -> bool:
         return collectives_pending(self._read_status())
