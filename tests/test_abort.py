@@ -5,6 +5,7 @@ import ast
 import glob
 import json
 import os
+import sys
 
 import pytest
 
@@ -136,3 +137,76 @@ def test_a_sigterm_after_the_verdict_ends_the_rank_with_the_policys_exit_code(mo
     with pytest.raises(Exited):
         live._ending_by_verdict()
     assert exits == [9]
+
+
+# ----- torchrun's SIGTERM before this rank's collective failed: one look for a peer that crashed -----
+
+
+def terminating_watchdog(monkeypatch, views):
+    """A watchdog (thread not started) in a collective, whose one look finds `views` gone; its incidents noted."""
+    from ddpwatch.watch import crashes
+
+    recorder = Recorder()
+    dog = watchdog_module.Watchdog(recorder, Config(action=REPORT), 0, 2, None, "")
+    monkeypatch.setattr(dog, "is_alive", lambda: True)
+    looks, incidents = [], []
+
+    def vanished(peers, job, config, stopping, own_state):
+        looks.append(stopping.is_set())  # one look only: `stopping` is set
+        return dict(views), [{"kind": "mismatch_crash"}] if views else []
+
+    monkeypatch.setattr(crashes, "vanished", vanished)
+
+    class Job:
+        def claim(self, fingerprint):
+            return True
+
+    dog.job = Job()
+    dog.in_collective = recorder.begin("all_reduce", "all_reduce", "0", (), sys._getframe())  # in flight
+    monkeypatch.setattr(dog, "run_incident", lambda assessment, silent=None, action=None: incidents.append(silent))
+    return dog, looks, incidents
+
+
+def test_a_sigterm_in_a_collective_reports_a_peer_that_crashed_after_one_look(monkeypatch):
+    dog, looks, incidents = terminating_watchdog(monkeypatch, {1: {"fault": {"error": "SIGABRT", "file": "f"}}})
+    dog.look_for_a_vanished_peer()
+    assert dog.writing.is_set(), "the SIGTERM waits for this look (signals.finish_report)"
+    dog._report_peer_failure()  # what the watchdog thread's next tick does
+    assert looks == [True] and incidents == [{1: {"fault": {"error": "SIGABRT", "file": "f"}}}]
+    assert not dog.writing.is_set() and not dog._terminating.is_set()
+
+
+def test_a_sigterm_reports_no_peer_that_ended_without_crashing(monkeypatch):
+    """The user's Ctrl-C: torchrun SIGTERMs every rank, they end one after another; none left a fault file."""
+    dog, looks, incidents = terminating_watchdog(monkeypatch, {1: {"last_state": {"rank": 1}}})
+    dog.look_for_a_vanished_peer()
+    dog._report_peer_failure()
+    assert looks == [True] and incidents == [] and not dog.writing.is_set()
+
+
+def test_a_sigterm_outside_any_collective_asks_for_no_look(monkeypatch):
+    dog, looks, incidents = terminating_watchdog(monkeypatch, {1: {"fault": {}}})
+    dog.recorder.finish(dog.in_collective)
+    dog.look_for_a_vanished_peer()
+    assert not dog.writing.is_set() and not dog._terminating.is_set()
+
+
+def test_the_sigterm_path_asks_the_watchdog_to_look_before_it_waits_for_a_report(monkeypatch):
+    from ddpwatch.watch import signals
+
+    calls = []
+
+    class Watchdog:
+        writing = None
+
+        def look_for_a_vanished_peer(self):
+            calls.append("look")
+
+    class Session:
+        watchdog = Watchdog()
+
+    live = signals.LiveControl(Session(), die=lambda signum: calls.append("die"))
+    monkeypatch.setattr(live, "finish_report", lambda limit=None: calls.append("wait") or True)
+    monkeypatch.setattr(live, "_handles", lambda signum: True)
+    live._terminate(15)
+    assert calls == ["look", "wait", "die"]

@@ -17,6 +17,7 @@ import re
 import time
 
 from .. import analysis, private
+from ..config import REPORT
 
 from ..capture.sites import is_internal_file
 
@@ -149,3 +150,31 @@ def vanished(peers, job, config, stopping, own_state) -> tuple:
     add_crash_evidence(silent, job)
     own = own_state()
     return silent, analysis.stage_findings(analysis.STAGE_SILENT, silent, {own["rank"]: own}, config.grace)
+
+
+def report_vanished(dog, terminating, stopped) -> None:
+    """Report the peers gone (vanished, above), once per set of ranks; `dog`: the Watchdog, whose `writing` (a
+    SIGTERM waits while it is set) is cleared on the way out, as `terminating` is.
+
+    `terminating` set: a SIGTERM's look (Watchdog.look_for_a_vanished_peer), one look, not FAILURE_REPORT_S of
+    them (else `stopped`, the watchdog's own stop). torchrun SIGTERMs the other ranks once one has exited, and under
+    load that can come before this rank's collective has failed (the peer's abort closed the connection; gloo has
+    not raised in Python yet): the report of the peer's failure was lost (gloo's size-mismatch abort: 2 runs in 21
+    beside four CPU-bound processes). Only a peer that crashed (its fault file: the backend aborted it) is reported
+    then: a launcher ending every rank (the user's Ctrl-C) has its ranks go one after another, none crashed, and
+    none is to blame."""
+    crashed_only = terminating.is_set()
+    try:
+        silent, findings = vanished(
+            dog.peers, dog.job, dog.config, terminating if crashed_only else stopped, dog.states.read
+        )
+        if not silent or (crashed_only and not all("fault" in view for view in silent.values())):
+            return
+        fingerprint = "peer-failure-" + "-".join(str(r) for r in sorted(silent))
+        if fingerprint not in dog.reported and dog.job.claim(fingerprint):
+            dog.reported.add(fingerprint)
+            assessment = analysis.Assessment(analysis.SILENT, findings, fingerprint)
+            dog.run_incident(assessment, silent, action=REPORT)  # the user's exception follows; torchrun decides
+    finally:
+        terminating.clear()
+        dog.writing.clear()  # set by on_collective_failure or a SIGTERM's look: the SIGTERM waited for this

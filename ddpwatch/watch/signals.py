@@ -236,6 +236,7 @@ class LiveControl:
             return None
         if callable(previous):  # the program's own handler decides; ours only lets a report finish first
             if os.getpid() == self.pid:
+                self._look_for_a_vanished_peer()
                 self.finish_report()
             return previous(signum, frame)
         self._terminate(signum)
@@ -257,6 +258,16 @@ class LiveControl:
             os._exit(code)
         return True
 
+    def _look_for_a_vanished_peer(self) -> None:
+        """The launcher may be ending this rank because a peer exited, before this rank's collective failed: the
+        watchdog looks once for a peer gone and reports it (finish_report waits for it)."""
+        look = getattr(getattr(self.session, "watchdog", None), "look_for_a_vanished_peer", None)
+        if look is not None:
+            try:
+                look()
+            except Exception:
+                pass  # the process is ending; the signal goes on as it would have
+
     def finish_report(self, limit: float | None = None) -> bool:
         """Wait (at most `limit` seconds, default TERM_GRACE_S) for a report being written; True if one finished."""
         limit = TERM_GRACE_S if limit is None else limit
@@ -275,6 +286,7 @@ class LiveControl:
             self._term_taken = True  # ddpwatch's handler consumed this SIGTERM: no other handler will see it
         if not self._dying.acquire(blocking=False):
             return  # the other path (main thread or reader) is already on it
+        self._look_for_a_vanished_peer()
         self.finish_report()
         if not self._term_taken and not self._handles(signum):
             # The program installed its own handler while the report was finishing; the signal, still pending

@@ -10,7 +10,6 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import analysis
-from ..config import REPORT
 from ..format import build
 from ..logonce import log_once
 from .abort import AbortPolicy, CatchUp, Outcome, peer_gone
@@ -56,6 +55,7 @@ class Watchdog(threading.Thread):
         self._dump_requested = threading.Event()
         self.writing = threading.Event()  # set while a report is being written: SIGTERM waits for it (signals.py)
         self._peer_failure = threading.Event()
+        self._terminating = threading.Event()  # a SIGTERM asked for one look for a peer gone (signals.py)
         self.ending_signal = ""  # the name of a signal that came to end this process (signals.py notes it)
         self._logged: set = set()
         self._store_ok = True
@@ -183,18 +183,16 @@ class Watchdog(threading.Thread):
         self._peer_failure.set()
         self.wake()
 
+    def look_for_a_vanished_peer(self) -> None:
+        """(A SIGTERM's thread; never blocks.) One look for a peer that crashed: crashes.report_vanished says why."""
+        if self._store_ok and self.is_alive() and self.recorder.inflight and not self.writing.is_set():
+            for event in (self._terminating, self.writing, self._peer_failure):
+                event.set()  # writing: the SIGTERM waits for the look (signals.finish_report)
+            self.wake()
+
     def _report_peer_failure(self) -> None:
-        """Find the rank that vanished (psutil here, a stopped heartbeat elsewhere; crashes.py) and report it."""
-        try:
-            silent, findings = crashes.vanished(self.peers, self.job, self.config, self._stop_event, self.states.read)
-            fingerprint = "peer-failure-" + "-".join(str(r) for r in sorted(silent))
-            if silent and fingerprint not in self.reported and self.job.claim(fingerprint):
-                self.reported.add(fingerprint)
-                self.run_incident(
-                    analysis.Assessment(analysis.SILENT, findings, fingerprint), silent, action=REPORT
-                )  # the user's exception follows; torchrun decides what to do
-        finally:
-            self.writing.clear()  # set by on_collective_failure: a SIGTERM meanwhile waited for this report
+        """Find the rank that vanished (psutil here, a stopped heartbeat elsewhere) and report it (crashes.py)."""
+        crashes.report_vanished(self, self._terminating, self._stop_event)
 
     # ----- without the store: each rank dumps itself -----
     def tick_local(self) -> None:
