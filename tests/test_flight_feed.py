@@ -411,6 +411,24 @@ def test_a_reduce_op_but_sum_is_noted_by_thread_and_time_and_sum_costs_only_the_
     assert notes.op_of(ident + 1, started) is None  # another thread's entry at that moment is not this call's
 
 
+def test_a_call_still_running_has_its_reduce_op_noted_already():
+    """A look made while the rank waits inside all_reduce(op=MIN) (its entry in flight) finds MIN: noted only on
+    return, it read as SUM and the record kept it (a false silent_mismatch seen under the flight suite's load)."""
+    import time
+
+    from torch.distributed import ReduceOp
+
+    from ddpwatch.capture.reduce_ops import ReduceNotes, reduce_op_wrapper
+
+    notes, seen = ReduceNotes(), []
+
+    def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
+        seen.append(notes.op_of(threading.get_ident(), time.time_ns()))  # torch creates its entry in here
+
+    reduce_op_wrapper(all_reduce, notes)("t", op=ReduceOp.MIN)
+    assert seen == [ReduceOp.MIN]
+
+
 def test_a_reducing_entry_takes_its_noted_op_and_is_a_sum_without_one(monkeypatch):
     from torch.distributed import ReduceOp
 

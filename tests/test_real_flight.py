@@ -67,6 +67,14 @@ def test_an_async_collective_whose_thread_waits_outside_torch_is_a_mismatch_unde
     }
 
 
+def test_a_reduce_op_a_rank_waits_inside_is_read_as_given_not_as_sum(tmp_path):
+    """MIN on every rank, rank 0 waiting inside each call: a look found the call before its op was noted, read it
+    as SUM and reported a silent_mismatch against the peer's MIN (2 runs of 2 before the fix, on a correct job)."""
+    results = run_case([HANGS, "min_waited"], 2, tmp_path, **FLIGHT)
+    assert [r.returncode for r in results] == [0, 0], describe(results)
+    assert reports(tmp_path) == [], describe(results)
+
+
 def test_flight_asked_for_with_the_flight_recorder_off_records_with_python_and_says_why(tmp_path):
     results = run_case(
         ["-m", "ddpwatch.examples.seed_stall", "--mark"], 2, tmp_path, TORCH_FR_BUFFER_SIZE="0", **FLIGHT

@@ -41,6 +41,18 @@ def async_polled(rank):
     dist.barrier()
 
 
+def min_waited(rank):
+    """Correct: every rank reduces with MIN; rank 0 waits inside each call (a look finds it in flight), then a few
+    SUMs so that the watchdog reads and compares them."""
+    for _ in range(4):
+        if rank == 1:
+            time.sleep(0.6)
+        dist.all_reduce(torch.ones(1), op=dist.ReduceOp.MIN)
+    for _ in range(10):
+        dist.all_reduce(torch.ones(1))
+        time.sleep(0.2)
+
+
 def matched(rank):
     for _ in range(50):
         dist.all_reduce(torch.ones(4))
@@ -60,6 +72,8 @@ def main():
             busy(rank, float(case.split(":")[1]))
         elif case == "async_polled":
             async_polled(rank)
+        elif case == "min_waited":
+            min_waited(rank)
         elif case == "matched":
             matched(rank)
         else:
