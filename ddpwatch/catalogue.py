@@ -51,6 +51,14 @@ COLLECTIVES = {
     "new_group": Collective("new_group", (), None, GROUP_CREATION),
 }
 
+# Calls whose tensors may differ in size from rank to rank in a correct program: all_to_all's splits are each rank's
+# own, and the list forms of all_gather / reduce_scatter take uneven sizes (NCCL). Their sizes are never compared.
+SIZES_PER_RANK = frozenset({"all_to_all", "all_to_all_single", "all_gather", "all_gather_coalesced", "reduce_scatter"})
+# Collectives with a root (src or dst): the root's call and the others' are different roles, often different lines.
+ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
+# Collectives that carry no data: nothing can be exchanged between variables, whatever lines issue them.
+DATA_FREE = frozenset({"barrier"})
+
 # Point-to-point: name -> (canonical op, parameter naming the peer).
 P2P = {
     "send": ("send", "dst"),

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # annotations only
 
 DDP_FILE = re.compile(r"torch[/\\]nn[/\\]parallel[/\\]distributed\.py$")
 C10D_FILE = re.compile(r"torch[/\\]distributed[/\\]distributed_c10d\.py$")
+JOIN_FILE = re.compile(r"torch[/\\]distributed[/\\]algorithms[/\\]join\.py$")
 FUNCOL_FILE = re.compile(r"torch[/\\]distributed[/\\]_functional_collectives\.py$")
 
 DDP_BUFFER_SYNC_FUNCTIONS = {
@@ -82,6 +83,13 @@ def frame_index(frames: list, pattern, names=None) -> int | None:
 
 def classify(frames: list, op: str) -> tuple:
     """(api, region) for an op from its frames: DDP's buffer sync, bucket rebuild, gradient all-reduce, ..."""
+    join_at = frame_index(frames, JOIN_FILE)
+    if join_at is not None:  # torch's Join pairs unlike collectives on purpose (format/build.py: TORCH_JOIN)
+        return c10d_api(frames, op), {
+            "kind": build.TORCH_JOIN,
+            "site": first_user_frame(frames, join_at + 1),
+            "api": f"Join.{frames[join_at]['function']}",
+        }
     forward_at = frame_index(frames, DDP_FILE, {"forward"})
     ddp_names = {f["function"] for f in frames if DDP_FILE.search(f["file"])}
     names = {f["function"] for f in frames}

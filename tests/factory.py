@@ -672,7 +672,9 @@ def trace_departed_ahead() -> Trace:
 # ---------------------------------------------------------------- collectives that completed without matching
 
 
-def signature(op="all_reduce", reduce="sum", dtypes=("float32",), counts=(4,), site=DEFAULT_SITE, region=None):
+def signature(
+    op="all_reduce", reduce="sum", dtypes=("float32",), counts=(4,), site=DEFAULT_SITE, region=None, root=None
+):
     """One fingerprint as watch/fingerprints.py publishes it."""
     return {
         "op": op,
@@ -681,6 +683,7 @@ def signature(op="all_reduce", reduce="sum", dtypes=("float32",), counts=(4,), s
         "counts": list(counts),
         "site": as_site(site),
         "region": region,
+        "root": root,
     }
 
 

@@ -74,9 +74,13 @@ def test_a_peer_acts_on_a_posted_verdict_only_under_its_own_rank_ending_action(s
     assert policy.state == abort.PENDING
     policy.check_posted(lambda: own)
     assert policy.state == abort.PENDING and acted == []  # nothing posted yet
-    job.post_verdict(
-        1, {"folder": "/r", "kinds": ["deadlock"], "positions": verdict.ranges_by_position({1: own}, 2, 0.5)}
-    )
+    positions = verdict.ranges_by_position({1: own}, 2, 0.5)
+    job.post_verdict(1, {"folder": "/r", "kinds": ["deadlock"], "action": ABORT, "positions": positions})
+    policy.check_posted(lambda: own)
+    assert acted == [Outcome(1, "/r", leader=False)] and policy.state == abort.IDLE
+    # the same verdict carried out as a report (its incident rested on readings only): the peer does not act
+    policy.consider(2, {"action": ABORT, "leader": 0})
+    job.post_verdict(2, {"folder": "/r", "kinds": ["deadlock"], "action": REPORT, "positions": positions})
     policy.check_posted(lambda: own)
     assert acted == [Outcome(1, "/r", leader=False)] and policy.state == abort.IDLE
 

@@ -29,8 +29,8 @@ from ddpwatch.render.wording import describe_op, rank_list, worded  # noqa: E402
 
 GRACE = 2.0
 TIMEOUT_S = 300.0
-FINDING_KEYS = {"kind", "ranks", "summary", "fix", "location", "evidence", "facts"}  # as report.json holds one
-DATA_KEYS = {"kind", "ranks", "location", "evidence", "facts"}  # as the analysis hands it over: no words
+FINDING_KEYS = {"kind", "ranks", "summary", "fix", "location", "evidence", "facts", "basis"}  # as report.json holds one
+DATA_KEYS = {"kind", "ranks", "location", "evidence", "facts", "basis"}  # as the analysis hands it over: no words
 
 
 def run(st, world_size=None):

@@ -10,7 +10,12 @@ from benchmarks.corpus import score
 PATHS = score.case_paths()
 EXPECTS = {score.case_name(path): score.load_expect(path) for path in PATHS}
 SCORED = {name: expect for name, expect in EXPECTS.items() if score.is_scored(expect)}
-SOURCE = re.compile(r"^https://(github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+|discuss\.pytorch\.org/t/\S+)$")
+# A thread (an issue, a pull request, a forum topic) or, for the correct programs, the public code or documentation
+# page whose pattern a case distils: a file of a repository at a commit or branch, a tutorial, a docs page.
+SOURCE = re.compile(
+    r"^https://(github\.com/[\w.-]+/[\w.-]+/((issues|pull)/\d+|blob/[\w.-]+/\S+)|discuss\.pytorch\.org/t/\S+"
+    r"|(docs\.)?pytorch\.org/\S+|lightning\.ai/docs/\S+|huggingface\.co/docs/\S+)$"
+)
 
 
 @pytest.mark.parametrize("path", PATHS, ids=[score.case_name(p) for p in PATHS])

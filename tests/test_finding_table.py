@@ -131,7 +131,9 @@ def test_a_new_kind_is_one_row_one_pass_and_one_wording_entry_and_reaches_every_
         text = report.render_format(built, fmt)
         assert "odd_one_out" in text and sentence in text, fmt
     [written] = json.loads(report.render_format(built, "json"))["findings"]
-    assert list(written) == ["kind", "ranks", "summary", "fix", "location", "evidence", "facts"]  # report.json's
+    assert list(written) == ["kind", "ranks", "summary", "fix", "location", "evidence", "facts", "basis"]
+    # a kind not given a status in KIND_STATUS is a reading, even at a stage that proves a deadlock: never acted on
+    assert (written["basis"]["status"], written["basis"]["acts"]) == ("reading", False)
     assert (written["summary"].startswith(sentence), written["fix"], written["evidence"]) == (
         True,
         "Bring it back.",

@@ -117,7 +117,8 @@ def write_one(tmp_path, monkeypatch, stopping: bool = False):
         logged=set(),
         stopping=stop,
     )
-    folder, number = writer.write(analysis.Assessment(analysis.DUMP, [], "dump-0-1"), None, {}, "report")
+    folder, number, action = writer.write(analysis.Assessment(analysis.DUMP, [], "dump-0-1"), None, {}, "report")
+    assert action == "report"
     assert job.posted[number]["folder"] == folder
     return events, written, folder
 

@@ -110,3 +110,19 @@ def test_a_rank_that_broke_out_and_went_on_through_a_collective_it_completed_alo
     assert (finding["kind"], finding["ranks"]) == ("local_decision", [0])
     assert finding["location"]["line"] == line("ahead_break")
     assert finding["evidence"]["sequence"]["seq"] < finding["facts"]["record"]["seq"]
+
+
+def test_a_loop_that_breaks_on_stop_iteration_is_uneven_inputs_on_the_rank_with_more_batches(tmp_path):
+    """`while True: try: x = next(it) except StopIteration: break` with one more batch on rank 0: its data ran out
+    on rank 1, no error was swallowed there (issue 40: it was caught_exception on rank 1). The deadlock is the fact
+    the abort rests on; the cause is a reading, and the report says so."""
+    incident, finding = finding_of(tmp_path, "manual_next")
+    assert finding["kind"] == "uneven_inputs"
+    assert finding["ranks"] == [0]  # the rank with the extra batch
+    assert finding["location"]["line"] == line("manual_backward")
+    assert "DistributedSampler" in finding["fix"] or "join" in finding["fix"]
+    assert (finding["basis"]["status"], finding["basis"]["fact"], finding["basis"]["acts"]) == (
+        "explained",
+        "calls_never_match",
+        True,
+    )

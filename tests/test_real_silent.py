@@ -83,9 +83,24 @@ def test_a_size_mismatch_a_backend_lets_through_is_a_silent_mismatch_of_counts(t
     assert after < 2.0, after
 
 
-def test_action_abort_ends_the_job_on_a_silent_mismatch(tmp_path):
+def test_action_abort_reports_a_silent_mismatch_as_a_reading_and_leaves_the_job_alone(tmp_path):
+    """Collectives that completed without matching are a reading (issue 40): reported at once, never acted on."""
     results, incident, finding, _ = mismatch(tmp_path, "float_against_int", DDPWATCH_ACTION="abort")
-    assert all(r.returncode == 3 for r in results), describe(results)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert all("rank finished cleanly" in r.stderr for r in results), describe(results)
+    assert (finding["basis"]["status"], finding["basis"]["acts"]) == ("reading", False)
+    assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in finding["basis"]["confirm"]
+    assert sum("A reading, not a proof" in r.stderr for r in results) == 1, describe(results)
+
+
+@pytest.mark.parametrize("recorder", ["python", "flight"])
+@pytest.mark.parametrize("case", ["round_robin_roots", "turn_taking", "join_uneven"])
+def test_correct_programs_that_pair_collectives_on_purpose_are_left_alone_under_abort(tmp_path, case, recorder):
+    """Issue 40's tried cases: a broadcast whose root rotates, turn-taking barriers, DDP's join() on uneven data.
+    Each was reported (crossed_collectives, silent_mismatch) and ended under action=abort."""
+    results = run_case([SILENT, case], 2, tmp_path, timeout=90, DDPWATCH_ACTION="abort", DDPWATCH_RECORDER=recorder)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert reports(tmp_path) == [], describe(results)
 
 
 def test_the_correct_look_alikes_stay_silent(tmp_path):

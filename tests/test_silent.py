@@ -223,13 +223,14 @@ def test_the_check_reads_one_partner_per_group_and_reports_a_mismatch_once():
     assert check.look(job, reported) is None  # the same documents: not compared again, not said again
 
 
-def test_a_peer_acts_on_an_abort_for_a_mismatch_only_if_it_completed_that_position():
-    claim = verdict.mismatch_claim({"kind": "silent_mismatch", "facts": {"group": "0", "seq": 5}})
-    posted = dict(claim, positions={})
-    assert verdict.why_not_act(posted, "abort", {"last_seq": {"0": 7}}, 1, 0.5, 300.0) is None
-    assert "not completed" in verdict.why_not_act(posted, "abort", {"last_seq": {"0": 4}}, 1, 0.5, 300.0)
-    assert "does not say" in verdict.why_not_act({"mismatch": {"seq": "x"}}, "abort", {}, 1, 0.5, 300.0)
-    assert verdict.mismatch_claim({"kind": "dead_rank", "facts": {}}) == {}
+def test_a_peer_never_acts_on_a_verdict_for_a_completed_mismatch_or_one_carried_out_as_a_report():
+    """Collectives that completed without matching are a reading (issue 40): whatever a posted verdict claims, a
+    peer configured to abort does not end itself on one, nor on any verdict its writer carried out as a report."""
+    posted = {"action": "abort", "mismatch": {"group": "0", "seq": 5}, "positions": {}}
+    assert "reading" in verdict.why_not_act(posted, "abort", {"last_seq": {"0": 7}}, 1, 0.5, 300.0)
+    hang = {"action": "report", "positions": {"-": [[0, 1]]}}
+    assert "reading" in verdict.why_not_act(hang, "abort", {"idle_s": 999.0}, 1, 0.5, 300.0)
+    assert verdict.why_not_act(dict(hang, action="abort"), "abort", {"idle_s": 999.0}, 1, 0.5, 300.0) is None
 
 
 # ---------------------------------------------------------------- the crash: a fault file read back

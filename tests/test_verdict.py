@@ -65,5 +65,5 @@ def test_a_verdict_in_a_shape_not_ours_names_no_position():
         {5: [[0, 1]]},
         {"0/5": [[0, 1, 2]]},
     ):
-        why = verdict.why_not_act({"positions": table}, "abort", seen[1], 1, GRACE, TIMEOUT)
+        why = verdict.why_not_act({"positions": table, "action": "abort"}, "abort", seen[1], 1, GRACE, TIMEOUT)
         assert why == "the verdict does not say where this rank stands", table

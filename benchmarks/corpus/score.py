@@ -34,7 +34,7 @@ TAG = re.compile(r"#\s*LINE:(\w+)")
 
 def case_paths(only=None) -> list:
     """The case scripts, in file order; `only` keeps those whose name contains one of the given strings."""
-    paths = sorted(glob.glob(os.path.join(CASES_DIR, "[0-9]*.py")))
+    paths = sorted(glob.glob(os.path.join(CASES_DIR, "[0-9]*.py")), key=lambda p: int(case_name(p).split("_")[0]))
     if only:
         paths = [p for p in paths if any(part in os.path.basename(p) for part in only)]
     return paths
@@ -94,8 +94,11 @@ def said(report: dict | None) -> dict | None:
     }
 
 
-def score(expect: dict, path: str, report: dict | None, exit_codes, mark: float | None) -> dict:
-    """One row: each check True/False, or None where it does not apply (the benign cases have no kind to match)."""
+def score(
+    expect: dict, path: str, report: dict | None, exit_codes, mark: float | None, output_differs: bool = False
+) -> dict:
+    """One row: each check True/False, or None where it does not apply (the benign cases have no kind to match).
+    `output_differs`: a correct program printed other results armed than plain (a false alarm too)."""
     got = said(report)
     row = {
         "case": case_name(path),
@@ -114,7 +117,8 @@ def score(expect: dict, path: str, report: dict | None, exit_codes, mark: float 
     if report and mark is not None and report.get("created_at") is not None:
         row["latency"] = round(report["created_at"] - mark, 2)
     if expect["kind"] is None:
-        row["false_alarm"] = report is not None or any(code != 0 for code in exit_codes)
+        row["false_alarm"] = report is not None or any(code != 0 for code in exit_codes) or output_differs
+        row["output_differs"] = output_differs
         row["kind"] = not row["false_alarm"]
         return row
     row["kind"] = bool(got) and got["kind"] == expect["kind"]

@@ -27,9 +27,12 @@ from .table import (
     STAGE_TIMEOUT,
     STAGES,
     TIMEOUT,
+    KIND_STATUS,  # noqa: F401
     FindingPass,
     Stage,
+    acts_on,  # noqa: F401
     declared,
+    findings_act,  # noqa: F401
     kinds_of,
 )
 

@@ -335,6 +335,8 @@ def _local(candidate: dict) -> bool:
     condition = (
         decided["condition"] if isinstance(decided, dict) and decided.get("condition") else candidate.get("condition")
     )
+    if (candidate.get("handler") or {}).get("exhausted"):
+        return False  # `except StopIteration: break`: its data ran out, as a `for` loop's does; no decision, no error
     return bool(candidate.get("handler")) or bool(condition and not condition.get("rank"))
 
 

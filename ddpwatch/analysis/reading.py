@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
+from ..catalogue import SIZES_PER_RANK
 from ..format import build
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
@@ -173,7 +174,13 @@ def _site_key(site: dict | None):
 
 
 def shape_key(record: dict):
-    return (tuple(tuple(s) for s in record.get("shapes") or ()), tuple(record.get("dtypes") or ()))
+    """What must agree across ranks in the tensors of one call: shapes and dtypes; dtypes alone where each rank's
+    sizes are its own (catalogue.SIZES_PER_RANK: all_to_all's splits, uneven all_gather lists; an object
+    collective's payload before padding)."""
+    dtypes = tuple(record.get("dtypes") or ())
+    if record.get("api") in SIZES_PER_RANK or (record.get("region") or {}).get("kind") == build.OBJECT_COLLECTIVE:
+        return ((), dtypes)
+    return (tuple(tuple(s) for s in record.get("shapes") or ()), dtypes)
 
 
 def ranks_of(parts) -> list:

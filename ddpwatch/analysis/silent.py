@@ -5,19 +5,27 @@ the group's lowest rank that has the position. Two findings:
 - silent_mismatch: ranks completed one position with a different collective, reduce op, dtype or element count;
 - crossed_collectives: ranks passed the same call sites in a different order, fingerprints otherwise equal, so the
   values were exchanged between variables. Ranks reaching one collective from different lines (`if rank == 0:
-  broadcast(x) else: broadcast(y)`) are no such thing: only sites every compared rank visits, in other orders.
+  broadcast(x) else: broadcast(y)`) are no such thing: only sites every compared rank visits, in other orders,
+  among calls of one role (a broadcast's root rotating through the ranks has each issue the root's line in its
+  turn), carrying data (barriers do not), with their roots known.
+What torch pairs on purpose is not compared: positions inside its Join (a joined rank's shadow collectives), and a
+rank's positions past the point where its numbering stops lining up with its peers' (`unaligned_from`). Both are
+readings, never acted on (analysis/table.py: the completed stage proves nothing that ends a job).
 """
 
 from __future__ import annotations
 
-from ..catalogue import COLLECTIVES
+from ..catalogue import COLLECTIVES, DATA_FREE, ROOTED
+from ..format import build
 from .passes import finding
 
 FORMAT = 1
 # Ops whose element counts legitimately differ between ranks: all_to_all's splits are each rank's own.
 UNEVEN_COUNTS = frozenset({"all_to_all", "barrier"})
 # Inside an object collective the payload tensors are sized per rank before they are padded: sizes are torch's own.
-OWN_SIZES_REGIONS = frozenset({"object_collective"})
+OWN_SIZES_REGIONS = frozenset({build.OBJECT_COLLECTIVE})
+# Inside torch's Join the joined ranks shadow the others' collectives with unlike ones, on purpose: not compared.
+PAIRED_ON_PURPOSE_REGIONS = frozenset({build.TORCH_JOIN})
 MAX_SHOWN = 8  # positions a crossed finding lists per rank
 SLOTS_PER_POSITION = 2  # fingerprints_of_records: slots (positions and gaps) per position a group completed
 
@@ -33,8 +41,13 @@ def _positions(doc: dict, group: str) -> dict:
         return {}
     signatures = doc.get("signatures") or {}
     first, ids, steps = entry.get("first", 0), entry.get("ids") or [], entry.get("steps") or []
+    # past this position the rank's numbering no longer lines up with its peers' (fingerprints.py: torch's Join)
+    unaligned = entry.get("unaligned_from")
+    last = unaligned if type(unaligned) is int else None
     found = {}
     for offset, sig in enumerate(ids):
+        if last is not None and first + offset >= last:
+            break
         signature = signatures.get(str(sig)) if type(sig) is int and sig >= 0 else None
         if isinstance(signature, dict):
             step = steps[offset] if offset < len(steps) else None
@@ -50,9 +63,13 @@ def _site_key(signature: dict):
 def differences(a: dict, b: dict) -> list:
     """What differs between two fingerprints of one position, beside the call site: collective, reduce, dtype,
     count (each compared only where every rank must agree)."""
+    if a.get("region") in PAIRED_ON_PURPOSE_REGIONS or b.get("region") in PAIRED_ON_PURPOSE_REGIONS:
+        return []  # torch pairs these on purpose: a joined rank's MAX of int64 meets another's SUM of float32
     if a.get("op") != b.get("op"):
         return ["collective"]
     found = []
+    if _root_of(a) is not None and _root_of(b) is not None and _root_of(a) != _root_of(b):
+        found.append("root")
     if a.get("reduce") and b.get("reduce") and a["reduce"] != b["reduce"]:
         found.append("reduce")
     dtypes_a, dtypes_b = a.get("dtypes") or [], b.get("dtypes") or []
@@ -70,6 +87,12 @@ def differences(a: dict, b: dict) -> list:
     ):
         found.append("count")
     return found
+
+
+def _root_of(signature: dict):
+    """The root a rooted collective was given (a list when given as a group rank), or None when not kept."""
+    root = signature.get("root")
+    return tuple(root) if isinstance(root, list) else root if type(root) is int else None
 
 
 def _compared(docs: dict):
@@ -177,19 +200,33 @@ def crossed_collectives(docs: dict, world_size: int) -> list:
         crossed = [
             (seq, mine, theirs)
             for seq, mine, theirs in rows
-            if not differences(mine[0], theirs[0])
+            if _may_cross(mine[0], theirs[0])
             and _site_key(mine[0])
             and _site_key(theirs[0])
             and _site_key(mine[0]) != _site_key(theirs[0])
         ]
-        if not crossed:
-            continue
-        mine_sites = {_site_key(m[0]) for _, m, _ in crossed}
-        their_sites = {_site_key(t[0]) for _, _, t in crossed}
-        if mine_sites != their_sites or len(mine_sites) < 2:
-            continue  # different lines, not the same lines in another order: rank-conditional code, not a crossing
-        findings.append(_crossed_finding(group, reference, other, crossed))
+        # Crossed among calls of one role: a rooted call's sites are compared among positions of the same root (a
+        # root that rotates has each rank issue the root's line in its turn, another line the others: by design)
+        by_role: dict = {}
+        for row in crossed:
+            by_role.setdefault(_root_of(row[1][0]), []).append(row)
+        for same_role in by_role.values():
+            mine_sites = {_site_key(m[0]) for _, m, _ in same_role}
+            their_sites = {_site_key(t[0]) for _, _, t in same_role}
+            if mine_sites == their_sites and len(mine_sites) >= 2:  # the same lines in another order
+                findings.append(_crossed_finding(group, reference, other, same_role))
+                break
     return _one_per_group(findings)
+
+
+def _may_cross(a: dict, b: dict) -> bool:
+    """Whether two calls at one position could have exchanged values between variables: the same call otherwise
+    (no difference), carrying data (a barrier carries none), and for a rooted call its root known on both sides."""
+    if differences(a, b) or a.get("op") in DATA_FREE:
+        return False
+    if a.get("region") in PAIRED_ON_PURPOSE_REGIONS or b.get("region") in PAIRED_ON_PURPOSE_REGIONS:
+        return False
+    return a.get("op") not in ROOTED or (_root_of(a) is not None and _root_of(b) is not None)
 
 
 def _crossed_finding(group: str, reference: int, other: int, crossed: list) -> dict:

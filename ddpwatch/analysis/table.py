@@ -33,15 +33,44 @@ class Stage(NamedTuple):
     takes: str  # the arguments each pass of the stage is called with, in this order
     verdict: str  # the incident's trigger when a pass of this stage finds something
     fingerprint_suffix: str = ""  # the same waits seen by another stage are another cause: reported again
+    # The fact this stage's findings rest on, observed in the run (its name: render/basis_words.py words it); None:
+    # they rest on readings alone (inferred from order, history or source text): reported, never acted on.
+    proves: str | None = None
 
 
 # The stages in the order assess() tries them (the conditions between them are assess()'s own).
-STAGE_SILENT = Stage("silent", "silent, live, grace", SILENT, "-silent")  # heartbeats stopped while others wait
-STAGE_CROSSING = Stage("crossing", "waiting, live, world_size", DEADLOCK)  # every live rank blocked, any group
-STAGE_MISMATCH = Stage("mismatch", "parts, states", DEADLOCK)  # one group's calls can never match (classify)
-STAGE_EXITED = Stage("exited", "live, exited, grace, world_size", DEADLOCK, "-exited")  # ranks gone, others wait
-STAGE_TIMEOUT = Stage("timeout", "live, blocked, timeout", TIMEOUT)  # a wait outlasted the timeout
-# positions every rank completed, compared by fingerprint (analysis/silent.py): no rank needs to be blocked
+STAGE_SILENT = Stage(  # heartbeats stopped while others wait
+    "silent",
+    "silent, live, grace",
+    SILENT,
+    "-silent",
+    "silent_rank",
+)
+STAGE_CROSSING = Stage(  # every live rank blocked, any group
+    "crossing",
+    "waiting, live, world_size",
+    DEADLOCK,
+    proves="waits_in_a_cycle",
+)
+STAGE_MISMATCH = Stage(  # one group's calls can never match (classify)
+    "mismatch",
+    "parts, states",
+    DEADLOCK,
+    proves="calls_never_match",
+)
+STAGE_EXITED = Stage(  # ranks gone, others wait
+    "exited",
+    "live, exited, grace, world_size",
+    DEADLOCK,
+    "-exited",
+    "waits_on_exited",
+)
+STAGE_TIMEOUT = Stage(  # a wait outlasted the timeout
+    "timeout", "live, blocked, timeout", TIMEOUT, proves="wait_past_timeout"
+)
+# positions every rank completed, compared by fingerprint (analysis/silent.py): no rank needs to be blocked. Nothing
+# hangs, and the comparison rests on the ranks' numbering of positions lining up and on peers' published
+# fingerprints (the store is unauthenticated): a reading, reported and never acted on.
 STAGE_COMPLETED = Stage("completed", "fingerprints, world_size", MISMATCH, "-completed")
 STAGES = (STAGE_SILENT, STAGE_CROSSING, STAGE_MISMATCH, STAGE_EXITED, STAGE_TIMEOUT, STAGE_COMPLETED)
 
@@ -102,6 +131,52 @@ FINDING_PASSES = (
 )
 
 
+# What each kind's own claim is, as data. FACT: the finding is the fact itself (a rank dead, a wait past the
+# timeout, waits that can never match). EXPLAINED: the stage's fact (a deadlock) is proven; the kind is a reading of
+# its cause (which rank, which line, why), read from histories, stacks and source. READING: nothing is proven.
+FACT, EXPLAINED, READING = "fact", "explained", "reading"
+
+
+# Only a stage that proves something acts (AbortPolicy.action_for); a READING kind never does, nor a kind missing
+# here (a new kind is a reading until it is given a status).
+KIND_STATUS = {
+    "mismatch_crash": FACT,
+    "dead_rank": FACT,
+    "unresponsive_rank": FACT,
+    "p2p_deadlock": FACT,
+    "group_order": FACT,
+    "shape_mismatch": FACT,
+    "collective_mismatch": FACT,
+    "collective_stuck": FACT,
+    "straggler": FACT,
+    "ddp_forward_on_subset": EXPLAINED,
+    "collective_on_subset": EXPLAINED,
+    "skipped_collective": EXPLAINED,
+    "uneven_inputs": EXPLAINED,
+    "local_decision": EXPLAINED,
+    "caught_exception": EXPLAINED,
+    "silent_mismatch": READING,
+    "crossed_collectives": READING,
+}
+
+
+def basis(stage: Stage, kind: str) -> dict:
+    """What a finding of `kind` found at `stage` rests on, for report.json: its status, the fact's name (None: a
+    reading alone) and whether a rank-ending action may act on it. render/basis_words.py adds the words."""
+    status = KIND_STATUS.get(kind, READING) if stage.proves else READING
+    return {"status": status, "fact": stage.proves if status != READING else None, "acts": status != READING}
+
+
+def acts_on(trigger: str | None) -> bool:
+    """Whether an incident of this trigger rests on a fact some stage proves (a rank-ending action may act on it)."""
+    return any(stage.proves for stage in STAGES if stage.verdict == trigger)
+
+
+def findings_act(findings) -> bool:
+    """Whether any finding of an incident rests on a fact (its basis says so; a finding without one does not)."""
+    return any(isinstance(f, dict) and (f.get("basis") or {}).get("acts") is True for f in findings or ())
+
+
 def kinds_of(passes) -> tuple:
     """Every kind the table's rows may emit, each once, in table order."""
     return tuple(dict.fromkeys(kind for row in passes for kind in row.kinds))
@@ -124,4 +199,4 @@ def declared(row: FindingPass, found: dict) -> dict:
             f"{row.run.__name__} emitted a finding without facts or with words of its own: "
             "build it with analysis.passes.finding()"
         )
-    return found
+    return dict(found, basis=basis(row.stage, found["kind"]))

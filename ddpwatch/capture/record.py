@@ -73,7 +73,8 @@ class Record:
 
     # `p2p`: (tag, batch ops) of a point-to-point record, set by its wrapper after begin(); never set on a
     # collective's record (read with getattr), so the collectives' hot path stores nothing more. `reduce`: the
-    # reduce op of a collective that takes one, set by its wrapper (the fingerprint compares it; read with getattr).
+    # reduce op of a collective that takes one, set by its wrapper (the fingerprint compares it; read with getattr);
+    # `root` likewise, for a rooted one (broadcast, reduce, gather, scatter).
     __slots__ = (
         "seq",
         "group",
@@ -92,6 +93,7 @@ class Record:
         "thread",
         "p2p",
         "reduce",
+        "root",
     )
     # Annotations only (no class attributes: slots): what each slot holds, for the type checker and the reader.
     seq: int
@@ -111,6 +113,7 @@ class Record:
     thread: int
     p2p: tuple
     reduce: Any
+    root: tuple  # (rank, group rank) a rooted collective was given (read with getattr: set by its wrapper only)
 
     def to_dict(self, now_mono: float, waited: frozenset = frozenset()) -> RecordDoc:
         """Plain data; `waited`: ids of the Work objects some thread is blocked in wait() on now."""

@@ -18,6 +18,7 @@ from . import call_windows, point_to_point
 from .replacements import PATCH_MARKER, Patches
 from .record import Recorder
 from .signatures import signature_source
+from .hot_path import HOT_PATH, root_store
 from .tensors import tensor_meta
 
 # What gets patched comes from the one catalogue (catalogue.py), shared with lint and the Flight Recorder reader.
@@ -36,59 +37,6 @@ _get_ident = threading.get_ident
 def _log_once(key: str, message: str) -> None:
     """Once per process for each key, with the exception being handled."""
     log_once(_logged, key, message, exc_info=True)
-
-
-# The per-collective wrapper. A template, compiled once per collective with that collective's own parameter list:
-# packing every call into *args/**kwargs and digging the group, tensor and async_op back out cost about a tenth
-# of the guard's time per op. {params}/{call} are the original's parameters and the call passing them on; every
-# other name, builtins included, is prefixed _w_ so that no parameter of a collective (all_reduce has `op`) can
-# shadow it (_collective_wrapper refuses a collective with a parameter named _w_...).
-_HOT_PATH = """
-def {name}({params}):
-    _w_ident = _w_get_ident()
-    if _w_ident in _w_busy:
-        return _w_original({call})  # called by another patched collective: the outer one records
-    _w_mark_busy(_w_ident)
-    try:
-        try:
-            _w_pg = {group}
-            if _w_pg is None:
-                _w_pg = _w_world._default_pg if _w_direct_default else _w_world.default_pg
-            _w_entry = _w_cache.get(_w_id(_w_pg))
-            if _w_entry is None or _w_entry[0]() is not _w_pg:
-                _w_name = _w_group_name(_w_pg)  # first call on this group: describe it and cache that
-                _w_entry = _w_cache.get(_w_id(_w_pg)) or (None, _w_name, False)
-            if not _w_entry[1] or (_w_coalescing and _w_pg in _w_coalescing):
-                _w_record = None  # not a member; or queued inside _coalescing_manager: recorded once, issued
-            else:
-                _w_record = _w_begin(_w_op, _w_api, _w_entry[1], {metas}, _w_getframe(1), None, _w_ident)
-        except Exception:
-            _w_log_once("begin", "ddpwatch: could not record a collective; it runs unrecorded")
-            _w_record = None  # never the user's problem
-        if _w_record is None:
-            return _w_original({call})
-        {reduce}_w_host = _w_entry[2]
-        _w_async = {async_op}
-        if _w_async or not _w_host:
-            _w_hook_wait()  # once: from now on Work.wait() tells when such ops are done
-        if not _w_host:
-            _w_issuing[_w_ident] = _w_record  # a Work.wait() inside this call (c10d's own, for a sync call) is its
-        try:
-            _w_result = _w_original({call})
-        except BaseException as _w_exc:
-            _w_recorder.finish(_w_record, _w_exc)
-            raise
-        finally:
-            if not _w_host:
-                _w_issuing.pop(_w_ident, None)
-        if _w_host and not _w_async:  # a host backend's synchronous call is done when it returns
-            _w_finish_returned(_w_record)
-        else:
-            _w_recorder.issued(_w_record, _w_result if _w_async else None)
-        return _w_result
-    finally:
-        _w_unmark_busy(_w_ident)
-"""
 
 
 class Patcher:
@@ -215,6 +163,23 @@ class Patcher:
 
         self.wrap(DistributedDataParallel, "forward", self._ddp_forward_wrapper)
         self._patch_fsdp2_forward()
+        self._patch_join_regions()
+
+    def _patch_join_regions(self) -> None:
+        """torch's Join: a joinable's per-iteration notice (DDP.forward, ZeroRedundancyOptimizer.step call it) and the
+        context's exit, where the joined ranks shadow the others' collectives with unlike ones of their own (a
+        region: analysis/silent.py compares no such position). Both are looked up on the class when called
+        (`Join.notify_join_context(self)`), so a plain function in place of the staticmethod serves."""
+        try:
+            from torch.distributed.algorithms.join import Join
+        except ImportError:
+            return
+        for name in ("notify_join_context", "__exit__"):
+            self.wrap(
+                Join,
+                name,
+                lambda original, n=name: self._region_wrapper(original, build.TORCH_JOIN, f"Join.{n}", skip_self=False),
+            )
 
     def _patch_fsdp2_forward(self) -> None:
         """FSDP2's pre-forward hook all-gathers the module's parameters: a region, like DDP.forward.
@@ -306,7 +271,7 @@ class Patcher:
     def _collective_wrapper(self, original, api: str, op: str, tensor_params):
         """The hot path (every all_reduce, barrier...): one flat function with the original's own signature.
 
-        Generated from _HOT_PATH with the collective's parameters (see there why); the arguments arrive as named
+        Generated from HOT_PATH with the collective's parameters (see there why); the arguments arrive as named
         locals instead of being packed into *args/**kwargs and looked up again.
         """
         signature = inspect.signature(original)
@@ -318,14 +283,14 @@ class Patcher:
         if len(tensor_params) == 1 and tensor_params[0] in names:  # most collectives: one tensor, usually plain
             t = tensor_params[0]
             metas = f"(({t}.shape, {t}.dtype),) if type({t}) is _w_tensor_type else _w_meta({t})"
-        source = _HOT_PATH.format(
+        source = HOT_PATH.format(
             name=original.__name__,
             params=params,
             call=call,
             metas=metas,
             group="group" if "group" in names else "None",
             # the reduce op, kept raw (an enum member): one attribute store per op
-            reduce="_w_record.reduce = op\n        " if "op" in names else "",
+            reduce=("_w_record.reduce = op\n        " if "op" in names else "") + root_store(names),
             async_op="async_op" if "async_op" in names else "False",
         )
         recorder, world = self.recorder, self._c10d._world

@@ -23,6 +23,9 @@ EXITED = "exited"
 DDP_FORWARD = "ddp_forward"
 OBJECT_COLLECTIVE = "object_collective"
 FSDP_FORWARD = "fsdp_forward"  # FSDP2 (fully_shard): the pre-forward hook that all-gathers a module's parameters
+# torch's Join context (DDP's model.join(), ZeroRedundancyOptimizer's, a custom Joinable's): the ranks that joined
+# shadow the others' collectives with their own, unlike ones (a MAX of int64 against a SUM of float32), on purpose.
+TORCH_JOIN = "torch_join"
 
 # APIs through which DDP itself talks, and why (the fix text leans on these).
 DDP_BUFFER_BROADCAST = "_broadcast_coalesced"

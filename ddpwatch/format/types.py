@@ -293,10 +293,22 @@ class _FindingBase(TypedDict):
     evidence: Optional[Evidence]
 
 
+class Basis(TypedDict, total=False):
+    """What a finding rests on (analysis/table.py: KIND_STATUS, basis()): a fact observed in the run, or a reading."""
+
+    status: str  # "fact", "explained" (a proven fact, its cause a reading) or "reading"
+    fact: Optional[str]  # the fact's name (analysis/table.py: Stage.proves); None for a reading alone
+    acts: bool  # whether a rank-ending action may act on it
+    says: Optional[str]  # the fact, in words (render/basis_words.py)
+    reading: Optional[str]  # what is inferred beside it, in words
+    confirm: Optional[str]  # what would confirm the reading
+
+
 class Finding(_FindingBase, total=False):
     """One verdict as report.json has it: analysis.passes.finding()'s data, worded by render/wording.py."""
 
     facts: Dict[str, Any]  # what the words were made of (render words them again); absent in older files
+    basis: Basis  # absent in files written before it was kept (then nothing says it may be acted on)
 
 
 class IncidentSource(TypedDict):

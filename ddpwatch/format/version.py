@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 # What each format version changed (bump on any change a reader must know about):
-#   1: first version: rank snapshots (records, stacks), incidents with findings.
+#   1: first version: rank snapshots (records, stacks), incidents with findings. Optional fields added within it
+#      (a reader that does not know them loses nothing it acts on): a finding's `basis` (fact or reading).
 FORMAT_VERSION = 1
 READABLE_VERSIONS = (1,)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
+from .basis_words import basis_line
 from ..format import build
 from ..terminal import visible
 from . import seconds_text, short_rank_list, stack_groups, stack_lines_shown, _states
@@ -72,6 +73,9 @@ def _verdict_lines(incident: dict) -> list:
         lines.extend(_wrap(f"[{finding['kind']}] culprit: {short_rank_list(finding['ranks'])}{where}", "", "  "))
         lines.extend(_wrap(summary_for_people(finding, short_rank_list), "  "))
         lines.extend(_wrap("Fix: " + finding["fix"], "  "))
+        rests_on = basis_line(finding.get("basis"))
+        if rests_on:
+            lines.extend(_wrap(rests_on, "  "))
     return lines
 
 

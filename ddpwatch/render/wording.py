@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, overload
 
 from ..format import build
+from .basis_words import worded_basis
 from .mismatch_words import crossed_collectives, mismatch_crash, side_text, silent_mismatch
 from .departures import Phrases, caught_exception_words, local_decision_words
 from .p2p_words import p2p_deadlock_words, p2p_text
@@ -466,6 +467,7 @@ def worded(finding: dict) -> dict:
         "location": finding.get("location"),
         "evidence": _described_evidence(evidence, facts) if evidence is not None else None,
         "facts": _json_shaped(facts),
+        **({"basis": worded_basis(basis, finding["kind"])} if isinstance(basis := finding.get("basis"), dict) else {}),
     }
 
 

@@ -106,6 +106,8 @@ def _exits_in(body: list, scope: "_Scope", in_loop: bool) -> list:
             inner_handler = handler
             if isinstance(child, ast.ExceptHandler):
                 inner_handler = {"line": child.lineno, "text": _header(scope.lines, child.lineno)}
+                if _exhaustion(child):
+                    inner_handler["exhausted"] = True
             if isinstance(child, ast.If):
                 visit_branches(child, nested_loop, handler)
             else:
@@ -151,6 +153,17 @@ def _then(handler: ast.ExceptHandler) -> str:
         ast.Pass: "pass",
     }
     return kinds.get(type(last), "falls")
+
+
+# What an iterator raises when its data runs out: a handler of these alone ends a loop the way `for` does.
+_EXHAUSTION = frozenset({"StopIteration", "StopAsyncIteration"})
+
+
+def _exhaustion(handler: ast.ExceptHandler) -> bool:
+    """`except StopIteration:` (or a tuple of such): the data ran out, no error was swallowed."""
+    caught = handler.type
+    names = caught.elts if isinstance(caught, ast.Tuple) else [caught] if caught is not None else []
+    return bool(names) and all(dotted_name(n) in _EXHAUSTION for n in names)
 
 
 def _try_doc(node: ast.Try, lines: list) -> dict:  # or an ast.TryStar (3.11+): the same fields

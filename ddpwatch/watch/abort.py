@@ -117,8 +117,9 @@ class AbortPolicy:
         self.state, self.pending = ARMED, None
 
     def action_for(self, trigger: str) -> str:
-        """The action of an incident this rank leads: its own configured one, except for a dump nobody acts on."""
-        return REPORT if trigger == analysis.DUMP else self.config.action
+        """The action of an incident this rank leads: its own configured one where the incident rests on a fact;
+        a report for a dump, and for a reading (collectives that completed without matching) nobody acts on."""
+        return self.config.action if analysis.acts_on(trigger) else REPORT
 
     # ----- the leader -----
     def verdict_out(self, incident: dict, action: str) -> None:

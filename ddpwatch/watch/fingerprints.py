@@ -14,6 +14,7 @@ import collections
 import itertools
 
 from .. import analysis
+from ..catalogue import SIZES_PER_RANK
 from ..format import build
 from ..capture import loaders
 from ..capture.sites import resolve_site
@@ -26,11 +27,25 @@ MAX_SIGNATURES = 4096  # distinct fingerprints remembered; past it the table sta
 
 
 def _reduce_name(op) -> str | None:
-    """'sum' for ReduceOp.SUM / RedOpType.SUM; None when the collective takes no reduce op."""
+    """'sum' for ReduceOp.SUM / RedOpType.SUM, and for a ReduceOp object (`ReduceOp(ReduceOp.MAX)`, a premultiplied
+    sum with its factor) the name of its type: str() of those holds a memory address, different on every rank.
+    None when the collective takes no reduce op, or the op has no name to compare."""
     if op is None:
         return None
-    name = getattr(op, "name", None) or str(op)
-    return str(name).rsplit(".", 1)[-1].lower()
+    name = getattr(op, "name", None) or getattr(getattr(op, "op", None), "name", None)
+    return str(name).rsplit(".", 1)[-1].lower() if name else None
+
+
+def _root(record):
+    """The root a rooted collective was given, as every rank spells it: the global rank, else ("group", rank in
+    the group); None for an op without a root, or one whose root was not kept (the flight recorder keeps none)."""
+    root = getattr(record, "root", None)
+    if not isinstance(root, tuple) or len(root) != 2:
+        return None
+    rank, group_rank = root
+    if type(rank) is int:
+        return rank
+    return ["group", group_rank] if type(group_rank) is int else None
 
 
 def _count(shape) -> int:
@@ -42,12 +57,22 @@ def _count(shape) -> int:
 
 def signature_of(record) -> tuple:
     """What must agree across ranks at one position, from a record: (op, reduce op, dtypes, element counts, raw
-    site, region kind). Built on the watchdog thread; the record's values are the raw ones the wrapper kept."""
+    site, region kind, root). Built on the watchdog thread; the record's values are the raw ones the wrapper kept."""
     tensors = record.tensors or ()
     dtypes = tuple(str(dtype).replace("torch.", "") for _, dtype in tensors)
-    counts = tuple(_count(shape) for shape, _ in tensors)
+    # sizes each rank chooses for itself (all_to_all splits, an uneven all_gather list) are not published
+    counts = () if record.api in SIZES_PER_RANK else tuple(_count(shape) for shape, _ in tensors)
     region = record.region[0] if record.region else None
-    return (record.op, _reduce_name(getattr(record, "reduce", None)), dtypes, counts, record.site, region)
+    root = _root(record)
+    return (
+        record.op,
+        _reduce_name(getattr(record, "reduce", None)),
+        dtypes,
+        counts,
+        record.site,
+        region,
+        tuple(root) if isinstance(root, list) else root,
+    )
 
 
 class FingerprintLog:
@@ -64,6 +89,10 @@ class FingerprintLog:
         self._newest = None  # the ring's newest record at the last round
         self._documents = 0
         self.changed = False  # a position was filed since the last publish
+        # group -> the first position filed from inside torch's Join, under the python recorder: from there on the
+        # joined ranks shadow collectives a Python patch never sees (the C++ Reducer's) with ones it does, so this
+        # rank's positions no longer line up with its peers' (the flight recorder numbers by torch's own count)
+        self._unaligned: dict = {}
 
     def collect(self, for_incident: bool = False) -> None:
         """File every collective completed since the last round (the ring's records newer than the newest one seen
@@ -104,7 +133,10 @@ class FingerprintLog:
             group = self._log[record.group] = collections.OrderedDict()
         if record.seq in group:
             return
-        group[record.seq] = (self._id_of(signature_of(record)), step, epoch)
+        signature = signature_of(record)
+        if signature[5] == build.TORCH_JOIN and self.refresh is None:
+            self._unaligned.setdefault(record.group, record.seq)
+        group[record.seq] = (self._id_of(signature), step, epoch)
         if len(group) > KEEP:
             group.popitem(last=False)
         self.changed = True
@@ -126,8 +158,10 @@ class FingerprintLog:
 
     def document(self, per_group: int = PUBLISH) -> dict:
         """The newest `per_group` positions of each group, as plain data (see analysis/silent.py for the reading):
-        {"v", "groups": {group: {"first": seq, "ids": [...], "steps": [...], "epochs": [...]}}, "signatures": {id:
-        {op, reduce, dtypes, counts, site, region}}}; positions missing from a run (a voided record) are -1."""
+        {"v", "groups": {group: {"first": seq, "ids": [...], "steps": [...], "epoch": e, "unaligned_from": seq}},
+        "signatures": {id: {op, reduce, dtypes, counts, site, region, root}}}; positions missing from a run (a voided
+        record) are -1; `unaligned_from`, where present, the first position past which this rank's numbering does not
+        line up with its peers' (torch's Join under the python recorder)."""
         self._documents += 1  # its number: a peer's document read again unchanged is not compared again
         groups, used = {}, set()
         for name, log in list(self._log.items()):
@@ -142,6 +176,8 @@ class FingerprintLog:
                 epochs.append(epoch)
                 used.add(sig)
             groups[name] = {"first": first, "ids": ids, "steps": steps, "epoch": epochs[-1]}
+            if name in self._unaligned:
+                groups[name]["unaligned_from"] = self._unaligned[name]
         return {
             "v": FORMAT,
             "n": self._documents,
@@ -150,7 +186,7 @@ class FingerprintLog:
         }
 
     def _signature_doc(self, sig_id: int) -> dict:
-        op, reduce, dtypes, counts, raw_site, region = self._signatures[sig_id]
+        op, reduce, dtypes, counts, raw_site, region, root = self._signatures[sig_id]
         site = resolve_site(raw_site)
         return {
             "op": op,
@@ -159,6 +195,7 @@ class FingerprintLog:
             "counts": list(counts),
             "site": site and build.site(*site),
             "region": region,
+            "root": list(root) if isinstance(root, tuple) else root,
         }
 
 

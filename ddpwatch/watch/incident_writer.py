@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, cast
 
 from .. import analysis
+from ..config import REPORT, action_row
 from ..capture.sites import is_internal_file
 from ..analysis.incident import build as build_incident
 from ..format import documents
@@ -139,8 +140,9 @@ class IncidentWriter:
                 view["py_spy"] = cached.get("unavailable")
 
     def write(self, assessment, silent: dict | None, watched: dict, action: str):
-        """Collect, analyse, announce and write one incident: (folder or None, number), or None when it was called
-        off. `watched` holds the peers' states of the look that started it: a busy peer's stands in for its answer.
+        """Collect, analyse, announce and write one incident: (folder or None, number, the action carried out: a
+        report where the built incident rests on readings only), or None when it was called off. `watched` holds
+        the peers' states of the look that started it: a busy peer's stands in for its answer.
 
         The verdict reaches stderr (and torchrun's error file) as soon as the answers are in, before any report file;
         the folder is written once, after it, with the native stacks read since. A report that cannot be written
@@ -164,6 +166,8 @@ class IncidentWriter:
         incident = self._build(assessment, final, contributions, silent)
         if incident is None:
             return None
+        if action_row(action).ends_rank and not analysis.findings_act(incident["findings"]):
+            action = REPORT  # readings only (the findings as built now): reported, never acted on
         say("\n" + _render_or_summary(incident))  # after any progress bar; before any file
         self.policy.verdict_out(incident, action)
         self._add_native_stacks(number, incident, busy)
@@ -182,10 +186,9 @@ class IncidentWriter:
                 "culprits": first.get("ranks"),
                 "summary": first.get("summary"),
                 "positions": verdict.ranges_by_position(final, self.world_size, self.config.grace),
-                **verdict.mismatch_claim(first),
             },
         )
-        return folder, number
+        return folder, number, action
 
     def _with_stand_ins(self, contributions: dict, silent: dict, watched: dict) -> tuple:
         """Every rank's state: its answer, else what the leader saw of it; and the local ranks too busy to answer."""

@@ -74,8 +74,10 @@ def why_not_act(
     """None when this rank may act on an abort verdict; else one line saying why it does not."""
     if not action_row(own_action).ends_rank:
         return f"this rank is configured action={own_action}; a peer's verdict never upgrades that to abort"
+    if verdict.get("action") != own_action:
+        return f"the verdict was carried out as action={verdict.get('action')!s:.40}: a reading, reported only"
     if "mismatch" in verdict:
-        return _why_not_mismatch(verdict["mismatch"], own_state)
+        return "collectives that completed without matching are a reading: reported, never acted on"
     claimed = claimed_position(verdict, rank)
     if claimed is None:
         return "the verdict does not say where this rank stands"
@@ -84,27 +86,4 @@ def why_not_act(
         return f"it places this rank at {claimed}, but this rank sees itself at {mine}"
     if mine == NOT_WAITING and own_state.get("idle_s", 0.0) < timeout:
         return "this rank is outside any collective and was in one less than `timeout` ago: no straggler"
-    return None
-
-
-MISMATCH_KINDS = ("silent_mismatch", "crossed_collectives")
-
-
-def mismatch_claim(finding: dict) -> dict:
-    """{"mismatch": {"group", "seq"}} for a posted verdict on collectives that completed without matching (a peer
-    checks it against its own progress, as it checks a hang's position); {} for any other finding."""
-    if finding.get("kind") not in MISMATCH_KINDS:
-        return {}
-    facts = finding.get("facts") or {}
-    seq = facts.get("seq", (facts.get("seqs") or [None])[0])
-    return {"mismatch": {"group": facts.get("group"), "seq": seq}}
-
-
-def _why_not_mismatch(claim, own_state: RankState) -> str | None:
-    """A mismatch verdict names a position every rank completed: this rank acts only if it completed it too."""
-    if not isinstance(claim, dict) or not isinstance(claim.get("group"), str) or type(claim.get("seq")) is not int:
-        return "the mismatch verdict does not say which position it means"
-    done = (own_state.get("last_seq") or {}).get(claim["group"])
-    if type(done) is not int or done < claim["seq"]:
-        return f"it names group {claim['group']} seq {claim['seq']}, which this rank has not completed"
     return None

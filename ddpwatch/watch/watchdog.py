@@ -305,7 +305,7 @@ class Watchdog(threading.Thread):
         finally:
             self.writing.clear()
         if written is not None:
-            folder, number = written
+            folder, number, action = written
             self.policy.act(action, Outcome(number, folder, leader=True))
 
     def _answer_incidents(self, latest: int | None = None) -> None:

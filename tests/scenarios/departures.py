@@ -208,10 +208,26 @@ def stop_then_empty_reduce(rank):
     dist.barrier()
 
 
+def manual_next(rank):
+    """A loop over a hand-driven iterator that breaks on StopIteration: rank 0's shard holds one more batch than
+    rank 1's. Running out of data is no swallowed error: the data are uneven (issue 40)."""
+    model = DistributedDataParallel(nn.Linear(4, 1))
+    generator = torch.Generator().manual_seed(rank)
+    batches = [torch.randn(8, 4, generator=generator) for _ in range(4 if rank == 0 else 3)]
+    it = iter(batches)
+    while True:
+        try:
+            x = next(it)  # LINE:manual_next
+        except StopIteration:
+            break
+        model(x).sum().backward()  # LINE:manual_backward
+    dist.barrier()  # LINE:manual_barrier
+
+
 CASES = {"early_stop": early_stop, "nan_return": nan_return, "caught": caught, "counted_stop": counted_stop,
          "handler": handler, "empty_shard": empty_shard,
          "skip_unbuffered": skip_unbuffered, "helper_none": helper_none,
-         "stop_then_empty_reduce": stop_then_empty_reduce}
+         "stop_then_empty_reduce": stop_then_empty_reduce, "manual_next": manual_next}
 
 
 def main():

@@ -179,6 +179,49 @@ def uneven_all_to_all(rank, world):
         dist.all_gather_object([None] * world, {"rank": rank, "note": "x" * (rank * 50)})
 
 
+def round_robin_roots(rank, world):
+    """Each rank shares its shard statistics in turn: the root rotates, the root's branch is another line (issue 40)."""
+    mine = torch.full((4,), float(rank))
+    for _ in range(3):
+        for src in range(world):
+            if rank == src:
+                dist.broadcast(mine, src)
+            else:
+                dist.broadcast(torch.zeros(4), src)
+    time.sleep(SETTLE_S)
+
+
+def turn_taking(rank, world):
+    """Ranks take turns at a shared resource, a barrier closing each turn, from the turn-holder's line or the
+    others' (issue 40)."""
+    for _ in range(3):
+        for turn in range(world):
+            if rank == turn:
+                time.sleep(0.01)  # appends to a shared log
+                dist.barrier()
+            else:
+                dist.barrier()
+    time.sleep(SETTLE_S)
+
+
+def join_uneven(rank, world):
+    """DDP's join() on uneven per-rank data (torch's documented answer): joined ranks shadow the others'
+    all-reduces with collectives of their own (issue 40)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with model.join():
+        for _ in range(5 if rank == 0 else 12):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            time.sleep(0.05)  # a few watchdog rounds while one rank shadows the other
+    time.sleep(SETTLE_S)
+
+
 def benign(rank, world):
     """Every correct look-alike above, one after another: no finding may come of any."""
     warm_up()
