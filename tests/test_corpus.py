@@ -46,7 +46,7 @@ def test_the_corpus_meets_the_issue_minimums():
     assert len(SCORED) >= 25
     assert families.count("p2p") >= 5
     assert families.count("decision") + families.count("exception") >= 5
-    assert families.count("benign") >= 5
+    assert families.count("benign") >= 40  # issue 40: correct programs, each the pattern of public code
     assert len({expect["source"] for expect in SCORED.values()}) >= 25, "one thread per case, mostly"
 
 
@@ -111,6 +111,8 @@ def test_a_benign_case_with_a_report_or_a_failed_rank_is_a_false_alarm():
     alarm = score.score(expect, BENIGN, report("straggler", [0], 30, "raise the timeout", file=BENIGN), [3, 3], None)
     assert alarm["false_alarm"] is True and alarm["kind"] is False
     assert score.score(expect, BENIGN, None, [0, 1], mark=None)["false_alarm"] is True
+    # printed other results armed than plain (ddpwatch changed what the program computed): a false alarm too
+    assert score.score(expect, BENIGN, None, [0, 0], mark=None, output_differs=True)["false_alarm"] is True
 
 
 def test_the_last_mark_is_the_latest_rank_s_last_one():
@@ -141,8 +143,10 @@ def test_the_table_prints_every_case_and_the_totals():
 @pytest.mark.timeout(120)
 def test_real_one_benign_case_runs_clean_through_the_runner():
     """REAL: 2 gloo ranks under DDPWATCH=1 run the DDP join() case; no report, exit 0 (run_ranks kills at 60 s)."""
-    from benchmarks.corpus.__main__ import run_case
+    from benchmarks.corpus.__main__ import run_case, run_plain
 
-    row = run_case(BENIGN, limit=60)
+    plain, codes = run_plain(BENIGN, limit=60)
+    assert codes == [0, 0], (codes, plain)
+    row = run_case(BENIGN, limit=60, recorder="python", plain=plain, timeout=5.0)
     assert row["exit_codes"] == [0, 0], row
-    assert row["said"] is None and row["false_alarm"] is False
+    assert row["said"] is None and row["false_alarm"] is False and row["output_differs"] is False
