@@ -19,10 +19,13 @@ from . import score
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_case(path: str, limit: float, recorder: str | None = None, plain: list | None = None, timeout=None) -> dict:
+def run_case(
+    path: str, limit: float, recorder: str | None = None, plain: list | None = None, timeout=None, interval=None
+) -> dict:
     """Run one case as world_size gloo ranks with ddpwatch on (zero-code, action=abort) and score what it wrote.
     `recorder`: DDPWATCH_RECORDER (None: the default); `plain`: each rank's stdout without ddpwatch, which a correct
-    program must print the same armed; `timeout`: DDPWATCH_TIMEOUT (a short one makes a benign wait count)."""
+    program must print the same armed; `timeout`: DDPWATCH_TIMEOUT (a short one makes a benign wait count);
+    `interval`: DDPWATCH_INTERVAL (a short one compares the ranks' positions more often: more chances to cry wolf)."""
     expect = score.load_expect(path)
     folder = tempfile.mkdtemp(prefix=f"ddpwatch-corpus-{score.case_name(path)}-")
     env = dict(os.environ, DDPWATCH="1", DDPWATCH_ACTION="abort", DDPWATCH_DIR=folder, PYTHONPATH=ROOT)
@@ -30,6 +33,8 @@ def run_case(path: str, limit: float, recorder: str | None = None, plain: list |
         env["DDPWATCH_RECORDER"] = recorder
     if timeout:
         env["DDPWATCH_TIMEOUT"] = str(timeout)
+    if interval:
+        env["DDPWATCH_INTERVAL"] = str(interval)
     start = time.monotonic()
     # Once report.json exists the score has what it needs; abort normally ends the ranks before this fires.
     results = run_ranks(
@@ -95,6 +100,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--timeout", type=float, help="DDPWATCH_TIMEOUT for every run (default: ddpwatch's; benign: 5 s)"
     )
+    parser.add_argument("--interval", type=float, help="DDPWATCH_INTERVAL for every run (default: ddpwatch's, 1 s)")
     opts = parser.parse_args(argv)
     paths = score.case_paths(opts.only)
     if opts.family:
@@ -116,7 +122,7 @@ def main(argv=None) -> int:
             plain, codes = run_plain(path, opts.limit)
             print(f"  {score.case_name(path)}: plain exit {codes}", file=sys.stderr, flush=True)
         for recorder in recorders:
-            row = run_case(path, opts.limit, recorder, plain, timeout)
+            row = run_case(path, opts.limit, recorder, plain, timeout, opts.interval)
             rows.append(row)
             got = row["said"]["kind"] if row["said"] else "no report"
             print(
