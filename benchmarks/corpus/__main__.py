@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     if wrong:
         print("\nWhat ddpwatch said instead:")
         print("\n".join(f"  {line}" for line in wrong))
-    alarms = [r for r in rows if r.get("false_alarm")]
+    alarms = [r for r in rows if r.get("false_alarm") and r["scored"]]  # a gloo-only thread is shown, not scored
     for row in alarms:
         said = row["said"]["kind"] if row["said"] else "no report"
         print(f"\nFALSE ALARM {row['case']} [{row['recorder']}]: {said}, exit {row['exit_codes']}", file=sys.stderr)
