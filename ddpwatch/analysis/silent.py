@@ -63,7 +63,7 @@ def _site_key(signature: dict):
 def differences(a: dict, b: dict) -> list:
     """What differs between two fingerprints of one position, beside the call site: collective, reduce, dtype,
     count (each compared only where every rank must agree)."""
-    if a.get("region") in PAIRED_ON_PURPOSE_REGIONS or b.get("region") in PAIRED_ON_PURPOSE_REGIONS:
+    if _paired_on_purpose(a, b):
         return []  # torch pairs these on purpose: a joined rank's MAX of int64 meets another's SUM of float32
     if a.get("op") != b.get("op"):
         return ["collective"]
@@ -87,6 +87,11 @@ def differences(a: dict, b: dict) -> list:
     ):
         found.append("count")
     return found
+
+
+def _paired_on_purpose(a: dict, b: dict) -> bool:
+    """Either call ran inside a region where torch pairs unlike collectives by design (its Join)."""
+    return a.get("region") in PAIRED_ON_PURPOSE_REGIONS or b.get("region") in PAIRED_ON_PURPOSE_REGIONS
 
 
 def _root_of(signature: dict):
@@ -222,9 +227,7 @@ def crossed_collectives(docs: dict, world_size: int) -> list:
 def _may_cross(a: dict, b: dict) -> bool:
     """Whether two calls at one position could have exchanged values between variables: the same call otherwise
     (no difference), carrying data (a barrier carries none), and for a rooted call its root known on both sides."""
-    if differences(a, b) or a.get("op") in DATA_FREE:
-        return False
-    if a.get("region") in PAIRED_ON_PURPOSE_REGIONS or b.get("region") in PAIRED_ON_PURPOSE_REGIONS:
+    if _paired_on_purpose(a, b) or differences(a, b) or a.get("op") in DATA_FREE:
         return False
     return a.get("op") not in ROOTED or (_root_of(a) is not None and _root_of(b) is not None)
 

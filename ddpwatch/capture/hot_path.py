@@ -31,7 +31,7 @@ def {name}({params}):
             _w_record = None  # never the user's problem
         if _w_record is None:
             return _w_original({call})
-        {reduce}_w_host = _w_entry[2]
+        {kept}_w_host = _w_entry[2]
         _w_async = {async_op}
         if _w_async or not _w_host:
             _w_hook_wait()  # once: from now on Work.wait() tells when such ops are done

@@ -289,8 +289,8 @@ class Patcher:
             call=call,
             metas=metas,
             group="group" if "group" in names else "None",
-            # the reduce op, kept raw (an enum member): one attribute store per op
-            reduce=("_w_record.reduce = op\n        " if "op" in names else "") + root_store(names),
+            # the reduce op and a rooted call's root, kept raw (an enum member, ints): an attribute store each
+            kept=("_w_record.reduce = op\n        " if "op" in names else "") + root_store(names),
             async_op="async_op" if "async_op" in names else "False",
         )
         recorder, world = self.recorder, self._c10d._world

@@ -134,7 +134,8 @@ class FingerprintLog:
         if record.seq in group:
             return
         signature = signature_of(record)
-        if signature[5] == build.TORCH_JOIN and self.refresh is None:
+        region = signature[5]
+        if region == build.TORCH_JOIN and self.refresh is None:
             self._unaligned.setdefault(record.group, record.seq)
         group[record.seq] = (self._id_of(signature), step, epoch)
         if len(group) > KEEP:
