@@ -45,11 +45,11 @@ def alive(pid):
         return False
 
 
-def test_the_alert_is_one_line_naming_kind_culprit_summary_and_folder():
+def test_the_alert_is_one_line_of_this_ranks_own_facts_then_the_findings_words_quoted():
     alert = alerts.alert_of(INCIDENT, "/r/20260101-000000-job")
     assert alert.summary == (
-        "ddpwatch: ddp_forward_on_subset (culprit rank 0): Rank 0 called the "
-        "DistributedDataParallel model at train.py:54 alone. Report: /r/20260101-000000-job"
+        "ddpwatch: ddp_forward_on_subset (culprit rank 0). Report: /r/20260101-000000-job. "
+        'Detail: "Rank 0 called the DistributedDataParallel model at train.py:54 alone."'
     )
     assert (alert.folder, alert.kind, alert.culprits, alert.trigger) == (
         "/r/20260101-000000-job",
@@ -59,8 +59,24 @@ def test_the_alert_is_one_line_naming_kind_culprit_summary_and_folder():
     )
     assert (
         alerts.alert_of({"findings": [{"kind": "p2p_deadlock", "summary": "\x1b[2Jx"}]}, None).summary
-        == "ddpwatch: p2p_deadlock: \\x1b[2Jx Report: (none could be written)"
+        == 'ddpwatch: p2p_deadlock. Report: (none could be written). Detail: "\\u001b[2Jx"'
     )  # a peer's words never drive a terminal
+
+
+def test_words_a_peer_supplied_are_quoted_bounded_and_cannot_close_the_quote():
+    """Issue 41: a forged fingerprint's text reached a chat hook verbatim ("@channel <https://...|click>"). The
+    summary's own part says the kind, culprits, whether it is a reading, and the folder; the finding's words, which
+    quote the ranks' records (anyone on the store's port can write one), come last, quoted and at most 240 chars."""
+    forged = 'x" ; rm -rf / ; "' + "@channel <https://evil.example|click> " * 40 + "\n\u202e"
+    incident = {
+        "findings": [{"kind": "silent_mismatch", "ranks": [1], "summary": forged, "basis": {"status": "reading"}}]
+    }
+    summary = alerts.alert_of(incident, "/r/x").summary
+    own, detail = summary.split(". Detail: ")
+    assert own == "ddpwatch: silent_mismatch (culprit rank 1) - a reading, not acted on. Report: /r/x"
+    assert detail.startswith('"x\\" ; rm') and detail.endswith('..."') and len(detail) == alerts.MAX_DETAIL + 2
+    assert detail[1:-1].count('"') == detail[1:-1].count('\\"')  # every quote inside is escaped
+    assert summary.isascii() and "\n" not in summary
 
 
 def test_the_verdict_is_an_error_record_on_the_ddpwatch_logger_with_the_alert_attached(caplog):
@@ -93,7 +109,7 @@ def test_the_command_gets_folder_and_summary_in_its_environment_and_not_ddpwatch
     finish(alerts.start_hook(command, alerts.alert_of(INCIDENT, str(tmp_path / "incident"))))
     folder, summary, kind, culprits, enabled, action = out.read_text().split("|")
     assert folder == str(tmp_path / "incident") and kind == "ddp_forward_on_subset" and culprits == "0"
-    assert summary.startswith("ddpwatch: ddp_forward_on_subset (culprit rank 0): Rank 0") and "\n" not in summary
+    assert summary.startswith("ddpwatch: ddp_forward_on_subset (culprit rank 0). Report: ") and "\n" not in summary
     assert (enabled, action) == ("unset", "unset")  # a Python hook must not start guarding itself
 
 

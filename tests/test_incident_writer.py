@@ -62,7 +62,7 @@ class OwnAnswer:
     def __init__(self, job: FakeJob, state: dict):
         self.job, self.state = job, state
 
-    def own(self, number: int) -> None:
+    def own(self, number: int, since=None) -> None:
         self.job.contribute(number, 0, self.state)
 
 

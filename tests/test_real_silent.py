@@ -1,5 +1,5 @@
 """Real collectives that complete without matching, on 2-3 gloo ranks (hard time limits): the finding, both lines,
-the fix, within 2 s of the position; the crash gloo makes of a size mismatch, under torchrun; and the correct
+the fix, confirmed by the ranks' own answers; the crash gloo makes of a size mismatch, under torchrun; and the correct
 look-alikes (rank-conditional lines, subgroups, a thread on its own group, uneven all_to_all) stay silent."""
 
 import os
@@ -33,7 +33,9 @@ def test_a_float_tensor_against_an_int_tensor_of_the_same_bytes_is_a_silent_mism
     sides = {tuple(s["ranks"]): s for s in finding["facts"]["sides"]}
     assert sides[(0,)]["dtypes"] == ["float32"] and sides[(1,)]["dtypes"] == ["int32"]
     assert "explicit dtype" in finding["fix"]
-    assert after < 2.0, after  # published, compared and said within the watchdog's rounds (issue 28: 2 s)
+    # the ranks compared answered the incident with their own records of those positions (issue 41): what the
+    # store held for them is not taken on trust (benchmarks/time_to_verdict.py measures how long this takes)
+    assert finding["basis"]["confirmed"] is True, finding["basis"]
     assert sum("[silent_mismatch]" in r.stderr for r in results) == 1  # said once, by the rank that claimed it
 
 
@@ -43,7 +45,7 @@ def test_helpers_called_in_another_order_are_crossed_collectives_naming_both_lin
     orders = {tuple(o["ranks"]): [s["line"] for s in o["sites"]] for o in finding["facts"]["orders"]}
     assert orders == {(0,): [line("loss"), line("hist")], (1,): [line("hist"), line("loss")]}
     assert finding["facts"]["positions"] == 2 and "sorted" in finding["fix"]
-    assert after < 2.0, after
+    assert finding["basis"]["confirmed"] is True, finding["basis"]
 
 
 @pytest.mark.timeout(240)
@@ -80,7 +82,7 @@ def test_a_size_mismatch_a_backend_lets_through_is_a_silent_mismatch_of_counts(t
     assert finding["kind"] == "silent_mismatch" and finding["facts"]["differs"] == ["count"]
     sides = {tuple(s["ranks"]): (s["counts"], s["site"]["function"]) for s in finding["facts"]["sides"]}
     assert sides == {(0,): ([8], "log_hist"), (1,): ([4], "log_loss")}
-    assert after < 2.0, after
+    assert finding["basis"]["confirmed"] is True, finding["basis"]
 
 
 def test_action_abort_reports_a_silent_mismatch_as_a_reading_and_leaves_the_job_alone(tmp_path):

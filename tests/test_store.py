@@ -435,13 +435,14 @@ def test_a_healthy_watchdog_round_sends_the_beat_alone_and_reads_the_counter(job
         positions.append(job.positions()[1])
     assert len(reads) == 1  # the first round read the state; the second built nothing
     # the beat, with this rank's completed positions (a new one this round) in the same put; then the counter;
-    # then the partner's positions (rank 0's, not published here: checked for, never waited on)
+    # then the partner's positions (rank 0's, not published here: read in one compare_set, never waited on)
     [(name, (keys, values)), (counter, _), *partner] = ticked
     assert name == "multi_set" and counter == "compare_set"
     assert keys == [job.store.key("pos", 1), job.store.key("fp", 1)]
     assert positions[1] == dict(positions[0], beat=positions[0]["beat"] + 1) == json.loads(values[0])
     assert json.loads(values[1])["groups"]["0"]["ids"] == [0, 0]  # both all_reduces, one fingerprint
-    assert partner and all(call == "check" and args == ([job.store.key("fp", 0)],) for call, args in partner)
+    key = job.store.key("fp", 0)
+    assert partner == [("compare_set", (key, store_module.ABSENT, store_module.ABSENT))]
 
 
 # ----- what arrives through the store is that value's problem, never the connection's (issue 27 items 4 and 5) -----
@@ -609,7 +610,7 @@ def caught_up_watchdog(monkeypatch, action, incident):
     monkeypatch.setattr(dog.catch_up, "_wake", lambda: dog.catch_up.serve(dog._answer_incidents))
     monkeypatch.setattr(dog.job, "latest_incident", lambda: 0 if incident is None else 1)
     monkeypatch.setattr(dog.job, "incident_info", lambda number: incident)
-    monkeypatch.setattr(dog.answers, "peer", lambda number, needed: False)
+    monkeypatch.setattr(dog.answers, "peer", lambda number, needed, since=None: False)
     return dog, recorder, codes
 
 

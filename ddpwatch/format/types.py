@@ -236,6 +236,44 @@ class _RankStateBase(TypedDict):
     recent: List[RecordDoc]
 
 
+class FingerprintSignature(TypedDict, total=False):
+    """What must agree across ranks at one completed position (watch/fingerprints.py; analysis/silent.py)."""
+
+    op: Optional[str]
+    reduce: Optional[str]
+    dtypes: List[str]
+    counts: List[int]
+    site: Optional[Site]
+    region: Optional[str]
+    root: Any  # the global rank, ["group", rank in the group], or null
+
+
+class _FingerprintGroupBase(TypedDict):
+    first: int
+    ids: List[int]
+
+
+class FingerprintGroup(_FingerprintGroupBase, total=False):
+    """One group's newest completed positions: one signature id per position from `first` (-1: a gap)."""
+
+    steps: List[Optional[int]]
+    epoch: Optional[int]
+    unaligned_from: int
+
+
+class _FingerprintDocBase(TypedDict):
+    v: int
+    groups: Dict[str, FingerprintGroup]
+
+
+class FingerprintDoc(_FingerprintDocBase, total=False):
+    """A rank's completed positions as it publishes them (fp/<r>) and answers them (RankState.fingerprints)."""
+
+    n: int
+    rank: int
+    signatures: Dict[str, FingerprintSignature]
+
+
 class RankState(_RankStateBase, total=False):
     """What one rank publishes every interval; the full form (an incident's answer) adds stacks and evidence."""
 
@@ -258,7 +296,7 @@ class RankState(_RankStateBase, total=False):
     store_lost: Optional[bool]
     signal: Optional[str]  # an exited rank ended by this signal (SIGTERM, SIGINT, SIGHUP), its handler's or not
     source: Dict[str, Any]  # Flight Recorder input: the dump it came from
-    fingerprints: Dict[str, Any]  # the positions it completed (watch/fingerprints.py; an incident's answer)
+    fingerprints: FingerprintDoc  # the positions it completed (watch/fingerprints.py; an incident's answer)
 
 
 class MismatchRow(TypedDict):
@@ -302,6 +340,8 @@ class Basis(TypedDict, total=False):
     says: Optional[str]  # the fact, in words (render/basis_words.py)
     reading: Optional[str]  # what is inferred beside it, in words
     confirm: Optional[str]  # what would confirm the reading
+    confirmed: bool  # the ranks it describes confirmed it in their own answers (analysis/confirm.py), or not
+    unconfirmed: List[int]  # the ranks that did not: it rests on what the store held for them
 
 
 class Finding(_FindingBase, total=False):

@@ -225,6 +225,12 @@ LIMITS = {
     ("Incident", "missing_ranks"): RANKS,
     ("Incident", "findings"): Limit(items=MAX_FINDINGS),
     ("Incident", "rank_conditions"): Limit(items=_world),
+    ("FingerprintDoc", "rank"): RANK,
+    ("FingerprintGroup", "first"): Limit(low=0),
+    ("FingerprintGroup", "ids"): Limit(each=Limit(low=-1)),  # -1: a position missing from the rank's run
+    ("FingerprintGroup", "unaligned_from"): Limit(low=0),
+    ("FingerprintSignature", "dtypes"): DTYPES,
+    ("FingerprintSignature", "counts"): Limit(items=1024, each=Limit(low=0)),
 }
 
 # shape -> the keys a reader cannot do without, in the order they are asked for. Fewer than a shape's always-written
@@ -239,6 +245,8 @@ REQUIRED = {
     "MismatchRow": ("ranks", "group", "seq", "op"),
     "Finding": ("kind", "ranks", "summary", "fix"),
     "Incident": ("world_size", "ranks", "findings"),
+    "FingerprintDoc": ("v", "groups"),
+    "FingerprintGroup": ("first", "ids"),
 }
 
 # shape -> fields checked before the others: the world size, that the ranks in the document are checked against.
@@ -370,6 +378,8 @@ def _document_check(shape_name: str, world_size: int):
 def clear_cache() -> None:
     """Forget the checks derived so far (tests that change a shape)."""
     _document_check.cache_clear()
+    _published_check.cache_clear()
+    _fingerprints_check.cache_clear()
 
 
 def _world_size(doc, where: str, required: tuple) -> int:
@@ -419,3 +429,21 @@ def published_state(doc, world_size: int) -> bool:
     except FormatError:
         return False
     return True
+
+
+@functools.lru_cache(maxsize=8)
+def _fingerprints_check(world_size: int):
+    from . import types as shapes
+
+    return _object(shapes.FingerprintDoc, world_size, {})
+
+
+def fingerprint_problem(doc, world_size: int) -> str | None:
+    """None when a fingerprint document read from the job's store may be compared (watch/fingerprints.py's shape,
+    every field of its type and within its bounds); else what is wrong, in one line. Anyone on the store's port can
+    write there: a value that fails is left out whole."""
+    try:
+        _fingerprints_check(world_size)(doc, "")
+    except FormatError as exc:
+        return str(exc)[:200]
+    return None

@@ -3,6 +3,8 @@ confirm a reading. The analysis names them (analysis/table.py: Stage.proves, KIN
 
 from __future__ import annotations
 
+from .ranks_text import rank_list
+
 FACTS = {
     "silent_rank": "a rank stopped publishing while the others wait: its process is gone, or alive and silent past "
     "dead_after",
@@ -42,7 +44,7 @@ def worded_basis(basis, kind: str) -> dict | None:
     if not isinstance(basis, dict) or basis.get("status") not in ("fact", "explained", "reading"):
         return None
     reading, confirm = READINGS.get(kind, (None, None)) if basis["status"] != "fact" else (None, None)
-    return {
+    worded = {
         "status": basis["status"],
         "fact": basis.get("fact") if isinstance(basis.get("fact"), str) else None,
         "acts": basis.get("acts") is True,
@@ -50,6 +52,26 @@ def worded_basis(basis, kind: str) -> dict | None:
         "reading": reading,
         "confirm": confirm,
     }
+    if isinstance(basis.get("confirmed"), bool):  # analysis/confirm.py: the ranks' own answers, or the store alone
+        worded["confirmed"] = basis["confirmed"]
+        unconfirmed = [r for r in basis.get("unconfirmed") or () if type(r) is int]
+        if not basis["confirmed"]:
+            worded["unconfirmed"] = unconfirmed
+    return worded
+
+
+def _confirmation_line(basis: dict) -> str:
+    """Whether the ranks described confirmed it in their own answers, or it rests on what the job's store held."""
+    if basis.get("confirmed") is True:
+        return " Confirmed by the ranks it describes, in their own answers to this incident."
+    if basis.get("confirmed") is not False:
+        return ""
+    unconfirmed = basis.get("unconfirmed") or []
+    who = rank_list(unconfirmed) if unconfirmed else "the ranks it describes"
+    return (
+        f" Not confirmed by {who} in their own answers to this incident: it rests on what the job's store held, "
+        "which anything that reaches the store's port can write; reported, never acted on."
+    )
 
 
 def basis_line(basis) -> str | None:
@@ -60,8 +82,9 @@ def basis_line(basis) -> str | None:
         line = "A reading, not a proof: reported, never acted on"
         if basis.get("reading"):
             line += f" ({basis['reading']})"
-        return line + (f". To confirm: {basis['confirm']}." if basis.get("confirm") else ".")
+        line += f". To confirm: {basis['confirm']}." if basis.get("confirm") else "."
+        return line + _confirmation_line(basis)
     line = f"Fact: {basis.get('says') or basis.get('fact')}."
     if basis.get("status") == "explained" and basis.get("reading"):
         line += f" Reading: {basis['reading']}; to confirm: {basis.get('confirm')}."
-    return line
+    return line + _confirmation_line(basis)

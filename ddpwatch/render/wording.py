@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Mapping, overload
 
 from ..format import build
 from .basis_words import worded_basis
+from .ranks_text import rank_list
 from .mismatch_words import crossed_collectives, mismatch_crash, side_text, silent_mismatch
 from .departures import Phrases, caught_exception_words, local_decision_words
 from .p2p_words import p2p_deadlock_words, p2p_text
@@ -44,25 +45,6 @@ def describe_op(record: Mapping[str, Any]) -> str:
     if region and region.get("kind") == build.OBJECT_COLLECTIVE:
         return f"{text} inside {region.get('api')} at {build.short_site(region.get('site') or record.get('site'))}"
     return f"{text} at {build.short_site(record.get('site'))}"
-
-
-def rank_list(ranks) -> str:
-    """[0, 1, 2, 5] -> 'ranks 0-2,5'; [3] -> 'rank 3'."""
-    ranks = sorted(set(ranks))
-    if not ranks:
-        return "no rank"
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    parts = []
-    start = prev = ranks[0]
-    for rank in ranks[1:]:
-        if rank == prev + 1:
-            prev = rank
-        else:
-            parts.append(f"{start}-{prev}" if prev != start else f"{start}")
-            start = prev = rank
-    parts.append(f"{start}-{prev}" if prev != start else f"{start}")
-    return "ranks " + ",".join(parts)
 
 
 def _sentence(text: str) -> str:

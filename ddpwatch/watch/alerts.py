@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from .. import analysis
 from ..config import ON_INCIDENT_TIMEOUT_S, incident_hook_environ
 from ..render import wording
 from ..terminal import visible
+from .throttle import ALERT_EVERY_S, AlertThrottle
 
 log = logging.getLogger("ddpwatch")
 
@@ -43,31 +45,52 @@ class IncidentAlert(NamedTuple):
     trigger: str
 
 
-def alert_of(incident: dict, folder: str | None) -> IncidentAlert:
+MAX_DETAIL = 240  # characters of the finding's own summary an alert quotes
+
+
+def quoted_detail(text) -> str:
+    """A finding's summary as an alert quotes it: it names lines, functions and ops the ranks' records hold, and a
+    record can come from anyone who reaches the store's port, so it is one line, ASCII, its quotes escaped, in
+    double quotes, at most MAX_DETAIL characters."""
+    flat = json.dumps(" ".join(str(text).split()), ensure_ascii=True)[1:-1]
+    return '"' + (flat if len(flat) <= MAX_DETAIL else flat[: MAX_DETAIL - 3] + "...") + '"'
+
+
+def alert_of(incident: dict, folder: str | None, held_back: int = 0) -> IncidentAlert:
+    """The alert: made of what this rank decided (the kind, from ddpwatch's own table; the culprits, integers;
+    whether it is a fact or a reading; the folder it wrote), then the finding's summary, quoted (quoted_detail)."""
     findings = incident.get("findings") or []
     first = findings[0] if findings else {}
     kind = str(first.get("kind") or "hang")
     culprits = tuple(r for r in first.get("ranks") or () if type(r) is int)
+    status = (first.get("basis") or {}).get("status")
     line = (
         f"ddpwatch: {kind}"
         + (f" (culprit {wording.rank_list(list(culprits))})" if culprits else "")
-        + (f": {first['summary']}" if first.get("summary") else "")
-        + f" Report: {folder or '(none could be written)'}"
+        + (" - a reading, not acted on" if status == "reading" else "")
+        + f". Report: {folder or '(none could be written)'}"
+        + (f". {held_back} earlier alert(s) of this kind held back" if held_back else "")
+        + (f". Detail: {quoted_detail(first['summary'])}" if first.get("summary") else "")
     )
-    # One line, whatever the peers' words hold: it goes into an environment variable and a log line.
-    line = visible(" ".join(line.split()))
+    line = visible(line)  # the folder is the user's own path: still, nothing in it may drive a terminal
     return IncidentAlert(
         folder or "", line, kind, culprits, str(incident.get("run_id") or ""), str(incident.get("trigger") or "")
     )
 
 
-def announce(config, incident: dict, folder: str | None) -> None:
+def announce(config, incident: dict, folder: str | None, throttle: AlertThrottle | None = None) -> None:
     """The verdict on the `ddpwatch` logger, then the on_incident hook started; returns at once, never raises. A
-    dump (SIGUSR1, `ddpwatch dump`) was asked for by someone who is there: no alert."""
+    dump (SIGUSR1, `ddpwatch dump`) was asked for by someone who is there: no alert. `throttle`: one alert per
+    finding kind per window (throttle.py); one held back is said on stderr's report only."""
     if incident.get("trigger") == analysis.DUMP:
         return
     try:
-        alert = alert_of(incident, folder)
+        kind = str(((incident.get("findings") or [{}])[0]).get("kind") or "hang")
+        go, held_back = (True, 0) if throttle is None else throttle.allow(kind)
+        if not go:
+            log.info("ddpwatch: alert for %s held back (one per kind per %g s)", kind, ALERT_EVERY_S)
+            return
+        alert = alert_of(incident, folder, held_back)
         log_verdict(alert)
         if config.on_incident is not None:
             start_hook(config.on_incident, alert)

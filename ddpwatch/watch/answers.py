@@ -34,25 +34,26 @@ class Answers:
         self._native_spent: list = []  # (clock time, seconds) of each native read for a peer's incident
 
     # ----- an incident this rank leads: always answered -----
-    def own(self, number: int) -> None:
+    def own(self, number: int, since: dict | None = None) -> None:
         """This rank's full state and Python stacks for its own incident `number` (fast: no subprocess; the writer
-        reads this rank's native stacks itself, incident_writer.NativeReads)."""
+        reads this rank's native stacks itself, incident_writer.NativeReads); `since`: the positions it asks for."""
         if number <= self.answered:
             return
         self.answered = number
-        self.job.contribute(number, self.rank, self._states.read(full=True))
+        self.job.contribute(number, self.rank, self._states.read(full=True, since=since))
 
     # ----- a peer's incident: bounded -----
-    def peer(self, number: int, costly: bool) -> bool:
+    def peer(self, number: int, costly: bool, since: dict | None = None) -> bool:
         """Answer a peer's incident `number` unless this rank answered one within ANSWER_EVERY_S (then a later
         look answers the newest, if it is still unanswered); `costly`: with the Flight Recorder's tail (this
-        rank's own view needs it). True when it answered."""
+        rank's own view needs it); `since`: the completed positions the incident asks the answer to hold. True
+        when it answered."""
         now = self._clock()
         if number <= self.answered or now - self._last_answer < ANSWER_EVERY_S:
             return False
         self._last_answer = now
         self.answered = number
-        self.job.contribute(number, self.rank, self._states.read(full=True, flight_recorder=costly))
+        self.job.contribute(number, self.rank, self._states.read(full=True, flight_recorder=costly, since=since))
         return True
 
     def peer_native(self, number: int, needed: bool) -> None:

@@ -157,18 +157,22 @@ class FingerprintLog:
         self._signatures = {i: sig for i, sig in self._signatures.items() if i in named}
         self._ids = {sig: i for i, sig in self._signatures.items()}
 
-    def document(self, per_group: int = PUBLISH) -> dict:
+    def document(self, per_group: int = PUBLISH, since: dict | None = None) -> dict:
         """The newest `per_group` positions of each group, as plain data (see analysis/silent.py for the reading):
         {"v", "groups": {group: {"first": seq, "ids": [...], "steps": [...], "epoch": e, "unaligned_from": seq}},
         "signatures": {id: {op, reduce, dtypes, counts, site, region, root}}}; positions missing from a run (a voided
         record) are -1; `unaligned_from`, where present, the first position past which this rank's numbering does not
-        line up with its peers' (torch's Join under the python recorder)."""
+        line up with its peers' (torch's Join under the python recorder). `since` ({group: seq}, an incident's ask): those
+        groups from that position on, as far as the log keeps them, however many that is."""
         self._documents += 1  # its number: a peer's document read again unchanged is not compared again
         groups, used = {}, set()
         for name, log in list(self._log.items()):
             seqs = list(itertools.islice(reversed(log), per_group))[::-1]
             if not seqs:
                 continue
+            asked = (since or {}).get(name)
+            if type(asked) is int and asked < seqs[0]:
+                seqs = [seq for seq in log if seq >= asked]  # at most KEEP: the log keeps no more
             first = seqs[0]
             ids, steps, epochs = [-1] * (seqs[-1] - first + 1), [None] * (seqs[-1] - first + 1), []
             for seq in seqs:
@@ -260,3 +264,20 @@ class MismatchCheck:
         # still stands in with them, so the report groups all ranks by what they called, not only the pair compared
         docs.update({rank: doc for rank, doc in job.fingerprints(range(self.world_size)).items() if rank != self.rank})
         return assessment, {rank: {"rank": rank, "fingerprints": doc} for rank, doc in docs.items()}
+
+
+MAX_ASKED = 8  # groups an incident may ask about (analysis/confirm.py asks about a few)
+
+
+def asked_positions(info) -> dict:
+    """{group: seq} an incident's info asks each answer to hold (a peer wrote it: only names and numbers pass)."""
+    asked = info.get("since") if isinstance(info, dict) else None
+    if not isinstance(asked, dict):
+        return {}
+    return dict(
+        list(
+            (group, seq)
+            for group, seq in asked.items()
+            if isinstance(group, str) and len(group) <= 256 and type(seq) is int and 0 <= seq < 2**63
+        )[:MAX_ASKED]
+    )

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, cast
 from .. import analysis
 from ..config import REPORT, action_row
 from ..capture.sites import is_internal_file
+from ..analysis import confirm
 from ..analysis.incident import build as build_incident
 from ..format import documents
 from ..logonce import log_once
@@ -21,16 +22,17 @@ from ..static import rankcond
 from ..terminal import say
 from . import alerts, evidence, verdict
 from .store import StoreUnavailable
+from .throttle import AlertThrottle
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..format.types import RecordDoc
 
 log = logging.getLogger("ddpwatch")
 
-COLLECT_S = 2.0  # how long the writer waits for every rank's stacks before it writes what it has
-# ... for collectives that completed without matching: the ranks run on, their stacks say little, and the verdict
-# is due within 2 s of the position; a rank that has not answered by then stands in with its positions
-MISMATCH_COLLECT_S = 0.3
+# How long the writer waits for every rank's answer before it writes what it has; for collectives that completed
+# without matching too: the answers are what confirms the positions the store held (analysis/confirm.py), and a
+# running rank answers once a round
+COLLECT_S = 2.0
 MAX_OUTSIDE_READS = 4  # busy local ranks whose native stacks the writer reads itself (py-spy, up to 3 s each)
 
 
@@ -121,6 +123,7 @@ class IncidentWriter:
         self.stopping = stopping
         self._frozen_stacks: dict = {}  # rank -> py-spy's read of it (once per peer)
         self._local_dumps: set = set()  # (group, seq) of each collective this rank dumped itself stuck in
+        self.alerts = AlertThrottle()  # one on_incident run per finding kind per window, whatever starts incidents
 
     def read_frozen_stacks(self, silent: dict) -> None:
         """A frozen peer cannot answer: read its Python stack from outside with py-spy (once per peer) into its
@@ -148,19 +151,20 @@ class IncidentWriter:
         the folder is written once, after it, with the native stacks read since. A report that cannot be written
         anywhere (a full disk, a file size limit, no usable folder) loses nothing else: the verdict is posted and an
         abort still ends the job."""
+        since = confirm.asked_positions(assessment.findings) if assessment.verdict == analysis.MISMATCH else {}
         number = self.job.open_incident(
             {
                 "trigger": assessment.verdict,
                 "leader": self.rank,
                 "action": action,
                 "fingerprint": assessment.fingerprint,
+                **({"since": since} if since else {}),  # the positions each rank's answer is to hold (confirm.py)
             }
         )
-        self.answers.own(number)
+        self.answers.own(number, since)
         contributions = self._collect(
             number,
             answering=self.world_size - len(silent or ()),
-            wait=MISMATCH_COLLECT_S if assessment.verdict == analysis.MISMATCH else COLLECT_S,
         )
         final, busy = self._with_stand_ins(contributions, silent or {}, watched)
         incident = self._build(assessment, final, contributions, silent)
@@ -174,7 +178,7 @@ class IncidentWriter:
         folder = self._write_report_folder(incident)
         if folder is not None:
             self.policy.report_written(incident, action)
-        alerts.announce(self.config, incident, folder)  # returns at once: the hook runs on a thread of its own
+        alerts.announce(self.config, incident, folder, self.alerts)  # returns at once: the hook runs on a thread
         # Posted once the folder is written: with action=abort the peers exit on it.
         first = incident["findings"][0] if incident["findings"] else {}
         self.job.post_verdict(
@@ -217,6 +221,9 @@ class IncidentWriter:
         findings = (
             again.findings if again.verdict else ([] if assessment.verdict == analysis.DUMP else assessment.findings)
         )
+        findings = self._confirmed(assessment, again.verdict, findings, final, contributions, silent or {})
+        if findings is None:
+            return None
         built = build_incident(
             final,
             self.world_size,
@@ -235,6 +242,29 @@ class IncidentWriter:
         # save_incident, alerts) takes a plain dict still, which an Incident is at run time; the type checker keeps
         # TypedDicts apart from dict (render/report.py's _plain says the same).
         return cast(dict, wording.worded_incident(built))
+
+    def _confirmed(self, assessment, again, findings: list, final: dict, answers: dict, silent: dict):
+        """The findings, their basis saying whether the ranks they describe confirmed them in their own answers
+        (analysis/confirm.py); None when a completed mismatch read from the store is refuted by those answers."""
+        if assessment.verdict == analysis.DUMP:
+            return findings
+        if assessment.verdict == analysis.MISMATCH:
+            shown = analysis.completed_mismatches(answers, self.world_size)
+            status, missing = confirm.completed(findings, shown.fingerprint, assessment.fingerprint, answers)
+            if status == confirm.REFUTED:
+                log_once(
+                    self.logged,
+                    "refuted",
+                    "ddpwatch: collectives that completed without matching, as the store held them, were not what the "
+                    "ranks answered for those positions: no report (someone else may be writing to the job's store; "
+                    "said once)",
+                )
+                return None
+            return confirm.with_confirmation(findings, missing)
+        if again != assessment.verdict:  # the answers no longer show it: it rests on the positions read before
+            named = sorted({r for f in findings for r in f.get("ranks") or ()}) or sorted(final)
+            return confirm.with_confirmation(findings, named)
+        return confirm.with_confirmation(findings, confirm.unconfirmed_blocked(final, silent, self.config.grace))
 
     def _add_native_stacks(self, number: int, incident: dict, busy: list) -> None:
         """Each rank's native stacks into its state, once the verdict is out (py-spy pauses the process it reads, and

@@ -8,6 +8,8 @@ import time
 from typing import Any, Mapping
 
 from ..format import bounded, documents, validate
+from ..logonce import log_once
+from ..terminal import visible
 
 PREFIX = "ddpwatch/v1"
 MULTI_GET_SLICE = 512
@@ -21,6 +23,10 @@ READ_BUILT_PER_BYTE = 12
 # that is not an integer (anyone on the port can write one) closes the connection, which ended ddpwatch for the job.
 ABSENT = b"\x00ddpwatch: absent"
 COUNTER_RANGE = (-(2**63), 2**63)  # what the store's add can hold (a 64-bit integer)
+# A rank's fingerprint document: 96 positions per group and their distinct signatures, a few KiB (a job of 8 groups
+# with a distinct line per position: 166 KiB, encoded as the ranks encode it). A bigger value is not one ddpwatch wrote, and is not parsed: a
+# 5.7 MiB one took a rank from 265 to 648 MiB (issue 41).
+FINGERPRINTS_MAX_BYTES = 512 * 2**10
 
 
 class StoreUnavailable(RuntimeError):
@@ -206,11 +212,25 @@ class StateStore:
                 values.extend(self._call(self._store.get, key) for key in found)
         return _decode_all(present, values)
 
-    def get_existing(self, keys: list) -> dict:
-        """get_many() for keys known to exist (a multi_get would wait for a missing one): one round trip."""
-        if not hasattr(self._store, "multi_get"):
-            return self.get_many(keys)
-        return _decode_all(list(keys), self._call(self._store.multi_get, list(keys)))
+    def read_now(self, keys: list, max_bytes: int) -> tuple:
+        """({key: doc} of the keys there now, [(key, why)] of values left out): one compare_set round trip per key,
+        which never waits for a key (a multi_get waits the store's timeout for one that someone deleted since its
+        check) and never changes one. A value over `max_bytes` is left out unparsed; one that is not a JSON object
+        is left out too."""
+        docs, dropped = {}, []
+        for key in keys:
+            raw = bytes(self._call(self._store.compare_set, key, ABSENT, ABSENT))
+            if raw == ABSENT:
+                continue
+            if len(raw) > max_bytes:
+                dropped.append((key, f"{len(raw)} bytes, over the {max_bytes} a document of this kind may have"))
+                continue
+            found = _decode_all([key], [raw])
+            if key in found:
+                docs[key] = found[key]
+            else:
+                dropped.append((key, "not a JSON object ddpwatch could have written"))
+        return docs, dropped
 
     def get(self, key: str):
         return self.get_many([key]).get(key)
@@ -280,7 +300,7 @@ class JobProtocol:
         self._position: tuple[int, str] | None = None
         self._counters = (0, 0)  # the last (ranks waiting, latest incident) read: what a malformed counter reads as
         self._leader_beat = 0
-        self._fp_seen: set = set()  # the fingerprint keys seen to exist: read without a check from then on
+        self.logged: set = set()  # the documents left out, said once per kind (the watchdog logs nothing here)
 
     @property
     def stamp(self) -> str:
@@ -322,17 +342,35 @@ class JobProtocol:
             docs[self._key("fp", rank)] = fingerprints
 
     def fingerprints(self, ranks) -> dict:
-        """{rank: fingerprint document} of `ranks`; a document that does not name its own rank is left out. One
-        round trip once every key was seen (a published key stays), two before (get_many checks first)."""
+        """{rank: fingerprint document} of `ranks` whose document is there and passes its checks (size first, then
+        validate.fingerprint_problem, then that it names its own rank); one that fails is left out, said once. One
+        round trip per rank (read_now: a key someone deleted is not waited for); a rank reads one partner a round."""
         keys = {self._key("fp", r): r for r in ranks}
-        if not keys:
-            return {}
-        if self._fp_seen.issuperset(keys):
-            docs = self.store.get_existing(list(keys))
-        else:
-            docs = self.store.get_many(list(keys))
-            self._fp_seen.update(docs)
-        return {keys[key]: doc for key, doc in docs.items() if doc.get("rank") == keys[key]}
+        docs, dropped = self.store.read_now(list(keys), FINGERPRINTS_MAX_BYTES)
+        found = {}
+        for key, doc in docs.items():
+            problem = validate.fingerprint_problem(doc, self.world_size)
+            if problem is None and doc.get("rank") != keys[key]:
+                problem = f"it names rank {doc.get('rank')!s:.20}"
+            if problem is None:
+                found[keys[key]] = doc
+            else:
+                dropped.append((key, problem))
+        for key, why in dropped:
+            self._left_out("fp", keys[key], why)
+        return found
+
+    def _left_out(self, kind: str, rank: int, why: str) -> None:
+        """One line, once per kind of document, for a value at ddpwatch's key that is not one ddpwatch wrote."""
+        log_once(
+            self.logged,
+            f"left-out-{kind}",
+            "ddpwatch: left out the %s document at rank %d's key (%s); someone else wrote it, or it was torn. The "
+            "other ranks' are still compared; this is said once",
+            kind,
+            rank,
+            visible(why),
+        )
 
     def _add_leader_beat(self, docs: dict, rank: int, beat) -> None:
         if rank == LEADER and type(beat) is int:
@@ -364,7 +402,15 @@ class JobProtocol:
     def _read_by_rank(self, kind: str, ranks) -> dict:
         ranks = range(self.world_size) if ranks is None else ranks
         keys = {self._key(kind, r): r for r in ranks}
-        return _by_rank(self.store.get_many(list(keys)), keys, self.world_size)
+        return self._checked(kind, self.store.get_many(list(keys)), keys)
+
+    def _checked(self, kind: str, docs: dict, keys: dict) -> dict:
+        """_by_rank(), saying once when a value there was left out."""
+        found = _by_rank(docs, keys, self.world_size)
+        if len(found) < len(docs):
+            rank = min(keys[key] for key in docs if keys[key] not in found)
+            self._left_out(kind, rank, "not a rank state of this job: a field of the wrong type or out of bounds")
+        return found
 
     def counters(self) -> tuple:
         """(ranks waiting, the latest incident's number), in one round trip; a value there that is not a counter
@@ -420,7 +466,7 @@ class JobProtocol:
         while time.monotonic() < deadline and (self.store.counter(count) or 0) < answering:
             time.sleep(self.POLL_S)
         keys = {self.store.key("incident", number, "rank", r): r for r in range(self.world_size)}
-        return _by_rank(self.store.get_many(list(keys)), keys, self.world_size)
+        return self._checked("answer", self.store.get_many(list(keys)), keys)
 
     def natives(self, number: int, ranks) -> dict:
         """{rank: native stacks} of those of `ranks` whose py-spy answer for incident `number` is in."""

@@ -15,12 +15,13 @@ from ..logonce import log_once
 from .abort import AbortPolicy, CatchUp, Outcome, peer_gone
 from . import crashes
 from .answers import Answers
-from .fingerprints import FingerprintLog, MismatchCheck
+from .fingerprints import FingerprintLog, MismatchCheck, asked_positions
 from .flight import NO_FEED
 from .incident_writer import IncidentWriter
 from .peers import PeerTracker
 from .rank_state import StateReader
 from .store import LEADER, JobProtocol, StoreUnavailable
+from .throttle import IncidentThrottle
 
 if TYPE_CHECKING:  # annotations only
     from ..format.types import RankState
@@ -58,6 +59,7 @@ class Watchdog(threading.Thread):
         self._terminating = threading.Event()  # a SIGTERM asked for one look for a peer gone (signals.py)
         self.ending_signal = ""  # the name of a signal that came to end this process (signals.py notes it)
         self._logged: set = set()
+        self.throttle = IncidentThrottle(self._logged)  # how many incidents this rank may lead (throttle.py)
         self._store_ok = True
         self.states = StateReader(recorder, config, rank, world_size, self.host, self._logged)
         self.peers = PeerTracker(rank, world_size, self.host, config)
@@ -218,6 +220,7 @@ class Watchdog(threading.Thread):
             state, whole = self.states.heartbeat(now)
             self.job.publish(self.rank, state, whole, positions)
         waiting, latest = self.job.counters()  # two round trips a round in all: the publish and this
+        self.throttle.saw_counter(latest)
         waiting = self._update_waiting(state, waiting)
         self._answer_incidents(latest)
         self.policy.check_posted(self.states.read)
@@ -297,7 +300,9 @@ class Watchdog(threading.Thread):
 
     # ----- incidents -----
     def run_incident(self, assessment, silent: dict | None = None, action: str | None = None) -> None:
-        """Write one incident this rank leads, then carry out its action (abort.py)."""
+        """Write one incident this rank leads, within its budget (throttle.py; not a dump), then act (abort.py)."""
+        if assessment.verdict != analysis.DUMP and not self.throttle.allow(analysis.acts_on(assessment.verdict)):
+            return
         action = action or self.policy.action_for(assessment.verdict)
         self.writing.set()
         try:
@@ -311,8 +316,7 @@ class Watchdog(threading.Thread):
     def _answer_incidents(self, latest: int | None = None) -> None:
         """Answer the newest incident only (`latest`: its number, if read this round), at most one a second
         (answers.py: anyone can raise the counter), with the costly parts (native stacks, the Flight Recorder's
-        tail) only where this rank's own view says a verdict needs them (blocked, or outside collectives for
-        `timeout`); a rank that trains answers with its Python stacks alone, whatever the incident claims."""
+        tail) only where this rank's own view needs them (blocked, or outside collectives for `timeout`)."""
         if latest is None:
             latest = self.job.latest_incident()
         if latest > self._seen:
@@ -323,7 +327,7 @@ class Watchdog(threading.Thread):
         if latest != self._seen or latest <= self.answers.answered or self._info.get("leader") == self.rank:
             return
         needed = self._costly_answer_needed()
-        if self.answers.peer(latest, needed):
+        if self.answers.peer(latest, needed, asked_positions(self._info)):
             self.answers.peer_native(latest, needed)
 
     def _costly_answer_needed(self) -> bool:
