@@ -1,4 +1,4 @@
-"""Whether the ranks a verdict describes confirmed it in their own answers, or it rests on what the store held (plain data).
+"""Whether the ranks a verdict describes confirmed it in their own answers, or it rests on the store (plain data).
 
 The job's store is unauthenticated: a position or a fingerprint read there is a claim anyone on its port can
 write. An incident's answer is the rank's own word, sent for that incident. So a verdict that may end a job needs
@@ -34,8 +34,9 @@ def compared_ranks(finding: dict) -> list:
 def _positions_of(finding: dict) -> tuple:
     """(group, [seq, ...]) a completed-mismatch finding names."""
     facts = finding.get("facts") or {}
-    seqs = facts.get("seqs") if isinstance(facts.get("seqs"), list) else [facts.get("seq")]
-    return facts.get("group"), [s for s in seqs if type(s) is int]
+    seqs = facts.get("seqs")
+    listed = seqs if isinstance(seqs, list) else [facts.get("seq")]
+    return facts.get("group"), [s for s in listed if type(s) is int]
 
 
 def _holds(doc, group, seqs: list) -> bool:

@@ -15,7 +15,7 @@ from ..static import rankcond
 from .flight_recorder_files import FlightRecorderError, find_dumps, parse_ranks
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from ..format.types import Incident, IncidentSource, RankState, RecordDoc
+    from ..format.types import FingerprintDoc, Incident, IncidentSource, RankState, RecordDoc
 
 RECENT_KEPT = 64
 MAX_SHAPES = 4  # as many tensors as ddpwatch's own records keep
@@ -279,7 +279,7 @@ def _snapshot(
             "in_flight_rule": rule,
         },
     )
-    state["fingerprints"] = fingerprints
+    state["fingerprints"] = cast("FingerprintDoc", fingerprints)
     return state
 
 

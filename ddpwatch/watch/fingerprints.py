@@ -162,8 +162,8 @@ class FingerprintLog:
         {"v", "groups": {group: {"first": seq, "ids": [...], "steps": [...], "epoch": e, "unaligned_from": seq}},
         "signatures": {id: {op, reduce, dtypes, counts, site, region, root}}}; positions missing from a run (a voided
         record) are -1; `unaligned_from`, where present, the first position past which this rank's numbering does not
-        line up with its peers' (torch's Join under the python recorder). `since` ({group: seq}, an incident's ask): those
-        groups from that position on, as far as the log keeps them, however many that is."""
+        line up with its peers' (torch's Join under the python recorder). `since` ({group: seq}, an incident's
+        ask): those groups from that position on, as far as the log keeps them, however many that is."""
         self._documents += 1  # its number: a peer's document read again unchanged is not compared again
         groups, used = {}, set()
         for name, log in list(self._log.items()):

@@ -6,7 +6,7 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .. import analysis
 from ..static import exits, rankcond
@@ -19,7 +19,7 @@ from ..capture.sites import is_internal_file, user_frame
 from ..capture.stacks import python_stacks
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
-    from ..format.types import RankState, RecordDoc
+    from ..format.types import FingerprintDoc, RankState, RecordDoc
     from .fingerprints import FingerprintLog
 
 # While a rank makes progress its whole state (its last records, formatted, and its site counts) goes out this
@@ -110,7 +110,8 @@ class StateReader:
             doc["epochs"] = loaders.read()  # each DataLoader's epochs and the training steps in each
             if self.fingerprints is not None:  # the positions completed: an incident compares them (silent.py)
                 self.fingerprints.collect(for_incident=True)
-                doc["fingerprints"] = dict(self.fingerprints.document(since=since), rank=self.rank)
+                mine = dict(self.fingerprints.document(since=since), rank=self.rank)
+                doc["fingerprints"] = cast("FingerprintDoc", mine)
             # the loops, exits and try blocks around the lines this rank passed (static.exits): the analysis reads
             # no file, and tells a rank that left a loop by a decision from one whose data ran out with them
             doc["code"] = exits.code_of_state(doc, user_file=lambda path: not is_internal_file(path))

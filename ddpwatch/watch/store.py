@@ -23,9 +23,9 @@ READ_BUILT_PER_BYTE = 12
 # that is not an integer (anyone on the port can write one) closes the connection, which ended ddpwatch for the job.
 ABSENT = b"\x00ddpwatch: absent"
 COUNTER_RANGE = (-(2**63), 2**63)  # what the store's add can hold (a 64-bit integer)
-# A rank's fingerprint document: 96 positions per group and their distinct signatures, a few KiB (a job of 8 groups
-# with a distinct line per position: 166 KiB, encoded as the ranks encode it). A bigger value is not one ddpwatch wrote, and is not parsed: a
-# 5.7 MiB one took a rank from 265 to 648 MiB (issue 41).
+# A rank's fingerprint document: 96 positions per group and their distinct signatures, a few KiB (8 groups with a
+# distinct line per position: 166 KiB). A bigger value is not one ddpwatch wrote and is not parsed: issue 41's probe
+# wrote 5.7 MiB there, and a rank went from 265 to 648 MiB.
 FINGERPRINTS_MAX_BYTES = 512 * 2**10
 
 
