@@ -67,7 +67,7 @@ class Session:
             feed = self._flight_feed()
             self.watchdog = Watchdog(self.recorder, self.config, dist.get_rank(), world_size, store, run_tag, feed)
             self.watchdog.start()
-            self.faults = crashes.FaultFile.arm(store.stamp, self.watchdog.rank)
+            self.faults = crashes.FaultFile.arm(store.job_token, self.watchdog.rank)
         except Exception:
             log.warning("ddpwatch: could not start the watchdog; training continues unwatched", exc_info=True)
             self.watchdog = None

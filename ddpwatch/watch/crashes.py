@@ -2,8 +2,10 @@
 
 An abort in C++ gives Python no chance to run: no except, no atexit, no watchdog round. faulthandler can still
 write every thread's Python stack from its signal handler, so each rank points it at a file of its own in this
-user's private temp folder (`<tmp>/ddpwatch-<uid>/faults/<job>-rank-<r>.txt`), removed when the rank ends normally
-(no file in the user's report folder for a run that never fails). A surviving rank whose
+user's private temp folder (`<tmp>/ddpwatch-<uid>/faults/<job>-rank-<r>-pid-<pid>.txt`, `<job>` the random token
+the job's ranks agreed on: two jobs started in the same second no longer share names), removed when the rank ends
+normally (no file in the user's report folder for a run that never fails); a rank killed outright leaves its file,
+and the next armed start of the same user sweeps those whose process is gone (sweep()). A surviving rank whose
 collective failed because that peer vanished reads the file into the dead rank's view (with its last published
 positions), and analysis/silent.py names both lines: the one the dead rank died in and the survivor's own.
 """
@@ -30,10 +32,68 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)", re.I)
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.+)$')
 
 
-def fault_path(stamp: str, rank: int) -> str:
-    """This rank's fault file for the job `stamp` (the store's): every rank of the job on a host finds its peers'."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", stamp or "job")[:80]
-    return os.path.join(private.private_path(FOLDER), f"{name}-rank-{rank}.txt")
+SWEEP_AFTER_S = 600.0  # a dead process's fault file is kept this long: its survivors read it within seconds
+_NAME = re.compile(r"[0-9a-f]{16}-rank-\d+-pid-(\d+)\.txt")
+_OLD_NAME = re.compile(r"\d{8}-\d{6}-rank-\d+\.txt")  # before issue 41: named by the second the job started
+
+
+def _job_name(token: str) -> str:
+    return re.sub(r"[^0-9a-f]", "_", token or "job")[:32]
+
+
+def fault_path(token: str, rank: int, pid: int) -> str:
+    """This process's fault file as rank `rank` of the job `token` (the store's: store.JOB_TOKEN)."""
+    return os.path.join(private.private_path(FOLDER), f"{_job_name(token)}-rank-{rank}-pid-{pid}.txt")
+
+
+def find_fault(token: str, rank: int) -> str | None:
+    """The newest fault file of rank `rank` of the job `token` on this host, or None."""
+    folder = private.private_path(FOLDER)
+    prefix = f"{_job_name(token)}-rank-{rank}-pid-"
+    found = [os.path.join(folder, name) for name in os.listdir(folder) if name.startswith(prefix)]
+    return max(found, key=_mtime) if found else None
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # someone else's, or not a pid: not ours to judge
+    return True
+
+
+def sweep(now: float | None = None) -> int:
+    """Remove the fault files of processes gone for SWEEP_AFTER_S (ranks killed outright leave theirs), and those of
+    the older naming past it; returns how many. Never raises: it runs as a rank arms."""
+    now = time.time() if now is None else now
+    removed = 0
+    try:
+        folder = private.private_path(FOLDER)
+        names = os.listdir(folder)
+    except (OSError, private.UnsafeFolder):
+        return 0
+    for name in names:
+        named = _NAME.fullmatch(name)
+        if named is None and not _OLD_NAME.fullmatch(name):
+            continue
+        path = os.path.join(folder, name)
+        if now - _mtime(path) < SWEEP_AFTER_S or (named is not None and _alive(int(named.group(1)))):
+            continue
+        try:
+            os.remove(path)
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 class FaultFile:
@@ -44,11 +104,12 @@ class FaultFile:
         self._handle = handle
 
     @classmethod
-    def arm(cls, stamp: str, rank: int) -> "FaultFile":
+    def arm(cls, token: str, rank: int) -> "FaultFile":
+        sweep()
         if faulthandler.is_enabled():
             return cls(None, None)  # the program's own faulthandler (or python -X faulthandler) stays as it is
         try:
-            path = fault_path(stamp, rank)
+            path = fault_path(token, rank, os.getpid())
             handle = open(path, "w", encoding="utf-8")
             faulthandler.enable(file=handle, all_threads=True)
         except (OSError, ValueError, RuntimeError, private.UnsafeFolder) as exc:
@@ -117,7 +178,8 @@ def add_crash_evidence(silent: dict, job) -> None:
         if (view.get("process") or {}).get("exists") is not False:
             continue
         try:
-            fault = read_fault(fault_path(job.stamp, rank))
+            path = find_fault(job.job_token, rank)
+            fault = read_fault(path) if path else None
         except (OSError, private.UnsafeFolder):
             fault = None
         if fault is None:
@@ -152,6 +214,19 @@ def vanished(peers, job, config, stopping, own_state) -> tuple:
     return silent, analysis.stage_findings(analysis.STAGE_SILENT, silent, {own["rank"]: own}, config.grace)
 
 
+STOP_WINDOW_S = 0.5  # how long a rank whose peer vanished waits to learn whether it is being stopped itself
+
+
+def _being_stopped(dog, stopped) -> bool:
+    """Whether this rank is being ended by a signal (SIGTERM, SIGINT, SIGHUP: a launcher's or a scheduler's stop,
+    sent to every rank at once), now or within STOP_WINDOW_S: then a peer gone before it is part of the stop."""
+    deadline = time.monotonic() + STOP_WINDOW_S
+    while not dog.ending_signal and time.monotonic() < deadline:
+        if stopped.wait(0.05):
+            break
+    return bool(dog.ending_signal)
+
+
 def report_vanished(dog, terminating, stopped) -> None:
     """Report the peers gone (vanished, above), once per set of ranks; `dog`: the Watchdog, whose `writing` (a
     SIGTERM waits while it is set) is cleared on the way out, as `terminating` is.
@@ -162,12 +237,15 @@ def report_vanished(dog, terminating, stopped) -> None:
     not raised in Python yet): the report of the peer's failure was lost (gloo's size-mismatch abort: 2 runs in 21
     beside four CPU-bound processes). Only a peer that crashed (its fault file: the backend aborted it) is reported
     then: a launcher ending every rank (the user's Ctrl-C) has its ranks go one after another, none crashed, and
-    none is to blame."""
+    none is to blame. So is a peer gone while this rank is being ended by a signal too (a scheduler's SIGTERM to
+    every rank: _being_stopped), unless the backend aborted that peer."""
     crashed_only = terminating.is_set()
     try:
         silent, findings = vanished(
             dog.peers, dog.job, dog.config, terminating if crashed_only else stopped, dog.states.read
         )
+        if silent and not all("fault" in view for view in silent.values()):
+            crashed_only = crashed_only or _being_stopped(dog, stopped)
         if not silent or (crashed_only and not all("fault" in view for view in silent.values())):
             return
         fingerprint = "peer-failure-" + "-".join(str(r) for r in sorted(silent))

@@ -294,7 +294,18 @@ class LiveControl:
             self._dying.release()
             return
         unregister(self.registry_path)
+        self._publish_exit()
         self._die_impl(signum)
+
+    def _publish_exit(self) -> None:
+        """The rank's exit, with the signal ending it, published before the default action ends the process (which
+        runs no atexit): its peers see a stop, not a rank that vanished (crashes.report_vanished)."""
+        publish = getattr(getattr(self.session, "watchdog", None), "publish_exit", None)
+        if publish is not None:
+            try:
+                publish()
+            except Exception:
+                pass  # the process is ending; the signal goes on as it would have
 
     @staticmethod
     def _die(signum: int) -> None:

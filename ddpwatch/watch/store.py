@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
+import re
+import secrets
 import time
 from typing import Any, Mapping
 
@@ -11,7 +14,11 @@ from ..format import bounded, documents, validate
 from ..logonce import log_once
 from ..terminal import visible
 
+log = logging.getLogger("ddpwatch")
+
 PREFIX = "ddpwatch/v1"
+STAMP = re.compile(r"\d{8}-\d{6}")  # what agree() takes for the job's stamp (time.strftime's "%Y%m%d-%H%M%S")
+JOB_TOKEN = re.compile(r"[0-9a-f]{16}")  # ... and for its token (secrets.token_hex(8))
 MULTI_GET_SLICE = 512
 # Anyone who reaches the store's port can write a value there: what one read may build is budgeted before parsing
 # (bounded.json_build_estimate), as the file loaders do. A rank's full incident answer is tens of KiB and a
@@ -80,7 +87,8 @@ class StateStore:
     def __init__(self, store, namespace: str, timeout_s: float = 5.0):
         self._store = store
         self.namespace = f"{PREFIX}/{namespace}"
-        self.stamp = ""
+        self.stamp = ""  # the job's start, every rank's (agree): names its local dump folders
+        self.job_token = ""  # random, every rank's (agree): names its fault files, apart from other jobs' of the user
         self._timeout_s = timeout_s
         self._last_good: dict = {}  # key -> the last integer read there (what a malformed counter is put back to)
         self._malformed: dict = {}  # key -> the raw value last read there that was not a counter
@@ -106,19 +114,29 @@ class StateStore:
         # Re-arming inside one job (destroy + init again) must not read the last generation's keys.
         arms = client.add(f"{PREFIX}/arms/{generation_key}", 1)
         state_store = cls(client, f"{generation_key}/g{(arms - 1) // max(world_size, 1)}", timeout_s)
-        state_store.stamp = state_store.agree("stamp", time.strftime("%Y%m%d-%H%M%S"))
+        state_store.stamp = state_store.agree("stamp", time.strftime("%Y%m%d-%H%M%S"), STAMP)
+        state_store.job_token = state_store.agree("job", secrets.token_hex(8), JOB_TOKEN)
         return state_store
 
-    def agree(self, name: str, proposal: str) -> str:
+    def agree(self, name: str, proposal: str, shape: re.Pattern) -> str:
         """One value every rank gets: the first proposal to reach the store wins (compare-and-set on an empty key).
 
-        Used for names that must be the same on every rank even after the store is gone (local dump folders).
+        Used for names that must be the same on every rank even after the store is gone (local dump folders, fault
+        files): they become parts of paths, so a value there that is not of `shape` (anyone on the port can write
+        the key before the ranks arm) is not used; this rank's own proposal is, said once.
         """
         try:
-            value = self._store.compare_set(self.key(name), "", proposal)
-            return bytes(value).decode("utf-8") or proposal
+            value = bytes(self._store.compare_set(self.key(name), "", proposal)).decode("utf-8", "replace")
         except Exception:
             return proposal
+        if value and not shape.fullmatch(value):
+            log.warning(
+                "ddpwatch: the store's %r key holds %s, not a value ddpwatch writes there; using this rank's own",
+                name,
+                visible(repr(value[:40])),
+            )
+            return proposal
+        return value or proposal
 
     def key(self, *parts) -> str:
         return "/".join((self.namespace,) + tuple(str(p) for p in parts))
@@ -305,6 +323,10 @@ class JobProtocol:
     @property
     def stamp(self) -> str:
         return self.store.stamp
+
+    @property
+    def job_token(self) -> str:
+        return self.store.job_token
 
     # ----- heartbeats -----
     def publish(

@@ -94,7 +94,7 @@ class Watchdog(threading.Thread):
         self.wake()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
-        self._publish_exit()
+        self.publish_exit()
 
     def start(self) -> None:
         """Publish a first state before training goes on, so a rank that dies at once is still known (pid, host)."""
@@ -203,8 +203,7 @@ class Watchdog(threading.Thread):
         self.writer.dump_if_stuck(self.state)
 
     def request_dump(self) -> None:
-        """Ask for a report now, from every rank, without stopping the job (SIGUSR1, `ddpwatch dump`); safe from a
-        signal handler: it only sets an event, the watchdog thread does the work on its next round."""
+        """A report now, from every rank, the job going on (SIGUSR1, `ddpwatch dump`): an event, safe in a handler."""
         self._dump_requested.set()
 
     def _log_once(self, key: str, message: str, *args, **kwargs) -> None:
@@ -230,7 +229,7 @@ class Watchdog(threading.Thread):
         if self._dump_requested.is_set():
             self._dump_requested.clear()
             self.run_incident(analysis.Assessment(analysis.DUMP, [], f"dump-{self.rank}-{time.time():.3f}"))
-        elif self._should_watch(waiting) or self._last_to_block:
+        elif (self._should_watch(waiting) or self._last_to_block) and not self.ending_signal:  # a stop: no incident
             self.watch()
         self._look_for_mismatch()
 
@@ -245,7 +244,8 @@ class Watchdog(threading.Thread):
         """This rank's state as published (full: with stacks, process facts, as an answer; costly: with FR's tail)."""
         return self.states.read(full, flight_recorder=costly)
 
-    def _publish_exit(self) -> None:
+    def publish_exit(self) -> None:
+        """This rank's last state, EXITED, with the signal ending it if one does (stop(); signals.py before it dies)."""
         if not self._store_ok:
             return
         try:

@@ -3,6 +3,7 @@
 import datetime
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -62,6 +63,8 @@ def benign(rank, seconds, epochs):
                 while time.monotonic() < deadline:
                     model.module(torch.randn(8, 4))
                     time.sleep(0.01)
+        else:
+            print(f"BENIGN-WAITS {epoch}", file=sys.stderr, flush=True)  # a test acts once rank 1 waits
         dist.barrier()
 
 
@@ -113,7 +116,8 @@ def train(rank, seconds):
     while not agreed(time.monotonic() >= end):
         for _ in range(5):
             model(torch.randn(8, 16)).sum().backward()
-    print(f"TRAINED {rank}", file=sys.stderr, flush=True)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB: what a test compares across runs
+    print(f"TRAINED {rank} maxrss_kib {peak}", file=sys.stderr, flush=True)
 
 
 def poisoned_hang(rank):

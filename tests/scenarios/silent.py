@@ -131,6 +131,21 @@ def sizes(rank, world):
     time.sleep(SETTLE_S)
 
 
+def log_grad():
+    dist.all_reduce(torch.ones(2))  # LINE:log_grad
+
+
+def sizes_elsewhere(rank, world):
+    """`sizes` with rank 1's call at another line: two jobs run together each name their own crash."""
+    warm_up()
+    mark()
+    if rank == 0:
+        log_hist()
+    else:
+        log_grad()
+    time.sleep(SETTLE_S)
+
+
 # ---------------------------------------------------------------- correct programs that must stay silent
 
 def branches(rank, world):
