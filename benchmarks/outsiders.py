@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
+
 import subprocess
 import sys
 import tempfile
@@ -50,36 +50,10 @@ def incidents_opened(store) -> int:
     return int(raw) // INCIDENT_UNIT if raw.isdigit() else 0
 
 
-def train(folder, seconds, action, forge=None, **env):
-    """The correct job (faults.py train) on a store hosted here, `forge` rewriting rank 1's fingerprints."""
-    port, store = host_store()
-    forger = T.Forger(store, forge) if forge else None
-    if forger:
-        forger.__enter__()
-    try:
-        results = R.run_case(
-            [FAULTS, f"train:{seconds}"],
-            2,
-            folder,
-            timeout=seconds + 60,
-            STORE_PORT=port,
-            DDPWATCH_ACTION=action,
-            DDPWATCH_GRACE=0.5,
-            DDPWATCH_INTERVAL=0.2,
-            DDPWATCH_ON_INCIDENT=f"echo hook >> {folder}/hooks",
-            **env,
-        )
-    finally:
-        if forger:
-            forger.__exit__()
-    peaks = [int(m) for r in results for m in re.findall(r"TRAINED \d maxrss_kib (\d+)", r.stderr)]
-    return results, store, (forger.written if forger else 0), peaks
-
-
 def probe_forged_fingerprints(tmp: str, seconds: float) -> None:
     for action in ("abort", "report"):
         folder = os.path.join(tmp, f"forged-{action}")
-        results, store, written, _ = train(folder, seconds, action, T.other_reduce_op)
+        results, store, written, _ = T.trained(folder, action, T.other_reduce_op, seconds)
         codes = [r.returncode for r in results]
         found = len(R.reports(folder))
         row(
@@ -101,7 +75,7 @@ def probe_flood(tmp: str, seconds: float) -> None:
             signature["site"] = {"file": f"forged_{n}.py", "line": n, "function": "@channel <https://x.example|click>"}
         return json.dumps(doc)
 
-    results, store, written, _ = train(folder, seconds, "report", new_line_each_time)
+    results, store, written, _ = T.trained(folder, "report", new_line_each_time, seconds)
     opened = incidents_opened(store)
     found = len(R.reports(folder))
     row(
@@ -113,8 +87,8 @@ def probe_flood(tmp: str, seconds: float) -> None:
 
 
 def probe_malformed_and_huge(tmp: str, seconds: float) -> None:
-    _, _, _, plain = train(os.path.join(tmp, "plain"), seconds, "abort")
-    results, _, written, peaks = train(os.path.join(tmp, "malformed"), seconds, "abort", T.malformed_or_huge)
+    _, _, _, plain = T.trained(os.path.join(tmp, "plain"), "abort", seconds=seconds)
+    results, _, written, peaks = T.trained(os.path.join(tmp, "malformed"), "abort", T.malformed_or_huge, seconds)
     tracebacks = sum(r.stderr.count("Traceback") for r in results)
     ratio = max(peaks) / max(plain) if peaks and plain else float("nan")
     row(
@@ -131,10 +105,9 @@ def probe_forged_mismatch_verdict(tmp: str, seconds: float) -> None:
     from ddpwatch.watch.store import INCIDENT_UNIT
 
     folder = os.path.join(tmp, "mismatch-verdict")
-    port, store = host_store()
-    posted = []
+    posted: list = []
 
-    def forge():
+    def forge(store):
         if posted or not all(read(store, f"pos/{rank}") for rank in (0, 1)):
             return False
         number = store.add(f"{NAMESPACE}/counters", INCIDENT_UNIT) // INCIDENT_UNIT
@@ -146,31 +119,26 @@ def probe_forged_mismatch_verdict(tmp: str, seconds: float) -> None:
         posted.append(number)
         return False
 
-    results = R.run_case(
-        [FAULTS, f"train:{seconds}"],
-        2,
-        folder,
-        timeout=seconds + 60,
-        stop_when=forge,
-        STORE_PORT=port,
-        DDPWATCH_ACTION="abort",
-        DDPWATCH_GRACE=0.5,
-        DDPWATCH_INTERVAL=0.2,
-    )
+    results, _, _, _ = T.trained(folder, "abort", seconds=seconds, watch=forge)
     codes = [r.returncode for r in results]
     row(
         "a forged mismatch verdict, action=abort", f"posted {len(posted)}, exit {codes}", "exit [0, 0]", codes == [0, 0]
     )
 
 
+def failure_of(test, folder: str) -> str | None:
+    """Run one of the real tests on `folder` (its tmp_path): None when it passes, else its assertion's text."""
+    os.makedirs(folder)
+    try:
+        test(pathlib.Path(folder))
+    except AssertionError as exc:
+        return str(exc)[:300]
+    return None
+
+
 def probe_sigterm(tmp: str, seconds: float) -> None:
     folder = os.path.join(tmp, "sigterm")
-    os.makedirs(folder)
-    failed = None
-    try:
-        T.test_sigterm_to_every_rank_of_a_correct_job_is_a_stop_with_no_report_and_no_hook(pathlib.Path(folder))
-    except AssertionError as exc:
-        failed = str(exc)[-200:]
+    failed = failure_of(T.test_sigterm_to_every_rank_of_a_correct_job_is_a_stop_with_no_report_and_no_hook, folder)
     row(
         "SIGTERM to every rank (torchrun)",
         f"{len(R.reports(folder))} reports, {hooks(folder)} hook runs" + (f"; {failed}" if failed else ""),
@@ -270,13 +238,7 @@ def probe_deleted_keys(tmp: str, seconds: float) -> None:
 
 
 def probe_two_jobs(tmp: str, seconds: float) -> None:
-    folder = os.path.join(tmp, "two-jobs")
-    os.makedirs(folder)
-    failed = None
-    try:
-        T.test_two_jobs_started_together_each_name_their_own_crash(pathlib.Path(folder))
-    except AssertionError as exc:
-        failed = str(exc)[:300]
+    failed = failure_of(T.test_two_jobs_started_together_each_name_their_own_crash, os.path.join(tmp, "two-jobs"))
     row(
         "two jobs started in the same second",
         "each report names its own crash" if failed is None else failed,

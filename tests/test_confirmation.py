@@ -244,3 +244,17 @@ def test_alerts_are_one_per_kind_per_window_and_say_how_many_were_held_back():
     assert alerts.allow("collective_mismatch") == (True, 0)  # another kind: its own window
     clock.now += throttle.ALERT_EVERY_S
     assert alerts.allow("silent_mismatch") == (True, 2)
+
+
+def test_an_incident_analysed_again_says_what_the_live_writer_said_of_each_rank():
+    """`ddpwatch report --reanalyze`: the saved states' `stale` marks say which rank only stood in."""
+    states = seed_states(2)
+    findings = analysis.assess(states, 2, 0.5, 60.0, {}).findings
+    [answered] = confirm.reread(findings, states, {}, 0.5)
+    assert answered["basis"]["confirmed"] is True
+    [stood_in] = confirm.reread(findings, {0: states[0], 1: dict(states[1], stale=True)}, {}, 0.5)
+    assert stood_in["basis"]["unconfirmed"] == [1] and stood_in["basis"]["acts"] is False
+    mismatch = store_mismatch().findings
+    answers = fingerprints({0: [SUM, SUM], 1: [SUM, MAX]})
+    [compared] = confirm.reread(mismatch, {0: answers[0], 1: dict(answers[1], stale=True)}, {}, 0.5)
+    assert compared["basis"]["unconfirmed"] == [1]  # not blocked, but compared: its document was the store's

@@ -4,6 +4,7 @@
 The test process hosts the job's store where an outsider is needed (as rank 0 would) and forges on it from a
 thread of its own: a correct job must end as it would without ddpwatch, with no report and no traceback."""
 
+import contextlib
 import json
 import os
 import re
@@ -101,36 +102,33 @@ def malformed_or_huge(real, n):
     return json.dumps(dict(doc, n=n))
 
 
-def trained(tmp_path, action, forge=None):
+def trained(folder, action, forge=None, seconds=TRAIN_S, watch=None):
+    """The correct job (faults.py train) for `seconds` on a store hosted here, `forge` (if any) rewriting rank 1's
+    fingerprints, `watch(store)` (if any) polled while it runs: (results, the store, forged writes, each rank's peak
+    memory in KiB)."""
     port, store = host_store()
-    with Forger(store, forge or (lambda real, n: None)) if forge else _nothing() as forger:
+    forger = Forger(store, forge) if forge else None
+    with forger or contextlib.nullcontext():
         results = run_case(
-            [FAULTS, f"train:{TRAIN_S}"],
+            [FAULTS, f"train:{seconds}"],
             2,
-            tmp_path,
-            timeout=90,
+            folder,
+            timeout=seconds + 80,
+            stop_when=watch and (lambda: watch(store)),
             STORE_PORT=port,
             DDPWATCH_ACTION=action,
             DDPWATCH_GRACE=0.5,
             DDPWATCH_INTERVAL=0.2,
-            DDPWATCH_ON_INCIDENT=f"echo hook >> {tmp_path}/hooks",
+            DDPWATCH_ON_INCIDENT=f"echo hook >> {folder}/hooks",
         )
     peaks = [int(m) for r in results for m in re.findall(r"TRAINED \d maxrss_kib (\d+)", r.stderr)]
-    return results, getattr(forger, "written", 0), peaks
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return None
+    return results, store, forger.written if forger else 0, peaks
 
 
 def test_forged_fingerprints_never_end_a_correct_job_under_abort_and_report_nothing(tmp_path):
     """Before: exit 3 within 2.5-5 s as silent_mismatch or crossed_collectives; under report, false reports. Now
     the rank the forged document describes answers the incident with its own record, which refutes it."""
-    results, written, _ = trained(tmp_path, "abort", other_reduce_op)
+    results, _, written, _ = trained(tmp_path, "abort", other_reduce_op)
     assert written >= 100, describe(results)  # forged throughout the run
     assert [r.returncode for r in results] == [0, 0], describe(results)
     assert reports(tmp_path) == [] and not os.path.exists(tmp_path / "hooks"), describe(results)
@@ -140,8 +138,8 @@ def test_forged_fingerprints_never_end_a_correct_job_under_abort_and_report_noth
 def test_malformed_and_huge_fingerprints_cost_no_traceback_and_no_memory(tmp_path):
     """Before: 9 of 17 malformed shapes raised in the comparison (a traceback per rank); a 5.7 MiB value took a rank
     from 265 to 648 MiB. Peak memory is compared with the same job unforged, run just before."""
-    plain, _, plain_peaks = trained(tmp_path / "plain", "abort")
-    results, written, peaks = trained(tmp_path / "forged", "abort", malformed_or_huge)
+    plain, _, _, plain_peaks = trained(tmp_path / "plain", "abort")
+    results, _, written, peaks = trained(tmp_path / "forged", "abort", malformed_or_huge)
     assert written >= 50, describe(results)
     assert [r.returncode for r in plain + results] == [0, 0, 0, 0], describe(plain + results)
     assert all("Traceback" not in r.stderr and "watchdog error" not in r.stderr for r in results), describe(results)

@@ -91,3 +91,15 @@ def asked_positions(findings: list) -> dict:
         if isinstance(group, str) and seqs and (group in asked or len(asked) < MAX_ASKED_GROUPS):
             asked[group] = min([*seqs, asked.get(group, seqs[0])])
     return asked
+
+
+def reread(findings: list, states: dict, silent: dict, grace: float) -> list:
+    """The findings of an incident analysed again from its saved states (`ddpwatch report --reanalyze`), each basis
+    saying what the live writer said: a state marked `stale` stood in for a rank that did not answer."""
+    blocked = unconfirmed_blocked(states, silent, grace)
+    marked = []
+    for finding in findings:
+        compared = compared_ranks(finding)  # a completed mismatch: the ranks compared, blocked or not
+        missing = [r for r in compared if (states.get(r) or {}).get("stale")] if compared else blocked
+        marked.extend(with_confirmation([finding], missing))
+    return marked

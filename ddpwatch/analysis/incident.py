@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, cast
 from .. import analysis
 from ..config import DEFAULTS
 from ..format.version import FORMAT_VERSION
-from . import conditions
+from . import conditions, confirm
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..format.types import Finding, Incident, IncidentSource, RankState
@@ -102,6 +102,9 @@ def reanalyze(incident: Incident, grace: float | None = None, timeout: float | N
     )
     if dump and not again["findings"]:
         again["trigger"] = analysis.DUMP  # asked for by hand (SIGUSR1), and still nothing to find
+    if any("confirmed" in (f.get("basis") or {}) for f in incident.get("findings") or ()):
+        # written live, each finding checked against the ranks' own answers (confirm.py): say it again so
+        again["findings"] = confirm.reread(again["findings"], states, silent, grace)
     for key, value in incident.items():
         # What only the live writer knew (report_dir, notes) stays: any key, which a TypedDict cannot name.
         again.setdefault(key, value)  # type: ignore[misc]

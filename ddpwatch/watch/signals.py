@@ -261,12 +261,17 @@ class LiveControl:
     def _look_for_a_vanished_peer(self) -> None:
         """The launcher may be ending this rank because a peer exited, before this rank's collective failed: the
         watchdog looks once for a peer gone and reports it (finish_report waits for it)."""
-        look = getattr(getattr(self.session, "watchdog", None), "look_for_a_vanished_peer", None)
-        if look is not None:
+        self._ask_watchdog("look_for_a_vanished_peer")
+
+    def _ask_watchdog(self, method: str) -> None:
+        """Call the watchdog's `method`, if there is a watchdog; the process is ending, so a failure changes nothing
+        and the signal goes on as it would have."""
+        call = getattr(getattr(self.session, "watchdog", None), method, None)
+        if call is not None:
             try:
-                look()
+                call()
             except Exception:
-                pass  # the process is ending; the signal goes on as it would have
+                pass
 
     def finish_report(self, limit: float | None = None) -> bool:
         """Wait (at most `limit` seconds, default TERM_GRACE_S) for a report being written; True if one finished."""
@@ -294,18 +299,10 @@ class LiveControl:
             self._dying.release()
             return
         unregister(self.registry_path)
-        self._publish_exit()
+        # The default action runs no atexit: the exit, with its signal, is published first, so the peers see a
+        # stop and not a rank that vanished (crashes.report_vanished)
+        self._ask_watchdog("publish_exit")
         self._die_impl(signum)
-
-    def _publish_exit(self) -> None:
-        """The rank's exit, with the signal ending it, published before the default action ends the process (which
-        runs no atexit): its peers see a stop, not a rank that vanished (crashes.report_vanished)."""
-        publish = getattr(getattr(self.session, "watchdog", None), "publish_exit", None)
-        if publish is not None:
-            try:
-                publish()
-            except Exception:
-                pass  # the process is ending; the signal goes on as it would have
 
     @staticmethod
     def _die(signum: int) -> None:
