@@ -189,3 +189,15 @@ def test_the_sweep_removes_the_files_of_processes_gone_and_keeps_live_and_recent
         os.utime(path, (now - age, now - age))
     assert crashes.sweep(now) == 2
     assert {name for name, (path, _) in made.items() if os.path.exists(path)} == {"dead_recent", "live_old", "not_ours"}
+
+
+def test_any_value_over_the_bound_is_left_out_unparsed_with_one_line(job, caplog, monkeypatch):
+    parsed = []
+    loads = json.loads
+    monkeypatch.setattr(store_module.json, "loads", lambda text, *a, **k: parsed.append(len(text)) or loads(text))
+    job.store._store.set(job.store.key("pos", 1), json.dumps({"rank": 1, "pad": "x" * store_module.MAX_VALUE_BYTES}))
+    job.store._store.set(job.store.key("pos", 2), json.dumps({"rank": 2}))
+    for _ in range(2):
+        assert list(job.positions([1, 2])) == [2]
+    assert all(size < store_module.MAX_VALUE_BYTES for size in parsed)  # the big one never reached the parser
+    assert len(lines(caplog, "left out 1 value(s)")) == 1

@@ -40,6 +40,9 @@ class StoreUnavailable(RuntimeError):
     """The store stopped answering; the watchdog stops publishing rather than raise into training."""
 
 
+MAX_VALUE_BYTES = 8 * 2**20  # one value at a ddpwatch key, hundreds of times a full answer: a bigger one is not parsed
+
+
 def _within_budget(value: bytes) -> bool:
     return bounded.json_build_estimate(value) <= READ_BUILT_FLOOR + READ_BUILT_PER_BYTE * len(value)
 
@@ -61,7 +64,8 @@ def _decode_all(keys: list, values: list) -> dict:
     one of them is torn, foreign or would build too much, which is then left out rather than trusted. Every doc is
     a JSON object: ddpwatch writes nothing else there, so anything else is someone else's and left out too."""
     raw = [bytes(value) for value in values]
-    if len(raw) > 1 and _within_budget(b"".join(raw)):
+    small = all(len(value) <= MAX_VALUE_BYTES for value in raw)
+    if len(raw) > 1 and small and _within_budget(b"".join(raw)):
         try:
             docs = json.loads(b"[" + b",".join(raw) + b"]")
             if len(docs) == len(keys) and all(isinstance(doc, dict) for doc in docs):  # else a value was foreign
@@ -70,7 +74,7 @@ def _decode_all(keys: list, values: list) -> dict:
             pass
     docs = {}
     for key, value in zip(keys, raw):
-        if not _within_budget(value):
+        if len(value) > MAX_VALUE_BYTES or not _within_budget(value):
             continue
         try:
             doc = json.loads(value.decode("utf-8"))
@@ -92,6 +96,7 @@ class StateStore:
         self._timeout_s = timeout_s
         self._last_good: dict = {}  # key -> the last integer read there (what a malformed counter is put back to)
         self._malformed: dict = {}  # key -> the raw value last read there that was not a counter
+        self.logged: set = set()  # the values left out, said once
         try:
             store.set_timeout(datetime.timedelta(seconds=timeout_s))
         except Exception:
@@ -228,7 +233,16 @@ class StateStore:
                 values.extend(self._call(self._store.multi_get, found))
             else:
                 values.extend(self._call(self._store.get, key) for key in found)
-        return _decode_all(present, values)
+        docs = _decode_all(present, values)
+        if len(docs) < len(present):
+            log_once(
+                self.logged,
+                "left-out",
+                "ddpwatch: left out %d value(s) at ddpwatch's keys that are not JSON objects ddpwatch could have "
+                "written (torn, too big, or someone else's; said once)",
+                len(present) - len(docs),
+            )
+        return docs
 
     def read_now(self, keys: list, max_bytes: int) -> tuple:
         """({key: doc} of the keys there now, [(key, why)] of values left out): one compare_set round trip per key,
