@@ -54,6 +54,9 @@ def main():
     timeout = datetime.timedelta(seconds=float(os.environ.get("PLAIN_SEED_PG_TIMEOUT", "1800")))
     dist.init_process_group("gloo", timeout=timeout)
     rank = dist.get_rank()
+    # What the tests ask the rank itself (not its output, which holds any path: a checkout named ddpwatch)
+    imported = "ddpwatch" in sys.modules
+    print(f"PLAIN-SEED rank {rank} imports the ddpwatch package = {imported}", file=sys.stderr, flush=True)
     if case == "seed":
         seed(rank)
     elif case == "subset":
