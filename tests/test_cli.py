@@ -1,5 +1,6 @@
 """The command line in subprocesses: the README's demo commands and `ddpwatch report`."""
 
+import json
 import os
 import subprocess
 import sys
@@ -158,3 +159,24 @@ def test_every_option_of_every_command_has_help():
         if not (action.help or "").strip() and action.dest != "command"
     ]
     assert missing == []
+
+
+@pytest.mark.real
+@pytest.mark.timeout(300)
+def test_two_runs_incident_folders_given_together_are_refused_naming_both_runs(tmp_path):
+    """Issue 43: `ddpwatch report ./ddpwatch-reports/*/` after two incidents merged rank 0 of one job with rank 1 of
+    another, exit 0. Every rank file now carries its run; two runs are one line and exit 2, naming both."""
+    out = tmp_path / "reports"
+    for _ in range(2):
+        assert _run(["demo", "--dir", str(out)], tmp_path).returncode == 0
+    folders = sorted(os.path.dirname(path) for path in reports(out))
+    assert len(folders) == 2
+    runs = set()
+    for folder in folders:
+        with open(os.path.join(folder, "rank-0.json"), encoding="utf-8") as handle:
+            runs.add(json.load(handle)["run"])
+    assert len(runs) == 2, runs
+    refused = _run(["report", *folders, "--format", "text"], tmp_path)
+    assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+    assert all(run in refused.stderr for run in runs) and refused.stderr.count("\n") == 1, refused.stderr
+    assert _run(["report", folders[0], "--format", "text"], tmp_path).returncode == 0

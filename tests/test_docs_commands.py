@@ -19,7 +19,8 @@ RUNNERS = (
     (r"python -m pytest -q -n 3 --dist loadgroup$", "the test suite itself"),
     (r"python -m pytest -q -m \"not real\"$", "the test suite itself (its fast tier)"),
     (r"python -m ddpwatch demo --dir ddpwatch-reports$", "here"),
-    (r"ddpwatch report \./ddpwatch-reports/\*/ --format ", "here"),
+    (r"latest=\$\(ls -td \./ddpwatch-reports/\*/ \| head -1\)$", "here"),
+    (r'ddpwatch report "\$latest" --format ', "here"),
     (r"ddpwatch lint train\.py$", "here"),
     (
         r"DDPWATCH=1 torchrun --standalone --nproc-per-node 2 train\.py$",
@@ -91,8 +92,8 @@ def test_the_commands_run_here_are_the_ones_readme_and_lint_md_show():
     assert "python -m ddpwatch demo --dir ddpwatch-reports" in shown
     assert "ddpwatch lint train.py" in shown
     assert [line for line in tagged("report").splitlines() if line.strip()] == [
-        c for _, c in commands() if c.startswith("ddpwatch report ./ddpwatch-reports/")
-    ][:2]
+        c for _, c in commands() if c.startswith(("latest=$(ls -td ./ddpwatch-reports/", 'ddpwatch report "$latest"'))
+    ][:3]
 
 
 def without_numpy(tmp_path):
@@ -116,11 +117,10 @@ def test_readme_demo_prints_no_noise_and_every_command_runs_on_its_output(tmp_pa
     assert "Warning" not in err and "Traceback" not in err and "NumPy" not in err, err[:3000]
     assert "validation:" not in err and err.count("ending every rank with exit code 3") == 1, err[-3000:]
     assert len(glob.glob(str(tmp_path / "ddpwatch-reports" / "*" / "report.json"))) == 1
-    for line in [line for line in tagged("report").splitlines() if line.strip()]:
-        code, out, err = run_shell(line, tmp_path, env, timeout=60)
-        assert code == 0, (line, err)
-        if "--format text" in line:
-            assert "[ddp_forward_on_subset] culprit: rank 0 at seed_stall.py:" in out
+    block = tagged("report")  # one shell: its first line names the folder the others read
+    code, out, err = run_shell("set -e\n" + block, tmp_path, env, timeout=120)
+    assert code == 0, (block, err)
+    assert "[ddp_forward_on_subset] culprit: rank 0 at seed_stall.py:" in out
     assert (tmp_path / "incident.html").read_text().startswith("<!DOCTYPE html>")
 
 

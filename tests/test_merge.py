@@ -193,3 +193,23 @@ def test_input_errors_are_one_line(tmp_path, capsys):
     folder, _ = documents.save_incident(str(tmp_path / "inc"), "r1", doc, report.renderings)
     report_file = os.path.join(folder, "report.json")
     assert "not a ddpwatch rank snapshot" in one_line_error(capsys, report_file, str(tmp_path / "good"))
+
+
+def test_files_of_two_runs_are_refused_naming_both(tmp_path, capsys):
+    """Issue 43: README's glob, after three incidents, built one report from rank 0 of one job and rank 1 of another."""
+    st = seed_states(2)
+    write_rank(tmp_path / "a", dict(st[0], run="20261206-100000-aaaaaaaaaaaaaaaa"))
+    write_rank(tmp_path / "b", dict(st[1], run="20261206-110000-bbbbbbbbbbbbbbbb"))
+    err = one_line_error(capsys, str(tmp_path / "a"), str(tmp_path / "b"))
+    assert "2 runs" in err and "aaaaaaaaaaaaaaaa" in err and "bbbbbbbbbbbbbbbb" in err and "ddpwatch report " in err
+    write_rank(tmp_path / "c", dict(st[1], run="20261206-100000-aaaaaaaaaaaaaaaa"))
+    assert [r["rank"] for r in merge.merged_incident([str(tmp_path / "a"), str(tmp_path / "c")])["ranks"]] == [0, 1]
+
+
+def test_one_rank_written_by_two_processes_is_two_runs_even_in_files_without_a_run(tmp_path, capsys):
+    st = seed_states(2)
+    write_rank(tmp_path / "a", st[0])
+    write_rank(tmp_path / "a", st[1])
+    write_rank(tmp_path / "b", dict(st[1], pid=st[1]["pid"] + 1))  # another process as rank 1: another run
+    err = one_line_error(capsys, str(tmp_path / "a"), str(tmp_path / "b"))
+    assert "rank 1 is two processes" in err and "different runs" in err

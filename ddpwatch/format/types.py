@@ -297,6 +297,7 @@ class RankState(_RankStateBase, total=False):
     signal: Optional[str]  # an exited rank ended by this signal (SIGTERM, SIGINT, SIGHUP), its handler's or not
     source: Dict[str, Any]  # Flight Recorder input: the dump it came from
     fingerprints: FingerprintDoc  # the positions it completed (watch/fingerprints.py; an incident's answer)
+    run: str  # the run it is of: "<stamp>-<token>" (watch/store.py: StateStore.run); absent in older files
 
 
 class MismatchRow(TypedDict):

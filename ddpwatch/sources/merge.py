@@ -79,16 +79,43 @@ def _progress(files: list):
 
 
 def load_rank_files(files: list) -> dict:
-    """rank -> (snapshot, path), one per rank (the later of duplicates)."""
+    """rank -> (snapshot, path), one per rank (the later of duplicates); MergeError for files of different runs."""
     chosen: dict = {}
+    runs: dict = {}  # each run named by a file -> the first file naming it
+    conflict = ""  # the first rank two processes wrote: said once every run is known
     for path in _progress(files):
         doc = documents.load_document(path)
         if not documents.is_rank_snapshot(doc):
             raise MergeError(f"{path}: not a ddpwatch rank snapshot (expected a rank-<r>.json file)")
+        if isinstance(doc.get("run"), str):
+            runs.setdefault(doc["run"], path)
         rank = doc["rank"]
+        if rank in chosen:
+            conflict = conflict or _other_process(rank, (doc, path), chosen[rank])
         if rank not in chosen or _newer(doc, chosen[rank][0]):
             chosen[rank] = (doc, path)
+    if len(runs) > 1:
+        named = "; ".join(f"{run} ({path})" for run, path in runs.items())
+        raise MergeError(
+            f"the files are of {len(runs)} runs: {named}. Name the folder of one run: "
+            f"ddpwatch report {os.path.dirname(next(iter(runs.values()))) or '.'}"
+        )
+    if conflict:
+        raise MergeError(conflict)
     return chosen
+
+
+def _other_process(rank: int, one: tuple, other: tuple) -> str:
+    """Two snapshots of one rank merge only when one process wrote both (its later heartbeat wins): another pid or
+    host is another run, whatever the files say (files written before runs were named carry no run). The error's
+    words, or ''."""
+    (doc, path), (seen, seen_path) = one, other
+    if (doc.get("host"), doc.get("pid")) == (seen.get("host"), seen.get("pid")):
+        return ""
+    return (
+        f"rank {rank} is two processes: pid {seen.get('pid')} on {seen.get('host')} ({seen_path}) and pid "
+        f"{doc.get('pid')} on {doc.get('host')} ({path}): files of different runs. Name the folder of one run"
+    )
 
 
 def common_world_size(chosen: dict) -> int:

@@ -33,8 +33,9 @@ class StateReader:
     """Reads this rank's state for the watchdog; remembers what is costly to read again (one explanation per wait,
     one Flight Recorder read per doubling of the idle time)."""
 
-    def __init__(self, recorder, config, rank: int, world_size: int, host: str, logged: set):
+    def __init__(self, recorder, config, rank: int, world_size: int, host: str, logged: set, run: str = ""):
         self.recorder = recorder
+        self.run = run  # the run's identity (store.StateStore.run): each file a rank writes says which run it is of
         self.config = config
         self.rank = rank
         self.world_size = world_size
@@ -99,6 +100,8 @@ class StateReader:
             status=build.RUNNING,  # progress, records, groups ...
             **self.recorder.snapshot(recent=recent, site_counts=not position_only),
         )
+        if self.run:
+            doc["run"] = self.run
         self._add_unseen_collective(doc)
         if full:
             doc["stacks"] = python_stacks(skip_thread=threading.get_ident())

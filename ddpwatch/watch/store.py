@@ -283,7 +283,7 @@ def _by_rank(docs: dict, ranks: dict, world_size: int) -> dict:
 # Which ranks wait where, for how long, under which condition, is all a verdict needs; the history only names the
 # finding, and the leader reads it from each rank's full answer once an incident starts. 2.9 KiB -> about 0.5 KiB.
 POSITION_LEAVES_OUT = frozenset(
-    {"recent", "site_counts", "last_seq", "ops_recorded", "format_version", "world_size", "published_at"}
+    {"recent", "site_counts", "last_seq", "ops_recorded", "format_version", "world_size", "published_at", "run"}
 )
 
 
@@ -341,6 +341,12 @@ class JobProtocol:
     @property
     def job_token(self) -> str:
         return self.store.job_token
+
+    @property
+    def run(self) -> str:
+        """The run's identity, "<stamp>-<token>": the job's start and its random token (one per attempt)."""
+        token = getattr(self.store, "job_token", "")  # a store stand-in (tests) may have none
+        return f"{self.store.stamp}-{token}" if token else ""
 
     # ----- heartbeats -----
     def publish(

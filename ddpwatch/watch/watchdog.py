@@ -61,7 +61,7 @@ class Watchdog(threading.Thread):
         self._logged: set = set()
         self.throttle = IncidentThrottle(self._logged)  # how many incidents this rank may lead (throttle.py)
         self._store_ok = True
-        self.states = StateReader(recorder, config, rank, world_size, self.host, self._logged)
+        self.states = StateReader(recorder, config, rank, world_size, self.host, self._logged, self.job.run)
         self.peers = PeerTracker(rank, world_size, self.host, config)
         self.policy = AbortPolicy(config, rank, world_size, self.job, self.writing, self._logged)
         self.catch_up = CatchUp(self.policy, self.wake)
