@@ -11,7 +11,9 @@ import sys
 import threading
 
 from . import config as config_module
+from .logonce import log_once
 from .watch import crashes, signals
+from .watch.store import StoreUnavailable
 from .capture import failures, loaders, reduce_ops
 from .capture.replacements import Patches
 from .capture.wrappers import Patcher
@@ -19,6 +21,7 @@ from .capture.record import FLIGHT, Recorder
 from .capture.sites import configure_frames
 
 log = logging.getLogger("ddpwatch")
+_SAID: set = set()  # what this process said once, whatever the sessions it arms
 
 
 class Session:
@@ -68,6 +71,10 @@ class Session:
             self.watchdog = Watchdog(self.recorder, self.config, dist.get_rank(), world_size, store, run_tag, feed)
             self.watchdog.start()
             self.faults = crashes.FaultFile.arm(store.job_token, self.watchdog.rank)
+        except StoreUnavailable as exc:  # a store ddpwatch cannot publish in (FakeStore): one line, once
+            log_once(_SAID, "store", "ddpwatch: no watchdog: %s; training continues unwatched", exc)
+            self.watchdog = None
+            return
         except Exception:
             log.warning("ddpwatch: could not start the watchdog; training continues unwatched", exc_info=True)
             self.watchdog = None

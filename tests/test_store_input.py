@@ -201,3 +201,23 @@ def test_any_value_over_the_bound_is_left_out_unparsed_with_one_line(job, caplog
         assert list(job.positions([1, 2])) == [2]
     assert all(size < store_module.MAX_VALUE_BYTES for size in parsed)  # the big one never reached the parser
     assert len(lines(caplog, "left out 1 value(s)")) == 1
+
+
+def test_a_store_that_cannot_add_is_one_line_once_and_no_traceback(caplog):
+    """Issue 43: torch's FakeStore (its own tests use it, and so do people benchmarking) made every guard() print
+    "could not start the watchdog" with a full traceback."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import ddpwatch
+    from ddpwatch import session
+
+    session._SAID.clear()
+    caplog.set_level(logging.INFO, logger="ddpwatch")
+    for _ in range(2):
+        with ddpwatch.guard():
+            dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+            dist.destroy_process_group()
+    said = [r for r in caplog.records if r.name == "ddpwatch" and r.levelno >= logging.WARNING]
+    assert [r.getMessage()[:49] for r in said] == ["ddpwatch: no watchdog: the job's store cannot add"]
+    assert not any(r.exc_info for r in caplog.records)

@@ -117,7 +117,10 @@ class StateStore:
         except Exception:
             pass
         # Re-arming inside one job (destroy + init again) must not read the last generation's keys.
-        arms = client.add(f"{PREFIX}/arms/{generation_key}", 1)
+        try:
+            arms = client.add(f"{PREFIX}/arms/{generation_key}", 1)
+        except Exception as exc:  # torch's FakeStore, and other stores that cannot count: nothing to publish in
+            raise StoreUnavailable(f"the job's store cannot add ({type(exc).__name__}: {str(exc)[:120]})") from None
         state_store = cls(client, f"{generation_key}/g{(arms - 1) // max(world_size, 1)}", timeout_s)
         state_store.stamp = state_store.agree("stamp", time.strftime("%Y%m%d-%H%M%S"), STAMP)
         state_store.job_token = state_store.agree("job", secrets.token_hex(8), JOB_TOKEN)
