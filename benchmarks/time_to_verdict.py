@@ -177,7 +177,7 @@ def guarded_rows(runs: list) -> list:
     return rows
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     opts = C.parser(__doc__).parse_args(argv)
     mode = "quick" if opts.quick else "full"
     C.header("time_to_verdict: from the hang forming to the report", opts.quick)
@@ -220,7 +220,12 @@ def main(argv=None) -> None:
         ["first error (s after the mark)", "all ranks ended (s)", "exit codes", "what it ends with"],
         [[native.get("first_error"), native.get("ended"), native["codes"], " / ".join(messages) or "-"]],
     )
+    missing = [r for r in runs if "created" not in r]
+    if missing:  # a figure resting on runs without a report is no figure: the command fails (issue 43)
+        print(f"time_to_verdict: {len(missing)} of {len(runs)} runs wrote no report; the figures above do not stand")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

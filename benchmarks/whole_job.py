@@ -204,12 +204,9 @@ def measure(jobs: list, pairs: int, steps: dict, attributed: list, limit: float,
     runs = []
     order = schedule(jobs, pairs, attributed)
     for index, (pair, job, level) in enumerate(order):
+        # A run no rank reported from is a failed run, its pair a failed pair, and the command exits 1: never launched
+        # again (issue 43: a relaunch hid a failure, armed runs included, and the figures still stood)
         run = dict(launch(job, steps[job], level, limit), pair=pair)
-        if "error" in run and not run["ranks_reported"]:
-            # No rank got as far as its result: the launcher failed (once in a loaded test run, in torchrun's own
-            # startup: a plain job, no ddpwatch in it). Launched once more; the first failure is kept and shown.
-            first = run["error"]
-            run = dict(launch(job, steps[job], level, limit), pair=pair, launched_again_after=first)
         run["problem"] = run.get("error") or label_problem(run)
         runs.append(run)
         shown = (
@@ -416,11 +413,6 @@ def main(argv=None) -> int:
     for job, result in attributions.items():
         print_attribution(job, result)
     problems = [f"pair {r['pair'] + 1} {r['job']} {label(r['level'])}: {r['problem']}" for r in runs if r["problem"]]
-    for again in (r for r in runs if "launched_again_after" in r):
-        print(
-            f"pair {again['pair'] + 1} {again['job']} {label(again['level'])} was launched again: no rank reported "
-            f"the first time ({again['launched_again_after'][:1500]})"
-        )
     print(
         f"{len(runs)} runs in {time.perf_counter() - started:.0f} s; load average at the end: "
         f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; runs that failed or were not what their label says: "
