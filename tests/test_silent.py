@@ -275,3 +275,13 @@ def test_without_a_fault_file_a_vanished_rank_is_a_dead_rank_as_before():
     del trace.silent[0]["fault"]
     trace.states[1].update(inflight=[F.rec(4, "barrier", age=20.0)], idle_s=20.0)
     assert kinds(analysis.assess(trace.states, 2, 0.5, 300.0, trace.silent).findings) == ["dead_rank"]
+
+
+def test_compared_positions_counts_what_a_comparison_looked_at():
+    """A silent result means something only where positions were compared (issue 43)."""
+    from ddpwatch.analysis import silent
+
+    same = {0: F.fingerprints(0, [F.signature()] * 3), 1: F.fingerprints(1, [F.signature()] * 3)}
+    assert silent.compared_positions(same) == 3
+    apart = {0: F.fingerprints(0, [F.signature()] * 3), 1: F.fingerprints(1, [F.signature()] * 3, first=10)}
+    assert silent.compared_positions(apart) == 0

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 
 from .. import analysis
+from ..analysis import silent
 from ..catalogue import SIZES_PER_RANK
 from ..format import build
 from ..capture import loaders
 from ..capture.sites import resolve_site
+
+log = logging.getLogger("ddpwatch")
 
 FORMAT = 1  # the published document's own version: analysis reads `v` and refuses others
 KEEP = 2048  # positions kept per group (this rank's own log): a peer that publishes late is still compared
@@ -225,6 +229,7 @@ class MismatchCheck:
         self.groups = groups  # () -> {group name: its ranks, None for the default group}
         self._mine: dict | None = None  # this rank's document as last published
         self._compared: tuple = ()  # (mine, theirs) of the last comparison: nothing new, nothing to compare
+        self.said_compared = False  # the first comparison that covered positions was logged (DEBUG)
 
     def outgoing(self) -> dict | None:
         """This round's document, when a position was filed since the last one (else None: the last one stands)."""
@@ -234,6 +239,15 @@ class MismatchCheck:
         self.log.changed = False
         self._mine = dict(self.log.document(), rank=self.rank)
         return self._mine
+
+    def _say_compared(self, docs: dict) -> None:
+        """(DEBUG only, once.) That a comparison covered positions: a check that found nothing had something to
+        look at (tests/test_real_silent.py reads it)."""
+        covered = silent.compared_positions({r: d for r, d in docs.items() if isinstance(d, dict)})
+        if covered:
+            self.said_compared = True
+            others = sorted(r for r in docs if r != self.rank)
+            log.debug("ddpwatch: rank %d compared %d completed positions with rank(s) %s", self.rank, covered, others)
 
     def partners(self) -> list:
         """The lowest other rank of each group this rank completed positions in (ranks unknown: the whole world)."""
@@ -256,6 +270,8 @@ class MismatchCheck:
             return None
         self._compared = key
         docs[self.rank] = self._mine
+        if not self.said_compared and log.isEnabledFor(logging.DEBUG):
+            self._say_compared(docs)
         assessment = analysis.completed_mismatches({r: {"fingerprints": d} for r, d in docs.items()}, self.world_size)
         if assessment.verdict is None or assessment.fingerprint in reported:
             return None

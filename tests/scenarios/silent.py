@@ -6,6 +6,7 @@ compare the ranks' published positions meanwhile), then every rank checks out th
 
 import glob
 import importlib
+import logging
 import os
 import sys
 import threading
@@ -253,6 +254,11 @@ CASES = {name: function for name, function in globals().items()
 def main():
     case = sys.argv[1]
     torch.set_num_threads(1)
+    if os.environ.get("SILENT_SAY_COMPARED"):  # ddpwatch's DEBUG line saying a comparison covered positions
+        handler = logging.StreamHandler(sys.stderr)
+        handler.addFilter(lambda record: "compared" in record.getMessage())
+        logging.getLogger("ddpwatch").addHandler(handler)
+        logging.getLogger("ddpwatch").setLevel(logging.DEBUG)
     backend = os.environ.get("SILENT_BACKEND", "gloo")
     if backend == "fakenccl":  # NCCL's host-side semantics (tests/nccl_like.py)
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
