@@ -214,3 +214,19 @@ def test_the_sigterm_path_asks_the_watchdog_to_look_before_it_waits_for_a_report
     monkeypatch.setattr(live, "_handles", lambda signum: True)
     live._terminate(15)
     assert calls == ["look", "wait", "die"]
+
+
+def test_a_rank_a_signal_came_to_end_starts_no_look_for_a_hang_for_a_while_then_does_again():
+    """Issue 41: a scheduler's SIGTERM to every rank is a stop. A rank whose program kept it alive past the window
+    (a SIGHUP that reloads a configuration) is watched again."""
+    import time
+    import types
+
+    from ddpwatch.watch import crashes
+
+    dog = types.SimpleNamespace(ending_signal="", ending_at=float("-inf"))
+    assert not crashes.being_ended(dog)
+    dog.ending_signal, dog.ending_at = "SIGTERM", time.monotonic()
+    assert crashes.being_ended(dog)
+    dog.ending_at -= crashes.ENDING_LOOK_S
+    assert not crashes.being_ended(dog)

@@ -215,6 +215,14 @@ def vanished(peers, job, config, stopping, own_state) -> tuple:
 
 
 STOP_WINDOW_S = 0.5  # how long a rank whose peer vanished waits to learn whether it is being stopped itself
+# A rank a signal came to end (SIGTERM, SIGINT, SIGHUP) starts no new look for a hang for this long; one that still
+# lives then was kept by the program's own handler (a SIGHUP that reloads a configuration), and is watched again.
+ENDING_LOOK_S = 10.0
+
+
+def being_ended(dog) -> bool:
+    """Whether a signal that ends processes came to this rank within ENDING_LOOK_S: its peers going is a stop."""
+    return bool(dog.ending_signal) and time.monotonic() - dog.ending_at < ENDING_LOOK_S
 
 
 def _being_stopped(dog, stopped) -> bool:

@@ -193,6 +193,7 @@ class LiveControl:
             watchdog = getattr(self.session, "watchdog", None)
             if watchdog is not None:
                 watchdog.ending_signal = signal.Signals(signum).name  # published with this rank's exit
+                watchdog.ending_at = time.monotonic()
         if signum == signal.SIGTERM and self._ending_by_verdict():
             return  # not reached: the verdict ended this rank with ddpwatch's exit code, whatever handler is set
         if not self._handles(signum):

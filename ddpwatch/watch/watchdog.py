@@ -58,6 +58,7 @@ class Watchdog(threading.Thread):
         self._peer_failure = threading.Event()
         self._terminating = threading.Event()  # a SIGTERM asked for one look for a peer gone (signals.py)
         self.ending_signal = ""  # the name of a signal that came to end this process (signals.py notes it)
+        self.ending_at = float("-inf")  # when it came (monotonic): crashes.being_ended
         self._logged: set = set()
         self.throttle = IncidentThrottle(self._logged)  # how many incidents this rank may lead (throttle.py)
         self._store_ok = True
@@ -229,7 +230,7 @@ class Watchdog(threading.Thread):
         if self._dump_requested.is_set():
             self._dump_requested.clear()
             self.run_incident(analysis.Assessment(analysis.DUMP, [], f"dump-{self.rank}-{time.time():.3f}"))
-        elif (self._should_watch(waiting) or self._last_to_block) and not self.ending_signal:  # a stop: no incident
+        elif (self._should_watch(waiting) or self._last_to_block) and not crashes.being_ended(self):
             self.watch()
         self._look_for_mismatch()
 
@@ -261,9 +262,8 @@ class Watchdog(threading.Thread):
             pass  # the store may already be gone at shutdown; nothing to save
 
     def _update_waiting(self, state: RankState | None, waiting: int) -> int:
-        """Register this rank as waiting (or no longer); returns the ranks waiting now (`waiting`: as read this
-        round). The rank whose registration completes the count is the last to block: it looks for a deadlock at
-        once, not at the leader's next round. `state` None: a round that sent its beat alone (a running rank)."""
+        """Register this rank as waiting (or no longer); returns the ranks waiting now (`waiting`: as read). The rank
+        completing the count is the last to block: it looks at once. `state` None: a round that sent its beat alone."""
         blocked = state is not None and analysis.is_blocked(state, self.config.grace)
         self._last_to_block = False
         if blocked != self.registered_waiting:
