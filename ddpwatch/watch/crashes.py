@@ -214,7 +214,6 @@ def vanished(peers, job, config, stopping, own_state) -> tuple:
     return silent, analysis.stage_findings(analysis.STAGE_SILENT, silent, {own["rank"]: own}, config.grace)
 
 
-STOP_WINDOW_S = 0.5  # how long a rank whose peer vanished waits to learn whether it is being stopped itself
 # A rank a signal came to end (SIGTERM, SIGINT, SIGHUP) starts no new look for a hang for this long; one that still
 # lives then was kept by the program's own handler (a SIGHUP that reloads a configuration), and is watched again.
 ENDING_LOOK_S = 10.0
@@ -223,16 +222,6 @@ ENDING_LOOK_S = 10.0
 def being_ended(dog) -> bool:
     """Whether a signal that ends processes came to this rank within ENDING_LOOK_S: its peers going is a stop."""
     return bool(dog.ending_signal) and time.monotonic() - dog.ending_at < ENDING_LOOK_S
-
-
-def _being_stopped(dog, stopped) -> bool:
-    """Whether this rank is being ended by a signal (SIGTERM, SIGINT, SIGHUP: a launcher's or a scheduler's stop,
-    sent to every rank at once), now or within STOP_WINDOW_S: then a peer gone before it is part of the stop."""
-    deadline = time.monotonic() + STOP_WINDOW_S
-    while not dog.ending_signal and time.monotonic() < deadline:
-        if stopped.wait(0.05):
-            break
-    return bool(dog.ending_signal)
 
 
 def report_vanished(dog, terminating, stopped) -> None:
@@ -245,15 +234,14 @@ def report_vanished(dog, terminating, stopped) -> None:
     not raised in Python yet): the report of the peer's failure was lost (gloo's size-mismatch abort: 2 runs in 21
     beside four CPU-bound processes). Only a peer that crashed (its fault file: the backend aborted it) is reported
     then: a launcher ending every rank (the user's Ctrl-C) has its ranks go one after another, none crashed, and
-    none is to blame. So is a peer gone while this rank is being ended by a signal too (a scheduler's SIGTERM to
-    every rank: _being_stopped), unless the backend aborted that peer."""
+    none is to blame. A peer a signal ended (a scheduler's SIGTERM to every rank) published its exit first
+    (signals.py), so it is no vanished peer at all; one that vanished without a word (os._exit, SIGKILL, a
+    segfault) is reported even while torchrun's SIGTERM ends this rank."""
     crashed_only = terminating.is_set()
     try:
         silent, findings = vanished(
             dog.peers, dog.job, dog.config, terminating if crashed_only else stopped, dog.states.read
         )
-        if silent and not all("fault" in view for view in silent.values()):
-            crashed_only = crashed_only or _being_stopped(dog, stopped)
         if not silent or (crashed_only and not all("fault" in view for view in silent.values())):
             return
         fingerprint = "peer-failure-" + "-".join(str(r) for r in sorted(silent))
