@@ -10,9 +10,9 @@ Cases:
 - blocked: no handler; rank 0 waits in a barrier rank 1 never reaches (SIGTERM must end both by the signal).
 - term_one: term_after's handler, but only rank 1 is signalled: rank 0's all_reduce fails when rank 1 leaves, and
   its `except` says whether that came promptly (within PROMPT_S of rank 1 leaving) and exits 4.
-- peer_dies: no signal; once stepping, rank 1 leaves with os._exit(5) while rank 0 waits in all_reduce inside
-  `try: ... except RuntimeError:`, which writes an emergency checkpoint (saying whether promptly), waits LINGER_S
-  (default 0) and re-raises.
+- peer_dies: no signal; once stepping, rank 1's connections close (as at its death) while rank 0 waits in
+  all_reduce inside `try: ... except RuntimeError:`, which writes an emergency checkpoint (saying whether promptly),
+  waits LINGER_S (default 0) and re-raises; rank 1 leaves with os._exit(5) once that checkpoint is on disk.
 """
 
 import os
@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 LIMIT_S = 60.0  # a rank never signalled gives up: exit 3, never a hang
 PROMPT_S = 2.0  # plain torch: 0.01-0.03 s from the peer leaving to the survivor's except; ddpwatch held it 3.7-7.5 s
+PEER_LIVES_S = 10.0  # peer_dies: the longest the peer's process outlives its connections
 SAVING_S = 0.3  # a checkpoint takes a while to write: the window in which a second SIGTERM action would cut it
 
 
@@ -86,6 +87,9 @@ def steps():
         except RuntimeError:
             if sys.argv[1] == "term_one":  # only the peer was signalled
                 say(f"peer gone, heard {heard(1)}")
+                # Left to interpreter exit, torch's teardown of the broken gloo group aborted the process ("terminate
+                # called without an active exception", exit -6) in 2 of 3 plain runs: the program tears it down.
+                dist.destroy_process_group()
                 sys.exit(4)
             # The peer ended by its own signal while this rank waited in the collective; this rank's signal
             # was sent at the same moment, and its handler runs as soon as Python does.
@@ -111,6 +115,26 @@ def blocked():
     sys.exit(3)
 
 
+def close_connections_to_peers():
+    """Shut this rank's gloo connections the way its death would (the peer's collective fails with "Connection
+    closed by peer"), the process living on: every TCP connection but the one to the job's store."""
+    import socket
+
+    import psutil
+
+    store_port = int(os.environ["MASTER_PORT"])
+    for connection in psutil.Process().net_connections(kind="tcp"):
+        if connection.raddr and connection.raddr.port != store_port and connection.fd >= 0:
+            with socket.socket(fileno=os.dup(connection.fd)) as peer:
+                peer.shutdown(socket.SHUT_RDWR)
+
+
+def wait_for_file(path, limit_s):
+    deadline = time.monotonic() + limit_s
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def peer_dies():
     for step in range(20):
         dist.all_reduce(torch.ones(4))
@@ -118,12 +142,19 @@ def peer_dies():
     if rank() == 1:
         time.sleep(1.0)  # rank 0 waits in its all_reduce meanwhile
         leaving()
+        # Its connections close first, its process goes once rank 0's except has saved (at most PEER_LIVES_S): a
+        # launcher's SIGTERM, sent when this process exits, can then cut no checkpoint that plain torch would
+        # have written. (Exiting at once raced torchrun's 0.1 s poll against gloo's failure: plain torch lost
+        # the checkpoint in 1 run of 6.)
+        close_connections_to_peers()
+        wait_for_file(os.path.join(os.environ["CKPT_DIR"], "rank0.pt"), PEER_LIVES_S)
         os._exit(5)
     try:
         dist.all_reduce(torch.ones(4))
     except RuntimeError:
         path = os.path.join(os.environ["CKPT_DIR"], f"rank{rank()}.pt")
-        torch.save({"rank": rank(), "how": "emergency"}, path)
+        torch.save({"rank": rank(), "how": "emergency"}, path + ".tmp")
+        os.replace(path + ".tmp", path)
         say(f"emergency checkpoint saved, heard {heard(1)}")
         time.sleep(float(os.environ.get("LINGER_S", "0")))
         raise
