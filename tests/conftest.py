@@ -147,6 +147,52 @@ def one_rank_group():
         dist.destroy_process_group()
 
 
+LEFT_BEHIND_GRACE_S = 10.0  # a process of the test's still ending (torchrun's workers after it) may take this long
+
+
+def _started_by(nodeid: str) -> list:
+    """Live processes other than this one started while `nodeid` ran: each inherits PYTEST_CURRENT_TEST, whatever
+    became of its parent (torchrun starts each worker in a session of its own: killing torchrun's session, or
+    torchrun itself, leaves them running, reparented to init, where children() no longer finds them)."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid"]):
+        if process.pid == os.getpid():
+            continue
+        try:
+            current = process.environ().get("PYTEST_CURRENT_TEST", "")
+            if current.rsplit(" (", 1)[0] == nodeid and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except (psutil.Error, OSError):
+            continue  # gone meanwhile, or another user's
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_process_of_a_real_test_left_behind(request):
+    """A real test's processes all end with it: those still running LEFT_BEHIND_GRACE_S after it are killed, and the
+    test fails naming them (one left a seed-stall rank of a torchrun job behind, alive for its 30-minute timeout)."""
+    yield
+    if not request.node.get_closest_marker("real"):
+        return
+    import psutil
+
+    left = _started_by(request.node.nodeid)
+    if not left:
+        return
+    _, alive = psutil.wait_procs(left, timeout=LEFT_BEHIND_GRACE_S)
+    named = []
+    for process in alive:
+        try:
+            named.append(" ".join(process.cmdline())[:200])
+            process.kill()
+        except psutil.Error:
+            pass
+    if named:
+        pytest.fail(f"{request.node.nodeid} left processes running (killed now): {named}", pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
     yield

@@ -73,6 +73,12 @@ def describe(results):
 def run_torchrun(args, nprocs, report_dir, timeout=90, **env_overrides):
     """`python -m torch.distributed.run` (torchrun: its agent SIGTERMs the other workers once one fails) on `args`,
     in a session of its own, killed whole at the limit: (exit status, its output and its workers', interleaved)."""
+    return run_job(*torchrun_job(args, nprocs, report_dir, **env_overrides), None, timeout)
+
+
+def torchrun_job(args, nprocs, report_dir, **env_overrides):
+    """(command, environment) of a torchrun job on `args` with `nprocs` workers on a free port, reports to
+    `report_dir`; none of this process's DDPWATCH_*, TORCHELASTIC_*, MASTER_* or rank variables leak in."""
     from ddpwatch.launch import free_port
 
     env = {
@@ -102,35 +108,65 @@ def run_torchrun(args, nprocs, report_dir, timeout=90, **env_overrides):
         "--master-port",
         str(free_port()),
     ] + [str(a) for a in args]
-    return run_job(command, env, None, timeout)
+    return command, env
 
 
 def run_job(command, env, cwd, timeout):
     """Run a whole job (torchrun and its workers) in its own session; kill that session whatever happens:
     (exit status, its output and its workers', interleaved)."""
+    return finish_job(*start_job(command, env, cwd), timeout)
+
+
+def start_job(command, env, cwd=None):
+    """Start a whole job in a session of its own, its output and its workers' to one temporary file:
+    (Popen, that file). finish_job ends it; the caller may act on the job (signal it) in between."""
     import subprocess
     import tempfile
 
-    with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(
-            command,
-            env=env,
-            cwd=None if cwd is None else str(cwd),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
+    out = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        cwd=None if cwd is None else str(cwd),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    return proc, out
+
+
+def kill_tree(pid):
+    """SIGKILL the process `pid`, its session and every descendant with theirs: torchrun starts each worker in a
+    session of its own, which killing torchrun's session leaves running. The descendants are found first, while
+    `pid` still holds them."""
+    import psutil
+
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    for target in [pid] + [process.pid for process in descendants]:
+        for kill in (os.killpg, os.kill):
             try:
-                os.killpg(proc.pid, 9)
+                kill(target, 9)
             except (ProcessLookupError, PermissionError):
                 pass
-            proc.wait()
+
+
+def finish_job(proc, out, timeout):
+    """Wait for the job at most `timeout` seconds, then kill its whole session whatever happened: (exit status,
+    its output)."""
+    import subprocess
+
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+    with out:
         out.seek(0)
         return proc.returncode, out.read()

@@ -11,6 +11,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import factory as F  # noqa: E402
 from factory import seed_states  # noqa: E402
+from writer_fakes import OwnAnswer, Policy, StoreJob  # noqa: E402
 
 from ddpwatch import analysis  # noqa: E402
 from ddpwatch.analysis import confirm  # noqa: E402
@@ -34,53 +35,10 @@ def store_mismatch():
     return analysis.completed_mismatches(fingerprints({0: [SUM, SUM], 1: [SUM, MAX]}), 2)
 
 
-class Job:
-    """The store protocol as the writer uses it: `answers` are what the ranks answer, all at once."""
-
-    def __init__(self, answers: dict):
-        self.answers, self.infos, self.posted = dict(answers), [], {}
-
-    def open_incident(self, info: dict) -> int:
-        self.infos.append(info)
-        return len(self.infos)
-
-    def contribute(self, number: int, rank: int, doc: dict) -> None:
-        self.answers[rank] = doc
-
-    def collect(self, number: int, deadline: float, answering: int) -> dict:
-        return dict(self.answers)
-
-    def with_history(self, views: dict) -> dict:
-        return views
-
-    def natives(self, number: int, ranks) -> dict:
-        return {}
-
-    def post_verdict(self, number: int, verdict: dict) -> None:
-        self.posted[number] = verdict
-
-
-class Own:
-    def __init__(self, job: Job, state: dict):
-        self.job, self.state, self.asked = job, state, []
-
-    def own(self, number: int, since=None) -> None:
-        self.asked.append(since)
-        self.job.contribute(number, 0, self.state)
-
-
-class Policy:
-    def verdict_out(self, incident: dict, action: str) -> None:
-        pass
-
-    def report_written(self, incident: dict, action: str) -> None:
-        pass
-
-
 def writer_for(tmp_path, monkeypatch, own: dict, peers: dict):
     monkeypatch.setattr(incident_writer, "say", lambda text: None)
-    job = Job(peers)
-    answers = Own(job, own)
+    job = StoreJob(peers)
+    answers = OwnAnswer(job, own)
     stop = threading.Event()
     stop.set()  # no native stacks
     writer = IncidentWriter(

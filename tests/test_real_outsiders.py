@@ -9,18 +9,14 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 
 import psutil
 import pytest
 
-from ranks import ROOT, SCENARIOS, describe, load_only_report, reports, run_case
+from ranks import SCENARIOS, describe, finish_job, load_only_report, reports, run_case, start_job, torchrun_job
 from test_real_store_attack import NAMESPACE, host_store
-from ddpwatch.launch import free_port
 
 FAULTS = os.path.join(SCENARIOS, "faults.py")
 SILENT = os.path.join(SCENARIOS, "silent.py")
@@ -151,40 +147,13 @@ def test_malformed_and_huge_fingerprints_cost_no_traceback_and_no_memory(tmp_pat
 
 
 def torchrun(args, report_dir, **env):
-    """A torchrun job of 2 ranks in a session of its own: (Popen, its output file)."""
-    environ = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("DDPWATCH", "TORCHELASTIC", "MASTER_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-    }
-    environ.update(DDPWATCH_DIR=str(report_dir), PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    environ.update({k: str(v) for k, v in env.items()})
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
-    output = tempfile.TemporaryFile("w+")
-    job = subprocess.Popen(
-        [*command, "--master-port", str(free_port()), *map(str, args)],
-        env=environ,
-        stdout=output,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    return job, output
+    """A torchrun job of 2 ranks in a session of its own, started: (Popen, its output file)."""
+    return start_job(*torchrun_job(args, 2, report_dir, **env))
 
 
 def finished(job, output, timeout):
-    try:
-        job.wait(timeout)
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        try:
-            os.killpg(job.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        job.wait()
-    output.seek(0)
-    return output.read()
+    """The job's output once it ended (or `timeout` later, killed whole)."""
+    return finish_job(job, output, timeout)[1]
 
 
 def workers(job):
