@@ -185,14 +185,17 @@ def hot_path_parts(iterations: int) -> dict:
     """The wrapper's steps timed one by one (with the guard on), to show where the added microseconds go."""
     import torch
 
+    import torch.utils.data
+
     import ddpwatch
-    from ddpwatch.capture import record
+    from ddpwatch.capture import loaders, record
 
     session = ddpwatch.install()
     recorder, patcher, tensor = session.recorder, session.patcher, torch.ones(1)
     _, mark_busy, unmark_busy, _, _ = recorder.hot_path_parts()
     meta = record.tensor_meta(tensor)
     here = sys._getframe()
+    epochs, loader = loaders.Epochs(lambda: 0), torch.utils.data.DataLoader(range(8), batch_size=2)
     parts = {
         "tensor_meta(tensor)": lambda: record.tensor_meta(tensor),
         "Patcher.group_name(None)": lambda: patcher.group_name(None),
@@ -201,6 +204,7 @@ def hot_path_parts(iterations: int) -> dict:
         "Recorder.begin + finish_returned": lambda: recorder.finish_returned(
             recorder.begin("all_reduce", "all_reduce", "0", meta, here)
         ),
+        "Epochs.began(a DataLoader): once per epoch, never per op": lambda: epochs.began(loader),
     }
     try:
         return {name: min(timed_block(fn, iterations)["thread"] for _ in range(3)) for name, fn in parts.items()}

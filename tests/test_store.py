@@ -297,12 +297,13 @@ def test_a_rank_that_has_just_blocked_wants_a_round_now_without_touching_the_sto
     now = time.monotonic()
     assert not dog._round_wanted_now(now)  # nothing in flight
     record = recorder.begin("barrier", "barrier", "0", (), sys._getframe())
-    assert not dog._round_wanted_now(time.monotonic())  # in flight, but not for grace yet
-    assert dog._round_wanted_now(time.monotonic() + 0.6)
+    began = recorder.progress_mono  # the moments below count from it, however long this machine takes between lines
+    assert not dog._round_wanted_now(began + 0.4)  # in flight, but not for grace yet
+    assert dog._round_wanted_now(began + 0.6)
     dog.registered_waiting = True
-    assert not dog._round_wanted_now(time.monotonic() + 0.6)  # registered already: the next round will do
+    assert not dog._round_wanted_now(began + 0.6)  # registered already: the next round will do
     dog.request_dump()
-    assert dog._round_wanted_now(time.monotonic())
+    assert dog._round_wanted_now(began + 0.4)
     recorder.finish(record)
 
 
