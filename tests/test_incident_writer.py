@@ -1,6 +1,7 @@
-"""The incident folder is written once (issue 29 part 2): the verdict is said before py-spy reads this process (it
-pauses the process it reads), the folder after, with every rank's native stacks; hand-built states, a fake store and
-a fake py-spy, no process."""
+"""The incident folder is written once (issue 29 part 2): the verdict is said, then the report files are written, and
+only then does py-spy read this process (it pauses the process it reads): every rank's native stacks go into the
+folder's native.json (issue 43 item 5: the report on disk within a second); hand-built states, a fake store and a
+fake py-spy, no process."""
 
 import collections
 import json
@@ -11,9 +12,11 @@ import threading
 sys.path.insert(0, os.path.dirname(__file__))
 
 from factory import seed_states  # noqa: E402
+from writer_fakes import OwnAnswer, Policy, StoreJob  # noqa: E402
 
 from ddpwatch import analysis, atomic  # noqa: E402
 from ddpwatch.config import Config  # noqa: E402
+from ddpwatch.format import documents  # noqa: E402
 from ddpwatch.watch import evidence, incident_writer  # noqa: E402
 from ddpwatch.watch.incident_writer import IncidentWriter  # noqa: E402
 
@@ -31,50 +34,10 @@ def native(function: str) -> dict:
     }
 
 
-class FakeJob:
-    """The store protocol as the writer uses it: every rank answers at once, rank 1 with its native stacks."""
-
-    def __init__(self, states: dict):
-        self.states = states
-        self.posted: dict = {}
-
-    def open_incident(self, info: dict) -> int:
-        return 1
-
-    def contribute(self, number: int, rank: int, doc: dict) -> None:
-        self.states[rank] = doc
-
-    def collect(self, number: int, deadline: float, answering: int) -> dict:
-        return dict(self.states)
-
-    def with_history(self, views: dict) -> dict:
-        return views
-
-    def natives(self, number: int, ranks) -> dict:
-        assert 0 not in ranks  # the leader reads its own: never asked of the store
-        return {rank: native("peer_wait") for rank in ranks}
-
-    def post_verdict(self, number: int, verdict: dict) -> None:
-        self.posted[number] = verdict
-
-
-class OwnAnswer:
-    def __init__(self, job: FakeJob, state: dict):
-        self.job, self.state = job, state
-
-    def own(self, number: int, since=None) -> None:
-        self.job.contribute(number, 0, self.state)
-
-
-class Policy:
-    def __init__(self, events: list):
-        self.events = events
-
-    def verdict_out(self, incident: dict, action: str) -> None:
-        self.events.append("verdict out")
-
-    def report_written(self, incident: dict, action: str) -> None:
-        self.events.append("report written")
+def native_stacks_of_peers(ranks) -> dict:
+    """Every rank asked answers with its native stacks (rank 1 waits in gloo); the leader reads its own."""
+    assert 0 not in ranks  # the leader reads its own: never asked of the store
+    return {rank: native("peer_wait") for rank in ranks}
 
 
 def write_one(tmp_path, monkeypatch, stopping: bool = False):
@@ -101,7 +64,7 @@ def write_one(tmp_path, monkeypatch, stopping: bool = False):
     monkeypatch.setattr(evidence, "native_stacks", py_spy)
     monkeypatch.setattr(atomic, "write_new_files", counted)
     states = seed_states(2)
-    job = FakeJob({1: states[1]})
+    job = StoreJob({1: states[1]}, natives=native_stacks_of_peers)
     stop = threading.Event()
     if stopping:
         stop.set()
@@ -123,22 +86,36 @@ def write_one(tmp_path, monkeypatch, stopping: bool = False):
     return events, written, folder
 
 
-def test_the_folder_is_written_once_after_the_verdict_with_every_ranks_native_stacks(tmp_path, monkeypatch):
+def test_the_report_files_are_written_once_before_py_spy_and_the_native_stacks_go_to_native_json(tmp_path, monkeypatch):
     events, written, folder = write_one(tmp_path, monkeypatch)
-    assert events == ["verdict", "verdict out", f"py-spy {os.getpid()}", "report line", "report written"]
+    assert events == ["verdict", "verdict out", "report line", f"py-spy {os.getpid()}", "report written"]
     assert set(written) == {"rank-0.json", "rank-1.json", "report.json", "report.txt", "report.html", "trace.json"}
     assert set(written.values()) == {1}  # each file once: no second pass rewrites the folder
-    assert sorted(os.listdir(folder)) == sorted(written)
+    assert sorted(os.listdir(folder)) == sorted([*written, "native.json"])
     with open(os.path.join(folder, "report.json"), encoding="utf-8") as handle:
-        ranks = {state["rank"]: state for state in json.load(handle)["ranks"]}
-    assert ranks[0]["native"] == native("own_wait") and ranks[1]["native"] == native("peer_wait")
-    with open(os.path.join(folder, "rank-1.json"), encoding="utf-8") as handle:
-        assert json.load(handle)["native"] == native("peer_wait")
+        assert not any("native" in state for state in json.load(handle)["ranks"])  # written before py-spy ran
+    with open(os.path.join(folder, "native.json"), encoding="utf-8") as handle:
+        natives = json.load(handle)
+    assert natives["ranks"] == {"0": native("own_wait"), "1": native("peer_wait")}
+    loaded = {state["rank"]: state for state in documents.load_incident(folder)["ranks"]}
+    assert loaded[0]["native"] == native("own_wait") and loaded[1]["native"] == native("peer_wait")
+
+
+def test_a_native_json_of_another_run_or_malformed_is_left_out_and_the_report_still_reads(tmp_path, monkeypatch):
+    _, _, folder = write_one(tmp_path, monkeypatch)
+    path = os.path.join(folder, "native.json")
+    with open(path, encoding="utf-8") as handle:
+        doc = json.load(handle)
+    for text in (json.dumps(dict(doc, run_id="another-run")), "{not json", json.dumps({"ranks": []}), "[]"):
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        assert not any("native" in state for state in documents.load_incident(folder)["ranks"]), text
 
 
 def test_a_process_on_its_way_out_writes_the_folder_once_without_waiting_for_native_stacks(tmp_path, monkeypatch):
     events, written, folder = write_one(tmp_path, monkeypatch, stopping=True)
     assert events == ["verdict", "verdict out", "report line", "report written"]  # py-spy never started
     assert set(written.values()) == {1} and "report.json" in written
+    assert "native.json" not in os.listdir(folder)
     with open(os.path.join(folder, "report.json"), encoding="utf-8") as handle:
         assert not any("native" in state for state in json.load(handle)["ranks"])

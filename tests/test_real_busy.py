@@ -10,6 +10,8 @@ import pytest
 
 from ranks import SCENARIOS, describe, load_only_report, reports, run_case
 
+from ddpwatch.format import documents
+
 BUSY = os.path.join(SCENARIOS, "busy.py")
 DEAD_AFTER = 3
 # One xdist worker runs these one after another: CPU hogs beside a GIL hold calibrated on this machine's speed made
@@ -122,7 +124,8 @@ def test_a_rank_asleep_in_c_past_the_timeout_is_a_straggler_shown_with_its_nativ
         DDPWATCH_TIMEOUT=7,
     )
     assert [r.returncode for r in results] == [0, 0], describe(results)
-    incident = load_only_report(tmp_path)
+    [path] = reports(tmp_path)
+    incident = documents.load_incident(os.path.dirname(path))  # with the folder's native.json, written after
     [finding] = incident["findings"]
     assert finding["kind"] == "straggler" and finding["ranks"] == [1], finding
     [sleeper] = [state for state in incident["ranks"] if state["rank"] == 1]

@@ -19,6 +19,10 @@ if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from .types import Incident
 
 REPORT_JSON = "report.json"  # the incident itself, in its folder (render.report.RENDERERS names it there)
+# Each rank's native stacks (py-spy), added to the incident folder once its report files are there: reading them
+# pauses the process read, so the report does not wait for them.
+NATIVE_JSON = "native.json"
+NATIVE_VERSION = 1
 NOWHERE = "(nowhere: no writable directory)"  # where a rank's local dump went when no folder took it
 
 
@@ -145,6 +149,19 @@ def save_rank_dump(folder: str, doc: dict) -> str:
     return NOWHERE
 
 
+def save_native_stacks(folder: str, run_id: str, natives: dict) -> str:
+    """native.json in the incident `folder`, written whole (temp file + rename): {"native_version", "run_id",
+    "ranks": {"<rank>": py-spy's dump}}. Its path; OSError or private.UnsafeFolder when it cannot be written."""
+    doc = {"native_version": NATIVE_VERSION, "run_id": run_id, "ranks": {str(r): natives[r] for r in sorted(natives)}}
+    data = encoded(json.dumps(doc, default=json_default, separators=(",", ":")) + "\n")
+    fd = private.open_subfolder(folder)
+    try:
+        atomic.write_file(fd, NATIVE_JSON, data, temp=f".native-{os.getpid()}-{threading.get_ident()}.tmp")
+    finally:
+        os.close(fd)
+    return os.path.join(folder, NATIVE_JSON)
+
+
 # ---------------------------------------------------------------- loading
 
 
@@ -192,4 +209,28 @@ def load_incident(folder: str) -> Incident:
     incident = as_incident(load_document(path))
     if incident is None:
         raise FormatError(f"{path}: not a ddpwatch incident (no 'ranks' and 'findings')")
+    with_native_stacks(cast(dict, incident), os.path.join(os.path.dirname(path), NATIVE_JSON))
     return incident
+
+
+def with_native_stacks(incident: dict, path: str) -> None:
+    """Each rank's native stacks from the folder's native.json into its state, where that file is there, of this
+    run, and readable; else the incident stays as its report.json has it (the native stacks are evidence added
+    after the report, never a condition for reading it)."""
+    try:
+        doc = bounded.loads(bounded.read_regular(path, validate.MAX_DOCUMENT_BYTES), path)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return
+    if (
+        not isinstance(doc, dict)
+        or doc.get("native_version") != NATIVE_VERSION
+        or doc.get("run_id") != incident.get("run_id")
+    ):
+        return
+    ranks = doc.get("ranks")
+    if not isinstance(ranks, dict):
+        return
+    for state in incident.get("ranks") or ():
+        native = ranks.get(str(state.get("rank")))
+        if isinstance(native, dict) and "native" not in state:
+            state["native"] = native

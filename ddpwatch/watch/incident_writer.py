@@ -148,7 +148,9 @@ class IncidentWriter:
         the peers' states of the look that started it: a busy peer's stands in for its answer.
 
         The verdict reaches stderr (and torchrun's error file) as soon as the answers are in, before any report file;
-        the folder is written once, after it, with the native stacks read since. A report that cannot be written
+        the folder is written once, after it, and the native stacks read since go into its native.json (py-spy
+        pauses each process it reads: the report files do not wait for it). Only then does an abort end the job,
+        so a peer's own native stacks are still sent. A report that cannot be written
         anywhere (a full disk, a file size limit, no usable folder) loses nothing else: the verdict is posted and an
         abort still ends the job."""
         since = confirm.asked_positions(assessment.findings) if assessment.verdict == analysis.MISMATCH else {}
@@ -174,9 +176,9 @@ class IncidentWriter:
             action = REPORT  # readings only (the findings as built now): reported, never acted on
         say("\n" + _render_or_summary(incident))  # after any progress bar; before any file
         self.policy.verdict_out(incident, action)
-        self._add_native_stacks(number, incident, busy)
         folder = self._write_report_folder(incident)
         if folder is not None:
+            self._add_native_stacks(number, incident, busy, folder)
             self.policy.report_written(incident, action)
         alerts.announce(self.config, incident, folder, self.alerts)  # returns at once: the hook runs on a thread
         # Posted once the folder is written: with action=abort the peers exit on it.
@@ -266,13 +268,14 @@ class IncidentWriter:
             return confirm.with_confirmation(findings, named)
         return confirm.with_confirmation(findings, confirm.unconfirmed_blocked(final, silent, self.config.grace))
 
-    def _add_native_stacks(self, number: int, incident: dict, busy: list) -> None:
-        """Each rank's native stacks into its state, once the verdict is out (py-spy pauses the process it reads, and
-        on this rank that would delay the verdict): this rank's own and the `busy` local ranks' (too busy to answer:
-        a C call holding the GIL, where such a rank sits is exactly what the report must show) read here, side by
-        side; the others', sent by each rank that answered (not stale) as it answered, from the store."""
+    def _add_native_stacks(self, number: int, incident: dict, busy: list, folder: str) -> None:
+        """Each rank's native stacks into the incident folder's native.json, once its report files are written
+        (py-spy pauses the process it reads, and on this rank that would delay the verdict, then the report): this
+        rank's own and the `busy` local ranks' (too busy to answer: a C call holding the GIL, where such a rank sits
+        is exactly what the report must show) read here, side by side; the others', sent by each rank that answered
+        (not stale) as it answered, from the store."""
         if self.stopping.is_set():
-            return  # the process exits: the folder is written now, with Python stacks
+            return  # the process exits: the folder holds the Python stacks
         try:
             natives = NativeReads(self.job, number)
             natives.start(self.rank, os.getpid())
@@ -281,14 +284,12 @@ class IncidentWriter:
                 if state["rank"] in busy[:MAX_OUTSIDE_READS] and pid:
                     natives.start(state["rank"], pid)
             read = natives.gather({state["rank"] for state in incident["ranks"] if not state.get("stale")})
+            if read:
+                documents.save_native_stacks(folder, incident["run_id"], read)
         except StoreUnavailable:
             raise
-        except Exception:  # the verdict is out; a failure reading native stacks must not cost the report
+        except Exception:  # the verdict is out and the report written; the native stacks are evidence added after
             log_once(self.logged, "native", "ddpwatch: could not add native stacks", exc_info=True)
-            return
-        for state in incident["ranks"]:
-            if state["rank"] in read:
-                state["native"] = read[state["rank"]]
 
     def _write_report_folder(self, incident: dict) -> str | None:
         """The incident folder (under `dir`, else the private fallback); None, said in one line, when neither works."""
