@@ -270,6 +270,18 @@ def test_the_crash_names_both_lines_and_says_the_dead_ranks_sizes_are_unknown():
     assert "log_hist()" in words["summary"] and "8 float32" in words["summary"] and "not known" in words["summary"]
 
 
+def test_a_survivor_whose_collective_has_not_failed_yet_still_names_both_lines():
+    """torchrun's SIGTERM can reach the survivor before gloo raised in its all_reduce: it still waits in it."""
+    trace = F.trace_mismatch_crash()
+    [failed] = [r for r in trace.states[1]["recent"] if r["state"] == "failed"]
+    trace.states[1]["recent"].remove(failed)
+    trace.states[1]["inflight"] = [dict(failed, state="in_flight", error=None)]
+    [found] = analysis.assess(trace.states, 2, 0.5, 300.0, trace.silent).findings
+    words = wording.worded(found)
+    assert found["kind"] == "mismatch_crash" and found["location"]["function"] == "log_loss"
+    assert "log_hist()" in words["summary"] and "8 float32" in words["summary"]
+
+
 def test_without_a_fault_file_a_vanished_rank_is_a_dead_rank_as_before():
     trace = F.trace_mismatch_crash()
     del trace.silent[0]["fault"]

@@ -295,10 +295,15 @@ def _collective_frame(stacks) -> tuple:
 
 
 def _failed_record(state: dict) -> dict | None:
-    """The survivor's collective that failed when its peer vanished (its newest failed record)."""
-    records = list(state.get("inflight") or ()) + list(state.get("recent") or ())
-    failed = [r for r in records if isinstance(r, dict) and r.get("state") == "failed" and not r.get("p2p")]
-    return max(failed, key=lambda r: r.get("start") or 0.0) if failed else None
+    """The survivor's collective that failed when its peer vanished (its newest failed record), or, when none has
+    failed yet, the collective it still waits in: the backend's abort closes the peer's connections, but this rank's
+    call raises only once its own side notices, and torchrun's SIGTERM, sent as soon as the peer exits, can come first
+    (seen beside a CPU-bound neighbour: 1 of 3 whole-suite runs)."""
+    inflight = [r for r in state.get("inflight") or () if isinstance(r, dict) and not r.get("p2p")]
+    records = inflight + [r for r in state.get("recent") or () if isinstance(r, dict) and not r.get("p2p")]
+    failed = [r for r in records if r.get("state") == "failed"]
+    chosen = failed or [r for r in inflight if r.get("state") == "in_flight"]
+    return max(chosen, key=lambda r: r.get("start") or 0.0) if chosen else None
 
 
 def mismatch_crash(silent: dict, live: dict, grace: float) -> list:
