@@ -38,9 +38,16 @@ def subset(rank):
     dist.barrier()
 
 
+def say(text):
+    # One write, line and newline together: print() writes them apart, and the other rank's line, in the same
+    # torchrun output, once landed in between ("= FalsePLAIN-SEED rank 0 ...", seen in CI).
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def busy(rank, seconds):
     dist.barrier()
-    print(f"PLAIN-SEED busy pid {os.getpid()} rank {rank}", file=sys.stderr, flush=True)
+    say(f"PLAIN-SEED busy pid {os.getpid()} rank {rank}")
     if rank == 0:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
@@ -56,7 +63,7 @@ def main():
     rank = dist.get_rank()
     # What the tests ask the rank itself (not its output, which holds any path: a checkout named ddpwatch)
     imported = "ddpwatch" in sys.modules
-    print(f"PLAIN-SEED rank {rank} imports the ddpwatch package = {imported}", file=sys.stderr, flush=True)
+    say(f"PLAIN-SEED rank {rank} imports the ddpwatch package = {imported}")
     if case == "seed":
         seed(rank)
     elif case == "subset":
