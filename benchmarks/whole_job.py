@@ -32,6 +32,8 @@ import tempfile
 import threading
 import time
 
+from ddpwatch.launch import kill_tree
+
 from . import _common as C
 from .whole_job_parts import LEVELS, PLAIN, ROWS, SHIPPED, WATCHDOG, WRAPPERS
 
@@ -131,35 +133,6 @@ def _run_and_reap(command: list, env: dict, cwd: str, output, limit: float) -> t
         if "status" in reaped:  # reaped by wait4: Popen must not wait for it again
             proc.returncode = os.waitstatus_to_exitcode(reaped["status"])
     return None if killed else proc.returncode, reaped["cpu"], reaped["end"] - start
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process, its group and every descendant with theirs: torchrun starts each rank in a session of
-    its own, so killing torchrun's group alone would leave the ranks running."""
-    for member in [pid] + _descendants(pid):
-        for kill, target in ((os.killpg, member), (os.kill, member)):
-            try:
-                kill(target, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def _descendants(pid: int) -> list:
-    """Every living descendant of pid, from /proc (Linux), parents before children."""
-    children: dict = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                parent = int(handle.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        below = children.get(todo.pop(0), [])
-        found += below
-        todo += below
-    return found
 
 
 def _read_json(path: str):

@@ -25,6 +25,24 @@ class RankResult:
     stderr: str
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL the process `pid`, its session and every descendant with theirs: torchrun starts each worker in a
+    session of its own, which killing torchrun's session leaves running. The descendants are found first, while
+    `pid` still holds them."""
+    import psutil
+
+    try:
+        descendants = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        descendants = []
+    for member in [pid] + [process.pid for process in descendants]:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(member, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 def _kill_group(pgid: int | None) -> None:
     if pgid is None:
         return

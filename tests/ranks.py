@@ -137,24 +137,6 @@ def start_job(command, env, cwd=None):
     return proc, out
 
 
-def kill_tree(pid):
-    """SIGKILL the process `pid`, its session and every descendant with theirs: torchrun starts each worker in a
-    session of its own, which killing torchrun's session leaves running. The descendants are found first, while
-    `pid` still holds them."""
-    import psutil
-
-    try:
-        descendants = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        descendants = []
-    for target in [pid] + [process.pid for process in descendants]:
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(target, 9)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
 def finish_job(proc, out, timeout):
     """Wait for the job at most `timeout` seconds, then kill its whole session whatever happened: (exit status,
     its output)."""
@@ -165,6 +147,8 @@ def finish_job(proc, out, timeout):
     except subprocess.TimeoutExpired:
         pass
     finally:
+        from ddpwatch.launch import kill_tree
+
         kill_tree(proc.pid)
         proc.wait()
     with out:

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from ddpwatch.launch import kill_tree
+
 pytestmark = pytest.mark.real  # every test runs a benchmark in a process of its own
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,8 +49,7 @@ def run_quick(args, limit=LIMIT_S):
     try:
         out, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
-        kill_descendants(proc.pid)
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)  # torchrun's ranks run in sessions of their own, out of reach of the group's kill
         out, err = proc.communicate()
         pytest.fail(f"{args} still running after {limit} s\n{out[-3000:]}\n{err[-3000:]}")
     finally:
@@ -57,23 +58,6 @@ def run_quick(args, limit=LIMIT_S):
         except (ProcessLookupError, PermissionError):
             pass
     return proc.returncode, out, err
-
-
-def kill_descendants(pid):
-    """SIGKILL every descendant of a benchmark that ran past its limit, with its process group: a torchrun it
-    started runs each rank in a session of its own, out of reach of a kill of the benchmark's group."""
-    import psutil
-
-    try:
-        found = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return
-    for child in found:
-        for kill, target in ((os.killpg, child.pid), (os.kill, child.pid)):
-            try:
-                kill(target, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 # Quick modes that run for a set time, shortened further here: the test checks that the table is printed.

@@ -56,8 +56,9 @@ def rank_file_name(rank: int) -> str:
 
 
 def rank_file_bytes(state: dict) -> bytes:
-    """rank-<r>.json, the one encoder of a rank's state on disk (an incident folder, a rank's local dump): values JSON
-    cannot hold as json_default says, and UTF-8 that cannot fail (a lone surrogate is written as its escape)."""
+    """rank-<r>.json, the one encoder of a rank's state on disk (an incident folder, a rank's local dump), and of
+    native.json: values JSON cannot hold as json_default says, and UTF-8 that cannot fail (a lone surrogate is
+    written as its escape)."""
     return encoded(json.dumps(state, default=json_default, separators=(",", ":")) + "\n")
 
 
@@ -153,7 +154,7 @@ def save_native_stacks(folder: str, run_id: str, natives: dict) -> str:
     """native.json in the incident `folder`, written whole (temp file + rename): {"native_version", "run_id",
     "ranks": {"<rank>": py-spy's dump}}. Its path; OSError or private.UnsafeFolder when it cannot be written."""
     doc = {"native_version": NATIVE_VERSION, "run_id": run_id, "ranks": {str(r): natives[r] for r in sorted(natives)}}
-    data = encoded(json.dumps(doc, default=json_default, separators=(",", ":")) + "\n")
+    data = rank_file_bytes(doc)  # the same compact encoding as the rank files beside it
     fd = private.open_subfolder(folder)
     try:
         atomic.write_file(fd, NATIVE_JSON, data, temp=f".native-{os.getpid()}-{threading.get_ident()}.tmp")
