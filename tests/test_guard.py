@@ -203,3 +203,36 @@ def test_guard_still_takes_report_dir_with_a_deprecation_warning(tmp_path):
     with pytest.raises(TypeError):
         with ddpwatch.guard(dir=str(tmp_path), report_dir=str(tmp_path)):
             pass
+
+
+FSDP2_LATER = """
+import sys, torch, torch.distributed as dist, ddpwatch
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=0, world_size=1)
+with ddpwatch.guard():
+    dist.all_reduce(torch.ones(1))
+    print("IMPORTED-AT-START", sorted(m for m in ("torch.distributed.fsdp", "sympy") if m in sys.modules))
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+    print("PATCHED-AT-IMPORT", hasattr(FSDPState._pre_forward, "__ddpwatch_original__"))
+print("RESTORED", not hasattr(FSDPState._pre_forward, "__ddpwatch_original__"))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.real
+@pytest.mark.timeout(60)
+def test_the_guard_imports_no_fsdp2_and_patches_it_when_the_program_does(tmp_path):
+    # Before: guard() imported FSDP2 to patch it (DTensor, sympy, dynamo: 0.6 s of CPU on every rank of every job).
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FSDP2_LATER, f"file://{tmp_path}/store"],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        start_new_session=True,
+        env=dict(os.environ, DDPWATCH_DIR=str(tmp_path)),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "IMPORTED-AT-START []" in done.stdout, done.stdout
+    assert "PATCHED-AT-IMPORT True" in done.stdout and "RESTORED True" in done.stdout, done.stdout

@@ -1,9 +1,13 @@
 """The one door for patches (capture/replacements.py): marked, idempotent, undone newest first; nobody else marks."""
 
+import importlib
 import os
 import re
+import sys
 import types
 
+from ddpwatch.capture import after_import
+from ddpwatch.capture.after_import import when_imported
 from ddpwatch.capture.replacements import PATCH_MARKER, Patches
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ddpwatch")
@@ -61,3 +65,66 @@ def test_only_the_door_marks_a_patch():
                 with open(path, encoding="utf-8") as handle:
                     found += [f"{path}:{n}" for n, line in enumerate(handle, 1) if marking.search(line)]
     assert found == []
+
+
+def _module_file(tmp_path, monkeypatch, name):
+    (tmp_path / f"{name}.py").write_text("def f(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    return name
+
+
+def test_a_patch_on_a_module_not_imported_waits_for_the_programs_import_and_is_undone(tmp_path, monkeypatch):
+    name, patches = _module_file(tmp_path, monkeypatch, "ddpwatch_probe_later"), Patches()
+    patches.wrap_when_imported(name, "f", "__call__", lambda orig: orig)  # an owner without it: nothing, no error
+    patches.wrap_when_imported(name, "__name__", "upper", lambda orig: orig)  # a str's method cannot be set: logged
+    assert name not in sys.modules  # patching imported nothing
+    module = importlib.import_module(name)
+    assert module.f(1) == 2
+    assert type(module.__loader__).__name__ == "SourceFileLoader"  # its own loader, not ddpwatch's
+    assert after_import._FINDER not in sys.meta_path  # nothing waits any more: it left
+    patches.undo()
+
+
+def test_the_wrapper_goes_on_at_the_import_and_comes_off_at_undo(tmp_path, monkeypatch):
+    name, patches = _module_file(tmp_path, monkeypatch, "ddpwatch_probe_wrap"), Patches()
+    (tmp_path / f"{name}.py").write_text("class Owner:\n    def f(self):\n        return 1\n")
+    patches.wrap_when_imported(name, "Owner", "f", lambda orig: lambda self: orig(self) * 10)
+    module = importlib.import_module(name)
+    assert module.Owner().f() == 10
+    original = getattr(module.Owner.f, PATCH_MARKER)
+    patches.undo()
+    assert module.Owner.f is original and module.Owner().f() == 1
+
+
+def test_a_module_already_imported_is_patched_at_once(tmp_path, monkeypatch):
+    name, patches = _module_file(tmp_path, monkeypatch, "ddpwatch_probe_now"), Patches()
+    (tmp_path / f"{name}.py").write_text("class Owner:\n    def f(self):\n        return 1\n")
+    module = importlib.import_module(name)
+    patches.wrap_when_imported(name, "Owner", "f", lambda orig: lambda self: 2)
+    assert module.Owner().f() == 2
+    patches.undo()
+    assert module.Owner().f() == 1
+
+
+def test_undone_before_the_import_nothing_is_patched_and_no_finder_is_left(tmp_path, monkeypatch):
+    name, patches = _module_file(tmp_path, monkeypatch, "ddpwatch_probe_cancelled"), Patches()
+    (tmp_path / f"{name}.py").write_text("class Owner:\n    def f(self):\n        return 1\n")
+    patches.wrap_when_imported(name, "Owner", "f", lambda orig: lambda self: 2)
+    assert after_import._FINDER in sys.meta_path
+    patches.undo()
+    assert after_import._FINDER not in sys.meta_path
+    assert importlib.import_module(name).Owner().f() == 1
+
+
+def test_a_patch_that_fails_at_the_import_is_logged_and_the_import_succeeds(tmp_path, monkeypatch, caplog):
+    name = _module_file(tmp_path, monkeypatch, "ddpwatch_probe_failing")
+
+    def broken(module):
+        raise RuntimeError("a torch with other internals")
+
+    hook = when_imported(name, broken)
+    module = importlib.import_module(name)
+    assert module.f(1) == 2
+    assert "could not patch ddpwatch_probe_failing" in caplog.text
+    hook.cancel()

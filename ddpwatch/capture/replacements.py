@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 
+from .after_import import when_imported
+
 PATCH_MARKER = "__ddpwatch_original__"
 
 
@@ -16,6 +18,7 @@ class Patches:
 
     def __init__(self):
         self._undo: list = []  # (owner, attribute, wrapper, original), in the order they were made
+        self._pending: list = []  # after_import hooks for modules not imported yet
 
     def __bool__(self) -> bool:
         return bool(self._undo)
@@ -37,6 +40,17 @@ class Patches:
         self.replace(owner, attribute, functools.wraps(original)(make_wrapper(original)))
         return original
 
+    def wrap_when_imported(self, module_name: str, owner: str, attribute: str, make_wrapper) -> None:
+        """wrap() module_name.owner.attribute now if the module is imported, else once the program imports it:
+        patching never imports a module itself."""
+
+        def wrap_in(module) -> None:
+            target = getattr(module, owner, None)
+            if target is not None:
+                self.wrap(target, attribute, make_wrapper)
+
+        self._pending.append(when_imported(module_name, wrap_in))
+
     def wrap_public(self, dist, c10d, name: str, make_wrapper) -> None:
         """wrap() distributed_c10d.X (internal calls use it) and put the same wrapper at torch.distributed.X when
         that is the same function."""
@@ -52,6 +66,8 @@ class Patches:
     def undo(self, only_where_ours: bool = False) -> None:
         """Put every original back, newest first. `only_where_ours`: leave an attribute that now holds something
         else (a hook that outlives sessions must not remove what the program installed over it)."""
+        while self._pending:
+            self._pending.pop().cancel()  # first: a wrap in progress on an importing thread finishes, then is undone
         while self._undo:
             owner, attribute, wrapper, original = self._undo.pop()
             if not only_where_ours or getattr(owner, attribute, None) is wrapper:

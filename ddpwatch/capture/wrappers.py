@@ -29,6 +29,7 @@ P2P, BATCH_P2P, COALESCING_MANAGER = catalogue.P2P, catalogue.BATCH_P2P, catalog
 # Every other backend (nccl, xccl, hccl, custom ones) may return before the device finished: there completion is
 # what Work.is_completed() says. Unknown backends are treated as device-asynchronous, which can only delay a
 # completion, never invent one.
+FSDP2_STATE_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_state"
 HOST_SYNC_BACKENDS = frozenset({"gloo", "mpi", "fake"})
 _logged: set = set()
 _get_ident = threading.get_ident
@@ -184,14 +185,13 @@ class Patcher:
     def _patch_fsdp2_forward(self) -> None:
         """FSDP2's pre-forward hook all-gathers the module's parameters: a region, like DDP.forward.
 
-        The hook is bound when fully_shard() runs: models sharded before the guard started are not covered.
+        Patched once the program imports FSDP2 (importing it here would cost every rank 0.6 s of CPU for DTensor
+        and sympy); the hook is bound when fully_shard() runs, so models sharded before the guard started are not
+        covered.
         """
-        try:
-            from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
-        except ImportError:
-            return  # a torch without FSDP2
-        self.wrap(
-            FSDPState,
+        self.patches.wrap_when_imported(
+            FSDP2_STATE_MODULE,
+            "FSDPState",
             "_pre_forward",
             lambda pre_forward: self._region_wrapper(
                 pre_forward, build.FSDP_FORWARD, "fully_shard forward", skip_self=False
