@@ -1,4 +1,7 @@
-"""Every benchmark runs in --quick mode and prints its table; timings are never asserted (this machine is noisy)."""
+"""Every benchmark runs in --quick mode and prints its table; timings are never asserted (this machine is noisy).
+
+The bench tier: left out of the suite (setup.cfg's addopts), run by `python -m pytest -q -n 3 -m bench` and by CI
+as a step of its own."""
 
 import json
 import os
@@ -11,7 +14,7 @@ import pytest
 
 from ddpwatch.launch import kill_tree
 
-pytestmark = pytest.mark.real  # every test runs a benchmark in a process of its own
+pytestmark = [pytest.mark.real, pytest.mark.bench]  # every test runs a benchmark in a process of its own
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # memory: runner; hot_path_instructions: its cases below (valgrind takes 45 s)
@@ -26,6 +29,7 @@ BENCHMARKS = [
     "step_cost",
     "flight_recorder",
     "forged_incidents",
+    "native_tools",
 ]
 LIMIT_S = 150  # hard limit per quick run; each takes 5-25 s here
 TABLE_ROW = re.compile(r"^\|.*\|$", re.MULTILINE)
