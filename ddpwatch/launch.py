@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -11,10 +12,41 @@ import tempfile
 import time
 
 
+FIXED_PORTS_FROM = 10000  # the lowest port free_port() picks from below the kernel's ephemeral range
+
+
 def free_port() -> int:
+    """A port for a job's store that no one holds now, picked below the kernel's ephemeral range where it can be:
+    a port the kernel handed out (bind to 0) and released can be handed out again at once, to another job's gloo
+    connection, before the store listens on it (EADDRINUSE in tests running side by side)."""
+    low = _ephemeral_low()
+    if low is not None and low - FIXED_PORTS_FROM >= 1000:
+        chooser = random.Random(os.getpid() ^ time.monotonic_ns())
+        for _ in range(50):
+            port = chooser.randrange(FIXED_PORTS_FROM, low)
+            if _bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_low() -> int | None:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+            return int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _bindable(port: int) -> bool:
+    """Whether a listening socket can take `port` on every address now (the store listens on all of them)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 @dataclasses.dataclass

@@ -23,10 +23,10 @@ def held_seconds(results):
     return [float(s) for r in results for s in re.findall(r"BUSY-HELD ([0-9.]+)", r.stderr)]
 
 
-def test_a_rank_holding_the_gil_20_s_between_barriers_is_busy_not_unresponsive(tmp_path):
+def test_a_rank_holding_the_gil_12_s_between_barriers_is_busy_not_unresponsive(tmp_path):
     # Before the fix: unresponsive_rank after dead_after, and with action=abort both ranks exited 3.
     results = run_case(
-        [BUSY, "gil_hold", "20"],
+        [BUSY, "gil_hold", "12"],  # 4x dead_after: the heartbeat is silent 3 times over
         2,
         tmp_path,
         timeout=180,
@@ -63,7 +63,7 @@ def test_a_rank_holding_the_gil_past_the_timeout_is_a_straggler_never_earlier(tm
 
 def test_three_ranks_of_pure_python_cpu_hogs_give_no_report(tmp_path):
     results = run_case(
-        [BUSY, "cpu_hogs", "15"],
+        [BUSY, "cpu_hogs", "10"],
         3,
         tmp_path,
         timeout=150,
