@@ -36,6 +36,7 @@ def test_early_stopping_on_a_local_loss_names_the_rank_that_broke_the_break_and_
     assert departure["exit"] == {"line": 7, "kind": "break"} and departure["left"] is True
     assert departure["proof"] == {"rule": "began_more", "epochs": 2, "steps": [4], "others_epochs": 3}
     assert "rank 1 began epoch 3, rank 0 did not" in f["summary"]
+    assert "(Observed in the run: each rank's DataLoader epochs.)" in f["summary"]  # what the reading rests on
     assert "`if stopper.should_stop(local_val_loss()):`" in f["summary"] and "left the loop `for epoch" in f["summary"]
     assert "all_reduce" in f["fix"] and "broadcast" in f["fix"] and "train.py:7" in f["fix"]
     assert "DistributedSampler" not in f["fix"] and "join()" not in f["fix"]
@@ -78,6 +79,28 @@ WHILE_SOURCE = """def train(model, data, stopper):
 def test_a_local_break_out_of_while_true_is_a_decision_without_epochs():
     f = only(F.trace_early_stop(epochs=(None, None), source=WHILE_SOURCE, step=4, after=("train.py", 7, "train")))
     assert (f["kind"], f["ranks"], f["location"]["line"]) == ("local_decision", [0], 6)
+    assert f["evidence"]["departure"]["proof"] == {"rule": "endless"}
+    assert "ends only by an exit. (Read from the source.)" in f["summary"]
+
+
+STREAM_SOURCE = """def stream(shard):
+    while True:
+        yield from shard
+
+def train(model, shard, budget):
+    for x in stream(shard):
+        loss = model(x).sum()
+        loss.backward()
+        if clock() > budget:
+            break
+    dist.barrier()
+"""
+
+
+def test_a_local_break_out_of_a_loop_over_an_endless_generator_is_a_decision_not_uneven_data():
+    # Issue 42 (b): the generator never returns, so rank 0 left by its break; before, uneven_inputs on rank 1
+    f = only(F.trace_early_stop(epochs=(None, None), source=STREAM_SOURCE, step=8, after=("train.py", 11, "train")))
+    assert (f["kind"], f["ranks"], f["location"]["line"]) == ("local_decision", [0], 10)
     assert f["evidence"]["departure"]["proof"] == {"rule": "endless"}
 
 

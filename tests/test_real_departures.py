@@ -126,3 +126,18 @@ def test_a_loop_that_breaks_on_stop_iteration_is_uneven_inputs_on_the_rank_with_
         "calls_never_match",
         True,
     )
+
+
+def test_a_per_rank_budget_over_an_endless_generator_stream_is_the_decision_of_the_rank_that_left(tmp_path):
+    """Issue 42 (b): `for x in stream(shard)` over `def stream(shard): while True: yield from shard`, left by rank 1's
+    own wall-clock budget. Before: uneven_inputs naming rank 0 (the one still training) with the DistributedSampler
+    fix, everything backwards. The stream cannot run out (read from the source, and the report says so)."""
+    _, finding = finding_of(tmp_path, "wall_clock_budget")
+    assert (finding["kind"], finding["ranks"]) == ("local_decision", [1])
+    assert finding["location"]["line"] == line("budget_break")
+    departure = finding["evidence"]["departure"]
+    assert departure["condition"]["line"] == line("budget_condition")
+    assert departure["proof"]["rule"] == "endless"
+    assert "all_reduce" in finding["fix"] or "broadcast" in finding["fix"]
+    assert "DistributedSampler" not in finding["fix"]
+    assert "ends only by an exit" in finding["summary"] and "(Read from the source.)" in finding["summary"]

@@ -197,6 +197,78 @@ def test_a_loop_is_counted_when_its_iterator_yields_as_many_items_on_every_rank(
     assert code_around_source(COUNTED, 20)["loops"][1]["counted"]  # `for epoch in range(EPOCHS):`
 
 
+ENDLESS = textwrap.dedent("""\
+    import itertools
+    from itertools import cycle, repeat
+
+    def stream(shard):
+        while True:
+            yield from shard
+
+    def stream_once(shard):
+        while True:
+            for x in shard:
+                yield x
+            break
+
+    def stream_or_stop(shard):
+        while True:
+            if not shard:
+                return
+            yield from shard
+
+    def header_then_stream(shard):
+        yield "header"
+        while True:
+            yield from shard
+
+    def train(shard, n):
+        for x in stream(shard):
+            pass
+        for i, x in enumerate(stream(shard)):
+            pass
+        for x in itertools.cycle(shard):
+            pass
+        for x in cycle(shard):
+            pass
+        for x in repeat(shard):
+            pass
+        for x in repeat(shard, n):
+            pass
+        for x in stream_once(shard):
+            pass
+        for x in stream_or_stop(shard):
+            pass
+        for x in header_then_stream(shard):
+            pass
+        while 1:
+            pass
+""")
+
+
+def test_a_loop_over_an_iterator_that_never_runs_out_is_endless():
+    # Issue 42: `for x in stream(shard)` over `def stream(shard): while True: yield from shard` was read as a loop
+    # whose data may run out, and a per-rank budget's break out of it was reported as uneven inputs.
+    loops = {}
+    lines = ENDLESS.splitlines()
+    for line, text in enumerate(lines, 1):
+        if text.strip() == "pass":
+            loop = code_around_source(ENDLESS, line)["loops"][0]
+            loops[loop["text"]] = loop["endless"]
+    assert loops == {
+        "for x in stream(shard):": True,
+        "for i, x in enumerate(stream(shard)):": True,
+        "for x in itertools.cycle(shard):": True,
+        "for x in cycle(shard):": True,
+        "for x in repeat(shard):": True,
+        "for x in repeat(shard, n):": False,  # n items
+        "for x in stream_once(shard):": False,  # a break leaves its `while True`
+        "for x in stream_or_stop(shard):": False,  # it may return
+        "for x in header_then_stream(shard):": False,  # a yield outside its endless loop: read conservatively
+        "while 1:": True,
+    }
+
+
 HELPER = textwrap.dedent("""\
     def training_step(model, batch):
         loss = model(batch)

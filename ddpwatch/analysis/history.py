@@ -137,3 +137,32 @@ def epochs_say_left_early(rank: int, others: list, states: dict) -> dict | None:
     if mine is None or any(t is None for t in theirs):
         return None
     return _began_more(mine, theirs) or _short_last_epoch(mine, theirs) or _equal_lengths(mine, theirs)
+
+
+def ends_only_by_an_exit(site, states: dict) -> dict | None:
+    """{"rule": "endless", ...} when a loop around the training step at `site` ends only by an exit (`while True:`,
+    a `for` over `itertools.cycle` or over a generator that never returns: read from the source, in the ranks'
+    `code`), so no rank's data ran out there; else None. The other proofs against data running out (counted loops,
+    the DataLoader epochs) are departure.py's, which needs the exit too."""
+    if not site:
+        return None
+    loops = _loops_around(site, states)
+    if any(loop.get("endless") is True and not _left_when_exhausted(loop) for loop in loops):
+        return {"rule": "endless", "basis": "source", "loops": [loop.get("text") for loop in loops]}
+    return None
+
+
+def _left_when_exhausted(loop: dict) -> bool:
+    """`while True:` around `next(it)` with `except StopIteration: break`: its data ending is how it ends."""
+    return any(
+        isinstance(e, dict) and ((e.get("handler") or {}).get("exhausted") is True) for e in loop.get("exits") or ()
+    )
+
+
+def _loops_around(site, states: dict) -> list:
+    key = f"{site.get('file')}:{site.get('line')}"
+    for state in states.values():
+        around = ((state or {}).get("code") or {}).get(key)
+        if isinstance(around, dict) and isinstance(around.get("loops"), list):
+            return [loop for loop in around["loops"] if isinstance(loop, dict)]
+    return []

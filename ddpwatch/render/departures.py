@@ -54,7 +54,25 @@ def _loops_text(proof: dict) -> str:
     return ", ".join(f"`{text}`" for text in proof.get("loops") or ())
 
 
+OBSERVED_RULES = frozenset({"began_more", "short_last_epoch", "equal_lengths"})  # from the DataLoader epochs counted
+SOURCE_RULES = frozenset({"counted", "endless"})  # from the loop's header and the generators it calls
+
+
 def _not_data_running_out(facts: dict, ranks_text, ph) -> str:
+    """Why the loop was not left by an iterator that ended, and what that rests on: observed in the run (the
+    DataLoader epochs ddpwatch counted) or read from the source."""
+    text = _why_not_data(facts, ranks_text, ph)
+    rule = (facts.get("proof") or {}).get("rule")
+    if not text or facts.get("proof", {}).get("skipped"):
+        return text
+    if rule in OBSERVED_RULES:
+        return text + " (Observed in the run: each rank's DataLoader epochs.)"
+    if rule in SOURCE_RULES:
+        return text + " (Read from the source.)"
+    return text
+
+
+def _why_not_data(facts: dict, ranks_text, ph) -> str:
     """Why the loop was not left by an iterator that ended (the facts' proof), as a sentence."""
     proof, culprits, others = facts.get("proof") or {}, facts["culprits"], facts["others"]
     rule = proof.get("rule")

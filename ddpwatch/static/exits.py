@@ -10,20 +10,26 @@ import ast
 import io
 import os
 import tokenize
-from typing import Any, Mapping, NamedTuple, Union
+from typing import Any, Mapping
 
-from .rankcond import dotted_name, function_rank_names, is_rank_condition, module_rank_names, scope_nodes
+from .loop_ends import (
+    FUNCTIONS,
+    LOOPS,
+    SCOPES,
+    counted,
+    endless,
+    function_named,
+    Loop,
+    rank_names,
+    Scope,
+)
+from .rankcond import dotted_name, is_rank_condition, scope_nodes
 from .source import parsed_file
 
 __all__ = ["code_around", "code_around_source", "code_of_state"]
 
-_LOOPS = (ast.For, ast.AsyncFor, ast.While)
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _TRIES = tuple(t for t in (ast.Try, getattr(ast, "TryStar", None)) if t is not None)
 _BLOCKS = tuple(t for t in (ast.stmt, ast.ExceptHandler, getattr(ast, "match_case", None)) if t is not None)
-_Loop = Union[ast.For, ast.AsyncFor, ast.While]
-_Function = Union[ast.FunctionDef, ast.AsyncFunctionDef]
 _EXIT_KINDS: dict[type, str] = {ast.Break: "break", ast.Continue: "continue", ast.Return: "return"}
 MAX_LOOPS = 8  # enclosing loops kept per line, innermost first
 MAX_EXITS = 32  # exits kept per loop, in line order
@@ -76,20 +82,20 @@ def _header(lines: list, lineno: int) -> str:
     return text
 
 
-def _exits_of(loop: _Loop, scope: "_Scope") -> list:
+def _exits_of(loop: Loop, scope: "Scope") -> list:
     """The loop's exits: breaks and continues aimed at it, returns anywhere in it (nested functions excluded), each
     with the innermost `if` over it and the `except` it sits in, inside the loop."""
     return _exits_in(loop.body, scope, in_loop=True)
 
 
-def _exits_in(body: list, scope: "_Scope", in_loop: bool) -> list:
+def _exits_in(body: list, scope: "Scope", in_loop: bool) -> list:
     """The exits of a block: with `in_loop`, its breaks and continues (outside nested loops) and every return; else
     its returns only (a function's body). Each with the innermost `if` over it and the `except` it sits in."""
     found: list = []
 
     def visit(node, nested_loop: bool, condition, handler) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, _SCOPES) or not isinstance(child, _BLOCKS):
+            if isinstance(child, SCOPES) or not isinstance(child, _BLOCKS):
                 continue
             kind = _EXIT_KINDS.get(type(child))
             if kind and (kind == "return" or not nested_loop):
@@ -111,7 +117,7 @@ def _exits_in(body: list, scope: "_Scope", in_loop: bool) -> list:
             if isinstance(child, ast.If):
                 visit_branches(child, nested_loop, handler)
             else:
-                visit(child, nested_loop or isinstance(child, _LOOPS), condition, inner_handler)
+                visit(child, nested_loop or isinstance(child, LOOPS), condition, inner_handler)
 
     def visit_branches(node: ast.If, nested_loop: bool, handler) -> None:
         doc = _condition(node, scope.lines, scope.names)
@@ -130,16 +136,6 @@ def _condition(node: ast.If, lines: list, names: set) -> dict:
         "rank": bool(is_rank_condition(node.test, names)),
         "branch": "if",
     }
-
-
-def _endless(loop: _Loop) -> bool:
-    """`while True:` (or `while 1:`), `for ... in itertools.count():`: it ends only by an exit."""
-    if isinstance(loop, ast.While):
-        return isinstance(loop.test, ast.Constant) and bool(loop.test.value) is True
-    if not isinstance(loop.iter, ast.Call):
-        return False
-    name = dotted_name(loop.iter.func)
-    return name is not None and name in ("count", "itertools.count")
 
 
 def _then(handler: ast.ExceptHandler) -> str:
@@ -178,38 +174,13 @@ def _try_doc(node: ast.Try, lines: list) -> dict:  # or an ast.TryStar (3.11+): 
     }
 
 
-def _rank_names(tree: ast.Module, function) -> set:
-    """The rank names in scope at `function` (the module's when None), computed once per tree and function."""
-    key = (id(tree), id(function))
-    cached = _names.get(key)
-    if cached is None or cached[0] is not tree:
-        if len(_names) > 256:
-            _names.clear()
-        names = module_rank_names(tree) if function is None else function_rank_names(function, _rank_names(tree, None))
-        cached = _names[key] = (tree, names)
-    return cached[1]
-
-
-_names: dict = {}  # (id(tree), id(function)) -> (tree, rank names): the tree is kept, so its ids name it
-
-
-class _Scope(NamedTuple):
-    """Where the source is read: the parsed file, its lines, the function holding the line (None: the module) and
-    the rank names in scope there."""
-
-    tree: ast.Module
-    lines: list
-    function: _Function | None
-    names: set
-
-
 def _around(tree: ast.Module, lines: list, line: int) -> dict:
     chain = _chain(tree, line)
-    functions = [n for n in chain if isinstance(n, _FUNCTIONS)]
+    functions = [n for n in chain if isinstance(n, FUNCTIONS)]
     function = functions[-1] if functions else None
     inside = chain[chain.index(function) + 1 :] if function else chain
-    scope = _Scope(tree, lines, function, _rank_names(tree, function))
-    loops = [n for n in inside if isinstance(n, _LOOPS) and _in_block(n.body, line)]
+    scope = Scope(tree, lines, function, rank_names(tree, function))
+    loops = [n for n in inside if isinstance(n, LOOPS) and _in_block(n.body, line)]
     tries = [n for n in inside if isinstance(n, _TRIES) and _in_block(n.body, line)]
     span = [function.lineno, function.end_lineno or function.lineno] if function else [1, max(len(lines), 1)]
     return {
@@ -219,8 +190,8 @@ def _around(tree: ast.Module, lines: list, line: int) -> dict:
                 "line": loop.lineno,
                 "end": loop.end_lineno or loop.lineno,
                 "text": _header(lines, loop.lineno),
-                "endless": _endless(loop),
-                "counted": _counted(loop, scope),
+                "endless": endless(loop, scope),
+                "counted": counted(loop, scope),
                 "exits": _exits_of(loop, scope),
             }
             for loop in reversed(loops)
@@ -230,172 +201,10 @@ def _around(tree: ast.Module, lines: list, line: int) -> dict:
     }
 
 
-# ---------------------------------------------------------------- counted loops: as many iterations on every rank
-
-_SAME_ITEMS = frozenset({"enumerate", "tqdm", "reversed", "list", "tuple", "iter", "sorted"})  # f(x): x's count
-_NUMBER_CALLS = frozenset({"int", "min", "max", "abs", "round"})
-MAX_DEPTH = 8  # calls, names and generators followed from a loop's header
-
-
-def _counted(loop: _Loop, scope: _Scope) -> bool:
-    """A `for` whose iterator yields as many items on every rank, so that it cannot run out on one rank first:
-    `range()` (or `trange()`) over numbers no rank or data sets, `enumerate`/`tqdm`/`zip` over such, or a
-    generator function of this file that yields once per iteration of such a loop."""
-    return isinstance(loop, (ast.For, ast.AsyncFor)) and _counted_iter(loop.iter, scope, 0)
-
-
-def _counted_iter(expr: ast.AST, scope: _Scope, depth: int) -> bool:
-    if not isinstance(expr, ast.Call) or depth > MAX_DEPTH:
-        return False
-    name = dotted_name(expr.func) or ""
-    last = name.split(".")[-1]
-    if last in ("range", "trange"):
-        return (
-            bool(expr.args)
-            and all(_fixed(a, scope, depth + 1) for a in expr.args)
-            and (last == "trange" or not expr.keywords)
-        )
-    if last in _SAME_ITEMS:
-        return bool(expr.args) and _counted_iter(expr.args[0], scope, depth + 1)
-    if last == "zip":
-        return bool(expr.args) and all(_counted_iter(a, scope, depth + 1) for a in expr.args)
-    generator = _function_named(scope.tree, last) if last else None
-    return generator is not None and _yields_counted(generator, scope, depth + 1)
-
-
-def _function_named(tree: ast.Module, name: str) -> _Function | None:
-    """The one function (or method) of the file with this name; None when there is none or more than one."""
-    cached = _functions.get(id(tree))
-    if cached is None or cached[0] is not tree:
-        if len(_functions) > 64:
-            _functions.clear()
-        index: dict[str, list[_Function]] = {}
-        for node in ast.walk(tree):
-            if isinstance(node, _FUNCTIONS):
-                index.setdefault(node.name, []).append(node)
-        cached = _functions[id(tree)] = (tree, index)
-    found = cached[1].get(name) or []
-    return found[0] if len(found) == 1 else None
-
-
-# id(tree) -> (tree, {name: [function nodes]}): the tree is kept, so its id names it
-_functions: dict[int, tuple[ast.Module, dict[str, list[_Function]]]] = {}
-
-
-def _yields_counted(function: _Function, scope: _Scope, depth: int) -> bool:
-    """A generator whose one `yield` stands unconditionally in the body of a counted `for` at its top level, a loop
-    that no break, continue or return leaves early, in a function with no return."""
-    nodes = scope_nodes(function.body)
-    yields = [n for n in nodes if isinstance(n, (ast.Yield, ast.YieldFrom))]
-    if len(yields) != 1 or isinstance(yields[0], ast.YieldFrom) or any(isinstance(n, ast.Return) for n in nodes):
-        return False
-    inner = _Scope(scope.tree, scope.lines, function, _rank_names(scope.tree, function))
-    for stmt in function.body:
-        if (
-            isinstance(stmt, (ast.For, ast.AsyncFor))
-            and not stmt.orelse
-            and any(isinstance(s, ast.Expr) and s.value is yields[0] for s in stmt.body)
-        ):
-            return not _leaves(stmt) and _counted_iter(stmt.iter, inner, depth)
-    return False
-
-
-def _leaves(loop: _Loop) -> bool:
-    """Whether a break or continue aims at this loop (not at a loop nested in it)."""
-    stack: list[ast.AST] = list(loop.body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.Break, ast.Continue)):
-            return True
-        if not isinstance(node, _LOOPS + _SCOPES):
-            stack.extend(ast.iter_child_nodes(node))
-    return False
-
-
-def _fixed(expr: ast.AST, scope: _Scope, depth: int) -> bool:
-    """A number that is the same on every rank: literals, arithmetic on them, names bound only to such numbers
-    (UPPER_CASE names bound elsewhere count as constants), never a rank name, a length or any other call."""
-    if depth > MAX_DEPTH:
-        return False
-    if isinstance(expr, ast.Constant):
-        return isinstance(expr.value, (int, float))
-    if isinstance(expr, ast.UnaryOp):
-        return _fixed(expr.operand, scope, depth)
-    if isinstance(expr, ast.BinOp):
-        return _fixed(expr.left, scope, depth) and _fixed(expr.right, scope, depth)
-    if isinstance(expr, ast.Call):
-        return (
-            isinstance(expr.func, ast.Name)
-            and expr.func.id in _NUMBER_CALLS
-            and not expr.keywords
-            and bool(expr.args)
-            and all(_fixed(a, scope, depth) for a in expr.args)
-        )
-    if isinstance(expr, ast.Attribute):
-        return _constant_name(expr.attr) and dotted_name(expr) not in scope.names
-    if isinstance(expr, ast.Name) and expr.id not in scope.names:
-        values = _bound(expr.id, scope)
-        if values is None:
-            return _constant_name(expr.id)
-        return bool(values) and all(v is not None and _fixed(v, scope, depth + 1) for v in values)
-    return False
-
-
-def _constant_name(name: str) -> bool:
-    return name.isupper()
-
-
-def _bound(name: str, scope: _Scope):
-    """The values `name` is bound to in the function of `scope` (else the module): a list, with None for a binding
-    that is not a plain assignment (a parameter, a loop variable, `+=`, an import...); None when it is bound
-    nowhere in this file."""
-    for body, function in (
-        (scope.function.body, scope.function) if scope.function else (None, None),
-        (scope.tree.body, None),
-    ):
-        if body is None:
-            continue
-        values = []
-        if function is not None:
-            args = function.args
-            params = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
-            values += [None for a in params if a is not None and a.arg == name]
-        for node in scope_nodes(body):
-            values += _bindings(node, name)
-        if values:
-            return values
-    return None
-
-
-def _bindings(node: ast.AST, name: str) -> list:
-    if isinstance(node, ast.Assign):
-        hits = [t for t in node.targets if isinstance(t, ast.Name) and t.id == name]
-        unpacked = [
-            t
-            for t in node.targets
-            if not isinstance(t, ast.Name) and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(t))
-        ]
-        return [node.value] * len(hits) + [None] * len(unpacked)
-    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
-        return [node.value]
-    if isinstance(node, (ast.AugAssign, ast.For, ast.AsyncFor, ast.With, ast.AsyncWith, ast.NamedExpr)):
-        targets = [getattr(node, "target", None)] + [
-            getattr(i, "optional_vars", None) for i in getattr(node, "items", ())
-        ]
-        if any(t is not None and any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(t)) for t in targets):
-            return [None]
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        if any((a.asname or a.name.split(".")[0]) == name for a in node.names):
-            return [None]
-    if isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
-        return [None]
-    return []
-
-
 # ---------------------------------------------------------------- a condition that tests what a helper returned
 
 
-def _decided_in(node: ast.If, branch: str, scope: _Scope) -> dict | None:
+def _decided_in(node: ast.If, branch: str, scope: Scope) -> dict | None:
     """For `x = helper(...)` then `if x is None:` (or `not x`, `x == 0`...) over an exit: the one `return` of
     `helper` (a function of this file) whose constant value takes that branch, under a condition of its own. The
     decision was made there; the caller only passes it on."""
@@ -405,10 +214,10 @@ def _decided_in(node: ast.If, branch: str, scope: _Scope) -> dict | None:
     calls = [value for line, value in _assigned_before(tested, node.lineno, scope)]
     if len(calls) != 1 or not isinstance(calls[0], ast.Call):
         return None
-    helper = _function_named(scope.tree, (dotted_name(calls[0].func) or "").split(".")[-1])
+    helper = function_named(scope.tree, (dotted_name(calls[0].func) or "").split(".")[-1])
     if helper is None or helper is scope.function:
         return None
-    inner = _Scope(scope.tree, scope.lines, helper, _rank_names(scope.tree, helper))
+    inner = Scope(scope.tree, scope.lines, helper, rank_names(scope.tree, helper))
     taken = []
     for ret in _exits_in(helper.body, inner, in_loop=False):
         value = _returned(helper, ret["line"])
@@ -480,7 +289,7 @@ def _evaluate(node: ast.AST, name: str, value):
     }[type(op)]()
 
 
-def _assigned_before(name: str, line: int, scope: _Scope) -> list:
+def _assigned_before(name: str, line: int, scope: Scope) -> list:
     """The last plain assignment `name = ...` above `line` in the function (as [(line, value)]), [] if none."""
     if scope.function is None:
         return []

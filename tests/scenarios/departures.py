@@ -6,6 +6,7 @@ backward (at once, or with no buffers only at the loop's end), a crash handler t
 returns on an empty shard; none of them is uneven data (every rank has the same number of batches per epoch).
 """
 
+import os
 import sys
 import time
 
@@ -224,10 +225,89 @@ def manual_next(rank):
     dist.barrier()  # LINE:manual_barrier
 
 
+class PatienceMonitor:
+    """A patience monitor as tutorials write it: the decision is an attribute the caller reads (`early_stop`)."""
+
+    def __init__(self, patience):
+        self.patience, self.counter, self.best, self.early_stop = patience, 0, None, False
+
+    def __call__(self, val_loss):
+        if self.best is None or val_loss < self.best:
+            self.best, self.counter = val_loss, 0
+        else:
+            self.counter += 1
+            if self.counter >= self.patience:
+                self.early_stop = True
+
+
+def patience_attribute(rank):
+    """Issue 42 (a): each rank feeds its own validation loss to its own monitor, then `if stopper.early_stop: break`
+    out of `for epoch in range(30)`; the best checkpoint is saved under a condition on the monitor and the rank."""
+    model = DistributedDataParallel(nn.Linear(4, 1))
+    generator = torch.Generator().manual_seed(rank)
+    stopper = PatienceMonitor(patience=2)
+    for epoch in range(30):
+        for step in range(3):
+            model(torch.randn(8, 4, generator=generator)).sum().backward()  # LINE:patience_backward
+        stopper(local_val_loss(rank, epoch))
+        if stopper.counter == 0 and rank == 0:
+            torch.save(model.module.state_dict(), os.devnull)
+        if stopper.early_stop:
+            break  # LINE:patience_break
+    dist.barrier()
+
+
+def stream(shard):
+    while True:
+        yield from shard
+
+
+def time_budget(rank):
+    """Each rank's own budget, as a job reads it from its node's scheduler allocation: rank 1's node has 1 s left."""
+    return 1.0 if rank == 1 else 3600.0
+
+
+def wall_clock_budget(rank):
+    """Issue 42 (b): a per-rank wall-clock budget over an endless stream from a generator function; rank 1's is
+    spent first and it leaves while rank 0 trains on."""
+    model = DistributedDataParallel(nn.Linear(4, 1))
+    generator = torch.Generator().manual_seed(rank)
+    shard = [torch.randn(8, 4, generator=generator) for _ in range(3)]
+    budget_s = time_budget(rank)
+    start = time.monotonic()
+    for x in stream(shard):
+        model(x).sum().backward()  # LINE:budget_backward
+        if time.monotonic() - start > budget_s:  # LINE:budget_condition
+            break  # LINE:budget_break
+    dist.barrier()
+
+
+def report_errors(rank, errors):
+    """Send this rank's errors to rank 0, or nothing when it has none (the bug: rank 0 waits for every rank)."""
+    if not errors:
+        return  # LINE:p2p_early_return
+    dist.send(torch.tensor([len(errors)]), dst=0)  # LINE:p2p_send
+
+
+def p2p_helper_return(rank):
+    """Issue 42: a helper returns before its send on a rank with nothing to contribute, while rank 0 loops over
+    recv(src=r) for every rank."""
+    errors = [] if rank == 1 else ["bad sample"]
+    if rank == 0:
+        for source in range(1, dist.get_world_size()):
+            count = torch.zeros(1, dtype=torch.long)
+            dist.recv(count, src=source)  # LINE:p2p_recv
+    else:
+        report_errors(rank, errors)
+    dist.barrier()
+
+
 CASES = {"early_stop": early_stop, "nan_return": nan_return, "caught": caught, "counted_stop": counted_stop,
          "handler": handler, "empty_shard": empty_shard,
          "skip_unbuffered": skip_unbuffered, "helper_none": helper_none,
-         "stop_then_empty_reduce": stop_then_empty_reduce, "manual_next": manual_next}
+         "stop_then_empty_reduce": stop_then_empty_reduce, "manual_next": manual_next,
+         "patience_attribute": patience_attribute, "wall_clock_budget": wall_clock_budget,
+         "p2p_helper_return": p2p_helper_return}
 
 
 def main():
