@@ -9,9 +9,9 @@ Cases:
 - interrupt: no handler; SIGINT's KeyboardInterrupt is caught around the loop: checkpoint, exit 130.
 - blocked: no handler; rank 0 waits in a barrier rank 1 never reaches (SIGTERM must end both by the signal).
 - term_one: term_after's handler, but only rank 1 is signalled: rank 0's all_reduce fails when rank 1 leaves, and
-  its `except` says whether that came promptly (within PROMPT_S of rank 1 leaving) and exits 4.
+  its `except` says how long after rank 1 left that came, and exits 4.
 - peer_dies: no signal; once stepping, rank 1's connections close (as at its death) while rank 0 waits in
-  all_reduce inside `try: ... except RuntimeError:`, which writes an emergency checkpoint (saying whether promptly),
+  all_reduce inside `try: ... except RuntimeError:`, which writes an emergency checkpoint (saying how long after the peer left),
   waits LINGER_S (default 0) and re-raises; rank 1 leaves with os._exit(5) once that checkpoint is on disk.
 """
 
@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 
 LIMIT_S = 60.0  # a rank never signalled gives up: exit 3, never a hang
-PROMPT_S = 2.0  # plain torch: 0.01-0.03 s from the peer leaving to the survivor's except; ddpwatch held it 3.7-7.5 s
 PEER_LIVES_S = 10.0  # peer_dies: the longest the peer's process outlives its connections
 SAVING_S = 0.3  # a checkpoint takes a while to write: the window in which a second SIGTERM action would cut it
 
@@ -64,9 +63,10 @@ def leaving():
 
 
 def heard(peer):
-    """'promptly' if this rank's collective failed within PROMPT_S of `peer` leaving, else 'late'."""
+    """'after S s': how long after `peer` left this rank's collective failed (the tests compare it with the plain
+    arm's, measured in the same test: a busy machine slows both)."""
     with open(os.path.join(os.environ["CKPT_DIR"], f"left{peer}")) as handle:
-        return "promptly" if time.time() - float(handle.read()) < PROMPT_S else "late"
+        return f"after {time.time() - float(handle.read()):.3f} s"
 
 
 def ready():
