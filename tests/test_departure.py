@@ -104,6 +104,45 @@ def test_a_local_break_out_of_a_loop_over_an_endless_generator_is_a_decision_not
     assert f["evidence"]["departure"]["proof"] == {"rule": "endless"}
 
 
+NAMED_SOURCE = """def train(model, batches, budget):
+    for x in batches:
+        loss = model(x).sum()
+        loss.backward()
+        if clock() > budget:
+            break
+    dist.barrier()
+"""
+
+
+def _holding(trace, rank, ended):
+    """The trace with `rank` holding the loop's iterator `batches` (capture/iterators.py), run out or not."""
+    held = {"file": "/u/train.py", "function": "train", "name": "batches", "kind": "generator stream()", "ended": ended}
+    trace.states[rank]["iterators"] = [held]
+    return trace
+
+
+def test_a_break_out_of_a_loop_over_a_named_iterator_it_still_holds_is_a_decision_observed():
+    # Issue 42: the header names no generator (`for x in batches:`); rank 0 still holds `batches`, not run out
+    trace = _holding(
+        F.trace_early_stop(epochs=(None, None), source=NAMED_SOURCE, step=4, after=("train.py", 7, "train")), 0, False
+    )
+    f = only(trace)
+    assert (f["kind"], f["ranks"], f["location"]["line"]) == ("local_decision", [0], 6)
+    proof = f["evidence"]["departure"]["proof"]
+    assert proof == {"rule": "not_ended", "basis": "observed", "name": "batches", "iterator": "generator stream()"}
+    assert "still held `batches` (generator stream()) with items left" in f["summary"]
+    assert "(Observed in the run: the iterator its own frame held" in f["summary"]
+
+
+def test_the_same_loop_with_its_iterator_run_out_or_unseen_stays_uneven_inputs():
+    for ended in (True, None):
+        trace = F.trace_early_stop(epochs=(None, None), source=NAMED_SOURCE, step=4, after=("train.py", 7, "train"))
+        if ended is not None:
+            _holding(trace, 0, ended)
+        f = only(trace)
+        assert (f["kind"], f["ranks"]) == ("uneven_inputs", [1]), ended
+
+
 RETURN_AT_THE_END_SOURCE = """def train(model, data):
     for epoch in range(3):
         for x, y in data:

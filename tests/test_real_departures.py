@@ -141,3 +141,21 @@ def test_a_per_rank_budget_over_an_endless_generator_stream_is_the_decision_of_t
     assert "all_reduce" in finding["fix"] or "broadcast" in finding["fix"]
     assert "DistributedSampler" not in finding["fix"]
     assert "ends only by an exit" in finding["summary"] and "(Read from the source.)" in finding["summary"]
+
+
+def test_a_budget_over_a_stream_bound_to_a_name_is_observed_in_the_generator_the_rank_still_holds(tmp_path):
+    """`batches = stream(shard)`, `for x in batches:`: the header names no generator, so the source cannot say the loop
+    never ends; the rank that left still holds `batches`, suspended, and that is read from its frame at the incident."""
+    _, finding = finding_of(tmp_path, "named_stream")
+    assert (finding["kind"], finding["ranks"]) == ("local_decision", [1])
+    assert finding["location"]["line"] == line("named_break")
+    proof = finding["evidence"]["departure"]["proof"]
+    assert (proof["rule"], proof["basis"], proof["name"]) == ("not_ended", "observed", "batches")
+    assert "(Observed in the run: the iterator its own frame held" in finding["summary"]
+
+
+def test_a_named_iterator_that_ran_out_on_one_rank_is_uneven_inputs_on_the_rank_with_the_extra_batch(tmp_path):
+    incident, finding = finding_of(tmp_path, "named_iterator_runs_out")
+    assert (finding["kind"], finding["ranks"]) == ("uneven_inputs", [0])
+    [held] = [it for state in incident["ranks"] if state["rank"] == 1 for it in state.get("iterators") or ()]
+    assert (held["name"], held["kind"], held["ended"]) == ("batches", "list_iterator", True)  # observed: it ran out

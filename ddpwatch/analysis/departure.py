@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..format import build
-from .history import FAMILIAR, NEW, epochs_say_left_early, path, position, turn, went_on_to
+from .history import FAMILIAR, NEW, epochs_say_left_early, iterator_not_ended, path, position, turn, went_on_to
 from .passes import _side_by_side, _side_records, ddp_forward_on_subset, finding, shape_mismatch
 from .reading import at_lowest, blocked_records, condition_kind, members, partitions, ranks_of, user_location
 
@@ -242,7 +242,11 @@ def _through(anchor: Line, around: dict, z: Line | None, mine: list, rank: int, 
 
 
 def _cannot_run_out(left: list, rank: int, stay: list, states: dict) -> dict | None:
-    """Why the loops `rank` left did not end by an iterator running out on it first, or None."""
+    """Why the loops `rank` left did not end by its data running out first, or None: what it holds (observed), the
+    loops' headers (read), its DataLoader epochs (observed)."""
+    held = iterator_not_ended(rank, left, states, None)
+    if held:
+        return held
     if any(loop.get("endless") for loop in left):
         return {"rule": "endless"}
     if all(loop.get("counted") is True for loop in left):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 from ..format import build
@@ -166,3 +167,32 @@ def _loops_around(site, states: dict) -> list:
         if isinstance(around, dict) and isinstance(around.get("loops"), list):
             return [loop for loop in around["loops"] if isinstance(loop, dict)]
     return []
+
+
+_FOR_OVER_A_NAME = re.compile(r"^\s*(?:async\s+)?for\s+.+?\s+in\s+([A-Za-z_][A-Za-z_0-9]*)\s*:")
+
+
+def iterator_not_ended(rank: int, loops: list, states: dict, file) -> dict | None:
+    """{"rule": "not_ended", "basis": "observed", ...} when `rank` still holds, not run out, the iterator one of
+    `loops` runs over (`for x, y in batches:`, `batches` a local of a frame in `file`; None: any file): it left
+    that loop by an exit of its own, not because its data ended. Observed in the run (capture/iterators.py); None
+    when it cannot be seen (`for x in stream(shard):` iterates a call whose generator is gone once the loop is left).
+    """
+    names = {m.group(1) for loop in loops for m in [_FOR_OVER_A_NAME.match(str(loop.get("text") or ""))] if m}
+    held = [
+        it
+        for it in (states.get(rank) or {}).get("iterators") or ()
+        if isinstance(it, dict) and it.get("name") in names and file in (None, it.get("file"))
+    ]
+    if not held or any(it.get("ended") is not False for it in held):
+        return None
+    return {"rule": "not_ended", "basis": "observed", "name": held[0]["name"], "iterator": held[0].get("kind")}
+
+
+def left_with_data(site, leavers: list, states: dict) -> dict | None:
+    """iterator_not_ended for every rank of `leavers`, over the loops around the training step at `site`."""
+    if not site or not leavers:
+        return None
+    loops = _loops_around(site, states)
+    found = [iterator_not_ended(rank, loops, states, site.get("file")) for rank in leavers]
+    return found[0] if all(found) else None

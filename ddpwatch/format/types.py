@@ -221,6 +221,23 @@ class LoaderEpochs(_LoaderEpochsBase, total=False):
     length: int  # len(loader) when its last epoch began: the batches an epoch yields (absent: it has none)
 
 
+class _IteratorSeenBase(TypedDict):
+    file: str  # the user's frame that holds it
+    function: str
+    name: str  # the local variable
+    kind: str  # "generator stream()", "DataLoader iterator", "itertools.cycle", "list_iterator" ...
+    ended: bool  # it had run out when the incident was taken
+
+
+class IteratorSeen(_IteratorSeenBase, total=False):
+    """An iterator a local of the main thread's user frames held when an incident was taken (capture/iterators.py)."""
+
+    at_line: int  # a suspended generator: the line it waits at
+    yielded: int  # a DataLoader iterator: batches it gave, of `length`
+    length: int
+    left: int  # another iterator: the items it says are left (length_hint)
+
+
 class _RankStateBase(TypedDict):
     format_version: int
     rank: int
@@ -287,6 +304,7 @@ class RankState(_RankStateBase, total=False):
     rank_condition: Optional[RankCondition]
     code: Dict[str, CodeAround]  # "file:line" -> what encloses it, for the lines this rank passed (full form)
     epochs: List[LoaderEpochs]  # each DataLoader's epochs (full form)
+    iterators: List[IteratorSeen]  # the iterators the main thread's user frames hold, and whether each ran out
     stacks: List[Stack]  # main thread first
     process: Optional[ProcessFacts]
     progress_bars: List[ProgressBar]

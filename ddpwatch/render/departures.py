@@ -54,8 +54,15 @@ def _loops_text(proof: dict) -> str:
     return ", ".join(f"`{text}`" for text in proof.get("loops") or ())
 
 
-OBSERVED_RULES = frozenset({"began_more", "short_last_epoch", "equal_lengths"})  # from the DataLoader epochs counted
-SOURCE_RULES = frozenset({"counted", "endless"})  # from the loop's header and the generators it calls
+EPOCHS = " (Observed in the run: each rank's DataLoader epochs.)"
+BASIS = {  # what each proof against data running out rests on, said after it
+    "began_more": EPOCHS,
+    "short_last_epoch": EPOCHS,
+    "equal_lengths": EPOCHS,
+    "not_ended": " (Observed in the run: the iterator its own frame held when the incident was taken.)",
+    "counted": " (Read from the source.)",
+    "endless": " (Read from the source.)",
+}
 
 
 def _not_data_running_out(facts: dict, ranks_text, ph) -> str:
@@ -65,11 +72,7 @@ def _not_data_running_out(facts: dict, ranks_text, ph) -> str:
     rule = (facts.get("proof") or {}).get("rule")
     if not text or facts.get("proof", {}).get("skipped"):
         return text
-    if rule in OBSERVED_RULES:
-        return text + " (Observed in the run: each rank's DataLoader epochs.)"
-    if rule in SOURCE_RULES:
-        return text + " (Read from the source.)"
-    return text
+    return text + BASIS.get(str(rule), "")
 
 
 def _why_not_data(facts: dict, ranks_text, ph) -> str:
@@ -106,6 +109,11 @@ def _why_not_data(facts: dict, ranks_text, ph) -> str:
             f" Not data running out: {ranks_text(culprits)} ran {proof['last_steps']} training steps in epoch "
             f"{proof['epochs']}, where {ph.verb(culprits, 'its', 'their')} earlier epochs, like the other ranks', "
             f"ran {' or '.join(map(str, proof['steps']))}."
+        )
+    if rule == "not_ended":
+        return (
+            f" Not data running out: when {ph.verb(culprits, 'it', 'they')} stopped, {ranks_text(culprits)} still "
+            f"held `{proof.get('name')}` ({proof.get('iterator')}) with items left."
         )
     if rule == "endless":
         return f" Not data running out: `{(facts.get('loop') or {}).get('text')}` ends only by an exit."

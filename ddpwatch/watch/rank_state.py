@@ -13,7 +13,7 @@ from ..static import exits, rankcond
 from ..format import build
 from ..logonce import log_once
 from . import evidence
-from ..capture import frameworks, loaders
+from ..capture import frameworks, iterators, loaders
 from ..capture.record import FLIGHT
 from ..capture.sites import is_internal_file, user_frame
 from ..capture.stacks import python_stacks
@@ -111,6 +111,8 @@ class StateReader:
                 doc["flight_recorder"] = evidence.flight_recorder_tail()
                 evidence.align_flight_recorder(doc)
             doc["epochs"] = loaders.read()  # each DataLoader's epochs and the training steps in each
+            # the iterators its own code holds, and whether each had run out: how a loop was left, observed
+            doc["iterators"] = iterators.main_thread_iterators(lambda path: not is_internal_file(path))
             if self.fingerprints is not None:  # the positions completed: an incident compares them (silent.py)
                 self.fingerprints.collect(for_incident=True)
                 mine = dict(self.fingerprints.document(since=since), rank=self.rank)

@@ -282,6 +282,32 @@ def wall_clock_budget(rank):
     dist.barrier()
 
 
+def named_stream(rank):
+    """The budget again, the stream bound to a name first (`batches = stream(shard)`, `for x in batches:`): the loop's
+    header names no generator, but the rank that left still holds it, suspended: observed, not read."""
+    model = DistributedDataParallel(nn.Linear(4, 1))
+    generator = torch.Generator().manual_seed(rank)
+    batches = stream([torch.randn(8, 4, generator=generator) for _ in range(3)])
+    budget_s = time_budget(rank)
+    start = time.monotonic()
+    for x in batches:
+        model(x).sum().backward()  # LINE:named_backward
+        if time.monotonic() - start > budget_s:
+            break  # LINE:named_break
+    dist.barrier()
+
+
+def named_iterator_runs_out(rank):
+    """A named iterator over a list, rank 0's one batch longer, no exit in the loop: rank 1's ran out (observed:
+    nothing left in it), so the data are uneven and rank 0, with the extra batch, is the culprit."""
+    model = DistributedDataParallel(nn.Linear(4, 1))
+    generator = torch.Generator().manual_seed(rank)
+    batches = iter([torch.randn(8, 4, generator=generator) for _ in range(4 if rank == 0 else 3)])
+    for x in batches:
+        model(x).sum().backward()  # LINE:runs_out_backward
+    dist.barrier()
+
+
 def report_errors(rank, errors):
     """Send this rank's errors to rank 0, or nothing when it has none (the bug: rank 0 waits for every rank)."""
     if not errors:
@@ -307,7 +333,8 @@ CASES = {"early_stop": early_stop, "nan_return": nan_return, "caught": caught, "
          "skip_unbuffered": skip_unbuffered, "helper_none": helper_none,
          "stop_then_empty_reduce": stop_then_empty_reduce, "manual_next": manual_next,
          "patience_attribute": patience_attribute, "wall_clock_budget": wall_clock_budget,
-         "p2p_helper_return": p2p_helper_return}
+         "p2p_helper_return": p2p_helper_return, "named_stream": named_stream,
+         "named_iterator_runs_out": named_iterator_runs_out}
 
 
 def main():
