@@ -121,6 +121,7 @@ class IncidentForger:
 
     def __init__(self, store, every=0.5):
         self.store, self.every, self.numbers, self.last = store, every, [], 0.0
+        self.first = None  # when the first incident was forged: the span the ranks could answer in
 
     def __call__(self):
         now = time.monotonic()
@@ -139,7 +140,12 @@ class IncidentForger:
             )
             self.numbers.append(number)
             self.last = now
+            self.first = now if self.first is None else self.first
         return False
+
+    def span_s(self) -> float:
+        """Seconds from the first forged incident to the last."""
+        return 0.0 if self.first is None else self.last - self.first
 
 
 TRAIN_S = 12
@@ -167,8 +173,10 @@ def test_forged_incidents_make_no_training_rank_read_its_native_stacks_and_get_o
     assert not [doc for doc in natives if doc and doc.get("threads")], natives  # py-spy never ran on a rank
     answers = [read(store, f"incident/{n}/rank/{rank}") for rank in (0, 1) for n in answered[rank]]
     assert not [doc for doc in answers if "flight_recorder" in doc]  # its tail: 84 of 93 ms an answer cost
-    for rank in (0, 1):  # at most one answer a second (answers.ANSWER_EVERY_S), and still answering
-        assert 2 <= len(answered[rank]) <= TRAIN_S + 3, (rank, answered, forger.numbers)
+    # at most one answer a second (answers.ANSWER_EVERY_S) over the seconds the incidents were forged (longer than
+    # TRAIN_S on a loaded machine: 17 answers once, all within their span), and still answering
+    for rank in (0, 1):
+        assert 2 <= len(answered[rank]) <= forger.span_s() + 2, (rank, answered, forger.numbers, forger.span_s())
     assert reports(tmp_path) == []
 
 
