@@ -80,6 +80,7 @@ def end_process(code: int) -> None:
 
 
 IDLE, PENDING, ARMED = "idle", "pending", "armed"
+ACK_WAIT_MIN_S = 10.0  # at least this long the writer waits for its peers to acknowledge an abort before it leaves
 CATCH_UP_S = 1.0  # at most this long a collective's peer-gone error waits for the watchdog to read the newest incident
 
 
@@ -268,7 +269,10 @@ def end_rank(policy: AbortPolicy, outcome: Outcome) -> None:
         )
     try:
         if outcome.leader:
-            deadline = time.monotonic() + 4 * policy.config.interval + 1.0
+            # The writer may host the store: once it leaves, a peer that has not read the verdict cannot, and stays
+            # hung (seen once in a quiet full run: a peer of collective_stuck missed the 5 s this used to be). The
+            # wait ends as soon as every peer acknowledged; only a peer that cannot answer costs the whole of it.
+            deadline = time.monotonic() + max(4 * policy.config.interval + 1.0, ACK_WAIT_MIN_S)
             while time.monotonic() < deadline and policy.job.acks(outcome.number) < policy.world_size - 1:
                 time.sleep(0.05)
         else:
