@@ -140,17 +140,19 @@ def epochs_say_left_early(rank: int, others: list, states: dict) -> dict | None:
     return _began_more(mine, theirs) or _short_last_epoch(mine, theirs) or _equal_lengths(mine, theirs)
 
 
-def ends_only_by_an_exit(site, states: dict) -> dict | None:
-    """{"rule": "endless", ...} when a loop around the training step at `site` ends only by an exit (`while True:`,
-    a `for` over `itertools.cycle` or over a generator that never returns: read from the source, in the ranks'
-    `code`), so no rank's data ran out there; else None. The other proofs against data running out (counted loops,
-    the DataLoader epochs) are departure.py's, which needs the exit too."""
+def left_with_data(site, leavers: list, states: dict) -> dict | None:
+    """Why `leavers` did not leave the loops around the training step at `site` because their data ran out, or None:
+    one of those loops ends only by an exit (`while True:`, a `for` over `itertools.cycle` or a generator that never
+    returns: read from the source, in the ranks' `code`), unless its exit is `except StopIteration`; or every leaver
+    still holds, not run out, the iterator a loop runs over (observed, iterator_not_ended). The other proofs (counted
+    loops, the DataLoader epochs) are departure.py's, which needs the exit too."""
     if not site:
         return None
     loops = _loops_around(site, states)
     if any(loop.get("endless") is True and not _left_when_exhausted(loop) for loop in loops):
         return {"rule": "endless", "basis": "source", "loops": [loop.get("text") for loop in loops]}
-    return None
+    found = [iterator_not_ended(rank, loops, states, site.get("file")) for rank in leavers]
+    return found[0] if found and all(found) else None
 
 
 def _left_when_exhausted(loop: dict) -> bool:
@@ -187,12 +189,3 @@ def iterator_not_ended(rank: int, loops: list, states: dict, file) -> dict | Non
     if not held or any(it.get("ended") is not False for it in held):
         return None
     return {"rule": "not_ended", "basis": "observed", "name": held[0]["name"], "iterator": held[0].get("kind")}
-
-
-def left_with_data(site, leavers: list, states: dict) -> dict | None:
-    """iterator_not_ended for every rank of `leavers`, over the loops around the training step at `site`."""
-    if not site or not leavers:
-        return None
-    loops = _loops_around(site, states)
-    found = [iterator_not_ended(rank, loops, states, site.get("file")) for rank in leavers]
-    return found[0] if all(found) else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..format import build
-from .history import ends_only_by_an_exit, left_with_data
+from .history import left_with_data
 from .reading import (
     Partition,
     at_lowest,
@@ -179,7 +179,7 @@ def training_step_left_behind(culprit_parts: list, innocent, states: dict, rule:
         # Uneven inputs means leaving the training loop at different steps; these ranks matched a collective
         # outside training after their last step, so they left it together and one skipped what came next.
         return skipped_collective(culprits, innocent, record, "left_loop_together", parts)
-    if ends_only_by_an_exit(step_site, states) or left_with_data(step_site, innocent.ranks, states):
+    if left_with_data(step_site, innocent.ranks, states):
         return None  # the others left a loop with data left: by an exit of their own (departure.py names it)
     steps = {r: states[r].get("ddp_steps") for r in culprits + innocent.ranks}
     return finding(
