@@ -254,6 +254,15 @@ OPTIONS = (
         (bool, int),
     ),
     Option(
+        "native_stacks",
+        True,
+        _parse_bool,
+        "1/0, true/false, yes/no, on/off",
+        "Read each rank's native (C/C++) stacks with py-spy once the report is written, into the incident's "
+        "native.json (py-spy pauses the process it reads for 0.3-1.6 s); off: Python stacks only.",
+        (bool, int),
+    ),
+    Option(
         "on_incident",
         None,
         _parse_command,
@@ -292,6 +301,7 @@ class Config:
     library_packages: tuple = DEFAULTS["library_packages"]
     signals: bool = DEFAULTS["signals"]
     recorder: str = DEFAULTS["recorder"]
+    native_stacks: bool = DEFAULTS["native_stacks"]
     on_incident: Any = DEFAULTS["on_incident"]
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 

@@ -11,12 +11,16 @@ from ddpwatch.launch import run_ranks
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCENARIOS = os.path.join(HERE, "scenarios")
+# py-spy's native stacks cost each incident 1-1.5 s of CPU and pause the ranks it reads: the ranks of a test that
+# does not read them leave them off (a test that does passes DDPWATCH_NATIVE_STACKS=1).
+NATIVE_OFF = {"DDPWATCH_NATIVE_STACKS": "0"}
 
 
 def run_case(args, nprocs, report_dir, timeout=90, stop_when=None, **env_overrides):
     env = dict(os.environ)
     env.pop("DDPWATCH", None)
     env.update({"DDPWATCH_DIR": str(report_dir), "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
+    env.update(NATIVE_OFF)
     env.update({k: str(v) for k, v in env_overrides.items()})
     return run_ranks([sys.executable] + list(args), nprocs, env=env, timeout=timeout, stop_when=stop_when)
 
@@ -94,6 +98,7 @@ def torchrun_job(args, nprocs, report_dir, **env_overrides):
             "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""),
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
+            **NATIVE_OFF,
         }
     )
     env.update({k: str(v) for k, v in env_overrides.items()})

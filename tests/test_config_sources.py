@@ -111,6 +111,7 @@ def test_environment_variable_of_every_option(tmp_path):
         "user_packages": "mylab, other",
         "library_packages": "trainkit",
         "on_incident": "notify hang",
+        "native_stacks": "no",
     }
     assert set(raw) == set(config.OPTIONS_BY_NAME), "a new option needs a row here"
     environ = {config.OPTIONS_BY_NAME[name].env_var: value for name, value in raw.items()}
@@ -131,6 +132,7 @@ def test_environment_variable_of_every_option(tmp_path):
         cfg.user_packages,
         cfg.library_packages,
         cfg.on_incident,
+        cfg.native_stacks,
     ) == (
         True,
         "/r",
@@ -147,6 +149,7 @@ def test_environment_variable_of_every_option(tmp_path):
         ("mylab", "other"),
         ("trainkit",),
         "notify hang",
+        False,
     )
     assert all(cfg.sources[name] == config.OPTIONS_BY_NAME[name].env_var for name in raw)
 
@@ -269,6 +272,7 @@ def test_known_and_unrelated_variables_give_no_warning(tmp_path, warnings_seen):
         "user_packages": "mylab",
         "library_packages": "",
         "on_incident": "",
+        "native_stacks": "on",
     }
     assert set(raw) == set(config.OPTIONS_BY_NAME), "a new option needs a value here"
     environ = {config.OPTIONS_BY_NAME[name].env_var: value for name, value in raw.items()}

@@ -40,7 +40,7 @@ def native_stacks_of_peers(ranks) -> dict:
     return {rank: native("peer_wait") for rank in ranks}
 
 
-def write_one(tmp_path, monkeypatch, stopping: bool = False):
+def write_one(tmp_path, monkeypatch, stopping: bool = False, native_stacks: bool = True):
     """One incident led by rank 0 of 2; returns (events, {file name: times written}, folder)."""
     events: list = []
     said = threading.Event()
@@ -70,7 +70,7 @@ def write_one(tmp_path, monkeypatch, stopping: bool = False):
         stop.set()
     writer = IncidentWriter(
         job,
-        Config(dir=str(tmp_path)),
+        Config(dir=str(tmp_path), native_stacks=native_stacks),
         0,
         2,
         states[0]["host"],
@@ -119,3 +119,31 @@ def test_a_process_on_its_way_out_writes_the_folder_once_without_waiting_for_nat
     assert "native.json" not in os.listdir(folder)
     with open(os.path.join(folder, "report.json"), encoding="utf-8") as handle:
         assert not any("native" in state for state in json.load(handle)["ranks"])
+
+
+def test_native_stacks_off_writes_the_folder_once_and_runs_no_py_spy(tmp_path, monkeypatch):
+    events, written, folder = write_one(tmp_path, monkeypatch, native_stacks=False)
+    assert events == ["verdict", "verdict out", "report line", "report written"]  # py-spy never started
+    assert set(written.values()) == {1} and "native.json" not in os.listdir(folder)
+
+
+def test_a_peer_with_native_stacks_off_says_so_at_once_and_runs_no_py_spy():
+    """What a peer sends for an incident it is asked about: with the option off, one line (so a leader that reads its
+    own does not wait for this rank's), and py-spy never runs; with it on, its own read."""
+    from ddpwatch.watch.answers import Answers
+
+    class Job:
+        def __init__(self):
+            self.natives: dict = {}
+
+        def contribute_native(self, number, rank, doc):
+            self.natives[(number, rank)] = doc
+
+    reads: list = []
+    for native_on in (False, True):
+        job = Job()
+        answers = Answers(job, 1, states=None, native=lambda pid: reads.append(pid) or native("x"), native_on=native_on)
+        answers.peer_native(7, needed=True)
+        expected = native("x") if native_on else {"unavailable": "native_stacks is off on this rank"}
+        assert job.natives[(7, 1)] == expected
+    assert reads == [os.getpid()]  # only the arm with the option on read its stacks

@@ -122,6 +122,7 @@ def test_a_rank_asleep_in_c_past_the_timeout_is_a_straggler_shown_with_its_nativ
         DDPWATCH_ACTION="report",
         DDPWATCH_DEAD_AFTER=DEAD_AFTER,
         DDPWATCH_TIMEOUT=7,
+        DDPWATCH_NATIVE_STACKS=1,
     )
     assert [r.returncode for r in results] == [0, 0], describe(results)
     [path] = reports(tmp_path)

@@ -165,6 +165,7 @@ def test_forged_incidents_make_no_training_rank_read_its_native_stacks_and_get_o
         STORE_PORT=port,
         DDPWATCH_GRACE=0.5,
         DDPWATCH_INTERVAL=0.2,
+        DDPWATCH_NATIVE_STACKS=1,  # on, as by default: what is checked is that the ranks do not read them
     )
     assert [r.returncode for r in results] == [0, 0], describe(results)
     assert len(forger.numbers) >= TRAIN_S, describe(results)  # one every 0.5 s while the job trained

@@ -21,13 +21,15 @@ NATIVE_WINDOW_S = 60.0
 
 class Answers:
     """What this rank has answered, and what its answers may still cost. `states` (rank_state.StateReader) reads the
-    answer; `native(pid)` reads native stacks (evidence.native_stacks); `clock` is monotonic seconds."""
+    answer; `native(pid)` reads native stacks (evidence.native_stacks); `native_on`: the native_stacks option;
+    `clock` is monotonic seconds."""
 
-    def __init__(self, job, rank: int, states, native=None, clock=time.monotonic):
+    def __init__(self, job, rank: int, states, native=None, native_on: bool = True, clock=time.monotonic):
         self.job = job
         self.rank = rank
         self._states = states
         self._native = native
+        self._native_on = native_on
         self._clock = clock
         self.answered = 0  # the newest incident this rank answered (its own included)
         self._last_answer = float("-inf")  # clock time of the last answer to a peer's incident
@@ -59,6 +61,9 @@ class Answers:
     def peer_native(self, number: int, needed: bool) -> None:
         """Native stacks for a peer's incident when this rank's own view `needed` them, within the budget; else one
         line saying why there are none."""
+        if not self._native_on:  # said, so that a leader that reads its own does not wait for this rank's
+            self.job.contribute_native(number, self.rank, {"unavailable": "native_stacks is off on this rank"})
+            return
         if not needed:
             self.job.contribute_native(
                 number,

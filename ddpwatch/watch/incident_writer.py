@@ -274,8 +274,8 @@ class IncidentWriter:
         rank's own and the `busy` local ranks' (too busy to answer: a C call holding the GIL, where such a rank sits
         is exactly what the report must show) read here, side by side; the others', sent by each rank that answered
         (not stale) as it answered, from the store."""
-        if self.stopping.is_set():
-            return  # the process exits: the folder holds the Python stacks
+        if self.stopping.is_set() or not self.config.native_stacks:
+            return  # the process exits, or the user turned them off: the folder holds the Python stacks
         try:
             natives = NativeReads(self.job, number)
             natives.start(self.rank, os.getpid())

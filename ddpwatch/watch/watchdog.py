@@ -66,7 +66,7 @@ class Watchdog(threading.Thread):
         self.peers = PeerTracker(rank, world_size, self.host, config)
         self.policy = AbortPolicy(config, rank, world_size, self.job, self.writing, self._logged)
         self.catch_up = CatchUp(self.policy, self.wake)
-        self.answers = Answers(self.job, rank, self.states)
+        self.answers = Answers(self.job, rank, self.states, native_on=config.native_stacks)
         self.states.fingerprints = log = FingerprintLog(recorder, self.feed.refresh)
         self.mismatches = MismatchCheck(log, rank, world_size, lambda: recorder.groups)
         self._seen = 0  # the newest incident whose info this rank has read
