@@ -61,6 +61,46 @@ def test_the_leader_writes_torchruns_error_file_and_arms_only_under_a_rank_endin
     assert message.startswith("ddpwatch: deadlock (culprit rank 1): stuck")
 
 
+class Ended(Exception):
+    pass
+
+
+@pytest.mark.parametrize("kind", ["dead_rank", "unresponsive_rank", "deadlock"])
+def test_the_writer_waits_for_the_acknowledgement_of_every_peer_but_those_the_verdict_found_gone(kind, monkeypatch):
+    """Rank 0 of 3 ends after its verdict; rank 2 acknowledged, rank 1 is named by the finding. A gone or stopped
+    rank cannot acknowledge: the writer leaves at once. A deadlocked one can: the writer keeps asking until the end
+    of the wait (ACK_WAIT_MIN_S, on a clock of its own here)."""
+
+    class Job:
+        polls = 0
+
+        def acks(self, number):
+            Job.polls += 1
+            return 1  # rank 2's
+
+    def exit_now(code):
+        raise Ended(code)
+
+    class Clock:  # sleeping advances it: no wall-clock time passes
+        now = 0.0
+
+        def monotonic(self):
+            return self.now
+
+        def sleep(self, seconds):
+            self.now += seconds
+
+    monkeypatch.setattr(abort, "time", Clock())
+    monkeypatch.setattr(abort.os, "_exit", exit_now)
+    monkeypatch.setattr(abort, "say", lambda text: None)
+    policy = AbortPolicy(Config(action=ABORT, interval=0.05), 0, 3, Job(), None, set())
+    policy.verdict_out({"findings": [{"kind": kind, "ranks": [1]}]}, ABORT)
+    with pytest.raises(Ended):
+        abort.end_rank(policy, Outcome(1, None, True))
+    expected = 1 if kind in analysis.CANNOT_ANSWER else int(abort.ACK_WAIT_MIN_S / 0.05)
+    assert abs(Job.polls - expected) <= 1, Job.polls
+
+
 def test_a_peer_acts_on_a_posted_verdict_only_under_its_own_rank_ending_action(store, monkeypatch):
     job = JobProtocol(StateStore(store, "t"), 2)
     acted = []

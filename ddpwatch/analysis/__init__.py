@@ -13,6 +13,7 @@ from ..format import build
 from .passes import collective_on_subset_or_mismatch, ddp_forward_on_subset, shape_mismatch  # noqa: F401
 from .reading import is_blocked, partitions, shape_key, user_line_now, waited_s, waiting_map, waiting_record  # noqa: F401
 from .table import (
+    CANNOT_ANSWER,  # noqa: F401
     DEADLOCK,
     DUMP,
     FINDING_KINDS,

@@ -83,6 +83,9 @@ class FindingPass(NamedTuple):
     kinds: tuple
 
 
+# The kinds whose ranks can no longer read or write the store (gone, or stopped): nothing waits for their word.
+CANNOT_ANSWER = ("dead_rank", "unresponsive_rank")
+
 # The one list of finding kinds (FINDING_KINDS is read from it; a pass emitting a kind its row does not name is an
 # error). Within a stage the first row, in this order, that finds something wins.
 # A pass that builds on others (sequence_divergence, skipped_by_exited) lists every kind it may hand on; so does
@@ -90,7 +93,7 @@ class FindingPass(NamedTuple):
 FINDING_PASSES = (
     # a peer the backend aborted inside a collective a survivor's call failed in: both lines (silent.py)
     FindingPass(mismatch_crash, STAGE_SILENT, ("mismatch_crash",)),
-    FindingPass(silent_ranks, STAGE_SILENT, ("dead_rank", "unresponsive_rank")),
+    FindingPass(silent_ranks, STAGE_SILENT, CANNOT_ANSWER),
     # first: a cycle through a send or recv is named as such, before group_order reads the same waits by group
     FindingPass(p2p_deadlock, STAGE_CROSSING, ("p2p_deadlock",)),
     FindingPass(group_order, STAGE_CROSSING, ("group_order",)),

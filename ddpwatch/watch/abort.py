@@ -99,6 +99,7 @@ class AbortPolicy:
         self.logged = logged  # the watchdog's warnings said once
         self.state = IDLE
         self.pending: int | None = None  # the incident whose verdict a PENDING rank waits for
+        self.silent_peers: set = set()  # peers the verdict says are gone or stopped: no acknowledgement is awaited
 
     @property
     def exit_code(self) -> int:
@@ -130,6 +131,13 @@ class AbortPolicy:
         if action_row(action).ends_rank or _names_a_crash(incident):
             write_error_file(incident, self.logged)  # a peer the backend aborted: torchrun names this rank too
         if action_row(action).ends_rank:
+            self.silent_peers = {
+                rank
+                for finding in incident.get("findings") or ()
+                if finding.get("kind") in analysis.CANNOT_ANSWER
+                for rank in finding.get("ranks") or ()
+                if rank != self.rank
+            }
             self.arm()
 
     def report_written(self, incident: dict, action: str) -> None:
@@ -156,6 +164,7 @@ class AbortPolicy:
         if posted is None:
             return
         self.state, self.pending = IDLE, None
+        self.job.ack(number)  # read: whatever this rank decides, the writer (perhaps the store's host) may leave now
         if not isinstance(posted, dict):
             return
         why = verdict.why_not_act(
@@ -260,23 +269,24 @@ def keep_waiting(policy: AbortPolicy, outcome: Outcome) -> None:
 
 @policy(ABORT)
 def end_rank(policy: AbortPolicy, outcome: Outcome) -> None:
-    """End this rank. Peers acknowledge first, so the writer (who may host the store) leaves last."""
+    """End this rank. Peers acknowledge having read the verdict first, so the writer (who may host the store) leaves
+    last."""
     policy.arm()
     if outcome.leader:  # one line for the job: a line per rank came in whatever order the ranks happened to end in
         say(
             f"ddpwatch: ending every rank with exit code {policy.exit_code} (action={policy.config.action}); "
             f"report: {outcome.folder or '(none could be written)'}\n"
         )
-    try:
-        if outcome.leader:
-            # The writer may host the store: once it leaves, a peer that has not read the verdict cannot, and stays
-            # hung (seen once in a quiet full run: a peer of collective_stuck missed the 5 s this used to be). The
-            # wait ends as soon as every peer acknowledged; only a peer that cannot answer costs the whole of it.
-            deadline = time.monotonic() + max(4 * policy.config.interval + 1.0, ACK_WAIT_MIN_S)
-            while time.monotonic() < deadline and policy.job.acks(outcome.number) < policy.world_size - 1:
+    if outcome.leader:
+        # The writer may host the store: once it leaves, a peer that has not read the verdict cannot, and stays hung
+        # (seen once in a quiet full run: a peer of collective_stuck missed the 5 s this used to be). The wait ends
+        # as soon as every peer that can read the verdict did (check_posted), whether it acts on it or not; those the
+        # verdict found gone or stopped are not waited for.
+        deadline = time.monotonic() + max(4 * policy.config.interval + 1.0, ACK_WAIT_MIN_S)
+        expected = policy.world_size - 1 - len(policy.silent_peers)
+        try:
+            while time.monotonic() < deadline and policy.job.acks(outcome.number) < expected:
                 time.sleep(0.05)
-        else:
-            policy.job.ack(outcome.number)
-    except StoreUnavailable:
-        pass
+        except StoreUnavailable:
+            pass
     os._exit(policy.exit_code)
