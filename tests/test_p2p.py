@@ -158,3 +158,67 @@ def test_collectives_alone_are_left_to_the_collective_passes(build):
     trace = build()
     waiting = {r: analysis.waiting_record(s) for r, s in trace.states.items()}
     assert p2p_deadlock(waiting, trace.states, trace.world_size) is None
+
+
+# ---------------------------------------------------------------- the rank that went on without its send (issue 42)
+
+REPORT_SOURCE = """import torch.distributed as dist
+
+
+def report_errors(errors, rank):
+    if not errors:
+        return
+    dist.send(torch.tensor([len(errors)]), dst=0)
+
+
+def collect(world_size):
+    for source in range(1, world_size):
+        count = torch.zeros(1)
+        dist.recv(count, src=source)
+"""
+SEND_LINE, RETURN_LINE, RECV_LINE = 7, 6, 13
+
+
+def error_report_states(ranks_sent=(1,), counts_full=False):
+    """Rank 0 receives from every rank in turn and waits for rank 2's count; ranks 1 and 2 stand in the barrier
+    after it. Ranks in `ranks_sent` sent their count (at report_errors' send); rank 2 sent nothing."""
+    code = F.code_of(REPORT_SOURCE, [SEND_LINE, RECV_LINE])
+    site = ("train.py", SEND_LINE, "report_errors")
+    sent = {r: [p2p(0, "send", 0, site=site, state="completed")] for r in ranks_sent}
+    received = [p2p(0, "recv", r, site=("train.py", RECV_LINE, "collect"), state="completed") for r in ranks_sent]
+    ranks = [rank_state(0, 3, inflight=[p2p(0, "recv", 2, site=("train.py", RECV_LINE, "collect"))], recent=received)]
+    for r in (1, 2):
+        barrier = rec(0, "barrier", site=("train.py", 20, "main"))
+        ranks.append(rank_state(r, 3, inflight=[barrier], recent=sent.get(r, [])))
+    for state in ranks:
+        state["code"] = code
+    ranks[0]["p2p_counts"] = {"0:recv:1": 1, "0:recv:2": 1}
+    ranks[1]["p2p_counts"] = {"0:send:0": 1}
+    ranks[2]["p2p_counts"] = {f"0:send:{9 + n}": 1 for n in range(64)} if counts_full else {}
+    return ranks
+
+
+def test_a_rank_whose_helper_returns_before_its_send_is_the_culprit_at_that_return():
+    finding = only_finding(*error_report_states())
+    assert (finding["kind"], finding["evidence"]["shape"], finding["ranks"]) == ("p2p_deadlock", "into_collective", [2])
+    assert finding["location"]["line"] == RETURN_LINE
+    [gone] = finding["evidence"]["went_on"]
+    assert (gone["rank"], gone["peer"], gone["half"], gone["count"], gone["peer_count"]) == (2, 0, "send", 0, 1)
+    assert gone["exit"]["half_site"]["line"] == SEND_LINE and gone["exit"]["half_of"] == 1
+    assert "Rank 2 went on to a collective without the send rank 0 waits for" in finding["summary"]
+    assert "(observed in the run)" in finding["summary"] and "read from the source" in finding["summary"]
+    assert "send on every path" in finding["fix"] and "all_gather_object" in finding["fix"]
+
+
+def test_without_an_exit_before_the_send_in_the_source_both_ends_stay_named():
+    ranks = error_report_states()
+    for state in ranks:
+        state["code"] = F.code_of(REPORT_SOURCE.replace("return", "pass"), [SEND_LINE, RECV_LINE])
+    finding = only_finding(*ranks)
+    assert finding["ranks"] == [0, 2] and "went_on" not in finding["evidence"]
+
+
+def test_without_counts_that_say_who_sent_fewer_both_ends_stay_named():
+    """Rank 2's table of pairs is full: a pair it does not name is not known to be zero."""
+    finding = only_finding(*error_report_states(counts_full=True))
+    assert finding["ranks"] == [0, 2] and "went_on" not in finding["evidence"]

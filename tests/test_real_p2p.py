@@ -77,6 +77,24 @@ def test_a_stage_with_one_microbatch_more_than_its_peer_is_named_with_both_count
     )
 
 
+def test_a_rank_whose_helper_returns_before_its_send_is_the_culprit_at_its_return(tmp_path):
+    """Issue 42: before, both ends (rank 0 at its recv, rank 2) with a fix suggesting to remove the receive."""
+    finding = hang(tmp_path, "errors_return", 3)
+    assert (finding["ranks"], finding["evidence"]["shape"]) == ([2], "into_collective")
+    assert finding["location"]["line"] == line("no_errors_return")
+    [gone] = finding["evidence"]["went_on"]
+    assert (gone["rank"], gone["half"], gone["count"], gone["peer_count"]) == (2, "send", 2, 3)
+    assert gone["exit"]["half_site"]["line"] == line("errors_send") and gone["exit"]["half_of"] == 2  # its own
+    assert "Make rank 2 send on every path" in finding["fix"]
+    assert "(observed in the run)" in finding["summary"] and "read from the source" in finding["summary"]
+
+
+def test_a_rank_that_skips_a_send_with_continue_is_the_culprit_at_its_continue(tmp_path):
+    finding = hang(tmp_path, "skip_continue")
+    assert finding["ranks"] == [1] and finding["location"]["line"] == line("skip_continue")
+    assert finding["evidence"]["went_on"][0]["exit"]["kind"] == "continue"
+
+
 def test_batch_isend_irecv_lists_that_do_not_pair_are_named_where_the_batch_is_waited_on(tmp_path):
     finding = hang(tmp_path, "batch_unpaired")
     assert (finding["ranks"], finding["evidence"]["shape"]) == ([0, 1], "into_collective")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from ..format import build
 from .history import FAMILIAR, NEW, epochs_say_left_early, iterator_not_ended, path, position, turn, went_on_to
 from .passes import _side_by_side, _side_records, ddp_forward_on_subset, finding, shape_mismatch
-from .reading import at_lowest, blocked_records, condition_kind, members, partitions, ranks_of, user_location
+from .reading import at_lowest, blocked_records, code_of, condition_kind, members, partitions, ranks_of, user_location
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..format.types import RecordDoc
@@ -36,7 +36,7 @@ def departed(parts: list, states: dict) -> dict | None:
     ranks = ranks_of(parts)
     if len(parts) < 2 or any(condition_kind(states.get(r)) for r in ranks):
         return None  # a rank condition explains it: the rules of passes.py
-    code = _code(states)
+    code = code_of(states)
     found = _in_handler(parts, states, code)
     if found is not None:
         return found
@@ -81,7 +81,7 @@ def departed_and_exited(live: dict, exited: dict, grace: float, world_size: int)
         return None
     last = paths[stay[0]][-2]
     states = {**live, **{r: exited[r] for r in gone}}
-    code = _code(live)
+    code = code_of(live)
     ways = []
     for rank in gone:
         records = _finished(exited[rank], common) + [common]
@@ -107,35 +107,6 @@ def _finished(state: dict, common: RecordDoc) -> list:
 
 def _same(way: dict) -> tuple:
     return (way["kind"], way["location"]["line"])
-
-
-def _code(states: dict) -> dict:
-    """Every rank's reading of the source ("file:line" -> what encloses it): the ranks run the same code. An entry a
-    file holds in another shape (the format checks types, not every key) is left out."""
-    code: dict = {}
-    for state in states.values():
-        found = (state or {}).get("code")
-        if isinstance(found, dict):
-            code.update((key, around) for key, around in found.items() if _usable(around))
-    return code
-
-
-def _usable(around) -> bool:
-    """Every key the pass reads is there, with its numbers as numbers."""
-    try:
-        first, last = around["function"]
-        numbers = [first, last]
-        for loop in around["loops"]:
-            numbers += [loop["line"], loop["end"]] + [e["line"] for e in loop["exits"] if e["kind"]]
-            numbers += [e["handler"]["line"] for e in loop["exits"] if e.get("handler")]
-            numbers += [e["decided_in"]["line"] for e in loop["exits"] if e.get("decided_in")]
-        for block in around["tries"]:
-            numbers += [block["line"], block["body_end"]] + [h["line"] for h in block["handlers"] if h["then"]]
-            numbers += [h["end"] for h in block["handlers"] if "end" in h]
-        numbers += [e["line"] for e in around.get("returns") or () if e["kind"]]
-        return all(isinstance(n, int) and not isinstance(n, bool) for n in numbers)
-    except (KeyError, TypeError, ValueError):
-        return False
 
 
 def _key(site: Line) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from .passes import finding
-from .reading import members, user_line_now, user_location
+from .reading import code_of, members, user_line_now, user_location
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..format.types import Site
@@ -22,6 +22,7 @@ INTO_COLLECTIVE = "into_collective"  # a peer sits in a collective the sender (o
 CROSSED = "crossed"  # sends and receives waited in an order that closes a cycle
 PIPELINE = "pipeline"  # the sends and receives of torch.distributed.pipelining's schedule: its stages disagree
 PIPELINING = "torch.distributed.pipelining"  # a record's origin when that library issued it
+COUNTS_KEPT = 64  # pairs a rank's p2p_counts holds at most (capture/record.py): below it, a pair not named is 0
 
 
 class Pending(NamedTuple):
@@ -185,13 +186,80 @@ def count_of(state: dict, group, op: str, peer: int) -> int | None:
     return sum(n for n in found if isinstance(n, int))
 
 
-def culprits_of(shape: str, cycle: list, pair) -> list:
-    """The receiver of an unmatched pair and its sender; otherwise every rank of the cycle: for a peer gone on to a
+def culprits_of(shape: str, cycle: list, pair, went_on: list) -> list:
+    """The receiver of an unmatched pair and its sender; the ranks that went on without a half their peer waits for
+    where the source shows the way past it (`went_on`); otherwise every rank of the cycle: for a peer gone on to a
     collective, one side sent or asked for one message more than the other will handle, and which side's count is
     wrong is the program's to say (the summary gives both counts)."""
     if shape == UNMATCHED:
         return sorted({pair[0].rank, pair[1].rank})
+    if went_on:
+        return sorted({gone["rank"] for gone in went_on})
     return sorted({rank for rank, _, _ in cycle})
+
+
+def went_on_without(steps: list, states: dict) -> list:
+    """Ranks of the cycle that stand in a collective while a peer waits for their send (or recv), and began fewer of
+    those than the peer began of its half, by the counts both published (observed in the run): the rank went on
+    without it. Each: {rank, peer, half (what it did not do), count (its own), peer_count}."""
+    in_collective = {step["rank"] for step in steps if step["kind"] == COLLECTIVE}
+    found = []
+    for step in steps:
+        gone = step["waits_for"]
+        if step["kind"] not in (SEND, RECV) or gone not in in_collective or not _counted(states.get(gone)):
+            continue
+        mine, theirs = step.get("count"), step.get("peer_count")
+        if isinstance(mine, int) and isinstance(theirs, int) and theirs < mine:
+            half = RECV if step["kind"] == SEND else SEND
+            found.append({"rank": gone, "peer": step["rank"], "half": half, "count": theirs, "peer_count": mine})
+    return found
+
+
+def _counted(state: dict | None) -> bool:
+    """Whether a pair missing from the rank's p2p_counts means none (the table was not full)."""
+    counts = (state or {}).get("p2p_counts")
+    return isinstance(counts, dict) and len(counts) < COUNTS_KEPT
+
+
+def exit_before_half(gone: dict, group, states: dict) -> dict | None:
+    """Read from the source: where the code that issues the missing half (`gone`'s own earlier sends to that peer,
+    else another rank's: the ranks run the same code) can leave before it - a `return` of its function, or a
+    `continue`/`break` of a loop around it, under a condition, on a line before the half's. The nearest one."""
+    code = code_of(states)
+    for site in _half_sites(gone, group, states):
+        around = code.get(f"{site['file']}:{site['line']}")
+        if not isinstance(around, dict):
+            continue
+        first = around["function"][0]
+        exits = [e for e in around.get("returns") or () if e["kind"]]
+        exits += [e for loop in around.get("loops") or () for e in loop["exits"] if e["kind"] in ("continue", "break")]
+        before = [e for e in exits if first <= e["line"] < site["line"] and e.get("condition")]
+        if before:
+            chosen = max(before, key=lambda e: e["line"])
+            return {
+                "kind": chosen["kind"],
+                "site": {"file": site["file"], "line": chosen["line"], "function": site.get("function")},
+                "condition": chosen["condition"].get("text"),
+                "half_site": site,
+                "half_of": gone["rank"] if site.get("rank") == gone["rank"] else site.get("rank"),
+            }
+    return None
+
+
+def _half_sites(gone: dict, group, states: dict) -> list:
+    """The user's lines of the sends (or recvs) to `gone`'s peer on `group`: its own first, then other ranks'."""
+    ranks = [gone["rank"]] + sorted(r for r in states if r not in (gone["rank"], gone["peer"]))
+    found: list = []
+    for rank in ranks:
+        for record in (states.get(rank) or {}).get("recent") or ():
+            if not isinstance(record, dict) or record.get("group") != group:
+                continue
+            ops = record.get("ops") or [record]
+            if any(op.get("op") == gone["half"] and op.get("peer") == gone["peer"] for op in ops):
+                site = user_location(record)
+                if site and isinstance(site.get("line"), int) and all(f["line"] != site["line"] for f in found):
+                    found.append(dict(site, rank=rank))
+    return found
 
 
 def step_of(rank: int, op: Pending, peer: int, states: dict) -> dict:
@@ -240,11 +308,20 @@ def p2p_deadlock(waiting: dict, states: dict, world_size: int) -> dict | None:
     if not cycle or all(op.kind == COLLECTIVE for _, op, _ in cycle):
         return None  # collectives alone: group_order and the mismatch passes say it better
     shape, pair = cycle_shape(cycle, ops_by_rank)
-    culprits = culprits_of(shape, cycle, pair)
     steps = [step_of(rank, op, peer, states) for rank, op, peer in cycle]
+    # The rank that went on is the culprit where the source shows a way past its half; with no such exit (stages
+    # of a pipeline that disagree on a count) which side is wrong stays the program's to say.
+    went_on = [
+        dict(gone, exit=left)
+        for gone in (went_on_without(steps, states) if shape == INTO_COLLECTIVE else [])
+        if (left := exit_before_half(gone, next(s["group"] for s in steps if s["rank"] == gone["peer"]), states))
+    ]
+    culprits = culprits_of(shape, cycle, pair, went_on)
     pair_facts = None if not pair else [step_of(op.rank, op, op.peer, states) for op in pair]
     if pair_facts:
         location = _where(pair_facts[1])
+    elif went_on:  # where the rank that went on can leave before its half, read from the source
+        location = went_on[0]["exit"]["site"]
     else:
         location = next(_where(s) for s in steps if s["kind"] != COLLECTIVE)
     side = [op.record for _, op, _ in cycle]
@@ -269,9 +346,11 @@ def p2p_deadlock(waiting: dict, states: dict, world_size: int) -> dict | None:
         "p2p_deadlock",
         culprits,
         location,
-        {"shape": shape, "cycle": steps, "mismatched": rows},
+        {"shape": shape, "cycle": steps, "mismatched": rows}
+        | ({"went_on": went_on, "culprit_rule": "went_on"} if went_on else {}),
         shape=shape,
         cycle=steps,
+        went_on=went_on,
         pair=pair_facts,
         culprits=culprits,
         location=location,

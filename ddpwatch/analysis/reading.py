@@ -197,3 +197,35 @@ def members(states: dict, group: str | None, world_size: int) -> list:
         if ranks is not None:
             return list(ranks)
     return list(range(world_size))
+
+
+# ---------------------------------------------------------------- the source around the ranks' lines (static/exits.py)
+
+
+def code_of(states: dict) -> dict:
+    """Every rank's reading of the source ("file:line" -> what encloses it): the ranks run the same code. An entry a
+    file holds in another shape (the format checks types, not every key) is left out."""
+    code: dict = {}
+    for state in states.values():
+        found = (state or {}).get("code")
+        if isinstance(found, dict):
+            code.update((key, around) for key, around in found.items() if _usable(around))
+    return code
+
+
+def _usable(around) -> bool:
+    """Every key the pass reads is there, with its numbers as numbers."""
+    try:
+        first, last = around["function"]
+        numbers = [first, last]
+        for loop in around["loops"]:
+            numbers += [loop["line"], loop["end"]] + [e["line"] for e in loop["exits"] if e["kind"]]
+            numbers += [e["handler"]["line"] for e in loop["exits"] if e.get("handler")]
+            numbers += [e["decided_in"]["line"] for e in loop["exits"] if e.get("decided_in")]
+        for block in around["tries"]:
+            numbers += [block["line"], block["body_end"]] + [h["line"] for h in block["handlers"] if h["then"]]
+            numbers += [h["end"] for h in block["handlers"] if "end" in h]
+        numbers += [e["line"] for e in around.get("returns") or () if e["kind"]]
+        return all(isinstance(n, int) and not isinstance(n, bool) for n in numbers)
+    except (KeyError, TypeError, ValueError):
+        return False

@@ -120,6 +120,8 @@ def p2p_deadlock_words(facts: dict, ranks_text, phrases: Phrases) -> tuple:
             f"{send['tag'] or 0}), or the send name the ones the receiver expects; tags must be equal on both "
             "sides, and a recv with a `src` takes messages from that rank only."
         )
+    elif shape == "into_collective" and facts.get("went_on"):
+        summary, fix = _went_on_words(summary, facts["went_on"], where, phrases)
     elif shape == "into_collective":
         stuck = [s for s in cycle if s["kind"] != "collective"]
         waiting = "receive" if stuck and stuck[0]["kind"] == "send" else "send"
@@ -140,4 +142,34 @@ def p2p_deadlock_words(facts: dict, ranks_text, phrases: Phrases) -> tuple:
                 f" These are the sends and receives of torch.distributed.pipelining's schedule, run from "
                 f"{build.short_site(facts['location'])}."
             )
+    return summary, fix
+
+
+def _went_on_words(summary: str, went_on: list, where: str, phrases: Phrases) -> tuple:
+    """(summary, fix) where the counts show which rank went on to a collective without its send (or recv)."""
+    clauses, exits = [], []
+    for gone in went_on:
+        half, other = gone["half"], "recv" if gone["half"] == "send" else "send"
+        to, back = ("to", "from") if half == "send" else ("from", "to")
+        clauses.append(
+            f"rank {gone['rank']} went on to a collective without the {half} rank {gone['peer']} waits for: it "
+            f"began {gone['count']} {half}(s) {to} rank {gone['peer']}, rank {gone['peer']} began "
+            f"{gone['peer_count']} {other}(s) {back} it (observed in the run)"
+        )
+        left = gone["exit"]
+        whose = "its own" if left["half_of"] == gone["rank"] else f"rank {left['half_of']}'s, the same code"
+        exits.append(
+            f"Rank {gone['rank']} can leave at {build.short_site(left['site'])} (`{left['condition']}`: "
+            f"{left['kind']}) before the {half} at {build.short_site(left['half_site'])} ({whose}); that it took "
+            "this exit is read from the source, not observed."
+        )
+    summary += " " + phrases.sentence("; ".join(clauses)) + "." + "".join(" " + text for text in exits)
+    gone = went_on[0]
+    fix = (
+        f"Make rank {gone['rank']} {gone['half']} on every path, also when it has nothing to contribute (a zero "
+        f"count, or an empty tensor, that rank {gone['peer']} reads first), so that every "
+        f"{'recv' if gone['half'] == 'send' else 'send'} has its {gone['half']}; "
+        f"or replace the exchange with a collective every rank joins (`all_gather_object`, `gather`). Look at "
+        f"{where}."
+    )
     return summary, fix

@@ -352,7 +352,7 @@ def _lines_of(state: Mapping[str, Any]) -> list:
                     found[(frame.get("file"), frame.get("line"))] = None
     for record in list(state.get("inflight") or ()) + list(state.get("recent") or ()):
         for site in (record.get("site"), (record.get("region") or {}).get("site")):
-            if isinstance(site, dict) and not record.get("p2p"):
+            if isinstance(site, dict):  # a send's or recv's too: analysis/p2p.py reads what comes before it
                 found[(site.get("file"), site.get("line"))] = None
     return [(f, n) for f, n in found if isinstance(f, str) and isinstance(n, int) and not f.startswith("<")]
 

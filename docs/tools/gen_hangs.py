@@ -68,6 +68,11 @@ SECTIONS = [
     ("p2p_deadlock", "Point-to-point: a stage with one microbatch more",
      "A hand-written two-stage pipeline: stage 0 sends 4 microbatches, stage 1 receives 3 and goes on to an "
      "all_reduce.", (P2P, "microbatches"), [P2P, "microbatches"], 2, {}, False),
+    ("p2p_deadlock", "Point-to-point: a helper returns before its send",
+     "Rank 0 receives every other rank's error report in turn; `_report_errors(errors)` returns at once when "
+     "`errors` is empty (`if not errors: return`, before its `dist.send`), so a rank with nothing to report goes "
+     "on to the barrier while rank 0 waits for its count.", (P2P, "errors_return"), [P2P, "errors_return"], 3, {},
+     False),
     ("p2p_deadlock", "torch.distributed.pipelining: stages with different microbatch counts",
      "Each stage builds its ScheduleGPipe with a rank-local `n_microbatches` (4 on stage 0, 2 on stage 1).",
      (P2P, "_pipeline"), [P2P, "pipeline_microbatches"], 2, {}, False),

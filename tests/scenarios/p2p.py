@@ -147,6 +147,52 @@ def prefetch(rank, world):
     dist.barrier()
 
 
+def _report_errors(errors):
+    """Send this rank's error count and the errors to rank 0: none when there are none (the bug)."""
+    if not errors:
+        return  # LINE:no_errors_return
+    dist.send(torch.tensor([len(errors)]), dst=0)  # LINE:errors_send
+    dist.send(torch.tensor(errors, dtype=torch.float32), dst=0)
+
+
+def errors_return(rank, world):
+    """A data check: rank 0 receives every other rank's errors in turn; a rank that found none in a round returns
+    from its helper without sending (rank 2 finds some in round 0 only), and goes on to the round's barrier."""
+    for round_ in range(2):
+        if rank == 0:
+            for source in range(1, world):
+                count = torch.zeros(1, dtype=torch.int64)
+                mark()
+                dist.recv(count, src=source)  # LINE:errors_recv
+                errors = torch.zeros(int(count.item()))
+                dist.recv(errors, src=source)
+        else:
+            errors = [float(rank)] if rank == 1 or round_ == 0 else []
+            _report_errors(errors)
+        mark()
+        dist.barrier()
+
+
+def _send_kept(items, dst):
+    for item in items:
+        if item is None:
+            continue  # LINE:skip_continue
+        dist.send(item, dst=dst)  # LINE:kept_send
+
+
+def skip_continue(rank, world):
+    """Rank 1 sends rank 0 one tensor per item, skipping items it filtered out (the third); rank 0 receives one
+    per item, then both all-reduce."""
+    if rank == 0:
+        for _ in range(3):
+            mark()
+            dist.recv(torch.zeros(4), src=1)
+    else:
+        _send_kept([torch.ones(4), torch.ones(4), None], dst=0)
+    mark()
+    dist.all_reduce(torch.ones(2))
+
+
 CASES = {name: function for name, function in globals().items()
          if callable(function) and name not in ("mark", "main") and not name.startswith("_")
          and getattr(function, "__module__", None) == __name__}
