@@ -222,3 +222,12 @@ def test_without_counts_that_say_who_sent_fewer_both_ends_stay_named():
     """Rank 2's table of pairs is full: a pair it does not name is not known to be zero."""
     finding = only_finding(*error_report_states(counts_full=True))
     assert finding["ranks"] == [0, 2] and "went_on" not in finding["evidence"]
+
+
+def test_an_exit_under_a_rank_condition_is_the_programs_shape_not_a_way_past_the_send():
+    ranks = error_report_states()
+    source = REPORT_SOURCE.replace("if not errors:", "if rank == 2:")
+    for state in ranks:
+        state["code"] = F.code_of(source, [SEND_LINE, RECV_LINE])
+    finding = only_finding(*ranks)
+    assert finding["ranks"] == [0, 2] and "went_on" not in finding["evidence"]

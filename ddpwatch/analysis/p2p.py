@@ -224,7 +224,8 @@ def _counted(state: dict | None) -> bool:
 def exit_before_half(gone: dict, group, states: dict) -> dict | None:
     """Read from the source: where the code that issues the missing half (`gone`'s own earlier sends to that peer,
     else another rank's: the ranks run the same code) can leave before it - a `return` of its function, or a
-    `continue`/`break` of a loop around it, under a condition, on a line before the half's. The nearest one."""
+    `continue`/`break` of a loop around it, under a condition that does not test the rank, on a line before the
+    half's. The nearest one."""
     code = code_of(states)
     for site in _half_sites(gone, group, states):
         around = code.get(f"{site['file']}:{site['line']}")
@@ -233,7 +234,13 @@ def exit_before_half(gone: dict, group, states: dict) -> dict | None:
         first = around["function"][0]
         exits = [e for e in around.get("returns") or () if e["kind"]]
         exits += [e for loop in around.get("loops") or () for e in loop["exits"] if e["kind"] in ("continue", "break")]
-        before = [e for e in exits if first <= e["line"] < site["line"] and e.get("condition")]
+        # under a condition on data, not on the rank: `if is_last_stage: return` is the program's shape, the same
+        # every round, where a rank that went on without its half decided on something it held that round
+        before = [
+            e
+            for e in exits
+            if first <= e["line"] < site["line"] and e.get("condition") and not e["condition"].get("rank")
+        ]
         if before:
             chosen = max(before, key=lambda e: e["line"])
             return {
