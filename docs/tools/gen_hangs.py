@@ -5,7 +5,6 @@
 
 import ast
 import os
-import re
 import textwrap
 import sys
 import tempfile
