@@ -195,8 +195,8 @@ def terminating_watchdog(monkeypatch, views):
     monkeypatch.setattr(dog, "is_alive", lambda: True)
     looks, incidents = [], []
 
-    def vanished(peers, job, config, stopping, own_state):
-        looks.append(stopping.is_set())  # one look only: `stopping` is set
+    def vanished(peers, job, config, stopping, own_state, linger=True):
+        looks.append(stopping.is_set() and not linger)  # one look only: `stopping` is set, no lingering
         return dict(views), [{"kind": "mismatch_crash"}] if views else []
 
     monkeypatch.setattr(crashes, "vanished", vanished)
@@ -270,3 +270,42 @@ def test_a_rank_a_signal_came_to_end_starts_no_look_for_a_hang_for_a_while_then_
     assert crashes.being_ended(dog)
     dog.ending_at -= crashes.ENDING_LOOK_S
     assert not crashes.being_ended(dog)
+
+
+@pytest.mark.parametrize("gone_at_look", [1, 4, None])
+def test_a_process_on_its_way_out_looks_again_for_the_peer_that_crashed_until_it_is_gone(gone_at_look):
+    """A collective failed on a peer gone and the user's error leaves the guard (the watchdog stops): the crashed peer
+    may not have vanished yet (gloo's size-mismatch abort dumps core; under load it still lived at the one look there
+    was, and no report came). It is looked for again every LAST_LOOK_EVERY_S until LAST_LOOK_S, on a fake clock."""
+    import threading
+
+    from ddpwatch.watch import crashes
+
+    class Clock:
+        now = 0.0
+
+        def __call__(self):
+            return self.now
+
+        def pause(self, seconds):
+            self.now += seconds
+
+    class Peers:
+        looks = 0
+
+        def vanished_peers(self, positions, now):
+            Peers.looks += 1
+            return {1: {"silent_s": 0.0}} if gone_at_look is not None and Peers.looks >= gone_at_look else {}
+
+    class Job:
+        def positions(self):
+            return {}
+
+    stopping, clock = threading.Event(), Clock()
+    stopping.set()
+    silent = crashes.look_until_gone(Peers(), Job(), Config(), stopping, clock=clock, pause=clock.pause)
+    if gone_at_look is None:
+        assert silent == {} and clock.now >= crashes.LAST_LOOK_S  # it gave up, at the bound
+        assert Peers.looks == pytest.approx(crashes.LAST_LOOK_S / crashes.LAST_LOOK_EVERY_S, abs=1.5)
+    else:
+        assert list(silent) == [1] and Peers.looks == gone_at_look

@@ -120,6 +120,7 @@ def test_the_correct_look_alikes_stay_silent(tmp_path):
 def test_a_size_mismatch_gloo_aborts_is_named_with_both_lines_under_torchrun(tmp_path):
     code, output = run_torchrun([SILENT, "sizes"], 2, tmp_path, timeout=90)
     assert code != 0 and "op.preamble.length <= op.nbytes" in output, output[-3000:]
+    assert reports(tmp_path), output[-4000:]  # what the ranks said, if no report came
     incident = load_only_report(tmp_path)
     [finding] = incident["findings"]
     assert finding["kind"] == "mismatch_crash" and finding["ranks"] == [1], output[-3000:]

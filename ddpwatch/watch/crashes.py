@@ -193,17 +193,35 @@ def add_crash_evidence(silent: dict, job) -> None:
 
 
 FAILURE_REPORT_S = 4.0  # how long the watchdog looks for the peer that vanished after a collective failed
+# The process exits (the user's error left the guard, or a SIGTERM came) with a peer's failure seen: it looks this
+# long at most, every LAST_LOOK_EVERY_S, because the peer that crashed may not be gone yet (gloo's size-mismatch
+# abort dumps core; under load rank 1 still lived at the one look there was: no report, 2 runs in 40 beside a
+# full suite and a CPU-bound process). The exit waits for it only when a collective failed on a peer gone.
+LAST_LOOK_S = 2.0
+LAST_LOOK_EVERY_S = 0.1
 
 
-def vanished(peers, job, config, stopping, own_state) -> tuple:
-    """({rank: view} of the peers gone after a collective failed, their findings): looked for during
-    FAILURE_REPORT_S, once only when `stopping` (the process exits: the user's error ended it); each view with the
-    peer's history and, when the backend aborted it here, its fault file's stacks (mismatch_crash names both lines)."""
-    deadline = time.monotonic() + FAILURE_REPORT_S
+def look_until_gone(peers, job, config, stopping, linger=True, clock=time.monotonic, pause=time.sleep) -> dict:
+    """{rank: view} of the peers gone: looked for every interval during FAILURE_REPORT_S, or, once `stopping` is
+    set, every LAST_LOOK_EVERY_S until LAST_LOOK_S from the first look (once only unless `linger`: a SIGTERM's look
+    holds up no stop that has no crash behind it); {} when none went."""
+    start = clock()
     while True:
-        silent = peers.vanished_peers(job.positions(), time.monotonic())  # positions: every round
-        if silent or time.monotonic() >= deadline or stopping.wait(config.interval):
-            break
+        silent = peers.vanished_peers(job.positions(), clock())  # positions: every round
+        ending = stopping.is_set()
+        if silent or (ending and not linger) or clock() - start >= (LAST_LOOK_S if ending else FAILURE_REPORT_S):
+            return silent
+        if ending:
+            pause(LAST_LOOK_EVERY_S)
+        else:
+            stopping.wait(config.interval)
+
+
+def vanished(peers, job, config, stopping, own_state, linger=True) -> tuple:
+    """({rank: view} of the peers gone after a collective failed, their findings): looked for during
+    FAILURE_REPORT_S, LAST_LOOK_S when `stopping` (the process exits: the user's error ended it); each view with the
+    peer's history and, when the backend aborted it here, its fault file's stacks (mismatch_crash names both lines)."""
+    silent = look_until_gone(peers, job, config, stopping, linger)
     if not silent:
         return {}, []
     histories = job.with_history({rank: view["last_state"] for rank, view in silent.items()})
@@ -225,22 +243,23 @@ def being_ended(dog) -> bool:
 
 
 def report_vanished(dog, terminating, stopped) -> None:
-    """Report the peers gone (vanished, above), once per set of ranks; `dog`: the Watchdog, whose `writing` (a
-    SIGTERM waits while it is set) is cleared on the way out, as `terminating` is.
+    """Report the peers gone (vanished, above), once per set of ranks; `dog`: the Watchdog, whose `writing` (a SIGTERM
+    waits while it is set) is cleared on the way out, as `terminating` is.
 
-    `terminating` set: a SIGTERM's look (Watchdog.look_for_a_vanished_peer), one look, not FAILURE_REPORT_S of
-    them (else `stopped`, the watchdog's own stop). torchrun SIGTERMs the other ranks once one has exited, and under
-    load that can come before this rank's collective has failed (the peer's abort closed the connection; gloo has
-    not raised in Python yet): the report of the peer's failure was lost (gloo's size-mismatch abort: 2 runs in 21
-    beside four CPU-bound processes). Only a peer that crashed (its fault file: the backend aborted it) is reported
-    then: a launcher ending every rank (the user's Ctrl-C) has its ranks go one after another, none crashed, and
-    none is to blame. A peer a signal ended (a scheduler's SIGTERM to every rank) published its exit first
-    (signals.py), so it is no vanished peer at all; one that vanished without a word (os._exit, SIGKILL, a
-    segfault) is reported even while torchrun's SIGTERM ends this rank."""
+    `terminating` set: a SIGTERM's look (Watchdog.look_for_a_vanished_peer), one look, not FAILURE_REPORT_S of them
+    (else `stopped`, the watchdog's own stop: a collective failed on a peer gone, LAST_LOOK_S of looks). torchrun
+    SIGTERMs the other ranks once one has exited, and under load that can come before this rank's collective has
+    failed (the peer's abort closed the connection; gloo has not raised in Python yet): the report of the peer's
+    failure was lost (gloo's size-mismatch abort: 2 runs in 21 beside four CPU-bound processes). Only a peer that
+    crashed (its fault file: the backend aborted it) is reported then: a launcher ending every rank (the user's
+    Ctrl-C) has its ranks go one after another, none crashed, and none is to blame. A peer a signal ended (a
+    scheduler's SIGTERM to every rank) published its exit first (signals.py), so it is no vanished peer at all; one
+    that vanished without a word (os._exit, SIGKILL, a segfault) is reported even while torchrun's SIGTERM ends this
+    rank."""
     crashed_only = terminating.is_set()
     try:
         silent, findings = vanished(
-            dog.peers, dog.job, dog.config, terminating if crashed_only else stopped, dog.states.read
+            dog.peers, dog.job, dog.config, terminating if crashed_only else stopped, dog.states.read, not crashed_only
         )
         if not silent or (crashed_only and not all("fault" in view for view in silent.values())):
             return
