@@ -149,6 +149,7 @@ class IncidentForger:
 
 
 TRAIN_S = 12
+GRACE_S = 0.5
 
 
 def test_forged_incidents_make_no_training_rank_read_its_native_stacks_and_get_one_answer_a_second(tmp_path):
@@ -163,17 +164,26 @@ def test_forged_incidents_make_no_training_rank_read_its_native_stacks_and_get_o
         timeout=90,
         stop_when=forger,
         STORE_PORT=port,
-        DDPWATCH_GRACE=0.5,
+        DDPWATCH_GRACE=GRACE_S,
         DDPWATCH_INTERVAL=0.2,
         DDPWATCH_NATIVE_STACKS=1,  # on, as by default: what is checked is that the ranks do not read them
     )
     assert [r.returncode for r in results] == [0, 0], describe(results)
     assert len(forger.numbers) >= TRAIN_S, describe(results)  # one every 0.5 s while the job trained
     answered = {rank: [n for n in forger.numbers if read(store, f"incident/{n}/rank/{rank}")] for rank in (0, 1)}
-    natives = [read(store, f"incident/{n}/native/{rank}") for rank in (0, 1) for n in answered[rank]]
-    assert not [doc for doc in natives if doc and doc.get("threads")], natives  # py-spy never ran on a rank
-    answers = [read(store, f"incident/{n}/rank/{rank}") for rank in (0, 1) for n in answered[rank]]
-    assert not [doc for doc in answers if "flight_recorder" in doc]  # its tail: 84 of 93 ms an answer cost
+
+    # A rank pays for an answer's costly parts only where its own view needs them: blocked in a collective past
+    # grace (under load a training step's collective can wait that long: seen beside a full suite and the corpus).
+    def blocked(answer):
+        return any((record.get("age_s") or 0) >= GRACE_S for record in (answer or {}).get("inflight") or ())
+
+    pairs = [(rank, n) for rank in (0, 1) for n in answered[rank]]
+    answers = {pair: read(store, f"incident/{pair[1]}/rank/{pair[0]}") for pair in pairs}
+    natives = {pair: read(store, f"incident/{pair[1]}/native/{pair[0]}") for pair in pairs}
+    assert not [p for p, doc in natives.items() if doc and doc.get("threads") and not blocked(answers[p])], natives
+    costly = [p for p, doc in answers.items() if "flight_recorder" in doc]  # its tail: 84 of 93 ms an answer cost
+    assert not [p for p in costly if not blocked(answers[p])], costly
+    assert len(costly) < len(pairs), costly  # the check saw answers of a training rank, not only blocked ones
     # at most one answer a second (answers.ANSWER_EVERY_S) over the seconds the incidents were forged (longer than
     # TRAIN_S on a loaded machine: 17 answers once, all within their span), and still answering
     for rank in (0, 1):
