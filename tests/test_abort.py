@@ -309,3 +309,23 @@ def test_a_process_on_its_way_out_looks_again_for_the_peer_that_crashed_until_it
         assert Peers.looks == pytest.approx(crashes.LAST_LOOK_S / crashes.LAST_LOOK_EVERY_S, abs=1.5)
     else:
         assert list(silent) == [1] and Peers.looks == gone_at_look
+
+
+def test_a_peer_is_armed_before_it_acknowledges_an_abort_verdict(monkeypatch):
+    """Once every peer acknowledged, the writer (perhaps the store's host) leaves and the peers' collectives fail:
+    a peer must be armed by then, or its failing collective raises the user's error (exit 1, not the verdict's 3:
+    seen in a quiet CI rehearsal when the acknowledgement came as the verdict was read, before arming)."""
+    armed_at_ack = []
+
+    class Job:
+        def ack(self, number):
+            armed_at_ack.append(policy.armed)
+
+    def exit_now(code):
+        raise Ended(code)
+
+    monkeypatch.setattr(abort.os, "_exit", exit_now)
+    policy = AbortPolicy(Config(action=ABORT), 1, 2, Job(), None, set())
+    with pytest.raises(Ended):
+        abort.end_rank(policy, Outcome(1, None, False))
+    assert armed_at_ack == [True]

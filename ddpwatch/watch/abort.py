@@ -164,8 +164,8 @@ class AbortPolicy:
         if posted is None:
             return
         self.state, self.pending = IDLE, None
-        self.job.ack(number)  # read: whatever this rank decides, the writer (perhaps the store's host) may leave now
         if not isinstance(posted, dict):
+            self.job.ack(number)  # read: the writer (perhaps the store's host) need not wait for this rank
             return
         why = verdict.why_not_act(
             posted, self.config.action, own_state(), self.rank, self.config.grace, self.config.timeout
@@ -179,6 +179,7 @@ class AbortPolicy:
                 number,
                 visible(why),
             )
+            self.job.ack(number)  # read and declined: the writer need not wait for this rank
             return
         folder = posted.get("folder") if isinstance(posted.get("folder"), str) else None
         write_error_file({"findings": _posted_findings(posted), "report_dir": folder}, self.logged)
@@ -280,13 +281,18 @@ def end_rank(policy: AbortPolicy, outcome: Outcome) -> None:
     if outcome.leader:
         # The writer may host the store: once it leaves, a peer that has not read the verdict cannot, and stays hung
         # (seen once in a quiet full run: a peer of collective_stuck missed the 5 s this used to be). The wait ends
-        # as soon as every peer that can read the verdict did (check_posted), whether it acts on it or not; those the
-        # verdict found gone or stopped are not waited for.
+        # as soon as every peer that can read the verdict did (armed, below; or declined it, check_posted); those
+        # the verdict found gone or stopped are not waited for.
         deadline = time.monotonic() + max(4 * policy.config.interval + 1.0, ACK_WAIT_MIN_S)
         expected = policy.world_size - 1 - len(policy.silent_peers)
         try:
             while time.monotonic() < deadline and policy.job.acks(outcome.number) < expected:
                 time.sleep(0.05)
+        except StoreUnavailable:
+            pass
+    else:  # armed first (above): once the writer leaves, this rank's failing collective ends it with the verdict
+        try:
+            policy.job.ack(outcome.number)
         except StoreUnavailable:
             pass
     os._exit(policy.exit_code)
