@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+# Peers whose send/recv counts a snapshot carries (a ring or a pipeline has a few): the recorder keeps no more, and
+# analysis/p2p.py reads a pair missing from a table below this size as none.
+P2P_COUNTS_KEPT = 64
+
 
 class Collective(NamedTuple):
     """One public function of torch.distributed."""

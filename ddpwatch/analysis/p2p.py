@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from ..catalogue import P2P_COUNTS_KEPT
 from .passes import finding
 from .reading import code_of, members, user_line_now, user_location
 
@@ -22,7 +23,6 @@ INTO_COLLECTIVE = "into_collective"  # a peer sits in a collective the sender (o
 CROSSED = "crossed"  # sends and receives waited in an order that closes a cycle
 PIPELINE = "pipeline"  # the sends and receives of torch.distributed.pipelining's schedule: its stages disagree
 PIPELINING = "torch.distributed.pipelining"  # a record's origin when that library issued it
-COUNTS_KEPT = 64  # pairs a rank's p2p_counts holds at most (capture/record.py): below it, a pair not named is 0
 
 
 class Pending(NamedTuple):
@@ -218,7 +218,7 @@ def went_on_without(steps: list, states: dict) -> list:
 def _counted(state: dict | None) -> bool:
     """Whether a pair missing from the rank's p2p_counts means none (the table was not full)."""
     counts = (state or {}).get("p2p_counts")
-    return isinstance(counts, dict) and len(counts) < COUNTS_KEPT
+    return isinstance(counts, dict) and len(counts) < P2P_COUNTS_KEPT
 
 
 def exit_before_half(gone: dict, group, states: dict) -> dict | None:
@@ -248,7 +248,7 @@ def exit_before_half(gone: dict, group, states: dict) -> dict | None:
                 "site": {"file": site["file"], "line": chosen["line"], "function": site.get("function")},
                 "condition": chosen["condition"].get("text"),
                 "half_site": site,
-                "half_of": gone["rank"] if site.get("rank") == gone["rank"] else site.get("rank"),
+                "half_of": site["rank"],
             }
     return None
 
@@ -264,7 +264,8 @@ def _half_sites(gone: dict, group, states: dict) -> list:
             ops = record.get("ops") or [record]
             if any(op.get("op") == gone["half"] and op.get("peer") == gone["peer"] for op in ops):
                 site = user_location(record)
-                if site and isinstance(site.get("line"), int) and all(f["line"] != site["line"] for f in found):
+                seen = {(f["file"], f["line"]) for f in found}
+                if site and isinstance(site.get("line"), int) and (site.get("file"), site["line"]) not in seen:
                     found.append(dict(site, rank=rank))
     return found
 

@@ -10,6 +10,7 @@ import time
 import types
 from typing import TYPE_CHECKING, Any
 
+from ..catalogue import P2P_COUNTS_KEPT
 from ..config import DEFAULTS
 from ..format import build
 from .point_to_point import p2p_fields
@@ -33,7 +34,6 @@ _IN_FLIGHT, _COMPLETED = build.IN_FLIGHT, build.COMPLETED
 # Where the records come from (the `recorder` option): a wrapper on every collective, or torch's Flight Recorder
 # read by the watchdog thread when a rank stops making progress (watch/flight.py gives them through take_flight).
 PYTHON, FLIGHT = "python", "flight"
-P2P_COUNTS_KEPT = 64  # peers whose send/recv counts a snapshot carries (a ring or a pipeline has a few)
 # Library calls whose time windows the flight recorder keeps (call_window): well over the calls behind the records
 # one read of the Flight Recorder hands the ring (watch/flight.py, HISTORY_KEPT), a few tuples each.
 CALLS_KEPT = 256
