@@ -79,7 +79,7 @@ class Session:
             log.warning("ddpwatch: could not start the watchdog; training continues unwatched", exc_info=True)
             self.watchdog = None
             return
-        self._start_control(self.watchdog.rank, world_size, config_module.job_id())
+        self._start_control(self.watchdog.mailbox, self.watchdog.rank, world_size, config_module.job_id())
 
     def _flight_feed(self):
         """The Flight Recorder's feed where this session records with it; else None, the per-op wrappers in place
@@ -100,12 +100,12 @@ class Session:
         reduce_ops.install(self.patcher.patches, notes)  # the Flight Recorder does not keep the reduce op
         return flight.FlightFeed(self.recorder, self.patcher.group_name, notes)
 
-    def _start_control(self, rank: int, world_size: int, job: str) -> None:
+    def _start_control(self, mailbox, rank: int, world_size: int, job: str) -> None:
         """SIGUSR1 -> a report now; SIGTERM -> a report being written may finish; an entry for `ddpwatch dump`."""
         if not self.config.signals:
             return
         try:
-            control = signals.LiveControl(self)
+            control = signals.LiveControl(mailbox)
             entry = {
                 "pid": self.pid,
                 "rank": rank,
@@ -122,7 +122,7 @@ class Session:
 
     def disarm(self) -> None:
         watchdog = self.watchdog
-        if watchdog is not None and signals.report_in_progress(watchdog):
+        if watchdog is not None and watchdog.mailbox.report_in_progress():
             watchdog.stop()  # first, while ddpwatch's SIGTERM handler, which waits for that report, is installed
         control, self.control = self.control, None
         if control is not None:

@@ -14,6 +14,7 @@ from ddpwatch import analysis, config
 from ddpwatch.config import ABORT, REPORT, Action, Config
 from ddpwatch.watch import abort, evidence, verdict
 from ddpwatch.watch.abort import AbortPolicy, Outcome
+from ddpwatch.watch.mailbox import Mailbox
 from ddpwatch.capture.record import Recorder
 from ddpwatch.watch.store import JobProtocol, StateStore
 
@@ -43,7 +44,7 @@ def test_action_names_are_spelt_only_in_config():
 
 
 def test_the_exit_code_is_decided_in_one_place():
-    assert AbortPolicy(Config(exit_code=9), 0, 2, None, None, set()).exit_code == 9
+    assert AbortPolicy(Config(exit_code=9), 0, 2, None, Mailbox(None), set()).exit_code == 9
     body = open(abort.__file__, encoding="utf-8").read() + open(watchdog_module.__file__, encoding="utf-8").read()
     assert body.count("config.exit_code") == 1  # AbortPolicy.exit_code; every exit reads that
 
@@ -52,7 +53,7 @@ def test_the_leader_writes_torchruns_error_file_and_arms_only_under_a_rank_endin
     error_file = tmp_path / "error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
     incident = {"findings": [{"kind": "deadlock", "ranks": [1], "summary": "stuck"}], "report_dir": None}
-    policy = AbortPolicy(Config(action=ABORT), 0, 2, None, None, set())
+    policy = AbortPolicy(Config(action=ABORT), 0, 2, None, Mailbox(None), set())
     policy.verdict_out(incident, REPORT)
     assert not error_file.exists() and not policy.armed
     policy.verdict_out(incident, ABORT)
@@ -93,7 +94,7 @@ def test_the_writer_waits_for_the_acknowledgement_of_every_peer_but_those_the_ve
     monkeypatch.setattr(abort, "time", Clock())
     monkeypatch.setattr(abort.os, "_exit", exit_now)
     monkeypatch.setattr(abort, "say", lambda text: None)
-    policy = AbortPolicy(Config(action=ABORT, interval=0.05), 0, 3, Job(), None, set())
+    policy = AbortPolicy(Config(action=ABORT, interval=0.05), 0, 3, Job(), Mailbox(None), set())
     policy.verdict_out({"findings": [{"kind": kind, "ranks": [1]}]}, ABORT)
     with pytest.raises(Ended):
         abort.end_rank(policy, Outcome(1, None, True))
@@ -106,10 +107,10 @@ def test_a_peer_acts_on_a_posted_verdict_only_under_its_own_rank_ending_action(s
     acted = []
     monkeypatch.setitem(abort.POLICIES, ABORT, lambda policy, outcome: acted.append(outcome))
     own = {"rank": 1, "status": "running", "idle_s": 1.0, "inflight": [{"group": "0", "seq": 3, "age_s": 1.0}]}
-    reporting = AbortPolicy(Config(action=REPORT), 1, 2, job, None, set())
+    reporting = AbortPolicy(Config(action=REPORT), 1, 2, job, Mailbox(None), set())
     reporting.consider(1, {"action": ABORT, "leader": 0})
     assert reporting.state == abort.IDLE  # a peer's info never upgrades report to abort
-    policy = AbortPolicy(Config(action=ABORT, grace=0.5), 1, 2, job, None, set())
+    policy = AbortPolicy(Config(action=ABORT, grace=0.5), 1, 2, job, Mailbox(None), set())
     policy.consider(1, {"action": ABORT, "leader": 0})
     assert policy.state == abort.PENDING
     policy.check_posted(lambda: own)
@@ -165,9 +166,7 @@ def test_a_sigterm_after_the_verdict_ends_the_rank_with_the_policys_exit_code(mo
     quietly with the abort policy's exit code (before it, the program's own handler runs)."""
     from ddpwatch.watch import signals
 
-    class Session:
-        watchdog = watchdog_module.Watchdog(Recorder(), Config(action=ABORT, exit_code=9), 0, 2, None, "")
-
+    dog = watchdog_module.Watchdog(Recorder(), Config(action=ABORT, exit_code=9), 0, 2, None, "")
     exits = []
 
     def fake_exit(code):
@@ -175,9 +174,9 @@ def test_a_sigterm_after_the_verdict_ends_the_rank_with_the_policys_exit_code(mo
         raise Exited
 
     monkeypatch.setattr(os, "_exit", fake_exit)
-    live = signals.LiveControl(Session())
+    live = signals.LiveControl(dog.mailbox)
     assert live._ending_by_verdict() is False and exits == []
-    Session.watchdog.policy.arm()
+    dog.policy.arm()
     with pytest.raises(Exited):
         live._ending_by_verdict()
     assert exits == [9]
@@ -192,7 +191,7 @@ def terminating_watchdog(monkeypatch, views):
 
     recorder = Recorder()
     dog = watchdog_module.Watchdog(recorder, Config(action=REPORT), 0, 2, None, "")
-    monkeypatch.setattr(dog, "is_alive", lambda: True)
+    dog.mailbox.watching = True  # as start() has it
     looks, incidents = [], []
 
     def vanished(peers, job, config, stopping, own_state, linger=True):
@@ -213,26 +212,26 @@ def terminating_watchdog(monkeypatch, views):
 
 def test_a_sigterm_in_a_collective_reports_a_peer_that_crashed_after_one_look(monkeypatch):
     dog, looks, incidents = terminating_watchdog(monkeypatch, {1: {"fault": {"error": "SIGABRT", "file": "f"}}})
-    dog.look_for_a_vanished_peer()
-    assert dog.writing.is_set(), "the SIGTERM waits for this look (signals.finish_report)"
+    dog.mailbox.ask_look_for_a_vanished_peer()  # what the SIGTERM's thread asks
+    assert dog.mailbox.writing.is_set(), "the SIGTERM waits for this look (signals.finish_report)"
     dog._report_peer_failure()  # what the watchdog thread's next tick does
     assert looks == [True] and incidents == [{1: {"fault": {"error": "SIGABRT", "file": "f"}}}]
-    assert not dog.writing.is_set() and not dog._terminating.is_set()
+    assert not dog.mailbox.writing.is_set() and not dog.mailbox.terminating.is_set()
 
 
 def test_a_sigterm_reports_no_peer_that_ended_without_crashing(monkeypatch):
     """The user's Ctrl-C: torchrun SIGTERMs every rank, they end one after another; none left a fault file."""
     dog, looks, incidents = terminating_watchdog(monkeypatch, {1: {"last_state": {"rank": 1}}})
-    dog.look_for_a_vanished_peer()
+    dog.mailbox.ask_look_for_a_vanished_peer()
     dog._report_peer_failure()
-    assert looks == [True] and incidents == [] and not dog.writing.is_set()
+    assert looks == [True] and incidents == [] and not dog.mailbox.writing.is_set()
 
 
 def test_a_sigterm_outside_any_collective_asks_for_no_look(monkeypatch):
     dog, looks, incidents = terminating_watchdog(monkeypatch, {1: {"fault": {}}})
     dog.recorder.finish(dog.in_collective)
-    dog.look_for_a_vanished_peer()
-    assert not dog.writing.is_set() and not dog._terminating.is_set()
+    dog.mailbox.ask_look_for_a_vanished_peer()
+    assert not dog.mailbox.writing.is_set() and not dog.mailbox.terminating.is_set()
 
 
 def test_the_sigterm_path_asks_the_watchdog_to_look_before_it_waits_for_a_report(monkeypatch):
@@ -240,16 +239,11 @@ def test_the_sigterm_path_asks_the_watchdog_to_look_before_it_waits_for_a_report
 
     calls = []
 
-    class Watchdog:
-        writing = None
-
-        def look_for_a_vanished_peer(self):
+    class Asked(Mailbox):
+        def ask_look_for_a_vanished_peer(self):
             calls.append("look")
 
-    class Session:
-        watchdog = Watchdog()
-
-    live = signals.LiveControl(Session(), die=lambda signum: calls.append("die"))
+    live = signals.LiveControl(Asked(None), die=lambda signum: calls.append("die"))
     monkeypatch.setattr(live, "finish_report", lambda limit=None: calls.append("wait") or True)
     monkeypatch.setattr(live, "_handles", lambda signum: True)
     live._terminate(15)
@@ -259,17 +253,14 @@ def test_the_sigterm_path_asks_the_watchdog_to_look_before_it_waits_for_a_report
 def test_a_rank_a_signal_came_to_end_starts_no_look_for_a_hang_for_a_while_then_does_again():
     """Issue 41: a scheduler's SIGTERM to every rank is a stop. A rank whose program kept it alive past the window
     (a SIGHUP that reloads a configuration) is watched again."""
-    import time
-    import types
-
     from ddpwatch.watch import crashes
 
-    dog = types.SimpleNamespace(ending_signal="", ending_at=float("-inf"))
-    assert not crashes.being_ended(dog)
-    dog.ending_signal, dog.ending_at = "SIGTERM", time.monotonic()
-    assert crashes.being_ended(dog)
-    dog.ending_at -= crashes.ENDING_LOOK_S
-    assert not crashes.being_ended(dog)
+    mailbox = Mailbox(None)
+    assert not mailbox.being_ended(crashes.ENDING_LOOK_S)
+    mailbox.note_ending("SIGTERM")
+    assert mailbox.being_ended(crashes.ENDING_LOOK_S)
+    mailbox.ending_at -= crashes.ENDING_LOOK_S
+    assert not mailbox.being_ended(crashes.ENDING_LOOK_S)
 
 
 @pytest.mark.parametrize("gone_at_look", [1, 4, None])
@@ -325,7 +316,7 @@ def test_a_peer_is_armed_before_it_acknowledges_an_abort_verdict(monkeypatch):
         raise Ended(code)
 
     monkeypatch.setattr(abort.os, "_exit", exit_now)
-    policy = AbortPolicy(Config(action=ABORT), 1, 2, Job(), None, set())
+    policy = AbortPolicy(Config(action=ABORT), 1, 2, Job(), Mailbox(None), set())
     with pytest.raises(Ended):
         abort.end_rank(policy, Outcome(1, None, False))
     assert armed_at_ack == [True]

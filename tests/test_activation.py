@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 
 import pytest
 
@@ -25,6 +26,7 @@ import ddpwatch.bootstrap as bootstrap
 from ddpwatch import dump_client, registry
 from ddpwatch import session as session_module
 from ddpwatch.watch import signals
+from ddpwatch.watch.mailbox import Mailbox
 from ddpwatch.launch import free_port
 
 PTH = os.path.join(ROOT, bootstrap.PTH_NAME)
@@ -463,21 +465,16 @@ def test_first_init_installs_and_arms_and_sigusr1_dumps(tmp_path, monkeypatch, i
     assert dist.init_process_group is original
 
 
-class FakeWatchdog:
+class CountingMailbox(Mailbox):
+    """A watchdog's mailbox with no watchdog behind it, counting the reports asked for."""
+
     def __init__(self):
-        self.writing = threading.Event()
+        super().__init__(types.SimpleNamespace(inflight=0))
         self.dumps = 0
 
-    def request_dump(self):
+    def ask_dump(self):
         self.dumps += 1
-
-
-class FakeSession:
-    def __init__(self):
-        self.watchdog = FakeWatchdog()
-
-    def request_dump(self):
-        self.watchdog.request_dump()
+        super().ask_dump()
 
 
 @pytest.fixture
@@ -488,7 +485,9 @@ def live_control():
     made = []
 
     def make(**kwargs):
-        made.append(signals.LiveControl(FakeSession(), die=lambda signum: deaths.append((signum, time.monotonic()))))
+        made.append(
+            signals.LiveControl(CountingMailbox(), die=lambda signum: deaths.append((signum, time.monotonic())))
+        )
         return made[-1]
 
     yield make, deaths
@@ -515,9 +514,9 @@ def test_sigusr1_reaches_the_watchdog_once_and_chains_to_the_programs_handler(li
         assert live.start()
         assert live._thread is not None and live._thread.name == "ddpwatch-signals"
         os.kill(os.getpid(), signal.SIGUSR1)
-        assert _wait_for(lambda: theirs and live.session.watchdog.dumps)
+        assert _wait_for(lambda: theirs and live.mailbox.dumps)
         time.sleep(0.1)
-        assert theirs == [signal.SIGUSR1] and live.session.watchdog.dumps == 1  # one signal, one report
+        assert theirs == [signal.SIGUSR1] and live.mailbox.dumps == 1  # one signal, one report
         live.stop()
         assert signal.getsignal(signal.SIGUSR1) is not live._on_usr1 and not live._thread
         os.kill(os.getpid(), signal.SIGUSR1)
@@ -552,9 +551,9 @@ def test_sigterm_waits_for_a_report_being_written_then_dies_by_the_signal(live_c
     make, deaths = live_control
     live = make()
     live.start()
-    live.session.watchdog.writing.set()
+    live.mailbox.writing.set()
     started = time.monotonic()
-    threading.Timer(0.5, live.session.watchdog.writing.clear).start()
+    threading.Timer(0.5, live.mailbox.writing.clear).start()
     os.kill(os.getpid(), signal.SIGTERM)  # main-thread handler and reader thread both see it
     assert _wait_for(lambda: deaths, 5.0)
     time.sleep(0.2)
@@ -567,7 +566,7 @@ def test_sigterm_waits_at_most_the_grace(live_control, monkeypatch):
     monkeypatch.setattr(signals, "TERM_GRACE_S", 0.3)
     make, deaths = live_control
     live = make()
-    live.session.watchdog.writing.set()  # never cleared
+    live.mailbox.writing.set()  # never cleared
     started = time.monotonic()
     live._terminate(signal.SIGTERM)
     assert deaths and 0.25 <= deaths[0][1] - started < 1.5
@@ -642,23 +641,23 @@ def test_a_handler_installed_while_a_report_finishes_decides_instead(live_contro
     """The reader chose to end the process, then waits for a report; the program installs its handler meanwhile:
     the signal still pending in the main thread is the program's, so the reader backs out."""
     live, deaths = started(live_control)
-    live.session.watchdog.writing.set()
+    live.mailbox.writing.set()
     reader = from_reader(live, signal.SIGTERM)
     assert _wait_for(live._dying.locked)  # decided, and waiting for the report
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    live.session.watchdog.writing.clear()
+    live.mailbox.writing.clear()
     reader.join(5.0)
     assert deaths == [] and not live._dying.locked()
 
 
 def test_a_sigterm_our_handler_consumed_ends_the_process_whatever_is_installed_later(live_control):
     live, deaths = started(live_control)
-    live.session.watchdog.writing.set()
+    live.mailbox.writing.set()
     reader = from_reader(live, signal.SIGTERM)
     assert _wait_for(live._dying.locked)
     live._on_term(signal.SIGTERM, None)  # the main thread ran ours for the same signal: it returns at once
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    live.session.watchdog.writing.clear()
+    live.mailbox.writing.clear()
     reader.join(5.0)
     assert [signum for signum, _ in deaths] == [signal.SIGTERM]
 
@@ -671,7 +670,7 @@ def test_sigint_stays_keyboardinterrupt_and_is_never_acted_on(live_control):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5.0)
         from_reader(live, signal.SIGINT).join()
-        assert deaths == [] and live.session.watchdog.dumps == 0
+        assert deaths == [] and live.mailbox.dumps == 0
     finally:
         signal.signal(signal.SIGINT, previous)
 
@@ -684,21 +683,19 @@ def test_sigusr1_under_a_handler_installed_after_ours_asks_no_report(live_contro
     os.kill(os.getpid(), signal.SIGUSR1)
     assert _wait_for(lambda: theirs)
     time.sleep(0.2)
-    assert live.session.watchdog.dumps == 0
+    assert live.mailbox.dumps == 0
     signal.signal(signal.SIGUSR1, lambda signum, frame: live._on_usr1(signum, frame))  # one that calls ours
     os.kill(os.getpid(), signal.SIGUSR1)
-    assert _wait_for(lambda: live.session.watchdog.dumps)
+    assert _wait_for(lambda: live.mailbox.dumps)
     time.sleep(0.2)
-    assert live.session.watchdog.dumps == 1 and theirs == [signal.SIGUSR1]
+    assert live.mailbox.dumps == 1 and theirs == [signal.SIGUSR1]
 
 
-def test_report_in_progress_is_the_watchdogs_writing_event():
-    class Watchdog:
-        writing = threading.Event()
-
-    assert not signals.report_in_progress(Watchdog) and not signals.report_in_progress(None)
-    Watchdog.writing.set()
-    assert signals.report_in_progress(Watchdog)
+def test_report_in_progress_is_the_mailboxs_writing_event():
+    mailbox = CountingMailbox()
+    assert not mailbox.report_in_progress()
+    mailbox.writing.set()
+    assert mailbox.report_in_progress()
 
 
 @pytest.mark.real

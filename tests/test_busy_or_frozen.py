@@ -194,7 +194,7 @@ def test_a_silent_peer_on_another_host_past_the_timeout_says_busy_cannot_be_told
 
 
 def test_a_frozen_peers_stack_is_read_from_outside_once(monkeypatch):
-    from ddpwatch.watch.incident_writer import IncidentWriter
+    from ddpwatch.watch.incident_writer import IncidentWriter, RankIdentity
 
     reads = []
     monkeypatch.setattr(
@@ -202,7 +202,13 @@ def test_a_frozen_peers_stack_is_read_from_outside_once(monkeypatch):
     )
     tracker = quiet_tracker([facts("stopped"), facts("stopped")])
     writer = IncidentWriter(
-        None, Config(), 1, 2, HOST, "", answers=None, policy=None, logged=set(), stopping=threading.Event()
+        None,
+        Config(),
+        RankIdentity(1, 2, HOST, ""),
+        answers=None,
+        policy=None,
+        logged=set(),
+        stopping=threading.Event(),
     )
     for now in (START + 20.0, START + 21.0):
         silent = tracker.silent_peers(gil_holder_states(), now)

@@ -19,7 +19,7 @@ from ddpwatch.config import Config  # noqa: E402
 from ddpwatch.render.basis_words import basis_line, worded_basis  # noqa: E402
 from ddpwatch.watch import incident_writer, throttle  # noqa: E402
 from ddpwatch.watch.fingerprints import asked_positions  # noqa: E402
-from ddpwatch.watch.incident_writer import IncidentWriter  # noqa: E402
+from ddpwatch.watch.incident_writer import IncidentWriter, RankIdentity  # noqa: E402
 
 SUM, MAX = F.signature(), F.signature(reduce="max")
 
@@ -44,10 +44,7 @@ def writer_for(tmp_path, monkeypatch, own: dict, peers: dict):
     writer = IncidentWriter(
         job,
         Config(dir=str(tmp_path)),
-        0,
-        2,
-        "node0",
-        "t",
+        RankIdentity(0, 2, "node0", "t"),
         answers=answers,
         policy=Policy(),
         logged=set(),

@@ -18,7 +18,7 @@ from ddpwatch import analysis, atomic  # noqa: E402
 from ddpwatch.config import Config  # noqa: E402
 from ddpwatch.format import documents  # noqa: E402
 from ddpwatch.watch import evidence, incident_writer  # noqa: E402
-from ddpwatch.watch.incident_writer import IncidentWriter  # noqa: E402
+from ddpwatch.watch.incident_writer import IncidentWriter, RankIdentity  # noqa: E402
 
 
 def native(function: str) -> dict:
@@ -71,10 +71,7 @@ def write_one(tmp_path, monkeypatch, stopping: bool = False, native_stacks: bool
     writer = IncidentWriter(
         job,
         Config(dir=str(tmp_path), native_stacks=native_stacks),
-        0,
-        2,
-        states[0]["host"],
-        "t",
+        RankIdentity(0, 2, states[0]["host"], "t"),
         answers=OwnAnswer(job, states[0]),
         policy=Policy(events),
         logged=set(),

@@ -244,6 +244,173 @@ def test_the_watchdogs_parts_never_import_the_watchdog():
         assert "ddpwatch.watch.watchdog" not in _imports(name, modules[name], modules), part
 
 
+# The top-level modules (issue 44 point 4): shared leaves that any stage may use, which import no stage but the
+# report format; and entry points (the session, the CLI, the bootstrap...), which may import any stage and which
+# no stage and no leaf imports. A new top-level module must be put in one of the two.
+SHARED_LEAVES = {
+    "ddpwatch.atomic",
+    "ddpwatch.catalogue",
+    "ddpwatch.config",
+    "ddpwatch.config_files",
+    "ddpwatch.flight_entries",
+    "ddpwatch.frames",
+    "ddpwatch.launch",
+    "ddpwatch.logonce",
+    "ddpwatch.private",
+    "ddpwatch.registry",
+    "ddpwatch.terminal",
+}
+ENTRY_POINTS = {
+    "ddpwatch.__main__",
+    "ddpwatch.bootstrap",
+    "ddpwatch.cli",
+    "ddpwatch.demo",
+    "ddpwatch.dump_client",
+    "ddpwatch.examples",
+    "ddpwatch.lint",
+    "ddpwatch.session",
+}
+
+
+def _top_level(modules: dict) -> set:
+    return {module for module in modules if module.count(".") == 1 and _stage(module) is None}
+
+
+def _top_level_import_errors(modules: dict, graph: dict) -> list:
+    wrong = [
+        f"{module} is neither a shared leaf nor an entry point"
+        for module in sorted(_top_level(modules) - SHARED_LEAVES - ENTRY_POINTS)
+    ]
+
+    def entry(module):  # a package's own modules (bootstrap.sitecustomize) are that entry point too
+        return any(module == point or module.startswith(point + ".") for point in ENTRY_POINTS)
+
+    for module in sorted(graph):
+        for imported in sorted(graph[module]):
+            if entry(imported) and not entry(module):
+                wrong.append(f"{module} imports the entry point {imported}")
+            elif module in SHARED_LEAVES and imported not in SHARED_LEAVES and _stage(imported) != "ddpwatch.format":
+                wrong.append(f"the shared leaf {module} imports {imported}")
+    return wrong
+
+
+def test_the_top_level_modules_are_leaves_or_entry_points_and_imports_point_one_way():
+    modules = _modules()
+    graph = {module: _imports(module, path, modules) for module, path in modules.items()}
+    assert _top_level_import_errors(modules, graph) == []
+
+
+def test_the_top_level_check_finds_a_leaf_importing_a_stage_and_a_stage_importing_the_session():
+    modules = dict.fromkeys(["ddpwatch.config", "ddpwatch.session", "ddpwatch.watch.store", "ddpwatch.new"], "")
+    graph = {
+        "ddpwatch.config": {"ddpwatch.watch.store"},
+        "ddpwatch.watch.store": {"ddpwatch.session"},
+        "ddpwatch.session": {"ddpwatch.watch.store"},
+        "ddpwatch.new": set(),
+    }
+    assert _top_level_import_errors(modules, graph) == [
+        "ddpwatch.new is neither a shared leaf nor an entry point",
+        "the shared leaf ddpwatch.config imports ddpwatch.watch.store",
+        "ddpwatch.watch.store imports the entry point ddpwatch.session",
+    ]
+
+
+# The watchdog alone decides and acts (issue 44 point 4): its parts are given data and return results. Neither the
+# Watchdog nor the Session hands itself, or a method of itself, to anything it calls or constructs: what another
+# thread must tell the watchdog goes through its mailbox (watch/mailbox.py), events and values.
+HOLDERS = {"ddpwatch.watch.watchdog": "Watchdog", "ddpwatch.session": "Session"}
+
+
+def _handed_out(source: str, class_name: str) -> list:
+    """Each call inside `class_name`'s methods given `self`, a bound method of the class, or a lambda or nested
+    function that calls one (super() aside): 'method: call(argument)'."""
+    [cls] = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    methods = {n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+    def is_self_or_method(node) -> bool:
+        if isinstance(node, ast.Name) and node.id == "self":
+            return True
+        return (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and (node.attr in methods)
+        )
+
+    def hands_self(node) -> bool:
+        if is_self_or_method(node):
+            return True
+        if isinstance(node, ast.Lambda):  # a closure that calls back: `lambda: self.run_incident(...)`
+            return any(isinstance(n, ast.Call) and is_self_or_method(n.func) for n in ast.walk(node.body))
+        return False
+
+    found = []
+    for method in cls.body:
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for call in [n for n in ast.walk(method) if isinstance(n, ast.Call)]:
+            if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Call):
+                if isinstance(call.func.value.func, ast.Name) and call.func.value.func.id == "super":
+                    continue
+            for argument in list(call.args) + [keyword.value for keyword in call.keywords]:
+                if hands_self(argument):
+                    found.append(f"{method.name}: {ast.unparse(call.func)}({ast.unparse(argument)})")
+    return found
+
+
+def test_neither_the_watchdog_nor_the_session_hands_itself_or_a_method_of_itself_to_a_part():
+    modules = _modules()
+    handed = {
+        module: _handed_out(open(modules[module], encoding="utf-8").read(), name) for module, name in HOLDERS.items()
+    }
+    assert handed == {module: [] for module in HOLDERS}
+
+
+def test_the_hand_out_check_finds_self_a_bound_method_and_a_closure():
+    source = (
+        "class Watchdog:\n"
+        "    def __init__(self):\n"
+        "        super().__init__(name='x')\n"
+        "        self.catch_up = CatchUp(self.policy, self.wake)\n"
+        "        self.parts = Part(self)\n"
+        "        self.ok = Part(self.job.run, self.recorder)\n"
+        "        hook(lambda: self.run_incident(1))\n"
+        "    def wake(self):\n"
+        "        pass\n"
+        "    def run_incident(self, n):\n"
+        "        crashes.report_vanished(self, n)\n"
+    )
+    assert _handed_out(source, "Watchdog") == [
+        "__init__: CatchUp(self.wake)",
+        "__init__: Part(self)",
+        "__init__: hook(lambda: self.run_incident(1))",
+        "run_incident: crashes.report_vanished(self)",
+    ]
+
+
+def test_no_part_reaches_the_watchdog_or_the_session_by_name():
+    """A part handed something else can still reach back: `getattr(session, "watchdog")`, a parameter named `dog`.
+    Outside the session (which owns the watchdog) no module reads a `watchdog` attribute or names a parameter for
+    either."""
+    reaching = []
+    for module, path in _modules().items():
+        if module == "ddpwatch.session":
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Attribute) and node.attr == "watchdog":
+                reaching.append(f"{module}: .{node.attr}")
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr", "setattr")
+                and any(isinstance(a, ast.Constant) and a.value in ("watchdog", "session") for a in node.args)
+            ):
+                reaching.append(f"{module}: {ast.unparse(node)}")
+            elif isinstance(node, ast.arg) and node.arg in ("dog", "watchdog", "session"):
+                reaching.append(f"{module}: parameter {node.arg}")
+    assert reaching == []
+
+
 def test_the_peer_tracker_reads_no_clock_and_touches_no_store_or_thread():
     path = _modules()["ddpwatch.watch.peers"]
     imported = {

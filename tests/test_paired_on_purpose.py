@@ -16,6 +16,7 @@ from ddpwatch.format import build
 from ddpwatch.render import wording
 from ddpwatch.render.text import render_text
 from ddpwatch.watch.abort import AbortPolicy
+from ddpwatch.watch.mailbox import Mailbox
 from ddpwatch.watch.fingerprints import FingerprintLog, _reduce_name
 
 A, B = ("stats.py", 10, "share"), ("stats.py", 12, "share")
@@ -150,12 +151,12 @@ def test_reduce_ops_are_named_by_their_type_not_their_address():
     "stage", [s for s in analysis.STAGES if s.proves], ids=lambda s: s.name if hasattr(s, "name") else str(s)
 )
 def test_under_abort_every_stage_that_proves_a_fact_ends_the_job(stage):
-    policy = AbortPolicy(Config(action=ABORT), 0, 2, None, None, set())
+    policy = AbortPolicy(Config(action=ABORT), 0, 2, None, Mailbox(None), set())
     assert policy.action_for(stage.verdict) == ABORT
 
 
 def test_under_abort_a_completed_mismatch_and_a_dump_are_reported_only():
-    policy = AbortPolicy(Config(action=ABORT), 0, 2, None, None, set())
+    policy = AbortPolicy(Config(action=ABORT), 0, 2, None, Mailbox(None), set())
     assert [s.name for s in analysis.STAGES if not s.proves] == ["completed"]
     assert policy.action_for(analysis.MISMATCH) == REPORT and policy.action_for(analysis.DUMP) == REPORT
 

@@ -186,7 +186,7 @@ def abort_watchdog(monkeypatch, action="report"):
     monkeypatch.setattr(abort, "end_process", fake_end)
     recorder = Recorder()
     dog = watchdog_module.Watchdog(recorder, Config(exit_code=7, action=action), 1, 2, None, "")
-    recorder.set_failure_hook(dog.on_collective_failure)  # what start() installs (the thread is never started here)
+    recorder.set_failure_hook(dog.failure_hook)  # what start() installs (the thread is never started here)
     return dog, recorder, codes
 
 
@@ -607,8 +607,8 @@ def caught_up_watchdog(monkeypatch, action, incident):
     """A watchdog whose thread 'runs' (its catch-up done at once, as the loop would on its wake-up) and whose store
     holds `incident` (None: no incident) as its newest."""
     dog, recorder, codes = abort_watchdog(monkeypatch, action=action)
-    monkeypatch.setattr(dog, "is_alive", lambda: True)
-    monkeypatch.setattr(dog.catch_up, "_wake", lambda: dog.catch_up.serve(dog._answer_incidents))
+    dog.mailbox.watching = True  # as start() has it
+    monkeypatch.setattr(dog.mailbox, "wake", dog._catch_up)  # the loop's wake-up, at once
     monkeypatch.setattr(dog.job, "latest_incident", lambda: 0 if incident is None else 1)
     monkeypatch.setattr(dog.job, "incident_info", lambda number: incident)
     monkeypatch.setattr(dog.answers, "peer", lambda number, needed, since=None: False)

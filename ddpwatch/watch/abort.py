@@ -90,12 +90,12 @@ class AbortPolicy:
     to IDLE when the posted verdict is not one to act on. The leader goes from IDLE to ARMED when it says the verdict.
     """
 
-    def __init__(self, config, rank: int, world_size: int, job, writing: threading.Event, logged: set):
+    def __init__(self, config, rank: int, world_size: int, job, mailbox, logged: set):
         self.config = config
         self.rank = rank
         self.world_size = world_size
         self.job = job
-        self.writing = writing  # set while a report is being written: an ending rank waits for it
+        self.mailbox = mailbox  # its `writing`: an ending rank waits for the report; told the exit code once armed
         self.logged = logged  # the watchdog's warnings said once
         self.state = IDLE
         self.pending: int | None = None  # the incident whose verdict a PENDING rank waits for
@@ -117,6 +117,7 @@ class AbortPolicy:
 
     def arm(self) -> None:
         self.state, self.pending = ARMED, None
+        self.mailbox.abort_code = self.exit_code  # a launcher's SIGTERM now ends the rank with it (signals.py)
 
     def action_for(self, trigger: str) -> str:
         """The action of an incident this rank leads: its own configured one where the incident rests on a fact;
@@ -196,7 +197,7 @@ class AbortPolicy:
         or a staging folder is left behind."""
         if not on_watchdog_thread:
             deadline = time.monotonic() + evidence.PY_SPY_TIMEOUT_S + 2.0
-            while self.writing.is_set() and time.monotonic() < deadline:
+            while self.mailbox.writing.is_set() and time.monotonic() < deadline:
                 time.sleep(0.05)
         end_process(self.exit_code)
 
@@ -210,9 +211,9 @@ class CatchUp:
     waits at most CATCH_UP_S, and the policy then decides as it would have (AbortPolicy.ends_on_failure). The
     read is the watchdog's, on its thread: a store that no longer answers holds up the failing thread no longer."""
 
-    def __init__(self, policy: AbortPolicy, wake):
+    def __init__(self, policy: AbortPolicy, mailbox):
         self.policy = policy
-        self._wake = wake  # the watchdog's: its loop then serve()s at once
+        self._mailbox = mailbox  # woken: the watchdog's loop then serve()s at once
         self._asked = threading.Event()
         self._done = threading.Event()
 
@@ -226,19 +227,38 @@ class CatchUp:
             return False
         self._done.clear()
         self._asked.set()
-        self._wake()
+        self._mailbox.wake()
         self._done.wait(CATCH_UP_S)
         return self.policy.ends_on_failure(error)
 
-    def serve(self, read_newest_incident) -> None:
-        """(The watchdog thread, each wake-up.) Read the newest incident if a failing collective asked."""
+    def asked(self) -> bool:
+        """(The watchdog thread, each wake-up.) Whether a failing collective asked for the newest incident to be read
+        (the request is taken: call served() once it is read, or could not be)."""
         if not self._asked.is_set():
-            return
+            return False
         self._asked.clear()
-        try:
-            read_newest_incident()
-        finally:
-            self._done.set()
+        return True
+
+    def served(self) -> None:
+        self._done.set()
+
+
+class FailureHook:
+    """(The training thread.) What a failing collective does, the recorder calling it: end the rank if the abort
+    policy says so; else, a peer gone (gloo: "Connection closed by peer"), have the watchdog look for it and report
+    it on its own thread, and return at once: the user's exception goes on as it would without ddpwatch (the
+    program's own `except` may be writing an emergency checkpoint)."""
+
+    def __init__(self, catch_up: CatchUp, mailbox):
+        self.catch_up = catch_up
+        self.mailbox = mailbox
+
+    def __call__(self, error: BaseException) -> None:
+        on_watchdog = self.mailbox.on_watchdog_thread()
+        if self.catch_up.ends_rank_on(error, may_ask=not on_watchdog and self.mailbox.watching):
+            self.catch_up.policy.end_on_failure(on_watchdog_thread=on_watchdog)
+        if not on_watchdog and peer_gone(error):
+            self.mailbox.report_peer_failure()
 
 
 def _names_a_crash(incident: dict) -> bool:

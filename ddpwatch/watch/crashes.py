@@ -19,7 +19,6 @@ import re
 import time
 
 from .. import analysis, private
-from ..config import REPORT
 
 from ..capture.sites import is_internal_file
 
@@ -237,17 +236,14 @@ def vanished(peers, job, config, stopping, own_state, linger=True) -> tuple:
 ENDING_LOOK_S = 10.0
 
 
-def being_ended(dog) -> bool:
-    """Whether a signal that ends processes came to this rank within ENDING_LOOK_S: its peers going is a stop."""
-    return bool(dog.ending_signal) and time.monotonic() - dog.ending_at < ENDING_LOOK_S
+def vanished_incident(
+    peers, job, config, stopping, own_state, crashed_only: bool
+) -> tuple[analysis.Assessment, dict] | None:
+    """(assessment, {rank: view}) of the peers gone after a collective failed (vanished, above), or None: nothing to
+    report. The watchdog claims and writes it, once per set of ranks (the assessment's fingerprint).
 
-
-def report_vanished(dog, terminating, stopped) -> None:
-    """Report the peers gone (vanished, above), once per set of ranks; `dog`: the Watchdog, whose `writing` (a SIGTERM
-    waits while it is set) is cleared on the way out, as `terminating` is.
-
-    `terminating` set: a SIGTERM's look (Watchdog.look_for_a_vanished_peer), one look, not FAILURE_REPORT_S of them
-    (else `stopped`, the watchdog's own stop: a collective failed on a peer gone, LAST_LOOK_S of looks). torchrun
+    `crashed_only`: a SIGTERM's look (`stopping` is then its event), one look, not FAILURE_REPORT_S of them (else
+    `stopping` is the watchdog's own stop: a collective failed on a peer gone, LAST_LOOK_S of looks). torchrun
     SIGTERMs the other ranks once one has exited, and under load that can come before this rank's collective has
     failed (the peer's abort closed the connection; gloo has not raised in Python yet): the report of the peer's
     failure was lost (gloo's size-mismatch abort: 2 runs in 21 beside four CPU-bound processes). Only a peer that
@@ -256,18 +252,8 @@ def report_vanished(dog, terminating, stopped) -> None:
     scheduler's SIGTERM to every rank) published its exit first (signals.py), so it is no vanished peer at all; one
     that vanished without a word (os._exit, SIGKILL, a segfault) is reported even while torchrun's SIGTERM ends this
     rank."""
-    crashed_only = terminating.is_set()
-    try:
-        silent, findings = vanished(
-            dog.peers, dog.job, dog.config, terminating if crashed_only else stopped, dog.states.read, not crashed_only
-        )
-        if not silent or (crashed_only and not all("fault" in view for view in silent.values())):
-            return
-        fingerprint = "peer-failure-" + "-".join(str(r) for r in sorted(silent))
-        if fingerprint not in dog.reported and dog.job.claim(fingerprint):
-            dog.reported.add(fingerprint)
-            assessment = analysis.Assessment(analysis.SILENT, findings, fingerprint)
-            dog.run_incident(assessment, silent, action=REPORT)  # the user's exception follows; torchrun decides
-    finally:
-        terminating.clear()
-        dog.writing.clear()  # set by on_collective_failure or a SIGTERM's look: the SIGTERM waited for this
+    silent, findings = vanished(peers, job, config, stopping, own_state, linger=not crashed_only)
+    if not silent or (crashed_only and not all("fault" in view for view in silent.values())):
+        return None
+    fingerprint = "peer-failure-" + "-".join(str(r) for r in sorted(silent))
+    return analysis.Assessment(analysis.SILENT, findings, fingerprint), silent

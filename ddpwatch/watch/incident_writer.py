@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from .. import analysis
 from ..config import REPORT, action_row
@@ -91,32 +91,25 @@ class NativeReads:
         return natives
 
 
+class RankIdentity(NamedTuple):
+    """Which rank of which run writes: what every document it writes says of it."""
+
+    rank: int
+    world_size: int
+    host: str
+    run_tag: str
+
+
 class IncidentWriter:
     """Writes the incidents this rank leads, given what it needs: `job` (the store protocol), `answers` (this rank's
     answers: its own to its own incident), `policy` (abort.AbortPolicy, told when the verdict is out and when the
     report is written: torchrun's error file, the exit), `logged` (the watchdog's set of warnings said once) and
     `stopping` (an Event, set once the process exits: no native stacks are waited for then)."""
 
-    def __init__(
-        self,
-        job,
-        config,
-        rank: int,
-        world_size: int,
-        host: str,
-        run_tag: str,
-        *,
-        answers,
-        policy,
-        logged: set,
-        stopping: threading.Event,
-    ):
+    def __init__(self, job, config, identity: RankIdentity, *, answers, policy, logged: set, stopping: threading.Event):
         self.job = job
         self.config = config
-        self.rank = rank
-        self.world_size = world_size
-        self.host = host
-        self.run_tag = run_tag
+        self.rank, self.world_size, self.host, self.run_tag = identity
         self.answers = answers
         self.policy = policy
         self.logged = logged

@@ -41,23 +41,18 @@ def _default_disposition(signum: int) -> None:
     libc.signal(signum, None)  # SIG_DFL is the null handler
 
 
-def report_in_progress(watchdog) -> bool:
-    """Whether the watchdog is collecting or writing a report (its `writing` event is set for exactly that time)."""
-    flag = getattr(watchdog, "writing", None)
-    return bool(flag is not None and flag.is_set())
-
-
 class LiveControl:
     """SIGUSR1 and SIGTERM handlers for one armed session, installed from the main thread, restored on stop().
 
     A rank that hangs sits in a collective inside C++, and Python runs signal handlers only between bytecodes of
     the main thread: a plain handler would wait for the collective to time out. So the C-level handler also writes
     the signal number to a wakeup pipe (signal.set_wakeup_fd), which a small thread reads: a dump is requested, or
-    the process ends, while the main thread is still blocked.
+    the process ends, while the main thread is still blocked. What the handlers ask of the watchdog goes through its
+    mailbox (mailbox.py): a request, and a bounded wait for what it says back.
     """
 
-    def __init__(self, session, die=None):
-        self.session = session
+    def __init__(self, mailbox, die=None):
+        self.mailbox = mailbox
         self.pid = os.getpid()
         self.previous: dict = {}
         self._die_impl = die or self._die
@@ -190,16 +185,13 @@ class LiveControl:
         SIGINT's KeyboardInterrupt): that handler is the program's decision, and runs in the main thread as it
         would without ddpwatch."""
         if signum in ENDING_SIGNALS:
-            watchdog = getattr(self.session, "watchdog", None)
-            if watchdog is not None:
-                watchdog.ending_signal = signal.Signals(signum).name  # published with this rank's exit
-                watchdog.ending_at = time.monotonic()
+            self.mailbox.note_ending(signal.Signals(signum).name)  # published with this rank's exit
         if signum == signal.SIGTERM and self._ending_by_verdict():
             return  # not reached: the verdict ended this rank with ddpwatch's exit code, whatever handler is set
         if not self._handles(signum):
             return
         if signum == signal.SIGUSR1:
-            self.session.request_dump()
+            self.mailbox.ask_dump()
         elif signum == signal.SIGTERM and self.previous.get(signal.SIGTERM) is signal.SIG_DFL:
             # A Python handler set before ours runs in the main thread, as it would have without ddpwatch.
             self._terminate(signum)
@@ -226,7 +218,7 @@ class LiveControl:
         if os.getpid() == self.pid and not (self._wakeup_is_ours() and self._handles(signum)):
             # else the reader thread has asked already: one signal, one report. (The reader asks only while ours
             # is installed; here a handler the program installed later is calling ours.)
-            self.session.request_dump()
+            self.mailbox.ask_dump()
         previous = self.previous.get(signum)
         if callable(previous):
             previous(signum, frame)
@@ -247,10 +239,9 @@ class LiveControl:
         """An action=abort verdict is out, so this rank ends with ddpwatch's exit code anyway. A launcher's SIGTERM
         (torchrun, once the first rank has exited) then ends it quietly, after the report: no framework handler
         starting its own teardown, no traceback from collectives failing on the way down."""
-        policy = getattr(getattr(self.session, "watchdog", None), "policy", None)  # the watchdog's abort.AbortPolicy
-        if policy is None or not policy.armed or os.getpid() != self.pid:
+        code = self.mailbox.abort_code  # set by abort.AbortPolicy once armed
+        if code is None or os.getpid() != self.pid:
             return False
-        code = policy.exit_code
         self.finish_report()
         try:
             sys.stderr.write(f"ddpwatch: SIGTERM after the verdict; ending with exit code {code} (action=abort)\n")
@@ -262,29 +253,18 @@ class LiveControl:
     def _look_for_a_vanished_peer(self) -> None:
         """The launcher may be ending this rank because a peer exited, before this rank's collective failed: the
         watchdog looks once for a peer gone and reports it (finish_report waits for it)."""
-        self._ask_watchdog("look_for_a_vanished_peer")
-
-    def _ask_watchdog(self, method: str) -> None:
-        """Call the watchdog's `method`, if there is a watchdog; the process is ending, so a failure changes nothing
-        and the signal goes on as it would have."""
-        call = getattr(getattr(self.session, "watchdog", None), method, None)
-        if call is not None:
-            try:
-                call()
-            except Exception:
-                pass
+        self.mailbox.ask_look_for_a_vanished_peer()
 
     def finish_report(self, limit: float | None = None) -> bool:
         """Wait (at most `limit` seconds, default TERM_GRACE_S) for a report being written; True if one finished."""
         limit = TERM_GRACE_S if limit is None else limit
-        watchdog = self.session.watchdog
-        if not report_in_progress(watchdog):
+        if not self.mailbox.report_in_progress():
             return False
         sys.stderr.write(f"ddpwatch: SIGTERM while a report is being written; finishing it (at most {limit:.0f} s)\n")
         deadline = time.monotonic() + limit
-        while time.monotonic() < deadline and report_in_progress(watchdog):
+        while time.monotonic() < deadline and self.mailbox.report_in_progress():
             time.sleep(0.05)
-        return not report_in_progress(watchdog)
+        return not self.mailbox.report_in_progress()
 
     def _terminate(self, signum: int) -> None:
         """End the process by `signum` with its default action, as if ddpwatch had never been there."""
@@ -301,8 +281,8 @@ class LiveControl:
             return
         unregister(self.registry_path)
         # The default action runs no atexit: the exit, with its signal, is published first, so the peers see a
-        # stop and not a rank that vanished (crashes.report_vanished)
-        self._ask_watchdog("publish_exit")
+        # stop and not a rank that vanished (crashes.vanished_incident)
+        self.mailbox.ask_exit_published()  # a bounded wait: the watchdog publishes it, then ends its loop
         self._die_impl(signum)
 
     @staticmethod

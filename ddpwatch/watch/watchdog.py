@@ -10,14 +10,16 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import analysis
+from ..config import REPORT
 from ..format import build
 from ..logonce import log_once
-from .abort import AbortPolicy, CatchUp, Outcome, peer_gone
+from .abort import AbortPolicy, CatchUp, FailureHook, Outcome
 from . import crashes
 from .answers import Answers
 from .fingerprints import FingerprintLog, MismatchCheck, asked_positions
 from .flight import NO_FEED
-from .incident_writer import IncidentWriter
+from .incident_writer import IncidentWriter, RankIdentity
+from .mailbox import Mailbox
 from .peers import PeerTracker
 from .rank_state import StateReader
 from .store import LEADER, JobProtocol, StoreUnavailable
@@ -49,23 +51,16 @@ class Watchdog(threading.Thread):
         self.registered_waiting = False
         self.reported: set = set()
         self._stop_event = threading.Event()
-        # Held except to wake the loop at once (stop(), a peer's failure): the loop sleeps in one timed acquire of
-        # it, a single C call where Event.wait ran a Condition's Python code on every wake-up (2-3 a second).
-        self._wake = threading.Lock()
-        self._wake.acquire()
-        self._dump_requested = threading.Event()
-        self.writing = threading.Event()  # set while a report is being written: SIGTERM waits for it (signals.py)
-        self._peer_failure = threading.Event()
-        self._terminating = threading.Event()  # a SIGTERM asked for one look for a peer gone (signals.py)
-        self.ending_signal = ""  # the name of a signal that came to end this process (signals.py notes it)
-        self.ending_at = float("-inf")  # when it came (monotonic): crashes.being_ended
+        # What other threads ask of this one (a failing collective, a signal) and what it tells them: its parts are
+        # given the mailbox, never this thread or a method of it.
+        self.mailbox = Mailbox(recorder)
         self._logged: set = set()
         self.throttle = IncidentThrottle(self._logged)  # how many incidents this rank may lead (throttle.py)
         self._store_ok = True
         self.states = StateReader(recorder, config, rank, world_size, self.host, self._logged, self.job.run)
         self.peers = PeerTracker(rank, world_size, self.host, config)
-        self.policy = AbortPolicy(config, rank, world_size, self.job, self.writing, self._logged)
-        self.catch_up = CatchUp(self.policy, self.wake)
+        self.policy = AbortPolicy(config, rank, world_size, self.job, self.mailbox, self._logged)
+        self.failure_hook = FailureHook(CatchUp(self.policy, self.mailbox), self.mailbox)
         self.answers = Answers(self.job, rank, self.states, native_on=config.native_stacks)
         self.states.fingerprints = log = FingerprintLog(recorder, self.feed.refresh)
         self.mismatches = MismatchCheck(log, rank, world_size, lambda: recorder.groups)
@@ -74,10 +69,7 @@ class Watchdog(threading.Thread):
         self.writer = IncidentWriter(
             self.job,
             config,
-            rank,
-            world_size,
-            self.host,
-            run_tag,
+            RankIdentity(rank, world_size, self.host, run_tag),
             answers=self.answers,
             policy=self.policy,
             logged=self._logged,
@@ -92,7 +84,7 @@ class Watchdog(threading.Thread):
         if not self.policy.armed:  # after an abort verdict the hook stays: a failing collective still ends the rank
             self.recorder.set_failure_hook(None)
         self._stop_event.set()
-        self.wake()
+        self.mailbox.wake()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
         self.publish_exit()
@@ -103,22 +95,25 @@ class Watchdog(threading.Thread):
             self.job.publish(self.rank, self.state())
         except Exception:
             pass  # the thread will find out, and log, on its first round
-        self.recorder.set_failure_hook(self.on_collective_failure)
+        self.recorder.set_failure_hook(self.failure_hook)
+        self.mailbox.watching = True
         super().start()
 
     def run(self) -> None:
         """A full round every `interval`; between rounds a look (a few attribute reads) when this rank can first have
         been blocked for `grace`, so a rank just blocked publishes at once (the last to block proves a deadlock
         itself); while blocked, a look every FAST_S for an incident to answer (training waits: it slows nothing)."""
+        self.mailbox.watchdog_thread = threading.get_ident()
         due = time.monotonic() + self.config.interval
         while True:
-            self._wake.acquire(timeout=self._pause(time.monotonic(), due))
-            if self._stop_event.is_set():
+            self.mailbox.sleep(self._pause(time.monotonic(), due))
+            if self._stop_event.is_set() or self.mailbox.exit_asked.is_set():
                 self._last_words()
+                self.mailbox.watching = False
                 return
             now = time.monotonic()
             try:
-                self.catch_up.serve(self._answer_incidents)
+                self._catch_up()
                 self.feed.poll(now)
                 if not self._store_ok:
                     if now >= due:
@@ -131,7 +126,7 @@ class Watchdog(threading.Thread):
                     self._answer_incidents()
                     self.policy.check_posted(self.states.read)
             except StoreUnavailable as exc:
-                self._store_ok = False
+                self._store_ok = self.mailbox.watching = False
                 self._log_once(
                     "store",
                     "ddpwatch: the store stopped answering (%s); no longer publishing; "
@@ -141,18 +136,25 @@ class Watchdog(threading.Thread):
             except Exception:
                 self._log_once("tick", "ddpwatch: watchdog error, continuing", exc_info=True)
 
-    def _last_words(self) -> None:
-        """Stopping (the process exits) with a peer's failure not yet looked at: one look, and its report."""
-        if not (self._peer_failure.is_set() and self._store_ok):
-            return
-        self._peer_failure.clear()
-        with contextlib.suppress(Exception):  # the process is on its way out; nothing to log to
-            self._report_peer_failure()
+    def _catch_up(self) -> None:
+        """A failing collective asked for the newest incident (abort.CatchUp): read it now, and say so."""
+        catch_up = self.failure_hook.catch_up
+        if catch_up.asked():
+            try:
+                self._answer_incidents()
+            finally:
+                catch_up.served()
 
-    def wake(self) -> None:
-        """Make the loop look now instead of at the end of its sleep (any thread; never blocks)."""
-        with contextlib.suppress(RuntimeError):  # released already and not yet taken: the loop wakes all the same
-            self._wake.release()
+    def _last_words(self) -> None:
+        """Stopping (the process exits): a peer's failure not yet looked at gets one look, and its report; a signal
+        that ends the rank without atexit (signals.py) has its exit published here, and is told so."""
+        with contextlib.suppress(Exception):  # the process is on its way out; nothing to log to
+            if self.mailbox.peer_failure.is_set() and self._store_ok:
+                self.mailbox.peer_failure.clear()
+                self._report_peer_failure()
+            if self.mailbox.exit_asked.is_set():
+                self.publish_exit()
+        self.mailbox.exit_published.set()
 
     def _pause(self, now: float, due: float) -> float:
         """Seconds to sleep before the next look: sleep, do not poll, while nothing can have blocked yet."""
@@ -169,43 +171,37 @@ class Watchdog(threading.Thread):
         """Whether something cannot wait for the next round: a dump asked for, a peer's failure, or this rank
         blocked for `grace` and not yet registered as waiting (two recorder reads: no store, no lock)."""
         blocked = bool(self.recorder.inflight) and now - self.recorder.progress_mono >= self.config.grace
-        return self._dump_requested.is_set() or self._peer_failure.is_set() or (blocked and not self.registered_waiting)
-
-    # ----- a peer's failure seen by the training thread (gloo: "Connection closed by peer") -----
-    def on_collective_failure(self, error: BaseException) -> None:
-        """Called by the recorder when a collective fails: end the rank if the abort policy says so; else ask the
-        watchdog to report a vanished peer, on its own thread, and return at once: the user's exception goes on
-        as it would without ddpwatch (the program's own `except` may be writing an emergency checkpoint)."""
-        on_watchdog = threading.current_thread() is self
-        if self.catch_up.ends_rank_on(error, may_ask=not on_watchdog and self._store_ok and self.is_alive()):
-            self.policy.end_on_failure(on_watchdog_thread=on_watchdog)
-        if on_watchdog or not peer_gone(error):
-            return
-        if self._store_ok:  # torchrun's SIGTERM, sent once the peer's exit is seen, waits for the report
-            self.writing.set()
-        self._peer_failure.set()
-        self.wake()
-
-    def look_for_a_vanished_peer(self) -> None:
-        """(A SIGTERM's thread; never blocks.) One look for a peer that crashed: crashes.report_vanished says why."""
-        if self._store_ok and self.is_alive() and self.recorder.inflight and not self.writing.is_set():
-            for event in (self._terminating, self.writing, self._peer_failure):
-                event.set()  # writing: the SIGTERM waits for the look (signals.finish_report)
-            self.wake()
+        wanted = self.mailbox.dump.is_set() or self.mailbox.peer_failure.is_set()
+        return wanted or (blocked and not self.registered_waiting)
 
     def _report_peer_failure(self) -> None:
-        """Find the rank that vanished (psutil here, a stopped heartbeat elsewhere) and report it (crashes.py)."""
-        crashes.report_vanished(self, self._terminating, self._stop_event)
+        """Find the rank that vanished (psutil here, a stopped heartbeat elsewhere) and report it, once per set of
+        ranks (crashes.vanished_incident says when); then let a SIGTERM that waits for the look go on."""
+        terminating = self.mailbox.terminating
+        try:
+            stopping = terminating if terminating.is_set() else self._stop_event
+            found = crashes.vanished_incident(
+                self.peers, self.job, self.config, stopping, self.states.read, crashed_only=terminating.is_set()
+            )
+            if found is None:
+                return
+            assessment, silent = found
+            if assessment.fingerprint not in self.reported and self.job.claim(assessment.fingerprint):
+                self.reported.add(assessment.fingerprint)
+                self.run_incident(assessment, silent, action=REPORT)  # the user's exception follows; torchrun decides
+        finally:
+            terminating.clear()
+            self.mailbox.writing.clear()  # set by a failing collective or a SIGTERM's look, which waits for this
 
     # ----- without the store: each rank dumps itself -----
     def tick_local(self) -> None:
         """The store is gone: no peers to compare with, so a rank that is stuck writes its own dump for later."""
         self.recorder.poll_pending()
-        self.writer.dump_if_stuck(self.state)
+        self.writer.dump_if_stuck(self.states.read)
 
     def request_dump(self) -> None:
         """A report now, from every rank, the job going on (SIGUSR1, `ddpwatch dump`): an event, safe in a handler."""
-        self._dump_requested.set()
+        self.mailbox.ask_dump()
 
     def _log_once(self, key: str, message: str, *args, **kwargs) -> None:
         log_once(self._logged, key, message, *args, **kwargs)
@@ -224,13 +220,15 @@ class Watchdog(threading.Thread):
         waiting = self._update_waiting(state, waiting)
         self._answer_incidents(latest)
         self.policy.check_posted(self.states.read)
-        if self._peer_failure.is_set():
-            self._peer_failure.clear()
+        if self.mailbox.peer_failure.is_set():
+            self.mailbox.peer_failure.clear()
             self._report_peer_failure()
-        if self._dump_requested.is_set():
-            self._dump_requested.clear()
+        if self.mailbox.dump.is_set():
+            self.mailbox.dump.clear()
             self.run_incident(analysis.Assessment(analysis.DUMP, [], f"dump-{self.rank}-{time.time():.3f}"))
-        elif (self._should_watch(waiting) or self._last_to_block) and not crashes.being_ended(self):
+        elif (self._should_watch(waiting) or self._last_to_block) and not self.mailbox.being_ended(
+            crashes.ENDING_LOOK_S
+        ):
             self.watch()
         self._look_for_mismatch()
 
@@ -252,8 +250,8 @@ class Watchdog(threading.Thread):
         try:
             doc = self.state()
             doc["status"] = build.EXITED
-            if self.ending_signal:
-                doc["signal"] = self.ending_signal  # ended by it, through the program's own handler or not
+            if self.mailbox.ending_signal:
+                doc["signal"] = self.mailbox.ending_signal  # ended by it, through the program's own handler or not
             self.job.publish(self.rank, doc)
             if self.registered_waiting:
                 self.job.change_waiting(-1)
@@ -304,11 +302,11 @@ class Watchdog(threading.Thread):
         if assessment.verdict != analysis.DUMP and not self.throttle.allow(analysis.acts_on(assessment.verdict)):
             return
         action = action or self.policy.action_for(assessment.verdict)
-        self.writing.set()
+        self.mailbox.writing.set()
         try:
             written = self.writer.write(assessment, silent, self._watched_states, action)
         finally:
-            self.writing.clear()
+            self.mailbox.writing.clear()
         if written is not None:
             folder, number, action = written
             self.policy.act(action, Outcome(number, folder, leader=True))
