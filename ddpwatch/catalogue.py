@@ -62,6 +62,9 @@ SIZES_PER_RANK = frozenset({"all_to_all", "all_to_all_single", "all_gather", "al
 ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
 # Collectives that carry no data: nothing can be exchanged between variables, whatever lines issue them.
 DATA_FREE = frozenset({"barrier"})
+# Collectives that take a reduce op (canonical names): one rank reducing with MAX where the others SUM completes
+# every call and computes wrong numbers (analysis/silent.py), so the op is part of what is compared.
+REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter"})
 
 # Point-to-point: name -> (canonical op, parameter naming the peer).
 P2P = {
@@ -114,6 +117,11 @@ BACKEND_OP_NAMES = {
 def tensor_collectives() -> dict:
     """name -> Collective for the calls that are themselves one collective (patched as such)."""
     return {name: entry for name, entry in COLLECTIVES.items() if entry.kind == COLLECTIVE}
+
+
+def reducing_collectives() -> tuple:
+    """The public names whose collective takes a reduce op (REDUCING)."""
+    return tuple(name for name, entry in tensor_collectives().items() if entry.op in REDUCING)
 
 
 def object_collectives() -> tuple:

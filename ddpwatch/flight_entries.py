@@ -139,9 +139,18 @@ def c10d_api(frames: list, op: str) -> str:
 
 
 def group_of(entry: dict) -> str:
-    """The name of the process group an entry's op ran on (FR writes (name, description))."""
+    """The name of the process group an entry's op ran on (FR writes (name, description); older dumps a pg_id)."""
     group = entry.get("process_group")
-    return str(group[0] if isinstance(group, (list, tuple)) and group else group)
+    if isinstance(group, (list, tuple)) and group:
+        return str(group[0])
+    return str(group if group is not None else entry.get("pg_id", "0"))
+
+
+def shapes_and_dtypes(entry: dict, limit: int) -> tuple:
+    """([shape, ...], [dtype, ...]) of an entry's input tensors, at most `limit` of each, dtypes in torch's names
+    ("float32", where FR writes "Float"): the one reading of them, live and offline."""
+    shapes = [list(size) for size in entry.get("input_sizes") or () if isinstance(size, (list, tuple))][:limit]
+    return shapes, [dtype(name) for name in entry.get("input_dtypes") or ()][:limit]
 
 
 def thread_of(entry: dict) -> int | None:

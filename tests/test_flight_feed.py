@@ -51,6 +51,34 @@ def test_sequence_numbers_count_from_zero_as_the_python_recorder_counts():
     assert flight_entries.thread_of({"thread_id": "x"}) is None and flight_entries.thread_of({}) is None
 
 
+def test_one_reading_of_an_entry_serves_the_live_feed_the_dump_reader_and_the_unseen_collective():
+    """Issue 44: three translators of a Flight Recorder entry disagreed (the evidence of an unseen collective wrote
+    dtype "Float" where the others wrote "float32"); the three now read an entry's group, tensors and op alike."""
+    from ddpwatch.sources import flight_recorder as offline
+    from ddpwatch.watch import evidence
+
+    fr = {
+        "process_group": ["3", "tp"],
+        "collective_seq_id": 7,
+        "profiling_name": "gloo:allreduce",
+        "input_sizes": [[2, 3], [4]],
+        "input_dtypes": ["Float", "BFloat16"],
+        "time_created_ns": 1_000_000_000,
+        "frames": [],
+    }
+    assert flight_entries.shapes_and_dtypes(fr, build.TENSORS_KEPT) == ([[2, 3], [4]], ["float32", "bfloat16"])
+    assert flight_entries.group_of(fr) == "3" and flight_entries.group_of({"pg_id": "5"}) == "5"
+    unseen = evidence.record_from_flight_recorder(fr, {"last_seq": {"3": 1}}, sys._getframe(), 2.0)
+    dumped = offline._record(fr, 0, 2.0)
+    for record in (unseen, dumped):
+        assert (record["group"], record["op"], record["shapes"], record["dtypes"]) == (
+            "3",
+            "all_reduce",
+            [[2, 3], [4]],
+            ["float32", "bfloat16"],
+        ), record
+
+
 @pytest.fixture
 def feed(monkeypatch):
     recorder = Recorder(64)

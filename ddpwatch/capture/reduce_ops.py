@@ -15,9 +15,9 @@ import inspect
 import threading
 import time
 
+from .. import catalogue
 
 NOTES_KEPT = 256  # the newest non-SUM calls remembered: the watchdog reads them within a round or two
-REDUCING = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_coalesced")
 
 
 class ReduceNotes:
@@ -48,7 +48,7 @@ def install(patches, notes: ReduceNotes) -> None:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    for name in REDUCING:
+    for name in catalogue.reducing_collectives():
         patches.wrap_public(dist, c10d, name, lambda original: reduce_op_wrapper(original, notes))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..format import build
+
 
 def describe_tensors(tensors) -> tuple:
     """(shapes as lists, dtype names without "torch.") of what tensor_meta kept."""
@@ -12,7 +14,7 @@ def describe_tensors(tensors) -> tuple:
     return shapes, dtypes
 
 
-def tensor_meta(value, limit: int = 4) -> tuple:
+def tensor_meta(value, limit: int = build.TENSORS_KEPT) -> tuple:
     """(shape, dtype) pairs for a tensor or a list of tensors, at most `limit`; holds no reference to the data.
 
     The shape is kept as the torch.Size it is (immutable, no data): copying it into a tuple costs 0.1 us per call.

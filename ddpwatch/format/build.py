@@ -10,6 +10,7 @@ if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from .types import RankState, RecordDoc, Site
 
 # Record states.
+TENSORS_KEPT = 4  # the tensors a record keeps the shape and dtype of (the python recorder, FR entries alike)
 IN_FLIGHT = "in_flight"
 COMPLETED = "completed"
 FAILED = "failed"

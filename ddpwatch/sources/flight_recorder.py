@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, cast
 
 from .. import frames as classifier  # frames: the one frame classifier
 from ..analysis import incident, silent
-from ..flight_entries import canonical_op, classify, dtype, first_user_frame
+from ..flight_entries import canonical_op, classify, first_user_frame, group_of, shapes_and_dtypes
 from ..format import build
 from ..static import rankcond
 from .flight_recorder_files import FlightRecorderError, find_dumps, parse_ranks
@@ -18,7 +18,6 @@ if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..format.types import FingerprintDoc, Incident, IncidentSource, RankState, RecordDoc
 
 RECENT_KEPT = 64
-MAX_SHAPES = 4  # as many tensors as ddpwatch's own records keep
 
 
 def _frame(raw: dict, chosen: classifier.Packages = classifier.NO_PACKAGES) -> dict:
@@ -51,19 +50,19 @@ def _record(entry: dict, rank: int, now: float, chosen: classifier.Packages = cl
     p2p = bool(entry.get("is_p2p"))
     start = _ns(entry.get("time_created_ns")) or now
     completed_at = _ns(entry.get("time_discovered_completed_ns"))
-    shapes = [list(s) for s in (entry.get("input_sizes") or ())][:MAX_SHAPES]
+    shapes, dtypes = shapes_and_dtypes(entry, build.TENSORS_KEPT)
     peer = None
     if p2p and peers:
         peer = peers[1] if peers[0] == rank else peers[0]
     return build.record(
         entry.get("p2p_seq_id") if p2p else entry.get("collective_seq_id"),
-        str(_pg_name(entry)),
+        group_of(entry),
         op,
         api=api,
         p2p=p2p,
         peer=peer,
         shapes=shapes,
-        dtypes=[dtype(d) for d in (entry.get("input_dtypes") or ())][:MAX_SHAPES],
+        dtypes=dtypes,
         site=first_user_frame(stack),
         region=region,  # no `via`: a dump does not say which framework was called
         start=start,
@@ -81,13 +80,6 @@ def _record(entry: dict, rank: int, now: float, chosen: classifier.Packages = cl
             "frames": stack,
         },
     )
-
-
-def _pg_name(entry: dict) -> str:
-    group = entry.get("process_group")
-    if isinstance(group, (list, tuple)) and group:
-        return group[0]
-    return entry.get("pg_id", "0")
 
 
 def _pg_desc(entry: dict) -> str:

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from .. import catalogue
+from .. import catalogue, flight_entries
 from ..format import build
 
 if TYPE_CHECKING:  # annotations only: psutil is imported where it is used, and may be missing
@@ -276,22 +276,23 @@ def record_from_flight_recorder(entry: dict, state: RankState, frame, now: float
     group, which lines up with the peers as long as every rank's unseen ops are the same. Its line is where the
     training thread stands now in the user's code.
     """
-    group = str((entry.get("process_group") or ["?"])[0])
+    group = flight_entries.group_of(entry)
     created = (entry.get("time_created_ns") or 0) / 1e9
     if not created:
         return None
     from ..capture.sites import frame_site
 
     last = (state.get("last_seq") or {}).get(group)  # a live state's: an int, or no key before its first
+    shapes, dtypes = flight_entries.shapes_and_dtypes(entry, build.TENSORS_KEPT)
     return build.record(
         (-1 if last is None else last) + 1,
         group,
-        catalogue.canonical_op(str(entry.get("profiling_name", "")).split(":")[-1]) or "collective",
+        flight_entries.canonical_op(entry.get("profiling_name"))[0],
         api=build.FLIGHT_RECORDER_ONLY,
         p2p=False,
         peer=None,
-        shapes=[list(s) for s in entry.get("input_sizes") or () if isinstance(s, list)][:4],
-        dtypes=[str(d) for d in entry.get("input_dtypes") or ()][:4],
+        shapes=shapes,
+        dtypes=dtypes,
         site=frame_site(frame),
         via=None,
         region=None,

@@ -17,9 +17,18 @@ import sys
 import threading
 import time
 
+from .. import catalogue
 from ..capture import record as record_module
 from ..capture.sites import cached_via_site, code_site, is_internal_file, user_frame_and_via
-from ..flight_entries import canonical_op, classify, dtype, first_user_frame, group_of, is_collective, thread_of
+from ..flight_entries import (
+    canonical_op,
+    classify,
+    first_user_frame,
+    group_of,
+    is_collective,
+    shapes_and_dtypes,
+    thread_of,
+)
 from ..format import build
 from ..logonce import log_once
 from .flight_calls import fold
@@ -37,7 +46,6 @@ READ_SHARE = 0.005  # of the wall time, at most, that refresh()'s reads take: a 
 # cost (READ_SHARE), so two ranks' strides divide each other: the larger one's blocks are read by both.
 MIN_STRIDE = 128
 WAITING, PENDING = "waiting", "pending"  # why a look was made: FlightFeed._looked
-MAX_SHAPES = 4  # as many tensors as the python recorder keeps
 # Where a thread that waits on a collective stands, by module: torch.distributed (c10d's wait), autograd (DDP's
 # gradient all-reduce in backward), DDP's forward, torch.ops (a functional collective's wait_tensor called as an
 # op, as compiled code calls it), or ddpwatch's own Work.wait hook. A thread computing in one of these only costs
@@ -51,7 +59,6 @@ WAITING_IN = (
     "ddpwatch.capture.",
 )
 WAITING_DEPTH = 16
-REDUCING_OPS = frozenset({"all_reduce", "reduce", "reduce_scatter"})  # the ops (canonical) that take a reduce op
 _logged: set = set()
 
 
@@ -501,8 +508,8 @@ class FlightFeed:
         record.group = group_of(entry)
         record.op = op
         record.peer = None
-        sizes, dtypes = entry.get("input_sizes") or (), entry.get("input_dtypes") or ()
-        record.tensors = tuple((tuple(size), dtype(name)) for size, name in zip(sizes, dtypes))[:MAX_SHAPES]
+        shapes, dtypes = shapes_and_dtypes(entry, build.TENSORS_KEPT)
+        record.tensors = tuple((tuple(shape), name) for shape, name in zip(shapes, dtypes))
         record.thread = thread_of(entry) or threading.main_thread().ident or 0
         created = (entry.get("time_created_ns") or 0) / 1e9
         record.start_mono = created - self._wall_offset if created else time.monotonic()
@@ -510,7 +517,7 @@ class FlightFeed:
         record.state = build.COMPLETED if done else build.IN_FLIGHT
         record.error = record.work = None
         record.api, record.region, record.site, record.via = op, None, None, None
-        if op in REDUCING_OPS:
+        if op in catalogue.REDUCING:
             record.reduce = self._reduce_op(record.thread, entry.get("time_created_ns") or 0)
         if frame is not None:
             self._place(record, frame, op)
