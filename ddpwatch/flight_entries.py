@@ -161,6 +161,31 @@ def thread_of(entry: dict) -> int | None:
         return None
 
 
+FINISHED_STATE = "completed"
+
+
+def finished(entry: dict) -> bool:
+    """Whether torch says an entry's op is done: `retired` once its Work finished (gloo leaves `state` at
+    'scheduled' for completed ops), or `state` 'completed'. The one rule, live and offline."""
+    return bool(entry.get("retired")) or entry.get("state") == FINISHED_STATE
+
+
+def in_flight(entries: list) -> list:
+    """The collectives' entries still in flight: not finished, less the stale ones (on gloo an async op whose Work
+    nobody waited on is never retired, so an unfinished entry older than a finished one on its group is not)."""
+    collectives = [entry for entry in entries if is_collective(entry)]
+    newest_finished: dict = {}
+    for entry in collectives:
+        if finished(entry):
+            group = group_of(entry)
+            newest_finished[group] = max(newest_finished.get(group, 0), entry["collective_seq_id"])
+    return [
+        entry
+        for entry in collectives
+        if not finished(entry) and entry["collective_seq_id"] > newest_finished.get(group_of(entry), 0)
+    ]
+
+
 def is_collective(entry: dict) -> bool:
     """A collective's entry: a point-to-point op has no collective sequence number (the wrappers record those)."""
     return not entry.get("is_p2p") and bool(entry.get("collective_seq_id"))

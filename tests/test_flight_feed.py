@@ -39,7 +39,7 @@ def test_in_flight_is_unretired_and_newer_than_every_retired_op_of_its_group():
         entry(3, 1, retired=False, group="1"),
         entry(4, 0, op="send", retired=False, p2p=True),  # point-to-point: no collective sequence number
     ]
-    assert [(e["process_group"][0], e["collective_seq_id"]) for e in flight.in_flight_entries(entries)] == [
+    assert [(e["process_group"][0], e["collective_seq_id"]) for e in flight_entries.in_flight(entries)] == [
         ("0", 3),
         ("1", 1),
     ]

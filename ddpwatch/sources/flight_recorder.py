@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, cast
 
 from .. import frames as classifier  # frames: the one frame classifier
 from ..analysis import incident, silent
-from ..flight_entries import canonical_op, classify, first_user_frame, group_of, shapes_and_dtypes
+from ..flight_entries import canonical_op, classify, finished, first_user_frame, group_of, shapes_and_dtypes
 from ..format import build
 from ..static import rankcond
 from .flight_recorder_files import FlightRecorderError, find_dumps, parse_ranks
@@ -108,10 +108,10 @@ def _torch_says_in_flight(record: dict, dump: dict, pg_id) -> bool | None:
     torch 2.13 marks an entry `retired` once its Work finished, and keeps each group's last completed sequence id
     in `pg_status`; both were right on gloo where `state` stays 'scheduled' for completed ops."""
     fr = record["fr"]
-    if fr.get("state") == "completed":
+    if finished(fr):
         return False
     if isinstance(fr.get("retired"), bool):
-        return not fr["retired"]
+        return True  # torch marks retirement, and has not marked this one
     if not record["p2p"] and record["seq"] is not None:
         last = _last_completed(dump, record["group"], pg_id)
         if last is not None and last >= 0:

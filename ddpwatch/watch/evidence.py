@@ -261,12 +261,8 @@ def flight_recorder_active() -> list:
         data = pickle.loads(c10d_c._dump_fr_trace(True, False, True))  # type: ignore[attr-defined]
     except Exception:
         return []
-    active = [
-        e
-        for e in (data.get("entries") or ())
-        if isinstance(e, dict) and not e.get("retired") and e.get("state") != "completed" and not e.get("is_p2p")
-    ]
-    return sorted(active, key=lambda e: e.get("time_created_ns") or 0)
+    entries = [e for e in (data.get("entries") or ()) if isinstance(e, dict)]
+    return sorted(flight_entries.in_flight(entries), key=lambda e: e.get("time_created_ns") or 0)
 
 
 def record_from_flight_recorder(entry: dict, state: RankState, frame, now: float) -> RecordDoc | None:

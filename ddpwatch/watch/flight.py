@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from .. import catalogue
+from .. import catalogue, flight_entries
 from ..capture import record as record_module
 from ..capture.sites import cached_via_site, code_site, is_internal_file, user_frame_and_via
 from ..flight_entries import (
@@ -146,23 +146,6 @@ def frames_of(frame) -> list:
         )
         frame = frame.f_back
     return stack
-
-
-def in_flight_entries(entries: list) -> list:
-    """The collectives the Flight Recorder has not retired, less the stale ones: on gloo an async op whose Work
-    nobody waited on is never retired, so an unretired entry older than a retired one on its group is not in flight."""
-    collectives = [entry for entry in entries if is_collective(entry)]
-    newest_retired: dict = {}
-    for entry in collectives:
-        if entry.get("retired") or entry.get("state") == "completed":
-            group = group_of(entry)
-            newest_retired[group] = max(newest_retired.get(group, 0), entry["collective_seq_id"])
-    return [
-        entry
-        for entry in collectives
-        if not (entry.get("retired") or entry.get("state") == "completed")
-        and entry["collective_seq_id"] > newest_retired.get(group_of(entry), 0)
-    ]
 
 
 def collectives_pending(status) -> bool:
@@ -419,7 +402,7 @@ class FlightFeed:
         refresh while the rank makes progress: what is in flight then is a moment's state, left to the next read).
         A folded entry (one library call's ops) carries its first op's record_id: the ids stay in order."""
         entries = self._calls_of(entries)
-        in_flight = in_flight_entries(entries)
+        in_flight = flight_entries.in_flight(entries)
         inflight, fresh = [], []
         if waiting is not None:
             for entry in in_flight:

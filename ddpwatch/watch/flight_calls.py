@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import bisect
 
+from .. import flight_entries
 from ..flight_entries import group_of, is_collective, thread_of
 
 # A call's window as the Recorder keeps it (capture/record.py, call_window): (thread ident, start ns, end ns or
 # None while the call is still running), on the system clock, the one the Flight Recorder's time_created_ns uses.
-FINISHED_STATE = "completed"
 
 
 def fold(entries: list, calls: list) -> list:
@@ -45,9 +45,9 @@ def merged(entries: list) -> dict:
     first["input_sizes"] = [size for entry in entries for size in entry.get("input_sizes") or ()]
     first["input_dtypes"] = [name for entry in entries for name in entry.get("input_dtypes") or ()]
     first["folded_ops"] = len(entries)
-    running = [entry for entry in entries if not _finished(entry)]
+    running = [entry for entry in entries if not flight_entries.finished(entry)]
     first["retired"] = not running
-    first["state"] = FINISHED_STATE if not running else running[0].get("state")
+    first["state"] = flight_entries.FINISHED_STATE if not running else running[0].get("state")
     return first
 
 
@@ -85,7 +85,3 @@ def _call_of(entry: dict, windows: dict) -> tuple | None:
         return None
     end = ends[index]
     return (thread, starts[index]) if end is None or created <= end else None
-
-
-def _finished(entry: dict) -> bool:
-    return bool(entry.get("retired")) or entry.get("state") == FINISHED_STATE
