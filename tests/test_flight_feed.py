@@ -487,6 +487,43 @@ def test_a_dump_with_stack_traces_that_fails_still_gives_the_entries_without_the
     assert [e["collective_seq_id"] for e in flight.read_flight_recorder(stack_traces=True)] == [1]
 
 
+def test_the_one_reader_merges_nccls_own_recorder_with_the_generic_one_and_survives_either_failing(monkeypatch):
+    """Issue 44 point 3: NCCL records into a recorder of its own (_dump_nccl_trace, CUDA builds). The evidence reads
+    both through flight_support.read_dump; the feed (gloo only) asks for the generic one alone. A reader that raises
+    or is absent leaves the other's entries."""
+    import pickle
+
+    import torch._C._distributed_c10d as c10d_c
+
+    from ddpwatch.watch import flight_support
+
+    generic = {"entries": [entry(0, 1)], "pg_status": {"0": {"last_completed_collective": 1}}}
+    nccl_entry = dict(entry(1, 1, group="1"), profiling_name="nccl:all_reduce", input_dtypes=["BFloat16"])
+    nccl = {"entries": [nccl_entry], "pg_status": {"1": {"last_completed_collective": 0}}}
+    asked = []
+
+    def reader(dump):
+        def read(collectives, stack_traces, only_active):
+            asked.append((collectives, stack_traces, only_active))
+            if isinstance(dump, Exception):
+                raise dump
+            return pickle.dumps(dump)
+
+        return read
+
+    monkeypatch.setattr(c10d_c, "_dump_fr_trace", reader(generic))
+    monkeypatch.setattr(c10d_c, "_dump_nccl_trace", reader(nccl), raising=False)
+    both = flight_support.read_dump(only_active=True)
+    assert [flight_entries.group_of(e) for e in both["entries"]] == ["0", "1"]
+    assert set(both["pg_status"]) == {"0", "1"} and asked == [(True, False, True)] * 2
+    assert flight_entries.shapes_and_dtypes(both["entries"][1], 4)[1] == ["bfloat16"]
+    assert [flight_entries.group_of(e) for e in flight_support.read_dump(nccl=False)["entries"]] == ["0"]
+    monkeypatch.setattr(c10d_c, "_dump_nccl_trace", reader(RuntimeError("no NCCL group")))
+    assert [flight_entries.group_of(e) for e in flight_support.read_dump()["entries"]] == ["0"]
+    monkeypatch.setattr(c10d_c, "_dump_fr_trace", reader(RuntimeError("off")))
+    assert flight_support.read_dump() is None
+
+
 def test_a_wait_that_ends_without_a_new_op_ends_what_the_look_found(feed, monkeypatch):
     """A barrier done, the rank computes (no op issued, no sequence number moved): not blocked in that barrier."""
     waiting = {threading.get_ident(): sys._getframe()}

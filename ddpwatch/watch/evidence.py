@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from .. import catalogue, flight_entries
 from ..format import build
+from . import flight_support
 
 if TYPE_CHECKING:  # annotations only: psutil is imported where it is used, and may be missing
     import psutil
@@ -233,16 +234,10 @@ def flight_recorder_tail(limit: int = FR_TAIL) -> dict:
     Where the Python patches are blind (the gradient all-reduce inside backward) this shows what the process group
     itself last issued. {"entries": [...]} or {"unavailable": "why"}; never raises.
     """
-    try:
-        import torch._C._distributed_c10d as c10d_c
-
-        dump = getattr(c10d_c, "_dump_fr_trace_json", None)
-        if dump is None:
-            return {"unavailable": "this torch has no Flight Recorder JSON dump"}
-        data = json.loads(dump())
-    except Exception as exc:
-        return {"unavailable": f"Flight Recorder not readable: {type(exc).__name__}: {exc}"[:200]}
-    entries = data.get("entries") or []
+    data = flight_support.read_dump()
+    if data is None:
+        return {"unavailable": "this torch's Flight Recorder cannot be read"}
+    entries = data["entries"]
     if not entries:
         return {"unavailable": "Flight Recorder is off or empty (TORCH_FR_BUFFER_SIZE=0?)"}
     return {"entries": [_compact_fr_entry(e) for e in entries[-limit:]], "total": len(entries)}
@@ -252,16 +247,10 @@ def flight_recorder_active() -> list:
     """The Flight Recorder's entries not yet retired (on gloo `state` stays "scheduled": `retired` is what moves),
     oldest first; only-active, no stack traces: the cheapest dump (pickle: about 3x faster than JSON at 2,000
     entries, `python -m benchmarks.flight_recorder`). [] when it is off or unreadable; never raises."""
-    try:
-        import pickle
-
-        import torch._C._distributed_c10d as c10d_c
-
-        # our own process's dump: not hostile input (a private function torch's stubs leave out)
-        data = pickle.loads(c10d_c._dump_fr_trace(True, False, True))  # type: ignore[attr-defined]
-    except Exception:
+    data = flight_support.read_dump(only_active=True)
+    if data is None:
         return []
-    entries = [e for e in (data.get("entries") or ()) if isinstance(e, dict)]
+    entries = [e for e in data["entries"] if isinstance(e, dict)]
     return sorted(flight_entries.in_flight(entries), key=lambda e: e.get("time_created_ns") or 0)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import pickle
 import sys
 import threading
 import time
@@ -32,7 +31,7 @@ from ..flight_entries import (
 from ..format import build
 from ..logonce import log_once
 from .flight_calls import fold
-from .flight_support import buffer_size
+from .flight_support import buffer_size, read_dump, read_status
 
 POLL_S = 0.1  # between two reads of the groups' sequence numbers (less near a block in a very fast job: _poll_gap)
 MIN_POLL_S = 0.01  # the shortest gap between two polls (the watchdog sleeps no less: watchdog.MIN_PAUSE_S)
@@ -67,15 +66,10 @@ def read_flight_recorder(stack_traces: bool = False) -> list | None:
     each entry has its Python frames (about 25-45 ms at 2,000 entries, as without, once load_symbolizer() ran).
     A dump with stack traces fails whole when one frame's file name is not valid UTF-8 (torch cannot cast it): the
     entries then come without their frames, rather than not at all."""
-    try:
-        import torch._C._distributed_c10d as c10d_c
-
-        dump = c10d_c._dump_fr_trace(True, stack_traces, False)  # type: ignore[attr-defined]  # not in the stubs
-        data = pickle.loads(dump)  # our own process's dump: not hostile input
-    except Exception:
+    data = read_dump(stack_traces=stack_traces, nccl=False)  # the feed serves gloo (flight_support.SERVED_BACKENDS)
+    if data is None:
         return read_flight_recorder(False) if stack_traces else None
-    entries = data.get("entries") if isinstance(data, dict) else None
-    return [entry for entry in entries or () if isinstance(entry, dict)]
+    return [entry for entry in data["entries"] if isinstance(entry, dict)]
 
 
 @contextlib.contextmanager
@@ -285,15 +279,7 @@ class FlightFeed:
 
     @staticmethod
     def _read_status():
-        """The Flight Recorder's per-group status (pg_status), from a dump of its header alone: no entries, about
-        12 us. None when it cannot be read."""
-        try:
-            import torch._C._distributed_c10d as c10d_c
-
-            header = pickle.loads(c10d_c._dump_fr_trace(False, False, False))  # type: ignore[attr-defined]
-        except Exception:
-            return None
-        return header.get("pg_status") if isinstance(header, dict) else None
+        return read_status()
 
     def refresh(self, now: float | None = None, now_or_never: bool = False) -> None:
         """Once a round, while the rank makes progress: the collectives finished since the last read, with their

@@ -4,6 +4,7 @@ default group's backend. Each check says why not, or None."""
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 
 DEFAULT_BUFFER = 2000  # the Flight Recorder's entries when TORCH_FR_BUFFER_SIZE is not set (torch 2.13)
@@ -12,6 +13,47 @@ DEFAULT_BUFFER = 2000  # the Flight Recorder's entries when TORCH_FR_BUFFER_SIZE
 # on CUDA builds; torch's FlightRecorderCuda.cpp), which this feed does not read and no GPU here could check: an
 # NCCL job read through _dump_fr_trace would be seen to progress and found in no collective at all.
 SERVED_BACKENDS = frozenset({"gloo"})
+
+
+def read_dump(stack_traces: bool = False, only_active: bool = False, nccl: bool = True) -> dict | None:
+    """This process's Flight Recorder, as one dump: torch's generic recorder (gloo and the others) and, where a CUDA
+    build has it and `nccl`, NCCL's own (_dump_nccl_trace), their entries and group statuses together (the entries
+    are alike: flight_entries.py reads both). None when neither can be read; never raises. The one live reader:
+    the feed, the report's tail and the collectives Python never saw all read through it."""
+    try:
+        import torch._C._distributed_c10d as c10d_c
+    except Exception:
+        return None
+    readers = ["_dump_fr_trace"] + (["_dump_nccl_trace"] if nccl else [])
+    merged: dict | None = None
+    for name in readers:
+        reader = getattr(c10d_c, name, None)
+        if reader is None:
+            continue
+        try:
+            dump = pickle.loads(reader(True, stack_traces, only_active))  # our own process's dump: not hostile input
+        except Exception:
+            continue
+        if not isinstance(dump, dict):
+            continue
+        if merged is None:
+            merged = dict(dump, entries=list(dump.get("entries") or ()), pg_status=dict(dump.get("pg_status") or {}))
+        else:
+            merged["entries"] += list(dump.get("entries") or ())
+            merged["pg_status"].update(dump.get("pg_status") or {})
+    return merged
+
+
+def read_status() -> dict | None:
+    """The generic recorder's per-group status (pg_status) alone, from a dump of its header: no entries, about 12 us
+    (the feed's gloo groups; NCCL's recorder is not the feed's). None when it cannot be read."""
+    try:
+        import torch._C._distributed_c10d as c10d_c
+
+        header = pickle.loads(c10d_c._dump_fr_trace(False, False, False))  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    return header.get("pg_status") if isinstance(header, dict) else None
 
 
 def unavailable() -> str | None:
@@ -73,8 +115,8 @@ def backend_unsupported(pg) -> str | None:
         return None
     if "nccl" in names:
         return (
-            f"the {backend} backend: NCCL's collectives go to its own Flight Recorder, which ddpwatch does not read "
-            "yet (docs/how-it-works.md, the two recorders)"
+            f"the {backend} backend: NCCL's collectives go to its own Flight Recorder, which the flight feed does "
+            "not read (the report's evidence does: docs/how-it-works.md, the two recorders)"
         )
     return f"the {backend} backend is not recorded by the Flight Recorder"
 
