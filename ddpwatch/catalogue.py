@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .format import build
+
 # Peers whose send/recv counts a snapshot carries (a ring or a pipeline has a few): the recorder keeps no more, and
 # analysis/p2p.py reads a pair missing from a table below this size as none.
 P2P_COUNTS_KEPT = 64
@@ -73,6 +75,12 @@ P2P = {
     "isend": ("send", "dst"),
     "irecv": ("recv", "src"),
 }
+# The DDP calls under torch.distributed that issue several c10d ops (one per bucket) and are one record each, under
+# either recorder (the python recorder wraps them as one op; the flight feed folds their entries): name -> op.
+# Beside them, on torch.distributed.Reducer, the bucket rebuild, and torch.autograd.backward's gradient all-reduce.
+DDP_MULTI_OP_CALLS = {build.DDP_BUFFER_BROADCAST: "broadcast", build.DDP_VERIFY_PARAMS: "all_gather"}
+REDUCER_REBUILD = "_rebuild_buckets"
+
 BATCH_P2P = "batch_isend_irecv"
 COALESCING_MANAGER = "_coalescing_manager"
 

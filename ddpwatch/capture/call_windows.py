@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import catalogue
 from .record import Recorder
 from .replacements import Patches
 
@@ -10,11 +11,11 @@ def patch(patches: Patches, recorder: Recorder, dist) -> None:
     """DDP's buffer broadcast and parameter check, the bucket rebuild and a synced backward's gradient all-reduce
     mark their time windows (Recorder.call_window), by which the flight recorder's feed folds their Flight Recorder
     entries into one record each (watch/flight_calls.py): a cost per call, not per op."""
-    for name in ("_broadcast_coalesced", "_verify_params_across_processes"):
+    for name in catalogue.DDP_MULTI_OP_CALLS:
         patches.wrap(dist, name, lambda original: call_window_wrapper(recorder, original))
     reducer = getattr(dist, "Reducer", None)
     if reducer is not None:
-        patches.wrap(reducer, "_rebuild_buckets", lambda original: call_window_wrapper(recorder, original))
+        patches.wrap(reducer, catalogue.REDUCER_REBUILD, lambda original: call_window_wrapper(recorder, original))
     import torch.autograd
 
     patches.wrap(torch.autograd, "backward", lambda original: grad_sync_window_wrapper(recorder, original))

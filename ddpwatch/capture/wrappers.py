@@ -146,14 +146,14 @@ class Patcher:
         self.patches.wrap_public(dist, c10d, name, make_wrapper)
 
     def _patch_ddp_internals(self, dist) -> None:
-        for name, op in (("_broadcast_coalesced", "broadcast"), ("_verify_params_across_processes", "all_gather")):
+        for name, op in catalogue.DDP_MULTI_OP_CALLS.items():
             original = getattr(dist, name, None)
             if original is not None and not hasattr(original, PATCH_MARKER):
                 self.patches.replace(dist, name, self._group_first_wrapper(original, name, op))
         reducer = getattr(dist, "Reducer", None)
-        rebuild = getattr(reducer, "_rebuild_buckets", None)
+        rebuild = getattr(reducer, catalogue.REDUCER_REBUILD, None)
         if rebuild is not None and not hasattr(rebuild, PATCH_MARKER):
-            self.patches.replace(reducer, "_rebuild_buckets", self._rebuild_wrapper(rebuild))
+            self.patches.replace(reducer, catalogue.REDUCER_REBUILD, self._rebuild_wrapper(rebuild))
         import torch.autograd
 
         self.wrap(torch.autograd, "backward", self._backward_wrapper)
