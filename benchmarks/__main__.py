@@ -13,6 +13,7 @@ BENCHMARKS = {
     "overhead_ops": 900,
     "attribution": 900,  # which part of the guard costs what on gloo, the NCCL-like backend and a DDP loop
     "hot_path_instructions": 900,  # needs valgrind; says so and measures nothing without it
+    "op_instructions": 2400,  # needs valgrind (fails without it): real torch under callgrind, 8 processes
     "overhead_training": 900,
     "time_to_verdict": 900,
     "scale": 1200,

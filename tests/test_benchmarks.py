@@ -17,7 +17,7 @@ from ddpwatch.launch import kill_tree
 pytestmark = [pytest.mark.real, pytest.mark.bench]  # every test runs a benchmark in a process of its own
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# memory: runner; hot_path_instructions: its cases below (valgrind takes 45 s)
+# memory: runner; hot_path_instructions, op_instructions: their cases below (valgrind: 45 s, and minutes)
 BENCHMARKS = [
     "overhead_ops",
     "attribution",
@@ -90,6 +90,13 @@ def test_runner_runs_the_chosen_benchmark_in_quick_mode():
 @pytest.mark.parametrize("case", ["bare", "wrapped", "record", "not_member"])
 def test_each_instruction_count_case_runs_without_valgrind(case):
     code, out, err = run_quick(["benchmarks.hot_path_instructions", "--worker", case, "200"])
+    assert code == 0, f"exit {code}\n{err[-3000:]}"
+
+
+@pytest.mark.timeout(LIMIT_S + 30)
+@pytest.mark.parametrize("case", [("fake", "0"), ("fake", "1"), ("gloo", "0"), ("gloo", "1")])
+def test_each_real_op_instruction_case_runs_without_valgrind(case):
+    code, out, err = run_quick(["benchmarks.op_instructions", "--worker", *case, "50"])
     assert code == 0, f"exit {code}\n{err[-3000:]}"
 
 
