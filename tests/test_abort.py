@@ -210,6 +210,28 @@ def terminating_watchdog(monkeypatch, views):
     return dog, looks, incidents
 
 
+def test_a_signal_that_ends_the_rank_has_the_watchdog_publish_the_exit_on_its_own_thread():
+    """signals.py asks through the mailbox (no part calls the watchdog): the watchdog's thread publishes this rank's
+    exit with the signal's name, says so, and ends its loop; a request after that returns at once."""
+    import threading
+
+    published = []
+
+    class Job:
+        def publish(self, rank, doc, *more):
+            published.append((rank, doc["status"], doc.get("signal"), threading.current_thread().name))
+
+    dog = watchdog_module.Watchdog(Recorder(), Config(interval=60.0), 1, 2, None, "")
+    dog.job = Job()
+    dog.start()  # its first publish, RUNNING; then it sleeps for the 60 s interval
+    dog.mailbox.note_ending("SIGTERM")
+    assert dog.mailbox.ask_exit_published() is True
+    dog.join(5.0)
+    assert not dog.is_alive() and not dog.mailbox.watching
+    assert published[-1] == (1, "exited", "SIGTERM", "ddpwatch-watchdog"), published
+    assert dog.mailbox.ask_exit_published() is False  # nobody left to ask: no wait
+
+
 def test_a_sigterm_in_a_collective_reports_a_peer_that_crashed_after_one_look(monkeypatch):
     dog, looks, incidents = terminating_watchdog(monkeypatch, {1: {"fault": {"error": "SIGABRT", "file": "f"}}})
     dog.mailbox.ask_look_for_a_vanished_peer()  # what the SIGTERM's thread asks

@@ -41,6 +41,11 @@ class Mailbox:
         """Sleep `seconds`, or less if a request wakes the loop."""
         self._wake.acquire(timeout=seconds)
 
+    def watchdog_gone(self) -> None:
+        """The watchdog's loop has ended: no request is served from now on, and no one waits for one."""
+        self.watching = False
+        self.exit_published.set()
+
     def wake(self) -> None:
         """Make the loop look now instead of at the end of its sleep (any thread; never blocks)."""
         with contextlib.suppress(RuntimeError):  # released already and not yet taken: the loop wakes all the same

@@ -104,12 +104,17 @@ class Watchdog(threading.Thread):
         been blocked for `grace`, so a rank just blocked publishes at once (the last to block proves a deadlock
         itself); while blocked, a look every FAST_S for an incident to answer (training waits: it slows nothing)."""
         self.mailbox.watchdog_thread = threading.get_ident()
+        try:
+            self._loop()
+        finally:
+            self.mailbox.watchdog_gone()  # however the loop ended: no other thread waits for it now
+
+    def _loop(self) -> None:
         due = time.monotonic() + self.config.interval
         while True:
             self.mailbox.sleep(self._pause(time.monotonic(), due))
             if self._stop_event.is_set() or self.mailbox.exit_asked.is_set():
                 self._last_words()
-                self.mailbox.watching = False
                 return
             now = time.monotonic()
             try:
@@ -154,7 +159,6 @@ class Watchdog(threading.Thread):
                 self._report_peer_failure()
             if self.mailbox.exit_asked.is_set():
                 self.publish_exit()
-        self.mailbox.exit_published.set()
 
     def _pause(self, now: float, due: float) -> float:
         """Seconds to sleep before the next look: sleep, do not poll, while nothing can have blocked yet."""
