@@ -138,6 +138,43 @@ def test_a_deadlock_every_rank_answered_for_itself_is_acted_on(tmp_path, monkeyp
     assert finding["basis"]["confirmed"] is True and finding["basis"]["acts"] is True
 
 
+def at_seq(state: dict, seq: int, **more) -> dict:
+    """`state` waiting in its collective at position `seq` of its group."""
+    return dict(state, inflight=[dict(state["inflight"][0], seq=seq)], **more)
+
+
+def test_a_stand_in_whose_wait_is_behind_anothers_is_named_and_an_answered_one_or_a_silent_one_is_not():
+    """Issue 43, a loaded run: rank 0 had moved on from seq 0 before its watchdog published again; rank 1, blocked
+    at seq 12, read that position from the store and proved a deadlock that was not there."""
+    states = seed_states(2)
+    old, waiting = at_seq(states[0], 0, stale=True), at_seq(states[1], 12)
+    assert confirm.stale_and_behind({0: old, 1: waiting}, {}, 0.5) == [0]
+    assert confirm.stale_and_behind({0: dict(old, stale=False), 1: waiting}, {}, 0.5) == []  # its own answer
+    assert confirm.stale_and_behind({0: old, 1: waiting}, {0: {"process": {"exists": True}}}, 0.5) == []  # silent
+    assert confirm.stale_and_behind({0: at_seq(states[0], 12, stale=True), 1: waiting}, {}, 0.5) == []  # level
+    assert confirm.stale_and_behind({0: at_seq(states[0], 12), 1: at_seq(states[1], 3, stale=True)}, {}, 0.5) == [1]
+    other_group = dict(old, inflight=[dict(old["inflight"][0], group="7")])
+    assert confirm.stale_and_behind({0: other_group, 1: waiting}, {}, 0.5) == []  # positions of another group
+    p2p = dict(old, inflight=[dict(old["inflight"][0], peer=1, op="recv")])
+    assert confirm.stale_and_behind({0: p2p, 1: waiting}, {}, 0.5) == []  # a pair's own count, not the group's
+
+
+def test_a_deadlock_resting_on_a_stand_in_left_behind_is_not_written_and_its_claim_goes_back(tmp_path, monkeypatch):
+    """The writer (rank 0) waits at seq 12; rank 1's position, read from the store, is at seq 3 and rank 1 does not
+    answer: no report, and the claim is given back for whoever sees it next with the answers. Answered, it is
+    written."""
+    states = seed_states(2)
+    mine, old = at_seq(states[0], 12), at_seq(states[1], 3)
+    assessment = analysis.assess({0: mine, 1: old}, 2, 0.5, 60.0, {})
+    assert assessment.verdict == analysis.DEADLOCK
+    writer, job, _ = writer_for(tmp_path, monkeypatch, mine, {})
+    assert writer.write(assessment, None, {1: old}, "report") is None
+    assert job.released == [assessment.fingerprint] and not os.listdir(tmp_path)
+    writer, job, _ = writer_for(tmp_path, monkeypatch, mine, {1: old})  # its own answer, the same position
+    assert writer.write(assessment, None, {1: old}, "report") is not None
+    assert not hasattr(job, "released")
+
+
 def test_a_rank_that_cannot_answer_is_the_leaders_own_observation_not_an_unconfirmed_one():
     states = {0: dict(seed_states(2)[0]), 1: dict(seed_states(2)[1], stale=True)}
     assert confirm.unconfirmed_blocked(states, {}, 0.5) == [1]

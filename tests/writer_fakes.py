@@ -29,6 +29,9 @@ class StoreJob:
     def post_verdict(self, number: int, verdict: dict) -> None:
         self.posted[number] = verdict
 
+    def release(self, fingerprint: str) -> None:
+        self.released = getattr(self, "released", []) + [fingerprint]
+
 
 class OwnAnswer:
     """The leader's own answer (rank 0's state), contributed when the writer asks; `asked`: the `since` of each ask."""

@@ -10,7 +10,7 @@ otherwise reported as resting on the store alone.
 
 from __future__ import annotations
 
-from .reading import is_blocked
+from .reading import blocked_records, is_blocked
 
 CONFIRMED, REFUTED, UNCONFIRMED = "confirmed", "refuted", "unconfirmed"
 
@@ -20,6 +20,28 @@ def unconfirmed_blocked(states: dict, silent: dict, grace: float) -> list:
     their answer; ranks in `silent` (gone, frozen: they cannot answer) are the leader's own observation."""
     return sorted(
         rank for rank, state in states.items() if state.get("stale") and rank not in silent and is_blocked(state, grace)
+    )
+
+
+def stale_and_behind(states: dict, silent: dict, grace: float) -> list:
+    """The blocked ranks whose state is a stand-in read from the store (`stale`: not their answer; not `silent`) and
+    whose wait sits at an earlier position of its group than another rank's wait there. A rank that moved on before
+    its watchdog published again (a loaded machine starves that thread for a round) left exactly such a position
+    behind, indistinguishable from a rank truly behind the others; a rank truly blocked in a collective answers (the
+    GIL is free there). So a proof may not rest on one: seen once beside a CPU-bound neighbour, a peer's position
+    12 collectives old made a false deadlock report with the wrong culprit."""
+    waits = {
+        rank: record
+        for rank, record in blocked_records(states, grace).items()
+        if record.get("peer") is None and type(record.get("seq")) is int
+    }
+    newest: dict = {}
+    for record in waits.values():
+        newest[record.get("group")] = max(record["seq"], newest.get(record.get("group"), record["seq"]))
+    return sorted(
+        rank
+        for rank, record in waits.items()
+        if (states[rank] or {}).get("stale") and rank not in silent and record["seq"] < newest[record.get("group")]
     )
 
 

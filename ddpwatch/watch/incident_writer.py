@@ -213,6 +213,15 @@ class IncidentWriter:
         ):
             log.info("ddpwatch: the ranks moved on while stacks were collected; no report")
             return None
+        behind = confirm.stale_and_behind(final, silent or {}, self.config.grace)
+        if again.verdict == analysis.DEADLOCK and behind:
+            # Their position may be one they left before their watchdog could publish again: no proof yet. The claim
+            # goes back, so whoever sees the same deadlock next (with their answers) writes it.
+            log.info(
+                "ddpwatch: rank(s) %s did not answer and their last position is behind the others'; no report", behind
+            )
+            self.job.release(assessment.fingerprint)
+            return None
         findings = (
             again.findings if again.verdict else ([] if assessment.verdict == analysis.DUMP else assessment.findings)
         )

@@ -485,6 +485,10 @@ class JobProtocol:
         """True for the one rank that claims this fingerprint first: it writes the report, the others do not."""
         return self.store.add(self.store.key("claim", fingerprint), 1) == 1
 
+    def release(self, fingerprint: str) -> None:
+        """Give a claim back (a report not written after all): the next rank to see the same verdict may write it."""
+        self.store.add(self.store.key("claim", fingerprint), -1)
+
     def open_incident(self, info: dict) -> int:
         number = _split_counters(self.store.add(self._key("counters"), INCIDENT_UNIT))[1]
         self.store.put(self.store.key("incident", number, "info"), info)
