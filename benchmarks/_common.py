@@ -8,8 +8,10 @@ import os
 import platform
 import signal
 import statistics
+import re
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -186,3 +188,16 @@ def ratio_verdict(ratios: list, target: float = 1.01) -> str:
     if spread >= target - 1:
         return f"undecided: {text}, the spread is not below {(target - 1) * 100:g}%"
     return f"{'met' if mean <= target else 'NOT met'}: {text}"
+
+
+def callgrind_instructions(module_args: list, timeout: float, **env) -> int:
+    """Instructions a whole `python -m <module_args>` process executed (every thread), from callgrind's summary;
+    exits with the run's error when it failed or printed no count (the instruction-count benchmarks)."""
+    with tempfile.TemporaryDirectory(prefix="ddpwatch-callgrind-") as folder:
+        out = f"--callgrind-out-file={os.path.join(folder, 'out')}"
+        command = ["valgrind", "--tool=callgrind", out, sys.executable, "-m", *module_args]
+        code, _, err = run_bounded(command, timeout=timeout, env=dict(child_env(), PYTHONHASHSEED="0", **env))
+    found = re.search(r"Collected : (\d+)", err)
+    if code != 0 or not found:
+        raise SystemExit(f"callgrind run of {' '.join(module_args)} failed (exit {code}):\n{err[-2000:]}")
+    return int(found.group(1))

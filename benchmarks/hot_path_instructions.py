@@ -9,11 +9,8 @@ cost of one call, start-up and first-call costs cancelling out.
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import shutil
 import sys
-import tempfile
 
 from . import _common as C
 
@@ -75,24 +72,7 @@ def worker(case: str, calls: int) -> None:
 
 def count(case: str, calls: int) -> int:
     """Instructions the whole process executed for `calls` calls of `case`, from callgrind's summary."""
-    with tempfile.TemporaryDirectory(prefix="ddpwatch-callgrind-") as folder:
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            f"--callgrind-out-file={os.path.join(folder, 'out')}",
-            sys.executable,
-            "-m",
-            "benchmarks.hot_path_instructions",
-            "--worker",
-            case,
-            str(calls),
-        ]
-        env = dict(C.child_env(), PYTHONHASHSEED="0")
-        code, _, err = C.run_bounded(command, timeout=600, env=env)
-    found = re.search(r"Collected : (\d+)", err)
-    if code != 0 or not found:
-        raise SystemExit(f"callgrind run of {case} failed (exit {code}):\n{err[-2000:]}")
-    return int(found.group(1))
+    return C.callgrind_instructions(["benchmarks.hot_path_instructions", "--worker", case, str(calls)], timeout=600)
 
 
 def main(argv=None) -> None:

@@ -13,11 +13,8 @@ fast they run (caches refilled after every blocking wait), not in extra work.
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import shutil
 import sys
-import tempfile
 
 from . import _common as C
 
@@ -53,25 +50,8 @@ def worker(backend: str, guarded: bool, calls: int) -> None:
 
 def count(backend: str, guarded: bool, calls: int) -> int:
     """Instructions the whole process executed (every thread) for `calls` calls, from callgrind's summary."""
-    with tempfile.TemporaryDirectory(prefix="ddpwatch-callgrind-") as folder:
-        command = [
-            "valgrind",
-            "--tool=callgrind",
-            f"--callgrind-out-file={os.path.join(folder, 'out')}",
-            sys.executable,
-            "-m",
-            "benchmarks.op_instructions",
-            "--worker",
-            backend,
-            "1" if guarded else "0",
-            str(calls),
-        ]
-        env = dict(C.child_env(), PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
-        code, _, err = C.run_bounded(command, timeout=1200, env=env)
-    found = re.search(r"Collected : (\d+)", err)
-    if code != 0 or not found:
-        raise SystemExit(f"callgrind run of {backend} guarded={guarded} failed (exit {code}):\n{err[-2000:]}")
-    return int(found.group(1))
+    worker = ["benchmarks.op_instructions", "--worker", backend, "1" if guarded else "0", str(calls)]
+    return C.callgrind_instructions(worker, timeout=1200, OMP_NUM_THREADS="1")
 
 
 def main(argv=None) -> None:

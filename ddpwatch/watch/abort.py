@@ -213,7 +213,7 @@ class CatchUp:
 
     def __init__(self, policy: AbortPolicy, mailbox):
         self.policy = policy
-        self._mailbox = mailbox  # woken: the watchdog's loop then serve()s at once
+        self._mailbox = mailbox  # woken: the watchdog's loop reads the newest incident at once (asked, served)
         self._asked = threading.Event()
         self._done = threading.Event()
 
