@@ -9,6 +9,7 @@ import torch.distributed  # noqa: F401 - imported at collection: its first impor
 
 from ddpwatch import flight_entries
 from ddpwatch.capture.record import FLIGHT, Recorder
+from ddpwatch.config import Config
 from ddpwatch.capture.replacements import PATCH_MARKER
 from ddpwatch.format import build
 from ddpwatch.watch import flight, flight_support
@@ -773,3 +774,27 @@ def test_the_buffer_size_is_torchs_setting_or_its_default(monkeypatch):
     assert flight_support.buffer_size() == 20_000
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "lots")  # not a whole number: ignored here
     assert flight_support.buffer_size() == 500
+
+
+def test_an_incident_answer_has_the_feed_read_now_before_its_positions_are_filed(feed):
+    """The fingerprint log is handed no callback: the state reader refreshes the feed (now or never, whatever the
+    last read cost), then files what that read handed over, so an answer carries the positions finished just now."""
+    from ddpwatch.watch.rank_state import StateReader
+
+    calls = []
+    feed.entries = traced(entry(0, 1))
+    real_refresh = feed.refresh
+    feed.refresh = lambda now=None, now_or_never=False: calls.append(now_or_never) or real_refresh(now, now_or_never)
+    states = StateReader(feed.recorder, Config(), 0, 2, "node0", set(), feed=feed)
+    assert states.fingerprints.numbered_by_torch
+    answer = states.read(full=True)
+    assert calls == [True]
+    assert answer["fingerprints"]["groups"]["0"]["ids"], "the entry the read found now is filed in the answer"
+
+
+def test_without_a_feed_a_state_reader_files_no_positions_and_with_the_python_recorder_numbers_its_own():
+    from ddpwatch.watch.flight import NO_FEED
+    from ddpwatch.watch.rank_state import StateReader
+
+    assert StateReader(Recorder(), Config(), 0, 2, "node0", set()).fingerprints is None
+    assert not StateReader(Recorder(), Config(), 0, 2, "node0", set(), feed=NO_FEED).fingerprints.numbered_by_torch

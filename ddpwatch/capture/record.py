@@ -115,6 +115,24 @@ class Record:
     reduce: Any
     root: tuple  # (rank, group rank) a rooted collective was given (read with getattr: set by its wrapper only)
 
+    def __init__(
+        self, seq: int, group: str, op: str, api: str, peer, tensors, thread: int, region, start_mono: float, state: str
+    ) -> None:
+        # The one builder of a record, whichever feed made it (the wrappers' Recorder.begin, the flight feed's
+        # record_of): every slot the readers expect is set here, so neither can leave one unset. site and via are
+        # the feed's to place after (from the caller's frame, or from the entry's frames).
+        self.seq = seq
+        self.group = group
+        self.op = op
+        self.api = api
+        self.peer = peer
+        self.tensors = tensors
+        self.thread = thread
+        self.region = region
+        self.start_mono = start_mono
+        self.state = state
+        self.end_mono = self.error = self.work = self.site = self.via = None
+
     def to_dict(self, now_mono: float, waited: frozenset = frozenset()) -> RecordDoc:
         """Plain data; `waited`: ids of the Work objects some thread is blocked in wait() on now."""
         shapes, dtypes = describe_tensors(self.tensors)
@@ -325,34 +343,25 @@ class Recorder:
 
         `caller` is the frame that called the collective; `ident` the calling thread's, when the caller has it.
         """
-        record = Record()
         key = group if peer is None else (group, peer, op)
         next_seq = self._next_seq
-        record.seq = seq = next_seq.get(key, 0)
+        seq = next_seq.get(key, 0)
         next_seq[key] = seq + 1
-        record.group = group
-        record.peer = peer
-        record.op = op
-        record.api = api
-        record.tensors = tensors
         if ident is None:
             ident = _get_ident()
-        record.thread = ident
         if ident not in _thread_names:
             _thread_names[ident] = threading.current_thread().name  # once per thread: it may be gone when read
         regions = self._regions.get(ident)
-        record.region = regions[-1] if regions else None
-        record.start_mono = self._progress_mono = _monotonic()
-        record.end_mono = record.error = record.work = None
-        record.state = _IN_FLIGHT
+        self._progress_mono = start = _monotonic()
+        record = Record(seq, group, op, api, peer, tensors, ident, regions[-1] if regions else None, start, _IN_FLIGHT)
         # Found now: the stack is gone by the time anyone reads the record. Usually the caller is the user's line.
         code = caller.f_code
         if code is last_user_code[0]:  # a loop calls its collectives from the same function, op after op
-            frame, record.via = caller, None
+            frame = caller
         else:
             entry = kind_of_code.get(id(code))
             if entry is not None and entry[0] is code and entry[1] == USER:
-                frame, record.via = caller, None
+                frame = caller
                 last_user_code[0] = code
             else:
                 frame, via = user_frame_and_via(caller)
@@ -362,8 +371,6 @@ class Recorder:
             # How often each line issued a collective: "has this rank ever been here?" without keeping history.
             site_counts = self._site_counts
             site_counts[site] = site_counts.get(site, 0) + 1
-        else:
-            record.site = None
         self._ring.append(record)
         inflight = self._inflight
         inflight[record] = record  # keyed by the record itself: hashed by identity, no id() int to make

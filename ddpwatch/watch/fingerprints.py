@@ -82,9 +82,11 @@ def signature_of(record) -> tuple:
 class FingerprintLog:
     """This rank's completed positions, per group: seq -> (fingerprint id, DDP step, epoch)."""
 
-    def __init__(self, recorder, refresh=None):
+    def __init__(self, recorder, numbered_by_torch: bool = False):
         self.recorder = recorder
-        self.refresh = refresh  # the flight recorder's feed: hands the ring what finished since its last read
+        # the flight feed's records (numbered by torch's own count, its feed refreshed by the watchdog before each
+        # collect) rather than the python recorder's wrappers'
+        self.numbered_by_torch = numbered_by_torch
         self._log: dict = {}  # group -> OrderedDict(seq -> (signature id, step, epoch))
         self._ids: dict = {}  # signature -> id
         self._signatures: dict = {}  # id -> signature
@@ -98,13 +100,11 @@ class FingerprintLog:
         # rank's positions no longer line up with its peers' (the flight recorder numbers by torch's own count)
         self._unaligned: dict = {}
 
-    def collect(self, for_incident: bool = False) -> None:
+    def collect(self) -> None:
         """File every collective completed since the last round (the ring's records newer than the newest one seen
         last round, and the ones that were in flight then); never blocks the training thread (the ring is read as
-        the watchdog reads it anyway). The ring, not the progress count, says what is new: the flight recorder hands
-        over finished records in reads of its own, apart from the progress it counts; `for_incident`, it reads now."""
-        if self.refresh is not None:
-            self.refresh(now_or_never=for_incident)
+        the watchdog reads it anyway). The ring, not the progress count, says what is new: the flight feed hands
+        over finished records in reads of its own (its refresh, made before this), apart from the progress it counts."""
         ring = list(self.recorder.ring)  # one C-level copy: the training thread may append while this reads
         newest = ring[-1] if ring else None
         if newest is self._newest and not self._waiting:
@@ -139,7 +139,7 @@ class FingerprintLog:
             return
         signature = signature_of(record)
         region = signature[5]
-        if region == build.TORCH_JOIN and self.refresh is None:
+        if region == build.TORCH_JOIN and not self.numbered_by_torch:
             self._unaligned.setdefault(record.group, record.seq)
         group[record.seq] = (self._id_of(signature), step, epoch)
         if len(group) > KEEP:

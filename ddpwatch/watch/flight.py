@@ -471,21 +471,23 @@ class FlightFeed:
     def record_of(self, entry: dict, frame, done: bool = False):
         """A Record for one entry; `frame`: the live top frame of the thread waiting on it (its site and api), else
         the entry's own frames where the dump has them."""
-        record = record_module.Record()
         op = canonical_op(entry.get("profiling_name"))[0]
-        record.seq = int(entry["collective_seq_id"]) - 1
-        record.group = group_of(entry)
-        record.op = op
-        record.peer = None
         shapes, dtypes = shapes_and_dtypes(entry, build.TENSORS_KEPT)
-        record.tensors = tuple((tuple(shape), name) for shape, name in zip(shapes, dtypes))
-        record.thread = thread_of(entry) or threading.main_thread().ident or 0
         created = (entry.get("time_created_ns") or 0) / 1e9
-        record.start_mono = created - self._wall_offset if created else time.monotonic()
-        record.end_mono = record.start_mono if done else None
-        record.state = build.COMPLETED if done else build.IN_FLIGHT
-        record.error = record.work = None
-        record.api, record.region, record.site, record.via = op, None, None, None
+        record = record_module.Record(
+            int(entry["collective_seq_id"]) - 1,
+            group_of(entry),
+            op,
+            op,  # the api until a frame says which call it was
+            None,
+            tuple((tuple(shape), name) for shape, name in zip(shapes, dtypes)),
+            thread_of(entry) or threading.main_thread().ident or 0,
+            None,
+            created - self._wall_offset if created else time.monotonic(),
+            build.COMPLETED if done else build.IN_FLIGHT,
+        )
+        if done:
+            record.end_mono = record.start_mono
         if op in catalogue.REDUCING:
             record.reduce = self._reduce_op(record.thread, entry.get("time_created_ns") or 0)
         if frame is not None:

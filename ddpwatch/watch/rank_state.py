@@ -13,6 +13,8 @@ from ..static import exits, rankcond
 from ..format import build
 from ..logonce import log_once
 from . import evidence
+from .fingerprints import FingerprintLog
+from .flight import NO_FEED
 from ..capture import frameworks, iterators, loaders
 from ..capture.record import FLIGHT
 from ..capture.sites import is_internal_file, user_frame
@@ -20,7 +22,6 @@ from ..capture.stacks import python_stacks
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..format.types import FingerprintDoc, RankState, RecordDoc
-    from .fingerprints import FingerprintLog
 
 # While a rank makes progress its whole state (its last records, formatted, and its site counts) goes out this
 # often; every other round sends its position only. Formatting records that are new every round was most of a
@@ -33,7 +34,7 @@ class StateReader:
     """Reads this rank's state for the watchdog; remembers what is costly to read again (one explanation per wait,
     one Flight Recorder read per doubling of the idle time)."""
 
-    def __init__(self, recorder, config, rank: int, world_size: int, host: str, logged: set, run: str = ""):
+    def __init__(self, recorder, config, rank: int, world_size: int, host: str, logged: set, run: str = "", feed=None):
         self.recorder = recorder
         self.run = run  # the run's identity (store.StateStore.run): each file a rank writes says which run it is of
         self.config = config
@@ -49,7 +50,10 @@ class StateReader:
         self._round_progress = None  # the recorder's progress at the last heartbeat
         self._whole_at = float("-inf")  # monotonic time of the last whole heartbeat
         self._published_running = False  # the last heartbeat's state was running, not blocked
-        self.fingerprints: FingerprintLog | None = None  # whose positions an incident's answer carries (the watchdog's)
+        # The positions this rank completed, which an incident's answer carries (with a feed: a watchdog's); the flight
+        # feed hands them over in reads of its own, numbered by torch's count.
+        self.feed = feed or NO_FEED
+        self.fingerprints = None if feed is None else FingerprintLog(recorder, numbered_by_torch=feed is not NO_FEED)
 
     def heartbeat(self, now: float) -> tuple:
         """(this round's state, whether it is whole): whole when the rank made no progress since the last round, or
@@ -114,7 +118,8 @@ class StateReader:
             # the iterators its own code holds, and whether each had run out: how a loop was left, observed
             doc["iterators"] = iterators.main_thread_iterators(lambda path: not is_internal_file(path))
             if self.fingerprints is not None:  # the positions completed: an incident compares them (silent.py)
-                self.fingerprints.collect(for_incident=True)
+                self.feed.refresh(now_or_never=True)  # the flight feed reads now, whatever its last read cost
+                self.fingerprints.collect()
                 mine = dict(self.fingerprints.document(since=since), rank=self.rank)
                 doc["fingerprints"] = cast("FingerprintDoc", mine)
             # the loops, exits and try blocks around the lines this rank passed (static.exits): the analysis reads

@@ -16,7 +16,7 @@ from ..logonce import log_once
 from .abort import AbortPolicy, CatchUp, FailureHook, Outcome
 from . import crashes
 from .answers import Answers
-from .fingerprints import FingerprintLog, MismatchCheck, asked_positions
+from .fingerprints import MismatchCheck, asked_positions
 from .flight import NO_FEED
 from .incident_writer import IncidentWriter, RankIdentity
 from .mailbox import Mailbox
@@ -57,13 +57,12 @@ class Watchdog(threading.Thread):
         self._logged: set = set()
         self.throttle = IncidentThrottle(self._logged)  # how many incidents this rank may lead (throttle.py)
         self._store_ok = True
-        self.states = StateReader(recorder, config, rank, world_size, self.host, self._logged, self.job.run)
+        self.states = StateReader(recorder, config, rank, world_size, self.host, self._logged, self.job.run, self.feed)
         self.peers = PeerTracker(rank, world_size, self.host, config)
         self.policy = AbortPolicy(config, rank, world_size, self.job, self.mailbox, self._logged)
         self.failure_hook = FailureHook(CatchUp(self.policy, self.mailbox), self.mailbox)
         self.answers = Answers(self.job, rank, self.states, native_on=config.native_stacks)
-        self.states.fingerprints = log = FingerprintLog(recorder, self.feed.refresh)
-        self.mismatches = MismatchCheck(log, rank, world_size, lambda: recorder.groups)
+        self.mismatches = MismatchCheck(self.states.fingerprints, rank, world_size, lambda: recorder.groups)
         self._seen = 0  # the newest incident whose info this rank has read
         self._info: dict = {}  # and that info
         self.writer = IncidentWriter(
@@ -213,13 +212,14 @@ class Watchdog(threading.Thread):
     # ----- one round -----
     def tick(self) -> None:
         self.recorder.poll_pending()
-        now, state, positions = time.monotonic(), None, self.mismatches.outgoing()
+        self.feed.refresh(now := time.monotonic())  # the flight feed hands the ring what finished since (when due)
+        state, positions = None, self.mismatches.outgoing()
         if not (
             self.states.beat_is_enough(now) and self.job.publish_beat(self.rank, self.states.beat_round(), positions)
         ):
             state, whole = self.states.heartbeat(now)
             self.job.publish(self.rank, state, whole, positions)
-        waiting, latest = self.job.counters()  # two round trips a round in all: the publish and this
+        waiting, latest = self.job.counters()  # a round trip a round, as the publish and the partners' read are
         self.throttle.saw_counter(latest)
         waiting = self._update_waiting(state, waiting)
         self._answer_incidents(latest)
