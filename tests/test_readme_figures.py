@@ -13,11 +13,20 @@ FIGURE = re.compile(
     r"(?<![\w.`])\d[\d,]*(?:\.\d+)?(?:(?:-| to | \.\. )\+?\d[\d,]*(?:\.\d+)?)?\s?(?:us|ms|s|%|MiB|KiB|x)(?![\w])"
     r"|(?<![\w.])[01]\.\d\d(?![\d.])"
 )
-# A setting or a documented default, named as such: `grace` (0.5 s), (default 300 s), `dead_after` (10 s).
-SETTING = re.compile(r"`\w+` \((?:default )?[\d.]+ s\)|\(default [\d.]+ s\)|`PY_SPY_TIMEOUT_S`, [\d.]+ s")
-COMMAND = re.compile(r"python -m benchmarks(?:\.\w+)?|benchmarks/\w+\.py|tests/[\w/]+\.py")
+# A setting, a bound or a period the code or a test sets, named as such: `grace` (0.5 s), (default 300 s),
+# `dead_after` (10 s), at most 3 s, one per 20 s, every 0.1 s, a 60 s limit, 0.5 x `interval`, >= 0.05. Not a
+# measurement, so it needs no source.
+SETTING = re.compile(
+    r"`\w+` \((?:default )?[\d.]+ s\)|\(default [\d.]+ s\)|`\w+_S`, [\d.]+ s"
+    r"|\b(?:at most|one per|once per|per|every|for|up to|plus|after|within(?: the(?: same)?)?|here|default|past"
+    r"|limit of|limits:|timeout|grace|interval|dead_after)\s+\(?[\d.]+ ?(?:s|ms|MiB|KiB)\b"
+    r"|\b[\d.]+ ?s (?:limit|timeout)\b|\b[\d.]+ x `?\w+`?|>= ?[\d.]+|\bfirst [\d.]+ s\b"
+    r"|`[A-Z][A-Z_]+`, [\d.]+ ?(?:s|ms|%|MiB|KiB)\b|[\d.]+ ?(?:s|%) of the time since \(`[A-Z][A-Z_]+`\)"
+)
+COMMAND = re.compile(r"python -[mc] [\w.]+|python -c\b|benchmarks/\w+\.py|tests/[\w/]+\.py|docs/tools/\w+\.py")
 COMMIT = re.compile(r"\b[0-9a-f]{7,40}\b")
 MACHINE = re.compile(r"2-core|2-CPU|this machine|another CPU")
+PAGE_NOTE = "Figures on this page"
 
 
 def blocks(text: str) -> list:
@@ -46,17 +55,37 @@ def _table_follows(lines: list, number: int) -> bool:
     return number < len(lines) and lines[number].startswith("|")
 
 
-def unsourced(text: str) -> list:
-    """[(line, the figures, what is missing)] for each block whose figures do not say where they come from."""
+def headings_above(text: str) -> dict:
+    """{line number: the headings that line sits under, outermost first, joined}: a docs page's section may name
+    the command, commit and machine of every figure in it once, in its heading."""
+    chain, above = [], {}
+    for number, line in enumerate(text.splitlines(), 1):
+        level = len(line) - len(line.lstrip("#"))
+        if line.startswith("#") and line[level : level + 1] == " ":
+            chain = [*chain[: level - 1], *[""] * (level - 1 - len(chain)), line]
+        above[number] = "\n".join(chain)
+    return above
+
+
+def page_note(text: str) -> str:
+    """The page's own statement of where its figures come from ("Figures on this page: ..."), or ""."""
+    return "\n".join(block for _, block in blocks(text) if block.lstrip("*").startswith(PAGE_NOTE))
+
+
+def unsourced(text: str, sections: bool = False) -> list:
+    """[(line, the figures, what is missing)] for each block whose figures do not say where they come from: in the
+    block itself (README), or also in the headings above it and the page's note (`sections`, docs/)."""
     missing = []
+    above, note = (headings_above(text), page_note(text)) if sections else ({}, "")
     for line, block in blocks(text):
         figures = FIGURE.findall(SETTING.sub("", block))
         if not figures:
             continue
+        source = "\n".join((block, above.get(line, ""), note))
         lacks = [
             name
             for name, pattern in (("command", COMMAND), ("commit", COMMIT), ("machine", MACHINE))
-            if not pattern.search(block)
+            if not pattern.search(source)
         ]
         if lacks:
             missing.append((line, figures[:4], lacks))
