@@ -104,13 +104,17 @@ def _parse_codes(text: str) -> tuple:
 
 
 RECORDERS = ("auto", "python", "flight")  # the `recorder` option's values (docs/how-it-works.md#the-two-recorders)
+RELAYS = ("auto", "on", "off")  # the `relay` option's values (watch/node.py)
 
 
-def _parse_recorder(text: str) -> str:
-    value = text.strip().lower()
-    if value not in RECORDERS:
-        raise ValueError(f"expected one of {', '.join(RECORDERS)}")
-    return value
+def _one_of(values: tuple):
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in values:
+            raise ValueError(f"expected one of {', '.join(values)}")
+        return value
+
+    return parse
 
 
 def _parse_command(text: str) -> str | None:
@@ -237,7 +241,7 @@ OPTIONS = (
     Option(
         "recorder",
         "auto",
-        _parse_recorder,
+        _one_of(RECORDERS),
         ", ".join(RECORDERS),
         "Where each rank's sequence of collectives comes from: python (a wrapper on every collective), flight "
         "(torch's own Flight Recorder, read by the watchdog when a rank stops making progress and once a round "
@@ -259,8 +263,16 @@ OPTIONS = (
         _parse_bool,
         "1/0, true/false, yes/no, on/off",
         "Read each rank's native (C/C++) stacks with py-spy once the report is written, into the incident's "
-        "native.json (py-spy pauses the process it reads for 0.3-1.6 s); off: Python stacks only.",
+        "native.json (py-spy pauses the process it reads while it reads it); off: Python stacks only.",
         (bool, int),
+    ),
+    Option(
+        "relay",
+        "auto",
+        _one_of(RELAYS),
+        ", ".join(RELAYS),
+        "Whether a node's running ranks reach the store through one of them (the node relay: one round trip a "
+        "node, not a rank, while nothing is wrong): auto where the job spans nodes under torchrun, on, or off.",
     ),
     Option(
         "on_incident",
@@ -302,6 +314,7 @@ class Config:
     signals: bool = DEFAULTS["signals"]
     recorder: str = DEFAULTS["recorder"]
     native_stacks: bool = DEFAULTS["native_stacks"]
+    relay: str = DEFAULTS["relay"]
     on_incident: Any = DEFAULTS["on_incident"]
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 

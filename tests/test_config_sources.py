@@ -112,6 +112,7 @@ def test_environment_variable_of_every_option(tmp_path):
         "library_packages": "trainkit",
         "on_incident": "notify hang",
         "native_stacks": "no",
+        "relay": "On",
     }
     assert set(raw) == set(config.OPTIONS_BY_NAME), "a new option needs a row here"
     environ = {config.OPTIONS_BY_NAME[name].env_var: value for name, value in raw.items()}
@@ -133,6 +134,7 @@ def test_environment_variable_of_every_option(tmp_path):
         cfg.library_packages,
         cfg.on_incident,
         cfg.native_stacks,
+        cfg.relay,
     ) == (
         True,
         "/r",
@@ -150,6 +152,7 @@ def test_environment_variable_of_every_option(tmp_path):
         ("trainkit",),
         "notify hang",
         False,
+        "on",
     )
     assert all(cfg.sources[name] == config.OPTIONS_BY_NAME[name].env_var for name in raw)
 
@@ -273,6 +276,7 @@ def test_known_and_unrelated_variables_give_no_warning(tmp_path, warnings_seen):
         "library_packages": "",
         "on_incident": "",
         "native_stacks": "on",
+        "relay": "off",
     }
     assert set(raw) == set(config.OPTIONS_BY_NAME), "a new option needs a value here"
     environ = {config.OPTIONS_BY_NAME[name].env_var: value for name, value in raw.items()}

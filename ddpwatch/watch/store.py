@@ -34,6 +34,7 @@ COUNTER_RANGE = (-(2**63), 2**63)  # what the store's add can hold (a 64-bit int
 # distinct line per position: 166 KiB). A bigger value is not one ddpwatch wrote and is not parsed: issue 41's probe
 # wrote 5.7 MiB there, and a rank went from 265 to 648 MiB.
 FINGERPRINTS_MAX_BYTES = 512 * 2**10
+MAX_RELAYED_PARTNERS = 8  # a rank reads one partner per group; a longer list (a finding's read of all) is direct
 
 
 class StoreUnavailable(RuntimeError):
@@ -327,9 +328,16 @@ class JobProtocol:
 
     POLL_S = 0.05  # between two reads of a counter someone else is filling
 
-    def __init__(self, store: StateStore, world_size: int):
+    def __init__(self, store: StateStore, world_size: int, relay=None):
         self.store = store
         self.world_size = world_size
+        # watch/node.py's NodeRelay where this rank's node relays: while the rank runs, its round trips are its
+        # node leader's (a file each way); waiting or exiting, it speaks to the store itself
+        self.relay = relay
+        self._relayed = False  # this round's publish went to the relay
+        self._wants: list = []  # the partners whose completed positions this rank reads (the leader reads them)
+        self._relayed_fps: dict = {}  # {rank: document} as the node's leader last read them
+        self._put_last: dict = {}  # key -> text, what this rank last put for its node as its leader
         self._keys: dict = {}  # parts -> key, for the keys of every round: building them was a tenth of its work
         # (rank, the JSON text of its last published position without its beat and "}")
         self._position: tuple[int, str] | None = None
@@ -361,13 +369,17 @@ class JobProtocol:
         shown = position(state)
         beat = shown.pop("beat", None)
         body = documents.dumps(shown)[:-1]  # "{...", its closing brace off: the beat goes last, then "}"
-        self._position = (rank, body)
         docs: dict[str, object] = {self._key("pos", rank): _with_beat(body, beat)}
         if whole:
             docs[self._key("state", rank)] = state
         self._add_fingerprints(docs, rank, fingerprints)
         self._add_leader_beat(docs, rank, beat)
-        self.store.put_many(docs)
+        first = self._position is None or self._position[0] != rank  # its first: in the store at once, pid and host
+        self._position = (rank, body)
+        self._put(docs, self.relay is not None and not first and self.relay.carries(state))
+        if self.relay is not None and state.get("status") == "exited":
+            self.relay.close()  # an exited rank relays no more: the node's next rank leads
+            self.relay = None
 
     def publish_beat(self, rank: int, beat: int, fingerprints: dict | None = None) -> bool:
         """The last position this rank published, again, with a new beat: one round trip, nothing built or encoded.
@@ -378,8 +390,21 @@ class JobProtocol:
         docs: dict[str, object] = {self._key("pos", rank): _with_beat(self._position[1], beat)}
         self._add_fingerprints(docs, rank, fingerprints)
         self._add_leader_beat(docs, rank, beat)
-        self.store.put_many(docs)
+        self._put(docs, self.relay is not None)
         return True
+
+    def _put(self, docs: dict, relayed: bool) -> None:
+        """This round's documents: to the relay while the rank runs (its file is written every round, so that its
+        node sees it live either way), else to the store."""
+        self._relayed = relayed
+        if self.relay is not None:
+            try:
+                self.relay.stage(docs, self._wants, direct=not relayed)
+            except OSError as exc:  # the node's folder is gone or full: this rank speaks to the store itself
+                self._relayed = False
+                log_once(self.logged, "relay", "ddpwatch: the node relay failed (%s); this rank uses the store", exc)
+        if not self._relayed:
+            self.store.put_many(docs)
 
     def _add_fingerprints(self, docs: dict, rank: int, fingerprints: dict | None) -> None:
         """The rank's completed positions (watch/fingerprints.py), in the round's one put, when they changed."""
@@ -390,6 +415,13 @@ class JobProtocol:
         """{rank: fingerprint document} of `ranks` whose document is there and passes its checks (size first, then
         validate.fingerprint_problem, then that it names its own rank); one that fails is left out, said once. One
         round trip per rank (read_now: a key someone deleted is not waited for); a rank reads one partner a round."""
+        ranks = list(ranks)
+        if self._relayed and len(ranks) <= MAX_RELAYED_PARTNERS:  # its partners', which its node's leader read
+            self._wants = sorted(ranks)
+            return {r: self._relayed_fps[r] for r in ranks if r in self._relayed_fps}
+        return self._direct_fingerprints(ranks)
+
+    def _direct_fingerprints(self, ranks: list) -> dict:
         keys = {self._key("fp", r): r for r in ranks}
         docs, dropped = self.store.read_now(list(keys), FINGERPRINTS_MAX_BYTES)
         found = {}
@@ -458,9 +490,39 @@ class JobProtocol:
         return found
 
     def counters(self) -> tuple:
-        """(ranks waiting, the latest incident's number), in one round trip; a value there that is not a counter
-        (someone else wrote it) reads as no change."""
+        """(ranks waiting, the latest incident's number), in one round trip (through the node's leader while this
+        rank runs under a relay); a value there that is not a counter (someone else wrote it) reads as no change."""
+        if self.relay is not None:
+            try:
+                if self.relay.leader() == self.relay.rank:
+                    return self._node_round()
+                if self._relayed:
+                    return self._take_post(self.relay.posted())
+            except OSError as exc:
+                log_once(self.logged, "relay", "ddpwatch: the node relay failed (%s); this rank uses the store", exc)
         value = self.store.counter(self._key("counters"))
+        if value is not None:
+            self._counters = _split_counters(value)
+        return self._counters
+
+    def _node_round(self) -> tuple:
+        """The node leader's round: its running ranks' documents the job needs in one put (watch/node.py says
+        which), the counters and the partners' documents read once for all of them, and posted for the others."""
+        staged = self.relay.staged()
+        docs = self.relay.to_put(staged, self._counters[0] > 0, self.store.namespace)
+        if docs:
+            self.store.put_many(docs)
+            self.relay.put_done(docs)
+        value = self.store.counter(self._key("counters"))
+        if value is not None:
+            self._counters = _split_counters(value)
+        self._relayed_fps = self._direct_fingerprints(self.relay.wanted(staged, self.world_size))
+        self.relay.post(value, self._relayed_fps)
+        return self._counters
+
+    def _take_post(self, post: dict) -> tuple:
+        """The counters and partners' documents the node's leader left (an earlier round's while it has not posted)."""
+        value, self._relayed_fps = self.relay.read_post(post, self.world_size)
         if value is not None:
             self._counters = _split_counters(value)
         return self._counters

@@ -17,6 +17,7 @@ from .abort import AbortPolicy, CatchUp, FailureHook, Outcome
 from . import crashes
 from .answers import Answers
 from .fingerprints import MismatchCheck, asked_positions
+from .node import relay_for
 from .flight import NO_FEED
 from .incident_writer import IncidentWriter, RankIdentity
 from .mailbox import Mailbox
@@ -33,6 +34,10 @@ log = logging.getLogger("ddpwatch")
 FAST_S = 0.1  # between two looks for an incident while this rank is blocked (training waits: the GIL is free)
 MIN_PAUSE_S = 0.01  # the shortest sleep between two looks: a clock that jumps cannot make the thread spin
 ANSWER_FAST_S = 10.0  # how long after blocking a rank looks for incidents every FAST_S (bounded: store load)
+STORE_GONE = (  # said once, when the store stops answering
+    "ddpwatch: the store stopped answering (%s); no longer publishing; "
+    "each rank now writes its own dump when it is stuck"
+)
 
 
 class Watchdog(threading.Thread):
@@ -45,7 +50,9 @@ class Watchdog(threading.Thread):
         self.config = config
         self.rank = rank
         self.world_size = world_size
-        self.job = JobProtocol(store, world_size)  # every key and round trip on the store lives there
+        self._logged: set = set()
+        relay = relay_for(config, store, rank, world_size, recorder.groups, self._logged)  # node.py: while it runs
+        self.job = JobProtocol(store, world_size, relay)  # every key and round trip on the store lives there
         self.run_tag = run_tag
         self.host = socket.gethostname()
         self.registered_waiting = False
@@ -54,7 +61,6 @@ class Watchdog(threading.Thread):
         # What other threads ask of this one (a failing collective, a signal) and what it tells them: its parts are
         # given the mailbox, never this thread or a method of it.
         self.mailbox = Mailbox(recorder)
-        self._logged: set = set()
         self.throttle = IncidentThrottle(self._logged)  # how many incidents this rank may lead (throttle.py)
         self._store_ok = True
         self.states = StateReader(recorder, config, rank, world_size, self.host, self._logged, self.job.run, self.feed)
@@ -131,12 +137,7 @@ class Watchdog(threading.Thread):
                     self.policy.check_posted(self.states.read)
             except StoreUnavailable as exc:
                 self._store_ok = self.mailbox.watching = False
-                self._log_once(
-                    "store",
-                    "ddpwatch: the store stopped answering (%s); no longer publishing; "
-                    "each rank now writes its own dump when it is stuck",
-                    exc,
-                )
+                self._log_once("store", STORE_GONE, exc)
             except Exception:
                 self._log_once("tick", "ddpwatch: watchdog error, continuing", exc_info=True)
 

@@ -1,0 +1,228 @@
+"""The node relay (issue 45): a node's running ranks reach the job's store through one of them, over local files.
+
+A rank that runs has nothing to tell the job but that it lives, and needs from it only the counters (an incident
+to answer, ranks waiting) and its partners' completed positions. So on a node of several ranks each running rank
+writes what it would have put into the store to a file of its own, in a folder of this user's on this node
+(`<tmp>/ddpwatch-<uid>/nodes/<job>/<node>/r<rank>.json`), and one of them, the node's leader, makes the node's
+round trips for all of them: one read of the counters and of the partners' documents, and the documents that must
+be in the store (the completed positions other ranks read; every staged position while some rank waits, so the
+watching rank sees who runs). It leaves what it read in `relay.json`, which the node's other running ranks read
+instead of the store. A rank that waits in a collective, or exits, speaks to the store itself, as without the
+relay: a hang's evidence never waits for a file.
+
+The leader is the lowest local rank whose own file is fresh and whose process is alive: a leader that dies is
+replaced at the next round (its pid is gone), one that hangs or stops once its file is older than `STALE_ROUNDS`
+rounds, well inside `dead_after` (at least 3 rounds), so the node's other ranks are never taken for silent.
+Every file is written whole (atomic.write_file) and read with a size bound; a file that is not one is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+from collections.abc import Mapping
+
+import psutil
+
+from .. import atomic, private
+from ..analysis import is_blocked
+from ..format import build, validate
+from ..logonce import log_once
+
+STALE_ROUNDS = 2.5  # a rank whose file is this many rounds old cannot lead (a late round under load is not)
+MAX_FILE_BYTES = 4 << 20  # a rank's staged documents: a few KiB, its whole state with history tens of KiB
+RELAY_FILE = "relay.json"
+_RANK_FILE = re.compile(r"r(\d{1,7})\.json")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def node_of(environ: Mapping[str, str] | None = None) -> tuple[str, int] | None:
+    """(this rank's node, its ranks' count) under torchrun (GROUP_RANK, LOCAL_WORLD_SIZE, set by its agent for
+    each worker), else None: a node is this host's name and the agent's group, so two agents on one host are two
+    nodes, as torchrun counts them."""
+    environ = os.environ if environ is None else environ
+    group, local = environ.get("GROUP_RANK", ""), environ.get("LOCAL_WORLD_SIZE", "")
+    if not (group.isdigit() and local.isdigit() and int(local) > 0):
+        return None
+    return f"{socket.gethostname()}-{int(group)}", int(local)
+
+
+def relay_on(option: str, world_size: int, environ: Mapping[str, str] | None = None) -> tuple[str, int] | None:
+    """The node to relay for, or None: `relay` on, or auto where the job spans nodes (fewer local ranks than ranks),
+    under torchrun; off, a node of one rank, or a launcher that does not say where the rank runs: no relay."""
+    node = node_of(environ)
+    if option == "off" or node is None or node[1] < 2:
+        return None
+    return node if option == "on" or node[1] < world_size else None
+
+
+def read_by_others(rank: int, groups: Mapping, world_size: int) -> bool:
+    """Whether some rank reads this one's completed positions: each rank reads the lowest other rank of its groups
+    (fingerprints.MismatchCheck.partners), which is one of a group's two lowest ranks."""
+    for ranks in [None, *groups.values()]:
+        members = sorted(range(world_size) if ranks is None else ranks)
+        if len(members) > 1 and rank in members[:2]:
+            return True
+    return False
+
+
+def relay_for(config, store, rank: int, world_size: int, groups, logged: set, environ=None):
+    """This rank's NodeRelay where its node relays (the `relay` option), else None; a node folder that cannot be
+    made is one warning, and no relay."""
+    node = relay_on(config.relay, world_size, environ)
+    if node is None:
+        return None
+    try:
+        return NodeRelay(f"{store.job_token}-{store.key('relay')}", node[0], rank, config, world_size, groups)
+    except OSError as exc:
+        log_once(logged, "relay", "ddpwatch: no node relay (%s); this rank uses the store itself", exc)
+        return None
+
+
+class NodeRelay:
+    """This rank's end of its node's relay: stages its documents, elects the leader, posts and reads the relay."""
+
+    def __init__(self, job: str, node: str, rank: int, config, world_size: int, groups):
+        self.rank = rank
+        self.interval, self.grace = config.interval, config.grace
+        self.world_size = world_size
+        self.groups = groups  # {group name: its ranks}: the recorder's live view
+        self.folder = private.open_private("nodes", _safe(job), _safe(node))
+        self._pid, self._started = os.getpid(), _start_time(os.getpid())
+        self._put_last: dict = {}  # key -> text, what this rank last put for its node as its leader
+
+    # ----- every rank -----
+    def carries(self, state: Mapping) -> bool:
+        """Whether a state goes through the relay: a rank that runs; one blocked in a collective, or exited, puts
+        its own, so that a hang's evidence never waits for a file."""
+        return state.get("status") == build.RUNNING and not is_blocked(state, self.grace)
+
+    def stage(self, docs: Mapping[str, object], wants: list, direct: bool) -> None:
+        """This rank's documents of this round (`direct`: it put them itself), written every round: a fresh file is
+        how its node sees it live."""
+        body = {
+            "rank": self.rank,
+            "pid": self._pid,
+            "started": self._started,
+            "docs": {key: doc if isinstance(doc, str) else json.dumps(doc) for key, doc in docs.items()},
+            "wants": wants,
+            "direct": direct,
+            "read_by_others": read_by_others(self.rank, self.groups, self.world_size),
+        }
+        atomic.write_file(self.folder, f"r{self.rank}.json", json.dumps(body).encode(), 0o600, f".r{self.rank}.tmp")
+
+    def leader(self, now: float | None = None) -> int | None:
+        """The lowest local rank whose file is fresh and whose process lives (None: no rank has staged yet)."""
+        now = time.time() if now is None else now
+        fresh = []
+        for name in os.listdir(self.folder):
+            match = _RANK_FILE.fullmatch(name)
+            if match is None:
+                continue
+            try:
+                age = now - os.stat(name, dir_fd=self.folder, follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+            if age < STALE_ROUNDS * self.interval:
+                fresh.append(int(match[1]))
+        for rank in sorted(fresh):
+            if rank == self.rank or self._lives(rank):
+                return rank
+        return None
+
+    def posted(self) -> dict:
+        """The leader's last post ({} before the first, or when it does not read as one)."""
+        body = self._read(RELAY_FILE)
+        return body if isinstance(body, dict) else {}
+
+    @staticmethod
+    def read_post(post: dict, world_size: int) -> tuple:
+        """(the counters' value or None, {rank: partner document}) of a post, each document checked as one read
+        from the store is (validate.fingerprint_problem, and that it names its own rank)."""
+        value, posted, documents = post.get("counters"), post.get("fingerprints"), {}
+        for key, doc in (posted if isinstance(posted, dict) else {}).items():
+            if str(key).isdigit() and isinstance(doc, dict) and doc.get("rank") == int(key):
+                if validate.fingerprint_problem(doc, world_size) is None:
+                    documents[int(key)] = doc
+        return (value if type(value) is int else None), documents
+
+    def close(self) -> None:
+        """This rank leaves its node's relay (it exits): its file goes, the node's next rank leads."""
+        private.remove_quietly(self.folder, f"r{self.rank}.json")
+        os.close(self.folder)
+
+    # ----- the node's leader -----
+    def staged(self) -> dict:
+        """{rank: its staged body} of every local rank's file that reads as one."""
+        found = {}
+        for name in os.listdir(self.folder):
+            match = _RANK_FILE.fullmatch(name)
+            body = self._read(name) if match else None
+            if isinstance(body, dict) and isinstance(body.get("docs"), dict) and body.get("rank") == int(match[1]):
+                found[body["rank"]] = body
+        return found
+
+    def to_put(self, staged: dict, looking: bool, namespace: str) -> dict:
+        """{key: text} the leader puts for its running ranks this round: while some rank waits (`looking`), every
+        position and state that changed, so the watching rank sees who runs; else only the completed positions of
+        the ranks other ranks read (read_by_others). Keys outside this job's namespace are never put."""
+        docs = {}
+        for body in staged.values():
+            if body.get("direct") is not False:
+                continue  # a rank that waits or exits put its own
+            for key, text in body["docs"].items():
+                read = body.get("read_by_others") is True and key.rpartition("/")[0].endswith("/fp")
+                if (looking or read) and type(text) is str and key.startswith(namespace + "/"):
+                    if self._put_last.get(key) != text:
+                        docs[key] = text
+        return docs
+
+    def put_done(self, docs: dict) -> None:
+        self._put_last = {**self._put_last, **docs} if len(self._put_last) < 1024 else dict(docs)
+
+    @staticmethod
+    def wanted(staged: dict, world_size: int) -> list:
+        """The partners whose documents the node's running ranks read, for the leader to read once for all."""
+        wants = {r for body in staged.values() if isinstance(body.get("wants"), list) for r in body["wants"]}
+        return sorted(r for r in wants if type(r) is int and 0 <= r < world_size)
+
+    def post(self, counters: int | None, fingerprints: Mapping) -> None:
+        """What the leader read this round, for the node's other running ranks."""
+        body = {"leader": self.rank, "counters": counters, "fingerprints": {str(r): d for r, d in fingerprints.items()}}
+        atomic.write_file(self.folder, RELAY_FILE, json.dumps(body).encode(), 0o600, f".relay.{self.rank}.tmp")
+
+    # ----- files -----
+    def _lives(self, rank: int) -> bool:
+        """Whether the process that wrote a rank's file lives (the same process: its start time too, against a
+        reused pid)."""
+        body = self._read(f"r{rank}.json")
+        pid = body.get("pid") if isinstance(body, dict) else None
+        started = _start_time(pid) if type(pid) is int else None
+        return started is not None and started == body.get("started")
+
+    def _read(self, name: str):
+        try:
+            fd = os.open(name, os.O_RDONLY | private.NOFOLLOW, dir_fd=self.folder)
+        except OSError:
+            return None
+        try:
+            with os.fdopen(fd, "rb") as handle:
+                data = handle.read(MAX_FILE_BYTES + 1)
+            return json.loads(data) if len(data) <= MAX_FILE_BYTES else None
+        except (OSError, ValueError):
+            return None
+
+
+def _start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError, ValueError):
+        return None
+
+
+def _safe(name: str) -> str:
+    """A name for a folder of ours: what is not a letter, digit, dot, dash or underscore becomes one underscore."""
+    return _UNSAFE.sub("_", name)[:120] or "_"

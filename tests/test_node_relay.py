@@ -1,0 +1,180 @@
+"""The node relay (watch/node.py, issue 45): who relays, who leads, and how many store round trips a node makes."""
+
+import json
+import os
+import tempfile
+import time
+
+import pytest
+import torch.distributed as dist
+
+from ddpwatch.config import Config
+from ddpwatch.format import build
+from ddpwatch.watch import node
+from ddpwatch.watch.store import INCIDENT_UNIT, JobProtocol, StateStore
+
+TORCHRUN = {"GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "1"}
+
+
+class CountingStore:
+    """A real in-process c10d store whose every call is counted: the round trips a node makes, measured."""
+
+    def __init__(self, store):
+        self._store = store
+        self.calls: list = []
+
+    def __getattr__(self, name):
+        method = getattr(self._store, name)
+
+        def counted(*args):
+            self.calls.append(name)
+            return method(*args)
+
+        return counted
+
+
+@pytest.fixture(autouse=True)
+def private_tmp(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # <tmp>/ddpwatch-<uid>/nodes/... lands here
+
+
+def running(rank, beat=1):
+    return {"rank": rank, "beat": beat, "status": build.RUNNING, "inflight": [], "idle_s": 0.0}
+
+
+def blocked(rank, beat=1):
+    record = {"seq": 3, "group": "0", "op": "all_reduce", "state": "in_flight", "age_s": 5.0}
+    return {"rank": rank, "beat": beat, "status": build.RUNNING, "inflight": [record], "idle_s": 5.0}
+
+
+def node_of_ranks(world: int, ranks, config=None):
+    """{rank: JobProtocol} of `ranks`, one node, sharing one counted store (a job of `world` ranks)."""
+    counted = CountingStore(dist.HashStore())
+    config = config or Config(interval=1.0, grace=0.5)
+    jobs = {}
+    for rank in ranks:
+        store = StateStore(counted, "test")
+        relay = node.NodeRelay("job", "node0", rank, config, world, {})
+        jobs[rank] = JobProtocol(store, world, relay)
+    return jobs, counted
+
+
+def fingerprint_doc(rank):
+    """A completed-positions document as FingerprintLog.document() writes one (one all_reduce of 4 floats)."""
+    signature = {"op": "all_reduce", "reduce": None, "dtypes": ["float32"], "counts": [4], "site": None}
+    return {
+        "v": 1,
+        "n": 1,
+        "groups": {"0": {"first": 0, "ids": [0], "steps": [0], "epoch": None}},
+        "signatures": {"0": {**signature, "region": None, "root": None}},
+        "rank": rank,
+    }
+
+
+def test_the_relay_is_on_where_torchrun_says_the_job_spans_nodes_and_off_elsewhere():
+    assert node.relay_on("auto", 8, TORCHRUN) == (f"{os.uname().nodename}-0", 4)
+    assert node.relay_on("auto", 4, TORCHRUN) is None  # one node: every rank is local
+    assert node.relay_on("on", 4, TORCHRUN) is not None
+    assert node.relay_on("off", 8, TORCHRUN) is None
+    assert node.relay_on("on", 8, {}) is None  # not under torchrun: where the rank runs is not said
+    assert node.relay_on("auto", 8, {**TORCHRUN, "LOCAL_WORLD_SIZE": "1"}) is None  # a node of one rank
+    assert node.relay_on("auto", 8, {**TORCHRUN, "GROUP_RANK": "x"}) is None
+
+
+def test_the_ranks_read_by_others_are_each_groups_two_lowest():
+    assert node.read_by_others(0, {}, 8) and node.read_by_others(1, {}, 8)  # rank 1: rank 0's partner
+    assert not node.read_by_others(5, {}, 8)
+    assert node.read_by_others(5, {"dp": [5, 13, 21]}, 24)  # the lowest of its data-parallel group
+    assert node.read_by_others(13, {"dp": [5, 13, 21]}, 24)
+    assert not node.read_by_others(21, {"dp": [5, 13, 21]}, 24)
+
+
+def test_the_lowest_live_fresh_rank_leads_and_a_dead_or_stale_one_is_replaced(monkeypatch):
+    jobs, _ = node_of_ranks(8, [0, 1, 2])
+    for rank, job in jobs.items():
+        job.publish(rank, running(rank))
+    relay = jobs[2].relay
+    assert relay.leader() == 0
+    old = time.time() - 10  # rank 0's file not written for 10 rounds: it hangs or is stopped
+    os.utime("r0.json", (old, old), dir_fd=relay.folder)
+    assert relay.leader() == 1
+    body = relay._read("r1.json")
+    gone, real = 4242424242, node._start_time
+    monkeypatch.setattr(node, "_start_time", lambda pid: None if pid == gone else real(pid))
+    body["pid"] = gone  # rank 1's process is gone (its file still fresh)
+
+    os.unlink("r1.json", dir_fd=relay.folder)
+    fd = os.open("r1.json", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=relay.folder)
+    os.write(fd, json.dumps(body).encode())
+    os.close(fd)
+    assert relay.leader() == 2
+
+
+def test_a_healthy_node_makes_one_round_trip_a_round_for_all_its_running_ranks():
+    """8 running ranks of one node: their beats go to files; the leader reads the counters once and the one
+    partner's document (rank 0's, which rank 0 itself puts: it is read by others) for all of them."""
+    jobs, counted = node_of_ranks(16, range(8, 16))
+    for rank, job in jobs.items():
+        job.publish(rank, running(rank))  # a first position: publish_beat resends it
+    counted.calls.clear()
+    for rank, job in jobs.items():
+        job.publish_beat(rank, 2)
+        job.counters()
+        job.fingerprints([0])  # the partner each reads (the next round's leader reads it for all)
+    assert counted.calls == ["compare_set"], "the leader's read of the counters, nothing from the other 7"
+    counted.calls.clear()
+    for rank, job in jobs.items():
+        job.publish_beat(rank, 3)
+        job.counters()
+    assert counted.calls == ["compare_set", "compare_set"], "the counters and rank 0's document, once for the node"
+
+
+def test_while_a_rank_waits_the_node_puts_every_running_rank_position_in_one_round_trip():
+    jobs, counted = node_of_ranks(16, range(8, 12))
+    for rank, job in jobs.items():
+        job.publish(rank, running(rank))
+    jobs[8].store.add(jobs[8].store.key("counters"), 1)  # a rank somewhere waits: rank 0 watches
+    for _ in range(2):  # the first round reads that someone waits, the second puts for the watcher
+        for rank, job in jobs.items():
+            job.publish_beat(rank, 5)
+            job.counters()
+    watcher = JobProtocol(StateStore(dist.HashStore(), "other"), 16)
+    watcher.store = jobs[8].store
+    assert {r: p["beat"] for r, p in watcher.positions(range(8, 12)).items()} == {8: 5, 9: 5, 10: 5, 11: 5}
+    assert counted.calls.count("multi_set") <= 3  # 4 first positions went to files; the node's puts since
+
+
+def test_a_rank_blocked_in_a_collective_or_exited_puts_its_own_at_once():
+    jobs, counted = node_of_ranks(16, [8, 9])
+    counted.calls.clear()
+    jobs[9].publish(9, blocked(9))
+    assert counted.calls == ["multi_set"], "a hang's evidence never waits for the node's leader"
+    assert jobs[9].positions([9])[9]["inflight"]
+    jobs[9].publish(9, {**running(9), "status": build.EXITED})
+    assert jobs[9].relay is None, "an exited rank leaves the relay"
+
+
+def test_a_running_rank_reads_the_counters_and_partners_its_leader_posted():
+    jobs, _ = node_of_ranks(16, [8, 9])
+    leader_store = jobs[8].store
+    leader_store.put(leader_store.key("fp", 0), fingerprint_doc(0))
+    leader_store.add(leader_store.key("counters"), 3 * INCIDENT_UNIT)
+    for _ in range(2):
+        for rank, job in jobs.items():
+            job.publish(rank, running(rank))
+            job.counters()
+            job.fingerprints([0])
+    assert jobs[9].counters() == (0, 3)
+    assert jobs[9].fingerprints([0]) == {0: fingerprint_doc(0)}
+
+
+def test_the_leader_puts_no_key_outside_the_job_and_reads_no_post_that_is_not_one():
+    jobs, counted = node_of_ranks(16, [8, 9])
+    relay = jobs[8].relay
+    forged = {8: {"rank": 8, "direct": False, "read_by_others": True, "docs": {"elsewhere/fp/3": "{}"}}}
+    assert relay.to_put(forged, True, jobs[8].store.namespace) == {}
+    assert relay.read_post({"counters": "7", "fingerprints": {"0": {"rank": 1}}}, 16) == (None, {})
+    assert relay.read_post({"counters": 7, "fingerprints": {"0": fingerprint_doc(0)}}, 16) == (
+        7,
+        {0: fingerprint_doc(0)},
+    )

@@ -1,0 +1,36 @@
+"""The node relay with real ranks (issue 45): 4 gloo ranks as 2 nodes of 2 on this host; a node leader that stops
+does not blind its node."""
+
+import os
+
+import pytest
+
+from ranks import SCENARIOS, describe, load_only_report, reports, run_case, tagged_line
+
+pytestmark = pytest.mark.real
+NODES = os.path.join(SCENARIOS, "nodes.py")
+FAST = {"DDPWATCH_INTERVAL": "0.5", "DDPWATCH_DEAD_AFTER": "2", "DDPWATCH_ACTION": "report"}
+
+
+def test_a_node_leader_that_stops_is_unresponsive_and_its_node_mate_still_answers(tmp_path):
+    results = run_case(
+        [NODES, "leader_stops"], 4, tmp_path, timeout=90, stop_when=lambda: bool(reports(tmp_path)), **FAST
+    )
+    assert reports(tmp_path), describe(results)
+    report = load_only_report(tmp_path)
+    finding = report["findings"][0]
+    assert finding["kind"] == "unresponsive_rank" and finding["ranks"] == [2], describe(results)
+    assert finding["evidence"]["process"]["status"] == "stopped"
+    by_rank = {state["rank"]: state for state in report["ranks"]}
+    # rank 3's running beats reached the store only through rank 2 until rank 3 took its node over: its own answer
+    # (with its stacks, at the line where it computes) shows that it read the incident through the relay it leads
+    straggler = by_rank[3]
+    assert straggler.get("stacks"), "rank 3 did not answer: its node went blind when its leader stopped"
+    lines = [frame.get("line") for stack in straggler["stacks"].values() for frame in stack]
+    assert tagged_line(NODES, "straggling") in lines
+
+
+def test_a_correct_job_of_two_nodes_ends_cleanly_with_no_report(tmp_path):
+    results = run_case([NODES, "healthy"], 4, tmp_path, timeout=60, **FAST)
+    assert [r.returncode for r in results] == [0, 0, 0, 0], describe(results)
+    assert not reports(tmp_path)
