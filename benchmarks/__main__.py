@@ -17,6 +17,7 @@ BENCHMARKS = {
     "overhead_training": 900,
     "time_to_verdict": 900,
     "scale": 1200,
+    "store_load": 1200,  # the store server in a process of its own under 1k-16k simulated ranks (a few minutes)
     "memory": 600,
     "startup": 600,
     "step_cost": 600,

@@ -100,6 +100,26 @@ def test_each_real_op_instruction_case_runs_without_valgrind(case):
     assert code == 0, f"exit {code}\n{err[-3000:]}"
 
 
+@pytest.mark.timeout(LIMIT_S + 30)
+def test_store_load_quick_mode_measures_every_phase_and_prints_its_tables(tmp_path):
+    """benchmarks/store_load.py: the store server in its own process, two clients of simulated ranks, the job's
+    probe; every size's healthy and hang phase counted store operations, the probe ran, the model was fitted. The
+    structure only, never a timing."""
+    path = tmp_path / "store_load.json"
+    code, out, err = run_quick(["benchmarks.store_load", "--quick", "--json", str(path)])
+    assert code == 0, f"exit {code}\n{out[-3000:]}\n{err[-3000:]}"
+    assert "== store_load" in out and "(quick mode)" in out and "EXTRAPOLATION" in out
+    assert TABLE_RULE.search(out) and len(TABLE_ROW.findall(out)) >= (2 + 4) + (2 + 3) + (2 + 8), out  # 3 tables
+    doc = json.loads(path.read_text())
+    assert [size["ranks"] for size in doc["sizes"]] == [64, 256] and doc["problems"] == []
+    for size in doc["sizes"]:
+        for phase in ("healthy", "hang"):
+            assert size[phase]["ops"] > 0 and size[phase]["rounds"] >= 1
+        assert size["hang"]["latest_incident"] == 0  # the hang stayed incident-free
+        assert size["healthy"]["harm"]["probes"] > 0 and size["healthy"]["harm"]["barriers"] > 0
+    assert doc["model"]["ranks"] == 65536 and doc["model"]["healthy"]["ops_per_s"] > 0
+
+
 WHOLE_JOB_LIMIT_S = 300  # 10 torchrun launches of a few seconds each: 45-85 s here
 WHOLE_JOB_MEASURES = ("loop_wall_s", "job_cpu_s", "total_wall_s")
 
