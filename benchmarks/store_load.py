@@ -16,6 +16,7 @@ import psutil
 
 from . import _common as C
 from . import scale
+from .store_load_report import ASSUMPTIONS, PROTOCOLS, RANKS_PER_NODE, model, print_measurements, print_model
 
 SIZES = {"full": (1024, 4096, 16384), "quick": (64, 256)}
 CLIENTS = 2  # processes carrying the simulated ranks (this machine has 2 cores); each has one store connection
@@ -27,7 +28,6 @@ PROBES = {"full": 300, "quick": 60}  # set+get round trips per harm measurement 
 PROBE_GAP_S = 0.01  # between probes: a job's own store use is occasional; a tight loop would be load of its own
 BARRIER_EVERY = 10  # one store-based barrier per this many probes
 PARTICIPANTS = 4  # the barrier's participants: threads of the job process, each with its own store client
-TARGET_RANKS, RANKS_PER_NODE = 65536, 8  # the model's prediction
 CHILD_LIMIT_S = {"full": 1800, "quick": 120}  # each child ends itself then (SIGALRM), whatever the parent does
 REPLY_S = {"full": 600.0, "quick": 60.0}  # longest wait for any one reply from a child
 
@@ -49,7 +49,9 @@ def serve() -> None:
 
 
 def run_ranks(port: int) -> None:
-    """Commands on stdin, one JSON reply per line: ready, setup NAMESPACE WORLD LOW HIGH, block, run SECONDS, quit."""
+    """Commands on stdin, one JSON reply per line: ready, setup NAMESPACE WORLD LOW HIGH PROTOCOL, block, run SECONDS,
+    quit. PROTOCOL: rank (each rank's own round trips) or node (the node relay, watch/node.py: nodes of
+    RANKS_PER_NODE consecutive ranks, each node's folder of its own)."""
     # Imported before "ready" is answered, so that no import runs during a measurement
     import ddpwatch.watch.watchdog  # noqa: F401
     import torch.distributed  # noqa: F401
@@ -62,6 +64,8 @@ def run_ranks(port: int) -> None:
             counting, store = scale.client(port, command[1])
             recorder = scale.healthy_recorder()
             dogs = scale.watchdogs(range(int(command[3]), int(command[4])), int(command[2]), store, recorder)
+            if command[5] == "node":
+                relay_nodes(dogs, command[1], int(command[2]))
             # The first round publishes whole states: a job's start, not its steady state, so it is not timed.
             reply = untimed_round(dogs, counting)
         elif command[0] == "block":
@@ -75,6 +79,15 @@ def run_ranks(port: int) -> None:
         elif command[0] == "quit":
             return
         print(json.dumps(reply), flush=True)  # "ready" too: an empty reply, imports done
+
+
+def relay_nodes(dogs: list, namespace: str, world_size: int) -> None:
+    """Each simulated rank's store traffic through its node's relay, as a watchdog under torchrun across nodes has."""
+    from ddpwatch.watch.node import NodeRelay
+
+    for dog in dogs:
+        node = f"n{dog.rank // RANKS_PER_NODE}"
+        dog.job.relay = NodeRelay(namespace, node, dog.rank, dog.config, world_size, dog.recorder.groups)
 
 
 def untimed_round(dogs: list, counting) -> dict:
@@ -92,7 +105,7 @@ def paced_rounds(dogs: list, counting, seconds: float) -> dict:
     `seconds`; a round that overruns its interval starts the next at once (then the simulation sets the pace)."""
     counting.reset()
     start = time.monotonic()
-    busy, begin = [], start
+    busy, begin, leader = [], start, []
     while begin < start + seconds:
         spent = 0.0
         for i, dog in enumerate(dogs):
@@ -102,6 +115,8 @@ def paced_rounds(dogs: list, counting, seconds: float) -> dict:
             tick_start = time.monotonic()
             dog.tick()
             spent += time.monotonic() - tick_start
+            if dog.rank == 0:  # the leader: in the hang, its round reads every position and assesses them
+                leader.append(time.monotonic() - tick_start)
         busy.append(spent)
         begin = max(begin + INTERVAL, time.monotonic())
         time.sleep(max(0.0, begin - time.monotonic()))
@@ -110,6 +125,7 @@ def paced_rounds(dogs: list, counting, seconds: float) -> dict:
         "ranks": len(dogs),
         "rounds": len(busy),
         "busy": busy,
+        "leader_tick_s": leader,
         "ops": sum(calls.values()),
         "calls": calls,
         "start": start,
@@ -264,6 +280,7 @@ def measured_phase(server, clients: Children, seconds: float, job: Children | No
         "slowest_round_s": max(max(r["busy"]) for r in replies if r["busy"]),
         "span": [min(r["start"] for r in replies), max(r["end"] for r in replies)],
         "latest_incident": replies[0]["latest_incident"],
+        "leader_tick_s": [s for r in replies for s in r["leader_tick_s"]],
         "harm": summarize_harm(harm) if harm else None,
     }
 
@@ -280,16 +297,17 @@ def baseline_harm(server, job: Children, probe) -> dict:
     )
 
 
-def one_size(ranks: int, mode: str, server, clients: Children, job: Children, probe) -> dict:
+def one_size(ranks: int, protocol: str, mode: str, server, clients: Children, job: Children, probe) -> dict:
     """Setup (not timed), the healthy phase with the job's probe inside it, then the hang."""
-    namespace = f"load-{ranks}-{os.getpid()}"
-    bounds = [ranks * i // CLIENTS for i in range(CLIENTS + 1)]  # client 0 carries rank 0, the leader
-    clients.ask([f"setup {namespace} {ranks} {bounds[i]} {bounds[i + 1]}" for i in range(CLIENTS)])
+    namespace = f"load-{protocol}-{ranks}-{os.getpid()}"
+    # client 0 carries rank 0, the leader; whole nodes: a node's ranks share one folder, in one process
+    bounds = [ranks * i // CLIENTS // RANKS_PER_NODE * RANKS_PER_NODE for i in range(CLIENTS)] + [ranks]
+    clients.ask([f"setup {namespace} {ranks} {bounds[i]} {bounds[i + 1]} {protocol}" for i in range(CLIENTS)])
     healthy = measured_phase(server, clients, HEALTHY_S[mode], job, probe)
     onset = clients.ask(["block"] * CLIENTS)
     hang = measured_phase(server, clients, HANG_S[mode])
     onset_summary = {"ops_per_rank": sum(r["ops"] for r in onset) / ranks, "wall_s": max(r["s"] for r in onset)}
-    return {"ranks": ranks, "healthy": healthy, "hang_onset": onset_summary, "hang": hang}
+    return {"ranks": ranks, "protocol": protocol, "healthy": healthy, "hang_onset": onset_summary, "hang": hang}
 
 
 def summarize_harm(raw: dict) -> dict:
@@ -312,7 +330,7 @@ def quantiles_ms(seconds: list) -> dict:
 
 def problems_of(result: dict) -> list:
     """What makes a size's numbers not what their labels say: then the benchmark fails."""
-    found, ranks = [], result["ranks"]
+    found, ranks = [], f"{result['ranks']} ({result['protocol']})"
     for name in ("healthy", "hang"):
         phase = result[name]
         if phase["ops"] == 0 or phase["rounds"] == 0:
@@ -325,201 +343,6 @@ def problems_of(result: dict) -> list:
     elif not (result["healthy"]["span"][0] <= harm["span"][0] and harm["span"][1] <= result["healthy"]["span"][1]):
         found.append(f"{ranks} ranks: the job's probe ran partly outside the healthy phase")
     return found
-
-
-# ---------------------------------------------------------------- the model (an extrapolation)
-
-
-def fit_line(xs: list, ys: list, through: tuple | None = None) -> tuple:
-    """(a, b) of y = a + b x by least squares; `through`: the line held through that point, its slope fitted. One
-    distinct x and no `through`: the line through the origin (an idle server costs next to nothing)."""
-    x0, y0 = through or (statistics.fmean(xs), statistics.fmean(ys))
-    sxx = sum((x - x0) ** 2 for x in xs)
-    if sxx == 0:
-        return 0.0, (y0 / x0 if x0 else 0.0)
-    b = sum((x - x0) * (y - y0) for x, y in zip(xs, ys)) / sxx
-    return y0 - b * x0, b
-
-
-def ratio(with_load, without) -> float | None:
-    return with_load / without if with_load is not None and without else None
-
-
-def model(results: list, baseline: dict) -> dict:
-    """Lines through the measured points, read at TARGET_RANKS. Server CPU is fitted against the operations per second
-    the server served (ddpwatch's and the job probe's), not against ranks, since the simulation may not have kept
-    the interval; the healthy line has the no-ddpwatch measurement as one more point."""
-    out: dict = {"ranks": TARGET_RANKS, "nodes": TARGET_RANKS // RANKS_PER_NODE}
-    out["factor"] = TARGET_RANKS / max(r["ranks"] for r in results)
-    for name in ("healthy", "hang"):
-        phases = [r[name] for r in results]
-        points = phases + ([baseline] if name == "healthy" else [])
-        per_rank = statistics.fmean(p["ops_per_rank_interval"] for p in phases)
-        needed = TARGET_RANKS * per_rank / INTERVAL
-        rates = [p["all_ops_per_s"] for p in points]
-        cpu = fit_line(rates, [p["server_cpu_per_s"] for p in points])
-        thread = fit_line(rates, [p["server_busiest_thread_per_s"] for p in points])
-        out[name] = {
-            "ops_per_rank_interval": per_rank,
-            "ops_per_s": needed,
-            "server_cpu_line": cpu,
-            "server_cpu_per_s": cpu[0] + cpu[1] * needed,
-            "busiest_thread_line": thread,
-            "busiest_thread_per_s": thread[0] + thread[1] * needed,
-        }
-    rates = [r["healthy"]["ops_per_s"] for r in results]
-    for what in ("set_get_ms", "barrier_ms"):
-        ratios = [ratio(r["healthy"]["harm"][what]["median"], baseline[what]["median"]) or 1.0 for r in results]
-        line = fit_line(rates, ratios, through=(0.0, 1.0))  # no ddpwatch traffic: ratio 1 by definition
-        # A slope at or below zero: no slowdown measured at these sizes, so there is nothing to extend.
-        predicted = line[0] + line[1] * out["healthy"]["ops_per_s"] if line[1] > 0 else None
-        out[what] = {"ratio_line": line, "ratio": predicted}
-    return out
-
-
-ASSUMPTIONS = (
-    "server CPU grows linearly in the operations per second it serves (a line fitted on the measured phases)",
-    "operations per rank per interval do not depend on the number of ranks (their mean over the sizes measured)",
-    f"{RANKS_PER_NODE} ranks per node changes nothing here: every rank's watchdog has its own connection, so the "
-    f"server holds {TARGET_RANKS:,} of them, where here {CLIENTS} connections carried every simulated rank and at "
-    f"most {CLIENTS} ddpwatch requests were in flight at once; what many connections cost the server is not measured",
-    "the job's round trip and barrier slow down linearly with ddpwatch's operations per second; near saturation "
-    "(the busiest server thread at 1 CPU-second per second) requests queue and they grow much faster than a line",
-    "on this machine the simulated ranks share the CPUs with the server and the job's probe: the harm measured "
-    "includes that contention, which a server with cores of its own would not see",
-)
-
-
-# ---------------------------------------------------------------- output
-
-
-LOAD_COLUMNS = (
-    "ranks|phase|rounds|ops/rank/interval|ddpwatch ops/s measured|ops/s a real job sends|job probe's ops/s|"
-    "server CPU s/s|busiest server thread s/s|server CPU us/op (all ops)|clients' CPU (cores)|"
-    "slowest round of all ranks (s)"
-).split("|")
-HARM_COLUMNS = (
-    "while|ddpwatch ops/s|server CPU s/s|probes / barriers|set+get median (ms)|p90 (ms)|vs none|"
-    "barrier median (ms)|p90 (ms)|vs none"
-).split("|")
-
-
-def load_rows(results: list) -> list:
-    rows = []
-    for r in results:
-        for name in ("healthy", "hang"):
-            p = r[name]
-            kept = "yes" if p["slowest_round_s"] <= INTERVAL else "NO: the simulation set the pace"
-            rows.append(
-                [
-                    r["ranks"],
-                    name if name == "healthy" else "hang, no incident",
-                    p["rounds"],
-                    f"{p['ops_per_rank_interval']:.2f}",
-                    f"{p['ops_per_s']:.0f}",
-                    f"{r['ranks'] * p['ops_per_rank_interval'] / INTERVAL:.0f}",
-                    f"{p['job_ops_per_s']:.0f}",
-                    f"{p['server_cpu_per_s']:.3f}",
-                    f"{p['server_busiest_thread_per_s']:.3f}",
-                    f"{1e6 * p['server_cpu_per_s'] / p['all_ops_per_s']:.1f}" if p["all_ops_per_s"] else "-",
-                    f"{p['clients_cpu_per_s']:.2f}",
-                    f"{p['slowest_round_s']:.3f}",
-                    kept,
-                ]
-            )
-    return rows
-
-
-def harm_rows(results: list, baseline: dict) -> list:
-    def row(label, harm, rate, cpu):
-        sg, bar = harm["set_get_ms"], harm["barrier_ms"]
-        return [
-            label,
-            rate,
-            f"{cpu:.3f}",
-            f"{harm['probes']} / {harm['barriers']}",
-            sg["median"],
-            sg["p90"],
-            _times(ratio(sg["median"], baseline["set_get_ms"]["median"])),
-            bar["median"],
-            bar["p90"],
-            _times(ratio(bar["median"], baseline["barrier_ms"]["median"])),
-        ]
-
-    rows = [row("no ddpwatch traffic", baseline, "0", baseline["server_cpu_per_s"])]
-    for r in results:
-        h = r["healthy"]
-        if h["harm"] is None:
-            continue  # its problem is said below the tables
-        rows.append(row(f"{r['ranks']} ranks, healthy", h["harm"], f"{h['ops_per_s']:.0f}", h["server_cpu_per_s"]))
-    return rows
-
-
-def _times(value) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
-def model_rows(fitted: dict) -> list:
-    rows = []
-    for name in ("healthy", "hang"):
-        m = fitted[name]
-        per_rank = f"{m['ops_per_rank_interval']:.2f} per rank per interval (mean measured)"
-        rows.append([f"{name}: ddpwatch operations per second", per_rank, f"{m['ops_per_s']:,.0f}"])
-        for key, label in (("server_cpu", "server CPU s/s"), ("busiest_thread", "busiest server thread s/s")):
-            a, b = m[f"{key}_line"]
-            rows.append([f"{name}: {label}", f"{a:.3g} + ops/s x {b * 1e6:.3g} us", f"{m[f'{key}_per_s']:.2f}"])
-    saturated = fitted["healthy"]["busiest_thread_per_s"] >= 1.0
-    for what, label in (("set_get_ms", "set+get median"), ("barrier_ms", "store barrier median")):
-        b = fitted[what]["ratio_line"][1]
-        value = fitted[what]["ratio"]
-        shown = "no slowdown measured: nothing to extend" if value is None else _times(value)
-        shown += " (the server saturated: queueing, not a line)" if saturated and value is not None else ""
-        rows.append([f"healthy: job's {label}, with / without", f"1 + {b * 1e3:.3g} per 1,000 ops/s", shown])
-    return rows
-
-
-def print_measurements(results: list, baseline: dict, libuv: bool) -> None:
-    C.print_table(
-        f"Store load: the TCPStore server in a process of its own (libuv: {libuv}), {CLIENTS} client processes "
-        f"ticking real Watchdogs, rounds spread over each {INTERVAL:g} s interval; operations counted on the clients, "
-        "CPU read by psutil",
-        LOAD_COLUMNS + [f"kept the {INTERVAL:g} s interval"],
-        load_rows(results),
-    )
-    print(
-        "ops/s a real job sends: ranks x ops/rank/interval / interval; the measured rate falls short of it where a "
-        "round took longer than the interval (then the simulation, not the server, set the pace). CPU times come in "
-        "clock ticks (10 ms): over a phase of a few seconds, figures near 0.01 s/s are that coarse."
-    )
-    for r in results:
-        onset = r["hang_onset"]
-        print(
-            f"{r['ranks']} ranks, the hang's onset (the round in which every rank finds itself blocked, run unpaced "
-            f"before the hang phase): {onset['ops_per_rank']:.2f} ops/rank, {onset['wall_s']:.2f} s for all ranks here"
-        )
-    C.print_table(
-        f"Store harm: the job's own store use through the same server: a set+get of 64 bytes every "
-        f"{PROBE_GAP_S * 1e3:g} ms, and every {BARRIER_EVERY} a store-based barrier of {PARTICIPANTS} threads "
-        "(as torch's _store_based_barrier: add 1, add 0, the last sets a key, all wait for it)",
-        HARM_COLUMNS,
-        harm_rows(results, baseline),
-    )
-
-
-def print_model(results: list, fitted: dict) -> None:
-    C.print_table(
-        f"Model: an EXTRAPOLATION, {fitted['factor']:,.0f} times past the largest size measured, to "
-        f"{TARGET_RANKS:,} ranks ({fitted['nodes']:,} nodes of {RANKS_PER_NODE}): lines fitted by least squares to "
-        f"{len(results)} sizes, read at the operations per second such a job sends",
-        ["quantity", "line fitted", f"at {TARGET_RANKS:,} ranks"],
-        model_rows(fitted),
-    )
-    print("Assumptions of the model:")
-    for line in ASSUMPTIONS:
-        print(f"- {line}")
-    if fitted["healthy"]["busiest_thread_per_s"] >= 1.0:
-        print("- by these lines the server's busiest thread would need more than a whole core: it would fall behind")
-    sys.stdout.flush()
 
 
 # ---------------------------------------------------------------- main
@@ -547,7 +370,7 @@ def measure(sizes: list, mode: str) -> tuple:
             started += [job, clients]
             clients.ask(["ready"] * CLIENTS)  # their imports done: the no-traffic baseline shares the CPUs with no one
             baseline = baseline_harm(server.procs[0], job, probe)
-            results = [one_size(n, mode, server.procs[0], clients, job, probe) for n in sizes]
+            results = [one_size(n, p, mode, server.procs[0], clients, job, probe) for n in sizes for p in PROTOCOLS]
         finally:
             for children in reversed(started):
                 children.kill()
@@ -579,10 +402,15 @@ def main(argv=None) -> int:
     problems = [p for r in results for p in problems_of(r)]
     if baseline["probes"] == 0 or baseline["barriers"] == 0:
         problems.append("the job's probe measured nothing without ddpwatch traffic")
-    fitted = None if problems else model(results, baseline)  # no line through numbers that are not what they say
-    print_measurements(results, baseline, hello["libuv"])
+    fitted = None if problems else model(results, baseline, INTERVAL)  # no line through numbers that are not so
+    harm_title = (
+        f"Store harm: the job's own store use through the same server: a set+get of 64 bytes every "
+        f"{PROBE_GAP_S * 1e3:g} ms, and every {BARRIER_EVERY} a store-based barrier of {PARTICIPANTS} threads "
+        "(as torch's _store_based_barrier: add 1, add 0, the last sets a key, all wait for it)"
+    )
+    print_measurements(results, baseline, hello["libuv"], INTERVAL, harm_title)
     if fitted:
-        print_model(results, fitted)
+        print_model(fitted)
     if opts.json:
         doc = {"format": 1, "quick": opts.quick, "commit": C.code_version(), "machine": C.machine()}
         doc.update(interval=INTERVAL, clients=CLIENTS, baseline=baseline, sizes=results, model=fitted)

@@ -19,9 +19,12 @@ TORCHRUN = {"GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "1"}
 class CountingStore:
     """A real in-process c10d store whose every call is counted: the round trips a node makes, measured."""
 
-    def __init__(self, store):
+    def __init__(self, store, calls=None):
         self._store = store
-        self.calls: list = []
+        self.calls: list = [] if calls is None else calls
+
+    def clone(self):  # another connection to the same store, its calls counted with these
+        return CountingStore(self._store.clone(), self.calls)
 
     def __getattr__(self, name):
         method = getattr(self._store, name)
@@ -132,7 +135,8 @@ def test_a_healthy_node_makes_one_round_trip_a_round_for_all_its_running_ranks()
 def test_while_a_rank_waits_the_node_puts_every_running_rank_position_in_one_round_trip():
     jobs, counted = node_of_ranks(16, range(8, 12))
     for rank, job in jobs.items():
-        job.publish(rank, running(rank))
+        job.publish(rank, running(rank))  # its first position: in the store at once
+    counted.calls.clear()
     jobs[8].store.add(jobs[8].store.key("counters"), 1)  # a rank somewhere waits: rank 0 watches
     for _ in range(2):  # the first round reads that someone waits, the second puts for the watcher
         for rank, job in jobs.items():
@@ -141,7 +145,7 @@ def test_while_a_rank_waits_the_node_puts_every_running_rank_position_in_one_rou
     watcher = JobProtocol(StateStore(dist.HashStore(), "other"), 16)
     watcher.store = jobs[8].store
     assert {r: p["beat"] for r, p in watcher.positions(range(8, 12)).items()} == {8: 5, 9: 5, 10: 5, 11: 5}
-    assert counted.calls.count("multi_set") <= 3  # 4 first positions went to files; the node's puts since
+    assert counted.calls.count("multi_set") == 1, "the second round put the node's 4 positions in one round trip"
 
 
 def test_a_rank_blocked_in_a_collective_or_exited_puts_its_own_at_once():
@@ -159,7 +163,7 @@ def test_a_running_rank_reads_the_counters_and_partners_its_leader_posted():
     leader_store = jobs[8].store
     leader_store.put(leader_store.key("fp", 0), fingerprint_doc(0))
     leader_store.add(leader_store.key("counters"), 3 * INCIDENT_UNIT)
-    for _ in range(2):
+    for _ in range(3):  # a first position goes to the store; then the leader learns whom its ranks read, and reads
         for rank, job in jobs.items():
             job.publish(rank, running(rank))
             job.counters()
@@ -178,3 +182,35 @@ def test_the_leader_puts_no_key_outside_the_job_and_reads_no_post_that_is_not_on
         7,
         {0: fingerprint_doc(0)},
     )
+
+
+def test_once_its_keys_are_there_a_healthy_node_round_is_one_multi_get_and_a_deleted_key_costs_one_short_wait(
+    monkeypatch,
+):
+    from ddpwatch.watch import state_store
+
+    monkeypatch.setattr(state_store, "QUICK_WAIT_S", 0.05)
+    jobs, counted = node_of_ranks(16, range(8, 12))
+    store = jobs[8].store
+    store.put(store.key("fp", 0), fingerprint_doc(0))  # rank 0's completed positions, which every rank reads
+    store.add(store.key("counters"), 0)
+
+    def round_():
+        for rank, job in jobs.items():
+            job.publish(rank, running(rank))
+            job.counters()
+            job.fingerprints([0])
+
+    for _ in range(3):  # first positions; whom the ranks read; the keys seen there
+        round_()
+    counted.calls.clear()
+    round_()
+    assert [c for c in counted.calls if c != "set_timeout"] == ["multi_get"]
+    assert jobs[11].fingerprints([0]) == {0: fingerprint_doc(0)}
+    counted._store.delete_key(store.key("fp", 0))  # someone on the port deletes it: the multi_get would wait
+    counted.calls.clear()
+    started = time.monotonic()
+    round_()
+    assert time.monotonic() - started < 2.0, "one short wait, then the keys read one by one"
+    assert [c for c in counted.calls if c != "set_timeout"] == ["multi_get", "compare_set", "compare_set"]
+    assert jobs[8].counters() == (0, 0)

@@ -26,7 +26,7 @@ def test_a_node_leader_that_stops_is_unresponsive_and_its_node_mate_still_answer
     # (with its stacks, at the line where it computes) shows that it read the incident through the relay it leads
     straggler = by_rank[3]
     assert straggler.get("stacks"), "rank 3 did not answer: its node went blind when its leader stopped"
-    lines = [frame.get("line") for stack in straggler["stacks"].values() for frame in stack]
+    lines = [frame.get("line") for stack in straggler["stacks"] if stack.get("main") for frame in stack["frames"]]
     assert tagged_line(NODES, "straggling") in lines
 
 

@@ -308,7 +308,7 @@ def test_a_rank_that_has_just_blocked_wants_a_round_now_without_touching_the_sto
 
 
 def test_a_value_that_would_build_too_much_is_left_out_before_parsing(job, monkeypatch):
-    import ddpwatch.watch.store as store_module
+    import ddpwatch.watch.state_store as store_module
 
     for rank in range(WORLD):
         job.publish(rank, {"rank": rank})

@@ -102,7 +102,7 @@ def test_a_bad_document_is_left_out_with_one_line_once_and_the_others_are_still_
 def test_a_document_over_its_size_bound_is_left_out_unparsed(job, caplog, monkeypatch):
     parsed = []
     loads = json.loads
-    monkeypatch.setattr(store_module.json, "loads", lambda text, *a, **k: parsed.append(len(text)) or loads(text))
+    monkeypatch.setattr(json, "loads", lambda text, *a, **k: parsed.append(len(text)) or loads(text))
     huge = json.dumps(dict(GOOD, pad="x" * store_module.FINGERPRINTS_MAX_BYTES))
     job.store._store.set(job.store.key("fp", 1), huge)
     assert job.fingerprints([1]) == {}
@@ -194,7 +194,7 @@ def test_the_sweep_removes_the_files_of_processes_gone_and_keeps_live_and_recent
 def test_any_value_over_the_bound_is_left_out_unparsed_with_one_line(job, caplog, monkeypatch):
     parsed = []
     loads = json.loads
-    monkeypatch.setattr(store_module.json, "loads", lambda text, *a, **k: parsed.append(len(text)) or loads(text))
+    monkeypatch.setattr(json, "loads", lambda text, *a, **k: parsed.append(len(text)) or loads(text))
     job.store._store.set(job.store.key("pos", 1), json.dumps({"rank": 1, "pad": "x" * store_module.MAX_VALUE_BYTES}))
     job.store._store.set(job.store.key("pos", 2), json.dumps({"rank": 2}))
     for _ in range(2):

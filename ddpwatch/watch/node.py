@@ -95,7 +95,7 @@ class NodeRelay:
         self._put_last: dict = {}  # key -> text, what this rank last put for its node as its leader
 
     # ----- every rank -----
-    def carries(self, state: Mapping) -> bool:
+    def carries(self, state) -> bool:
         """Whether a state goes through the relay: a rank that runs; one blocked in a collective, or exited, puts
         its own, so that a hang's evidence never waits for a file."""
         return state.get("status") == build.RUNNING and not is_blocked(state, self.grace)
@@ -160,7 +160,9 @@ class NodeRelay:
         found = {}
         for name in os.listdir(self.folder):
             match = _RANK_FILE.fullmatch(name)
-            body = self._read(name) if match else None
+            if match is None:
+                continue
+            body = self._read(name)
             if isinstance(body, dict) and isinstance(body.get("docs"), dict) and body.get("rank") == int(match[1]):
                 found[body["rank"]] = body
         return found

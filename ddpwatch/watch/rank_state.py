@@ -52,8 +52,8 @@ class StateReader:
         self._published_running = False  # the last heartbeat's state was running, not blocked
         # The positions this rank completed, which an incident's answer carries (with a feed: a watchdog's); the flight
         # feed hands them over in reads of its own, numbered by torch's count.
-        self.feed = feed or NO_FEED
-        self.fingerprints = None if feed is None else FingerprintLog(recorder, numbered_by_torch=feed is not NO_FEED)
+        self.feed = feed  # None: answers without positions (a reader no watchdog feeds)
+        self.fingerprints = FingerprintLog(recorder, numbered_by_torch=feed not in (None, NO_FEED))
 
     def heartbeat(self, now: float) -> tuple:
         """(this round's state, whether it is whole): whole when the rank made no progress since the last round, or
@@ -117,7 +117,7 @@ class StateReader:
             doc["epochs"] = loaders.read()  # each DataLoader's epochs and the training steps in each
             # the iterators its own code holds, and whether each had run out: how a loop was left, observed
             doc["iterators"] = iterators.main_thread_iterators(lambda path: not is_internal_file(path))
-            if self.fingerprints is not None:  # the positions completed: an incident compares them (silent.py)
+            if self.feed is not None:  # the positions completed: an incident compares them (silent.py)
                 self.feed.refresh(now_or_never=True)  # the flight feed reads now, whatever its last read cost
                 self.fingerprints.collect()
                 mine = dict(self.fingerprints.document(since=since), rank=self.rank)

@@ -1,0 +1,238 @@
+"""store_load's tables and its model (an extrapolation to 65,536 ranks), on the plain numbers the measurement made."""
+
+from __future__ import annotations
+
+import statistics
+
+from . import _common as C
+
+TARGET_RANKS, RANKS_PER_NODE = 65536, 8  # the model's prediction: nodes of 8 ranks
+PROTOCOLS = ("rank", "node")  # each rank's own round trips; the node relay (watch/node.py)
+GRACE_S = 0.5  # ddpwatch's default grace: every rank blocked this long before a deadlock counts as proven
+
+ASSUMPTIONS = (
+    "server CPU grows linearly in the operations per second it serves (one line fitted on every measured phase of "
+    "both protocols: what an operation costs the server does not depend on who sends it)",
+    "operations per node per interval do not depend on the number of nodes (their mean over the sizes measured)",
+    f"{RANKS_PER_NODE} ranks per node; every watchdog has its own connection, so the server holds {TARGET_RANKS:,} "
+    "of them, where here 2 connections carried every simulated rank and at most 2 ddpwatch requests were in flight "
+    "at once: what many connections cost the server is not measured",
+    "the job's round trip and barrier slow down linearly with ddpwatch's operations per second; near saturation "
+    "(the busiest server thread at 1 CPU-second per second) requests queue and they grow much faster than a line",
+    "the leader's look (every rank's position read, then assessed) grows linearly with ranks (a line fitted on the "
+    "hang phases); the verdict adds `grace` before it and the incident's answers after it, which are not simulated",
+    "on this machine the simulated ranks share the CPUs with the server and the job's probe: the harm measured "
+    "includes that contention, which a server with cores of its own would not see",
+)
+
+
+def fit_line(xs: list, ys: list, through: tuple | None = None) -> tuple:
+    """(a, b) of y = a + b x by least squares; `through`: the line held through that point, its slope fitted. One
+    distinct x and no `through`: the line through the origin."""
+    if through is not None:
+        x0, y0 = through
+    elif len(set(xs)) < 2:
+        x0, y0 = 0.0, 0.0
+    else:
+        x0, y0 = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - x0) ** 2 for x in xs)
+    if not sxx:
+        return y0, 0.0
+    b = sum((x - x0) * (y - y0) for x, y in zip(xs, ys)) / sxx
+    return y0 - b * x0, b
+
+
+def ratio(with_load, without) -> float | None:
+    return with_load / without if with_load is not None and without else None
+
+
+def per_node(phase: dict) -> float:
+    return phase["ops_per_rank_interval"] * RANKS_PER_NODE
+
+
+def leader_look_s(phase: dict) -> float | None:
+    """The leader's round in the hang, median: every position read and assessed (the look a verdict rests on)."""
+    ticks = phase.get("leader_tick_s") or []
+    return statistics.median(ticks) if ticks else None
+
+
+def model(results: list, baseline: dict, interval: float) -> dict:
+    """Lines through the measured points, read at TARGET_RANKS for each protocol."""
+    nodes = TARGET_RANKS // RANKS_PER_NODE
+    phases = [r[name] for r in results for name in ("healthy", "hang")] + [baseline]
+    rates = [p["all_ops_per_s"] for p in phases]
+    cpu = fit_line(rates, [p["server_cpu_per_s"] for p in phases])
+    thread = fit_line(rates, [p["server_busiest_thread_per_s"] for p in phases])
+    healthy_rates = [r["healthy"]["ops_per_s"] for r in results]
+    harm = {}
+    for what in ("set_get_ms", "barrier_ms"):
+        ratios = [ratio(r["healthy"]["harm"][what]["median"], baseline[what]["median"]) or 1.0 for r in results]
+        harm[what] = fit_line(healthy_rates, ratios, through=(0.0, 1.0))  # no ddpwatch traffic: ratio 1
+    looks = [(r["ranks"], leader_look_s(r["hang"])) for r in results if leader_look_s(r["hang"]) is not None]
+    look = fit_line([n for n, _ in looks], [s for _, s in looks])
+    out: dict = {"ranks": TARGET_RANKS, "nodes": nodes, "factor": TARGET_RANKS / max(r["ranks"] for r in results)}
+    out.update(server_cpu_line=cpu, busiest_thread_line=thread, harm_lines=harm, look_line=look)
+    out["look_s"] = look[0] + look[1] * TARGET_RANKS
+    out["verdict_s_without_answers"] = GRACE_S + out["look_s"]
+    for protocol in sorted({r["protocol"] for r in results}):
+        mine = [r for r in results if r["protocol"] == protocol]
+        node_ops = statistics.fmean(per_node(r["healthy"]) for r in mine)
+        hang_node_ops = statistics.fmean(per_node(r["hang"]) for r in mine)
+        needed = nodes * node_ops / interval
+        row = {"ops_per_node_interval": node_ops, "hang_ops_per_node_interval": hang_node_ops, "ops_per_s": needed}
+        row["server_cpu_per_s"] = cpu[0] + cpu[1] * needed
+        row["busiest_thread_per_s"] = thread[0] + thread[1] * needed
+        for what, line in harm.items():
+            row[what] = line[0] + line[1] * needed if line[1] > 0 else None  # no slope: nothing measured to extend
+        out[protocol] = row
+    return out
+
+
+LOAD_COLUMNS = (
+    "protocol|ranks|phase|rounds|ops/rank/interval|ops/node/interval|ddpwatch ops/s measured|ops/s a real job sends|"
+    "server CPU s/s|busiest server thread s/s|server CPU us/op (all ops)|clients' CPU (cores)|"
+    "slowest round of all ranks (s)|leader's look (s, median)"
+).split("|")
+HARM_COLUMNS = (
+    "while|ddpwatch ops/s|server CPU s/s|probes / barriers|set+get median (ms)|p90 (ms)|vs none|"
+    "barrier median (ms)|p90 (ms)|vs none"
+).split("|")
+
+
+def load_rows(results: list, interval: float) -> list:
+    rows = []
+    for r in results:
+        for name in ("healthy", "hang"):
+            p = r[name]
+            kept = "yes" if p["slowest_round_s"] <= interval else "NO: the simulation set the pace"
+            look = leader_look_s(p) if name == "hang" else None
+            rows.append(
+                [
+                    r["protocol"],
+                    r["ranks"],
+                    name if name == "healthy" else "hang, no incident",
+                    p["rounds"],
+                    f"{p['ops_per_rank_interval']:.3f}",
+                    f"{per_node(p):.2f}",
+                    f"{p['ops_per_s']:.0f}",
+                    f"{r['ranks'] * p['ops_per_rank_interval'] / interval:.0f}",
+                    f"{p['server_cpu_per_s']:.3f}",
+                    f"{p['server_busiest_thread_per_s']:.3f}",
+                    f"{1e6 * p['server_cpu_per_s'] / p['all_ops_per_s']:.1f}" if p["all_ops_per_s"] else "-",
+                    f"{p['clients_cpu_per_s']:.2f}",
+                    f"{p['slowest_round_s']:.3f}",
+                    "-" if look is None else f"{look:.3f}",
+                    kept,
+                ]
+            )
+    return rows
+
+
+def harm_rows(results: list, baseline: dict) -> list:
+    def row(label, harm, rate, cpu):
+        sg, bar = harm["set_get_ms"], harm["barrier_ms"]
+        return [
+            label,
+            rate,
+            f"{cpu:.3f}",
+            f"{harm['probes']} / {harm['barriers']}",
+            sg["median"],
+            sg["p90"],
+            _times(ratio(sg["median"], baseline["set_get_ms"]["median"])),
+            bar["median"],
+            bar["p90"],
+            _times(ratio(bar["median"], baseline["barrier_ms"]["median"])),
+        ]
+
+    rows = [row("no ddpwatch traffic", baseline, "0", baseline["server_cpu_per_s"])]
+    for r in results:
+        h = r["healthy"]
+        if h["harm"] is not None:  # else its problem is said below the tables
+            label = f"{r['ranks']} ranks ({r['protocol']}), healthy"
+            rows.append(row(label, h["harm"], f"{h['ops_per_s']:.0f}", h["server_cpu_per_s"]))
+    return rows
+
+
+def _times(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def model_rows(fitted: dict) -> list:
+    a, b = fitted["server_cpu_line"]
+    ta, tb = fitted["busiest_thread_line"]
+    rows = []
+    for protocol in PROTOCOLS:
+        m = fitted.get(protocol)
+        if m is None:
+            continue
+        saturated = " (saturated: queueing, not a line)" if m["busiest_thread_per_s"] >= 1.0 else ""
+        rows += [
+            [protocol, "healthy ops per node per interval", "mean measured", f"{m['ops_per_node_interval']:.2f}"],
+            [protocol, "healthy ops/s at the server", "nodes x that / interval", f"{m['ops_per_s']:,.0f}"],
+            [protocol, "server CPU s/s", f"{a:.3g} + ops/s x {b * 1e6:.3g} us", f"{m['server_cpu_per_s']:.2f}"],
+            [
+                protocol,
+                "busiest server thread s/s",
+                f"{ta:.3g} + ops/s x {tb * 1e6:.3g} us",
+                f"{m['busiest_thread_per_s']:.2f}",
+            ],
+        ]
+        for what, label in (("set_get_ms", "job's set+get"), ("barrier_ms", "job's store barrier")):
+            value = m[what]
+            shown = "no slowdown measured: nothing to extend" if value is None else _times(value) + saturated
+            slope = fitted["harm_lines"][what][1]
+            rows.append([protocol, f"{label}, with / without", f"1 + {slope * 1e3:.3g} per 1,000 ops/s", shown])
+    la, lb = fitted["look_line"]
+    rows.append(
+        [
+            "both",
+            "leader's look (every position read, assessed)",
+            f"{la:.3g} + ranks x {lb * 1e6:.3g} us",
+            f"{fitted['look_s']:.2f} s",
+        ]
+    )
+    rows.append(
+        [
+            "both",
+            "verdict, without the incident's answers",
+            "grace + look",
+            f"{fitted['verdict_s_without_answers']:.2f} s",
+        ]
+    )
+    return rows
+
+
+def print_measurements(results: list, baseline: dict, libuv: bool, interval: float, note: str) -> None:
+    C.print_table(
+        f"Store load: the TCPStore server in a process of its own (libuv: {libuv}), 2 client processes ticking real "
+        f"Watchdogs, rounds spread over each {interval:g} s interval; nodes of {RANKS_PER_NODE} ranks; operations "
+        "counted on the clients, CPU read by psutil",
+        LOAD_COLUMNS + [f"kept the {interval:g} s interval"],
+        load_rows(results, interval),
+    )
+    print(
+        "ops/s a real job sends: ranks x ops/rank/interval / interval; the measured rate falls short of it where a "
+        "round took longer than the interval (then the simulation, not the server, set the pace). CPU times come in "
+        "clock ticks (10 ms): figures near 0.01 s/s are that coarse. In the hang every rank waits in one barrier, "
+        "so every rank puts its own position and the relay carries nothing (as designed): both protocols load alike."
+    )
+    for r in results:
+        onset = r["hang_onset"]
+        print(
+            f"{r['ranks']} ranks ({r['protocol']}), the hang's onset (the round in which every rank finds itself "
+            f"blocked, unpaced): {onset['ops_per_rank']:.2f} ops/rank, {onset['wall_s']:.2f} s for all ranks here"
+        )
+    C.print_table(note, HARM_COLUMNS, harm_rows(results, baseline))
+
+
+def print_model(fitted: dict) -> None:
+    C.print_table(
+        f"Model: an EXTRAPOLATION, {fitted['factor']:,.0f} times past the largest size measured, to "
+        f"{TARGET_RANKS:,} ranks ({fitted['nodes']:,} nodes of {RANKS_PER_NODE}): lines fitted by least squares to "
+        "the measured phases, read at what such a job sends",
+        ["protocol", "quantity", "line fitted", f"at {TARGET_RANKS:,} ranks"],
+        model_rows(fitted),
+    )
+    print("Assumptions of the model:")
+    for line in ASSUMPTIONS:
+        print(f"- {line}")
