@@ -16,7 +16,17 @@ import psutil
 
 from . import _common as C
 from . import scale
-from .store_load_report import ASSUMPTIONS, PROTOCOLS, RANKS_PER_NODE, model, print_measurements, print_model
+from .store_load_report import (
+    ASSUMPTIONS,
+    PROTOCOLS,
+    RANKS_PER_NODE,
+    TARGET_RANKS,
+    model,
+    per_node as per_node_ops,
+    print_measurements,
+    print_model,
+    print_replays,
+)
 
 SIZES = {"full": (1024, 4096, 16384), "quick": (64, 256)}
 CLIENTS = 2  # processes carrying the simulated ranks (this machine has 2 cores); each has one store connection
@@ -27,6 +37,9 @@ WARMUP_S = 0.5  # ticking has begun before the job's probe starts timing
 PROBES = {"full": 300, "quick": 60}  # set+get round trips per harm measurement (fewer when its time runs out)
 PROBE_GAP_S = 0.01  # between probes: a job's own store use is occasional; a tight loop would be load of its own
 BARRIER_EVERY = 10  # one store-based barrier per this many probes
+REPLAY_MAX_OPS_S = 40_000.0  # what one Python process sends here at the most (a higher rate is asked, not reached)
+REPLAY_TICK_S = 0.002  # the replay's pacing step
+REPLAY_DOC_BYTES = 3000  # rank 0's completed positions, about the size a real one has
 PARTICIPANTS = 4  # the barrier's participants: threads of the job process, each with its own store client
 CHILD_LIMIT_S = {"full": 1800, "quick": 120}  # each child ends itself then (SIGALRM), whatever the parent does
 REPLY_S = {"full": 600.0, "quick": 60.0}  # longest wait for any one reply from a child
@@ -131,6 +144,44 @@ def paced_rounds(dogs: list, counting, seconds: float) -> dict:
         "start": start,
         "end": time.monotonic(),
     }
+
+
+def run_load(port: int) -> None:
+    """ddpwatch's round trips replayed at a set rate, without the watchdogs that make them (whose CPU, on 2 cores,
+    would starve the job's probe): commands 'load MIX RATE SECONDS' and 'quit'. MIX node: the node leader's round
+    trip (a multi_get of the counters and rank 0's completed positions); rank: a rank's three (a put of its
+    position, a read of the counters, a read of its partner's positions), in turn."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
+    counters, partner, pos = "replay/counters", "replay/fp/0", "replay/pos/1"
+    store.add(counters, 0)
+    store.set(partner, json.dumps({"rank": 0, "n": 1, "pad": "x" * REPLAY_DOC_BYTES}))
+    position = json.dumps({"rank": 1, "status": "running", "pad": "x" * 400})
+    absent = b"\x00absent"
+    mixes = {
+        "node": [lambda: store.multi_get([counters, partner])],
+        "rank": [
+            lambda: store.multi_set([pos], [position]),
+            lambda: store.compare_set(counters, absent, absent),
+            lambda: store.compare_set(partner, absent, absent),
+        ],
+    }
+    for line in sys.stdin:
+        command = line.split()
+        if command[0] == "quit":
+            return
+        ops, rate, seconds = mixes[command[1]], float(command[2]), float(command[3])
+        sent, start = 0, time.monotonic()
+        while (now := time.monotonic()) < start + seconds:
+            due = int((now - start) * rate)  # paced: the rate asked, not as fast as it goes
+            while sent < due:
+                ops[sent % len(ops)]()
+                sent += 1
+            time.sleep(REPLAY_TICK_S)
+        print(json.dumps({"ops": sent, "start": start, "end": time.monotonic()}), flush=True)
 
 
 def run_job(port: int) -> None:
@@ -371,35 +422,65 @@ def measure(sizes: list, mode: str) -> tuple:
             clients.ask(["ready"] * CLIENTS)  # their imports done: the no-traffic baseline shares the CPUs with no one
             baseline = baseline_harm(server.procs[0], job, probe)
             results = [one_size(n, p, mode, server.procs[0], clients, job, probe) for n in sizes for p in PROTOCOLS]
+            clients.kill()  # idle from here: the replays share the CPUs with the server and the probe alone
+            load = Children("load", 1, mode, folder, hello["port"])
+            started.append(load)
+            replays = replayed_harm(server.procs[0], load, job, probe, results)
         finally:
             for children in reversed(started):
                 children.kill()
-    return hello, baseline, results
+    return hello, baseline, results, replays
+
+
+def replayed_harm(server, load: Children, job: Children, probe, results: list) -> list:
+    """The job's store use with no traffic again, then while a load process replays each protocol's round trips at
+    the rate 65,536 ranks would send them (the model's: nodes x ops per node per interval), as far as one process
+    can: the harm at the server, measured, not extrapolated."""
+    rows = [dict(baseline_harm(server, job, probe), mix="none", asked=0.0, achieved=0.0)]
+    for protocol in PROTOCOLS:
+        per_node = [per_node_ops(r["healthy"]) for r in results if r["protocol"] == protocol]
+        asked = TARGET_RANKS // RANKS_PER_NODE * statistics.fmean(per_node) / INTERVAL
+        rate = min(asked, REPLAY_MAX_OPS_S)
+        before = cpu_sample([server.pid])
+        load.send([f"load {protocol} {rate} {probe[1] + WARMUP_S + 0.5}"])
+        time.sleep(WARMUP_S)
+        [harm] = job.ask([f"measure {probe[0]} {probe[1]}"])
+        [sent] = load.collect()
+        after = cpu_sample([server.pid])
+        server_cpu, busiest = cpu_rates(before, after)
+        achieved = sent["ops"] / (sent["end"] - sent["start"])
+        row = dict(summarize_harm(harm), mix=protocol, asked=asked, achieved=achieved)
+        rows.append(dict(row, server_cpu_per_s=server_cpu, server_busiest_thread_per_s=busiest))
+    return rows
 
 
 def main(argv=None) -> int:
     args = C.parser(__doc__)
     args.add_argument("--sizes", type=int, nargs="+", help="simulated ranks (default 1024 4096 16384; quick 64 256)")
     args.add_argument("--json", metavar="PATH", help="write every number here")
-    args.add_argument("--role", choices=("server", "ranks", "job"), help=argparse.SUPPRESS)
+    args.add_argument("--role", choices=("server", "ranks", "job", "load"), help=argparse.SUPPRESS)
     args.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
     opts = args.parse_args(argv)
     mode = "quick" if opts.quick else "full"
     if opts.role:
         signal.alarm(opts.limit)  # SIGALRM's default action ends the child: it outlives a lost parent this long at most
-        serve() if opts.role == "server" else {"ranks": run_ranks, "job": run_job}[opts.role](opts.port)
+        roles = {"ranks": run_ranks, "job": run_job, "load": run_load}
+        serve() if opts.role == "server" else roles[opts.role](opts.port)
         return 0
     sizes = opts.sizes or list(SIZES[mode])
     if min(sizes) < 2 * CLIENTS:
         args.error(f"--sizes: at least {2 * CLIENTS} ranks, so that each of the {CLIENTS} clients carries some")
     C.header("store_load: the TCPStore server under ddpwatch's traffic", opts.quick)
     try:
-        hello, baseline, results = measure(sizes, mode)
+        hello, baseline, results, replays = measure(sizes, mode)
     except (RuntimeError, OSError, ValueError, psutil.Error) as failure:  # a child died or stopped answering
         print(f"FAILED: {failure!r}", flush=True)
         return 1
     problems = [p for r in results for p in problems_of(r)]
+    for row in replays:
+        if row["probes"] == 0 or (row["mix"] != "none" and not row["achieved"]):
+            problems.append(f"the {row['mix']} replay measured nothing")
     if baseline["probes"] == 0 or baseline["barriers"] == 0:
         problems.append("the job's probe measured nothing without ddpwatch traffic")
     fitted = None if problems else model(results, baseline, INTERVAL)  # no line through numbers that are not so
@@ -411,9 +492,10 @@ def main(argv=None) -> int:
     print_measurements(results, baseline, hello["libuv"], INTERVAL, harm_title)
     if fitted:
         print_model(fitted)
+    print_replays(replays, REPLAY_MAX_OPS_S)
     if opts.json:
         doc = {"format": 1, "quick": opts.quick, "commit": C.code_version(), "machine": C.machine()}
-        doc.update(interval=INTERVAL, clients=CLIENTS, baseline=baseline, sizes=results, model=fitted)
+        doc.update(interval=INTERVAL, clients=CLIENTS, baseline=baseline, sizes=results, model=fitted, replays=replays)
         doc.update(assumptions=list(ASSUMPTIONS), problems=problems)
         with open(opts.json, "w") as handle:
             json.dump(doc, handle, indent=1)

@@ -236,3 +236,33 @@ def print_model(fitted: dict) -> None:
     print("Assumptions of the model:")
     for line in ASSUMPTIONS:
         print(f"- {line}")
+
+
+def print_replays(replays: list, most: float) -> None:
+    baseline = replays[0]
+    rows = []
+    for row in replays:
+        sg, bar = row["set_get_ms"], row["barrier_ms"]
+        asked = f"{row['asked']:,.0f}" + ("" if row["asked"] <= most else " (not reached)")
+        asked = "-" if row["mix"] == "none" else asked
+        rows.append(
+            [
+                row["mix"],
+                asked,
+                f"{row['achieved']:,.0f}",
+                f"{row['server_cpu_per_s']:.3f}",
+                f"{row['probes']} / {row['barriers']}",
+                sg["median"],
+                sg["p90"],
+                _times(ratio(sg["median"], baseline["set_get_ms"]["median"])),
+                bar["median"],
+                bar["p90"],
+                _times(ratio(bar["median"], baseline["barrier_ms"]["median"])),
+            ]
+        )
+    C.print_table(
+        f"Store harm at the rate {TARGET_RANKS:,} ranks would send (the model's), replayed by one load process with "
+        "the watchdogs gone (their CPU would starve the probe on 2 cores): the server's side of the harm, measured",
+        ["replayed", "asked ops/s", "achieved ops/s", "server CPU s/s", "probes / barriers"] + HARM_COLUMNS[4:],
+        rows,
+    )

@@ -102,22 +102,29 @@ def test_each_real_op_instruction_case_runs_without_valgrind(case):
 
 @pytest.mark.timeout(LIMIT_S + 30)
 def test_store_load_quick_mode_measures_every_phase_and_prints_its_tables(tmp_path):
-    """benchmarks/store_load.py: the store server in its own process, two clients of simulated ranks, the job's
-    probe; every size's healthy and hang phase counted store operations, the probe ran, the model was fitted. The
-    structure only, never a timing."""
+    """benchmarks/store_load.py: the store server in its own process, two clients of simulated ranks under each
+    protocol, the job's probe, the replays at the model's rates; every size's healthy and hang phase counted store
+    operations, the probe ran, the model was fitted. Structure and counts only, never a timing."""
     path = tmp_path / "store_load.json"
     code, out, err = run_quick(["benchmarks.store_load", "--quick", "--json", str(path)])
     assert code == 0, f"exit {code}\n{out[-3000:]}\n{err[-3000:]}"
     assert "== store_load" in out and "(quick mode)" in out and "EXTRAPOLATION" in out
-    assert TABLE_RULE.search(out) and len(TABLE_ROW.findall(out)) >= (2 + 4) + (2 + 3) + (2 + 8), out  # 3 tables
+    assert TABLE_RULE.search(out) and len(TABLE_ROW.findall(out)) >= (2 + 8) + (2 + 5) + (2 + 14) + (2 + 3), out
     doc = json.loads(path.read_text())
-    assert [size["ranks"] for size in doc["sizes"]] == [64, 256] and doc["problems"] == []
+    expected = [(64, "rank"), (64, "node"), (256, "rank"), (256, "node")]
+    assert [(s["ranks"], s["protocol"]) for s in doc["sizes"]] == expected
+    assert doc["problems"] == []
     for size in doc["sizes"]:
         for phase in ("healthy", "hang"):
             assert size[phase]["ops"] > 0 and size[phase]["rounds"] >= 1
         assert size["hang"]["latest_incident"] == 0  # the hang stayed incident-free
         assert size["healthy"]["harm"]["probes"] > 0 and size["healthy"]["harm"]["barriers"] > 0
-    assert doc["model"]["ranks"] == 65536 and doc["model"]["healthy"]["ops_per_s"] > 0
+    for ranks in (64, 256):  # counted, not timed: the relay's node makes fewer round trips than its ranks did
+        by = {s["protocol"]: s["healthy"]["ops_per_rank_interval"] for s in doc["sizes"] if s["ranks"] == ranks}
+        assert by["node"] < by["rank"] / 4, by
+    assert doc["model"]["ranks"] == 65536 and doc["model"]["node"]["ops_per_s"] > 0 < doc["model"]["rank"]["ops_per_s"]
+    assert [r["mix"] for r in doc["replays"]] == ["none", "rank", "node"]
+    assert all(r["probes"] > 0 for r in doc["replays"]) and all(r["achieved"] > 0 for r in doc["replays"][1:])
 
 
 WHOLE_JOB_LIMIT_S = 300  # 10 torchrun launches of a few seconds each: 45-85 s here

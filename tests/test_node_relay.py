@@ -1,6 +1,5 @@
 """The node relay (watch/node.py, issue 45): who relays, who leads, and how many store round trips a node makes."""
 
-import json
 import os
 import tempfile
 import time
@@ -101,15 +100,8 @@ def test_the_lowest_live_fresh_rank_leads_and_a_dead_or_stale_one_is_replaced(mo
     old = time.time() - 10  # rank 0's file not written for 10 rounds: it hangs or is stopped
     os.utime("r0.json", (old, old), dir_fd=relay.folder)
     assert relay.leader() == 1
-    body = relay._read("r1.json")
-    gone, real = 4242424242, node._start_time
-    monkeypatch.setattr(node, "_start_time", lambda pid: None if pid == gone else real(pid))
-    body["pid"] = gone  # rank 1's process is gone (its file still fresh)
-
-    os.unlink("r1.json", dir_fd=relay.folder)
-    fd = os.open("r1.json", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=relay.folder)
-    os.write(fd, json.dumps(body).encode())
-    os.close(fd)
+    monkeypatch.setattr(node, "_exists", lambda pid: False)  # rank 1's process is gone (its file still fresh)
+    monkeypatch.setattr(node, "_start_time", lambda pid: None)
     assert relay.leader() == 2
 
 
@@ -124,7 +116,7 @@ def test_a_healthy_node_makes_one_round_trip_a_round_for_all_its_running_ranks()
         job.publish_beat(rank, 2)
         job.counters()
         job.fingerprints([0])  # the partner each reads (the next round's leader reads it for all)
-    assert counted.calls == ["compare_set"], "the leader's read of the counters, nothing from the other 7"
+    assert counted.calls == ["add", "compare_set"], "the counters made (once) and read by the leader alone"
     counted.calls.clear()
     for rank, job in jobs.items():
         job.publish_beat(rank, 3)
@@ -214,3 +206,19 @@ def test_once_its_keys_are_there_a_healthy_node_round_is_one_multi_get_and_a_del
     assert time.monotonic() - started < 2.0, "one short wait, then the keys read one by one"
     assert [c for c in counted.calls if c != "set_timeout"] == ["multi_get", "compare_set", "compare_set"]
     assert jobs[8].counters() == (0, 0)
+
+
+def test_a_live_lower_rank_is_checked_by_signal_and_its_start_time_asked_again_now_and_then(monkeypatch):
+    """The leader check runs every round on every rank: a pid is probed by signal 0, and its start time read again
+    once in CHECK_EVERY rounds, so a pid reused by another process (another start time) stops leading then."""
+    jobs, _ = node_of_ranks(8, [0, 1])
+    for rank, job in jobs.items():
+        job.publish(rank, running(rank))
+    relay = jobs[1].relay
+    starts = []
+    real = node._start_time
+    monkeypatch.setattr(node, "_start_time", lambda pid: starts.append(pid) or real(pid))
+    assert all(relay.leader() == 0 for _ in range(node.CHECK_EVERY))
+    assert len(starts) == 1, "read once, then probed by signal"
+    monkeypatch.setattr(node, "_start_time", lambda pid: 1.0)  # the pid now names another process
+    assert relay.leader() == 1, "its start time asked again: another process, so rank 0 no longer leads"

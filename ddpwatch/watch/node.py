@@ -32,6 +32,7 @@ from ..analysis import is_blocked
 from ..format import build, validate
 from ..logonce import log_once
 
+CHECK_EVERY = 16  # a live lower rank's start time is asked again once in this many rounds (a reused pid)
 STALE_ROUNDS = 2.5  # a rank whose file is this many rounds old cannot lead (a late round under load is not)
 MAX_FILE_BYTES = 4 << 20  # a rank's staged documents: a few KiB, its whole state with history tens of KiB
 RELAY_FILE = "relay.json"
@@ -93,6 +94,7 @@ class NodeRelay:
         self.folder = private.open_private("nodes", _safe(job), _safe(node))
         self._pid, self._started = os.getpid(), _start_time(os.getpid())
         self._put_last: dict = {}  # key -> text, what this rank last put for its node as its leader
+        self._known: dict = {}  # rank -> (pid, start time, checks since read): a lower rank found alive
 
     # ----- every rank -----
     def carries(self, state) -> bool:
@@ -199,11 +201,20 @@ class NodeRelay:
     # ----- files -----
     def _lives(self, rank: int) -> bool:
         """Whether the process that wrote a rank's file lives (the same process: its start time too, against a
-        reused pid)."""
+        reused pid). Its file is read, and the start time asked of the system, once every CHECK_EVERY calls; in
+        between, whether its pid still exists (a signal 0: no file read, no /proc parsed each round)."""
+        known = self._known.get(rank)
+        if known is not None and known[2] % CHECK_EVERY and _exists(known[0]):
+            self._known[rank] = (known[0], known[1], known[2] + 1)
+            return True
         body = self._read(f"r{rank}.json")
         pid = body.get("pid") if isinstance(body, dict) else None
         started = _start_time(pid) if type(pid) is int else None
-        return started is not None and started == body.get("started")
+        if started is None or started != body.get("started"):
+            self._known.pop(rank, None)
+            return False
+        self._known[rank] = (pid, started, 1)
+        return True
 
     def _read(self, name: str):
         try:
@@ -216,6 +227,16 @@ class NodeRelay:
             return json.loads(data) if len(data) <= MAX_FILE_BYTES else None
         except (OSError, ValueError):
             return None
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # there, another user's: the start time check will tell
+    return True
 
 
 def _start_time(pid: int) -> float | None:

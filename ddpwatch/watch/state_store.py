@@ -99,7 +99,7 @@ class StateStore:
         self._last_good: dict = {}  # key -> the last integer read there (what a malformed counter is put back to)
         self._malformed: dict = {}  # key -> the raw value last read there that was not a counter
         self.logged: set = set()  # the values left out, said once
-        self._seen: set = set()  # keys read_together has found there (it waits for none that never was)
+        self.seen: set = set()  # keys read_together has found there (it waits for none that never was)
         self._quick_client: Any = None  # read_together's client, its timeout QUICK_WAIT_S
         try:
             store.set_timeout(datetime.timedelta(seconds=timeout_s))
@@ -264,13 +264,13 @@ class StateStore:
         """{key: raw value} of `keys` in one round trip once each has been seen there (a multi_get on a client of
         its own whose timeout is QUICK_WAIT_S: a key someone deleted since costs that wait, once); before, or after
         such a wait, raw_now's one compare_set per key, which never waits."""
-        if self._seen.issuperset(keys):
+        if self.seen.issuperset(keys):
             try:
                 return dict(zip(keys, (bytes(raw) for raw in self._quick().multi_get(keys))))
             except Exception:  # deleted since (someone on the port), or no second client: one by one, and see again
-                self._seen.difference_update(keys)
+                self.seen.difference_update(keys)
         found = self.raw_now(keys)
-        self._seen.update(found)
+        self.seen.update(found)
         return found
 
     def _quick(self):

@@ -266,6 +266,8 @@ class JobProtocol:
             self.relay.put_done(docs)
         wanted = self.relay.wanted(staged, self.world_size)
         counters = self._key("counters")
+        if counters not in self.store.seen:  # made once: read_together reads in one round trip only keys there
+            self.store.add(counters, 0)
         raws = self.store.read_together([counters] + [self._key("fp", r) for r in wanted])  # one round trip
         value = self.store.counter_of(counters, raws.get(counters, ABSENT))
         if value is not None:
