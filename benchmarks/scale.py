@@ -72,6 +72,13 @@ class CountingStore:
     def set_timeout(self, timeout):
         return self._store.set_timeout(timeout)
 
+    def clone(self):
+        """Another connection to the same server (the node relay's leader reads through one), its calls counted
+        with this one's: without it that leader fell back to a read per key, and the count was of the fallback."""
+        twin = CountingStore(self._store.clone())
+        twin._count = self._count  # type: ignore[method-assign]
+        return twin
+
     def reset(self) -> dict:
         counts, self.calls = dict(self.calls, bytes=self.sent), {}
         self.sent = 0

@@ -5,6 +5,8 @@ table); "simulated" where ranks were simulated. Settings (`grace` (0.5 s), a def
 import os
 import re
 
+import pytest
+
 from ranks import ROOT
 
 README = os.path.join(ROOT, "README.md")
@@ -19,7 +21,7 @@ FIGURE = re.compile(
 SETTING = re.compile(
     r"`\w+` \((?:default )?[\d.]+ s\)|\(default [\d.]+ s\)|`\w+_S`, [\d.]+ s"
     r"|\b(?:at most|one per|once per|per|every|for|up to|plus|after|within(?: the(?: same)?)?|here|default|past"
-    r"|limit of|limits:|timeout|grace|interval|dead_after)\s+\(?[\d.]+ ?(?:s|ms|MiB|KiB)\b"
+    r"|limit of|limits:|timeout|grace|interval|dead_after)\s+\(?[\d.]+\s?(?:s|ms|MiB|KiB)\b"
     r"|\b[\d.]+ ?s (?:limit|timeout)\b|\b[\d.]+ x `?\w+`?|>= ?[\d.]+|\bfirst [\d.]+ s\b"
     r"|`[A-Z][A-Z_]+`, [\d.]+ ?(?:s|ms|%|MiB|KiB)\b|[\d.]+ ?(?:s|%) of the time since \(`[A-Z][A-Z_]+`\)"
 )
@@ -111,3 +113,29 @@ def test_the_check_finds_a_figure_without_its_source_and_takes_settings_for_sett
     )
     assert not unsourced("every rank has sat for `grace` (0.5 s) in a collective, after `timeout` (default 300 s)\n")
     assert not unsourced("torch==2.13.0 and `torch>=2.1,<3`; rank 1 of 2\n")
+
+
+DOCS = sorted(
+    os.path.join(ROOT, "docs", name) for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md")
+)
+
+
+@pytest.mark.parametrize("path", DOCS, ids=os.path.basename)
+def test_every_figure_in_docs_names_its_command_commit_and_machine(path):
+    """The same rule in docs/, where a section may name its source once in its heading and a page its machine once
+    ("Figures on this page ..."), which every figure under it shares."""
+    with open(path, encoding="utf-8") as handle:
+        missing = unsourced(handle.read(), sections=True)
+    assert not missing, "\n".join(
+        f"{os.path.basename(path)}:{line}: {figures} without its {', '.join(lacks)}" for line, figures, lacks in missing
+    )
+
+
+def test_a_section_or_page_names_the_source_once_for_the_figures_under_it():
+    page = "# Costs\n\n**Figures on this page**: this 2-core machine.\n\n## Per op ({}, 078ebd6)\n\nIt adds 3.7 us.\n"
+    assert not unsourced(page.format("`python -m benchmarks.overhead_ops`"), sections=True)
+    assert unsourced(page.format("a command nobody wrote down"), sections=True)  # the heading lacks the command
+    assert unsourced(page.replace("this 2-core machine", "somewhere"), sections=True)  # and now the machine
+    assert unsourced(page.format("`python -m benchmarks.overhead_ops`"))  # README's rule: in the paragraph itself
+    other_section = page.format("`python -m benchmarks.overhead_ops`") + "\n## Elsewhere\n\nIt took 2.5 s.\n"
+    assert unsourced(other_section, sections=True)  # a heading names the source of its own section only
