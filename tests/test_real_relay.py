@@ -1,5 +1,5 @@
-"""The node relay with real ranks (issue 45): 4 gloo ranks as 2 nodes of 2 on this host; a node leader that stops
-does not blind its node."""
+"""The node relay with real ranks (issue 45): gloo ranks grouped into nodes on this host (tests/scenarios/nodes.py);
+a node leader that stops does not blind its node."""
 
 import os
 
@@ -14,23 +14,23 @@ FAST = {"DDPWATCH_INTERVAL": "0.5", "DDPWATCH_DEAD_AFTER": "2", "DDPWATCH_ACTION
 
 def test_a_node_leader_that_stops_is_unresponsive_and_its_node_mate_still_answers(tmp_path):
     results = run_case(
-        [NODES, "leader_stops"], 4, tmp_path, timeout=90, stop_when=lambda: bool(reports(tmp_path)), **FAST
+        [NODES, "leader_stops"], 3, tmp_path, timeout=90, stop_when=lambda: bool(reports(tmp_path)), **FAST
     )
     assert reports(tmp_path), describe(results)
     report = load_only_report(tmp_path)
     finding = report["findings"][0]
-    assert finding["kind"] == "unresponsive_rank" and finding["ranks"] == [2], describe(results)
+    assert finding["kind"] == "unresponsive_rank" and finding["ranks"] == [1], describe(results)
     assert finding["evidence"]["process"]["status"] == "stopped"
     by_rank = {state["rank"]: state for state in report["ranks"]}
-    # rank 3's running beats reached the store only through rank 2 until rank 3 took its node over: its own answer
+    # rank 2's running beats reached the store only through rank 1 until rank 2 took its node over: its own answer
     # (with its stacks, at the line where it computes) shows that it read the incident through the relay it leads
-    straggler = by_rank[3]
-    assert straggler.get("stacks"), "rank 3 did not answer: its node went blind when its leader stopped"
+    straggler = by_rank[2]
+    assert straggler.get("stacks"), "rank 2 did not answer: its node went blind when its leader stopped"
     lines = [frame.get("line") for stack in straggler["stacks"] if stack.get("main") for frame in stack["frames"]]
     assert tagged_line(NODES, "straggling") in lines
 
 
-def test_a_correct_job_of_two_nodes_ends_cleanly_with_no_report(tmp_path):
-    results = run_case([NODES, "healthy"], 4, tmp_path, timeout=60, **FAST)
-    assert [r.returncode for r in results] == [0, 0, 0, 0], describe(results)
+def test_a_correct_job_through_the_relay_ends_cleanly_with_no_report(tmp_path):
+    results = run_case([NODES, "healthy"], 2, tmp_path, timeout=60, DDPWATCH_RELAY="on", **FAST)
+    assert [r.returncode for r in results] == [0, 0], describe(results)
     assert not reports(tmp_path)

@@ -1,13 +1,14 @@
-"""Ranks grouped into nodes of 2 on this host (issue 45's node relay): `python nodes.py CASE`.
+"""Ranks grouped into nodes on this host (issue 45's node relay): `python nodes.py CASE`.
 
-Each rank says it is on node rank // 2 (GROUP_RANK and LOCAL_WORLD_SIZE, as torchrun's agent sets them), so a job of
-4 ranks spans 2 nodes and their running ranks reach the store through their node's leader (watch/node.py).
+Each rank says which node it is on (GROUP_RANK, LOCAL_WORLD_SIZE, LOCAL_RANK, as torchrun's agent sets them), by
+the case's layout, so that the running ranks of a node of several reach the store through their node's leader
+(watch/node.py).
 
-leader_stops: 4 ranks train together for a few seconds; then rank 2, its node's leader, stops (SIGSTOP); rank 3,
-on the same node, computes outside collectives for a long time (a straggler); ranks 0 and 1 wait in an
-all_reduce. Rank 2 must be reported unresponsive, and rank 3, whose running beats went through rank 2, must still be
-seen: the node's next rank leads, reads the incident and answers it.
-healthy: the same 4 ranks train for a few seconds and end: no report.
+leader_stops (3 ranks: node 0 = rank 0, node 1 = ranks 1 and 2): they train together for a few rounds; then rank 1,
+node 1's leader, stops (SIGSTOP); rank 2, on the same node, computes outside collectives for a long time (a
+straggler); rank 0 waits in an all_reduce. Rank 1 must be reported unresponsive, and rank 2, whose running beats
+went through rank 1, must still be seen: the node's next rank leads, reads the incident and answers it.
+healthy (2 ranks, one node; the test turns the relay on): they train for a few rounds and end: no report.
 """
 
 import os
@@ -15,13 +16,14 @@ import signal
 import sys
 import time
 
-LOCAL = 2
+LAYOUT = {"leader_stops": ([0], [1, 2]), "healthy": ([0, 1],)}
 
 
 def main():
     case = sys.argv[1]
     rank = int(os.environ["RANK"])
-    os.environ.update(GROUP_RANK=str(rank // LOCAL), LOCAL_WORLD_SIZE=str(LOCAL), LOCAL_RANK=str(rank % LOCAL))
+    node, members = next((i, ranks) for i, ranks in enumerate(LAYOUT[case]) if rank in ranks)
+    os.environ.update(GROUP_RANK=str(node), LOCAL_WORLD_SIZE=str(len(members)), LOCAL_RANK=str(members.index(rank)))
     import torch
     import torch.distributed as dist
 
@@ -35,9 +37,9 @@ def main():
             time.sleep(0.01)
         dist.barrier()
         if case == "leader_stops":
-            if rank == 2:
+            if rank == 1:
                 os.kill(os.getpid(), signal.SIGSTOP)  # LINE:stopped
-            elif rank == 3:
+            elif rank == 2:
                 end = time.monotonic() + 120
                 while time.monotonic() < end:
                     sum(range(1000))  # LINE:straggling
