@@ -155,6 +155,8 @@ def run_load(port: int) -> None:
 
     import torch.distributed as dist
 
+    os.nice(19)  # the lowest CPU priority: on 2 shared cores it yields to the server and the probe, so what slows
+    # the probe is the server's queue, not this process's CPU (it still sends at the rate asked: a fraction of a core)
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=60))
     counters, partner, pos = "replay/counters", "replay/fp/0", "replay/pos/1"
     store.add(counters, 0)

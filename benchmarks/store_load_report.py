@@ -261,8 +261,9 @@ def print_replays(replays: list, most: float) -> None:
             ]
         )
     C.print_table(
-        f"Store harm at the rate {TARGET_RANKS:,} ranks would send (the model's), replayed by one load process with "
-        "the watchdogs gone (their CPU would starve the probe on 2 cores): the server's side of the harm, measured",
+        f"Store harm at the rate {TARGET_RANKS:,} ranks would send (the model's), replayed by one load process at the "
+        "lowest CPU priority (nice 19), the watchdogs gone (their CPU would starve the probe on 2 cores): the "
+        "server's side of the harm, measured",
         ["replayed", "asked ops/s", "achieved ops/s", "server CPU s/s", "probes / barriers"] + HARM_COLUMNS[4:],
         rows,
     )
