@@ -130,19 +130,7 @@ def load_rows(results: list, interval: float) -> list:
 
 def harm_rows(results: list, baseline: dict) -> list:
     def row(label, harm, rate, cpu):
-        sg, bar = harm["set_get_ms"], harm["barrier_ms"]
-        return [
-            label,
-            rate,
-            f"{cpu:.3f}",
-            f"{harm['probes']} / {harm['barriers']}",
-            sg["median"],
-            sg["p90"],
-            _times(ratio(sg["median"], baseline["set_get_ms"]["median"])),
-            bar["median"],
-            bar["p90"],
-            _times(ratio(bar["median"], baseline["barrier_ms"]["median"])),
-        ]
+        return [label, rate, f"{cpu:.3f}", *probe_cells(harm, baseline)]
 
     rows = [row("no ddpwatch traffic", baseline, "0", baseline["server_cpu_per_s"])]
     for r in results:
@@ -151,6 +139,20 @@ def harm_rows(results: list, baseline: dict) -> list:
             label = f"{r['ranks']} ranks ({r['protocol']}), healthy"
             rows.append(row(label, h["harm"], f"{h['ops_per_s']:.0f}", h["server_cpu_per_s"]))
     return rows
+
+
+def probe_cells(harm: dict, baseline: dict) -> list:
+    """The job probe's columns of a harm row: probes and barriers, then each one's median, p90 and ratio to none."""
+    sg, bar = harm["set_get_ms"], harm["barrier_ms"]
+    return [
+        f"{harm['probes']} / {harm['barriers']}",
+        sg["median"],
+        sg["p90"],
+        _times(ratio(sg["median"], baseline["set_get_ms"]["median"])),
+        bar["median"],
+        bar["p90"],
+        _times(ratio(bar["median"], baseline["barrier_ms"]["median"])),
+    ]
 
 
 def _times(value) -> str:
@@ -242,24 +244,10 @@ def print_replays(replays: list, most: float) -> None:
     baseline = replays[0]
     rows = []
     for row in replays:
-        sg, bar = row["set_get_ms"], row["barrier_ms"]
         asked = f"{row['asked']:,.0f}" + ("" if row["asked"] <= most else " (not reached)")
         asked = "-" if row["mix"] == "none" else asked
-        rows.append(
-            [
-                row["mix"],
-                asked,
-                f"{row['achieved']:,.0f}",
-                f"{row['server_cpu_per_s']:.3f}",
-                f"{row['probes']} / {row['barriers']}",
-                sg["median"],
-                sg["p90"],
-                _times(ratio(sg["median"], baseline["set_get_ms"]["median"])),
-                bar["median"],
-                bar["p90"],
-                _times(ratio(bar["median"], baseline["barrier_ms"]["median"])),
-            ]
-        )
+        cells = [row["mix"], asked, f"{row['achieved']:,.0f}", f"{row['server_cpu_per_s']:.3f}"]
+        rows.append(cells + probe_cells(row, baseline))
     C.print_table(
         f"Store harm at the rate {TARGET_RANKS:,} ranks would send (the model's), replayed by one load process at the "
         "lowest CPU priority (nice 19), the watchdogs gone (their CPU would starve the probe on 2 cores): the "
