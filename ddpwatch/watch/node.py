@@ -18,6 +18,7 @@ Every file is written whole (atomic.write_file) and read with a size bound; a fi
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import re
@@ -63,11 +64,10 @@ def relay_on(option: str, world_size: int, environ: Mapping[str, str] | None = N
 def read_by_others(rank: int, groups: Mapping, world_size: int) -> bool:
     """Whether some rank reads this one's completed positions: each rank reads the lowest other rank of its groups
     (fingerprints.MismatchCheck.partners), which is one of a group's two lowest ranks."""
-    for ranks in [None, *groups.values()]:
-        members = sorted(range(world_size) if ranks is None else ranks)
-        if len(members) > 1 and rank in members[:2]:
-            return True
-    return False
+    if world_size > 1 and rank < 2:
+        return True  # the default group's two lowest (every rank's partner is rank 0, rank 0's is rank 1)
+    # a group's two lowest, without building the world's ranks (this runs every round, on every rank)
+    return any(ranks is not None and len(ranks) > 1 and rank in heapq.nsmallest(2, ranks) for ranks in groups.values())
 
 
 def relay_for(config, store, rank: int, world_size: int, groups, logged: set, environ=None):

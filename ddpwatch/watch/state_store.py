@@ -244,15 +244,10 @@ class StateStore:
             )
         return docs
 
-    def read_now(self, keys: list, max_bytes: int) -> tuple:
-        """({key: doc} of the keys there now, [(key, why)] of values left out): one compare_set round trip per key,
-        which never waits for a key (a multi_get waits the store's timeout for one that someone deleted since its
-        check) and never changes one. A value over `max_bytes` is left out unparsed; one that is not a JSON object
-        is left out too."""
-        return self.documents_of(self.raw_now(keys), max_bytes)
-
     def raw_now(self, keys: list) -> dict:
-        """{key: raw value} of the keys there now, one compare_set each (read_now's reads)."""
+        """{key: raw value} of the keys there now: one compare_set round trip per key, which never waits for a key
+        (a multi_get waits the store's timeout for one that someone deleted since its check) and never changes one;
+        documents_of parses what it read."""
         found = {}
         for key in keys:
             raw = bytes(self._call(self._store.compare_set, key, ABSENT, ABSENT))

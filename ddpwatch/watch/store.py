@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from ..format import documents, validate
+from ..format import build, documents, validate
 from ..logonce import log_once
 from ..terminal import visible
 from .state_store import (  # noqa: F401 - the store's names, read from here by the watchdog's parts and tests
@@ -86,7 +86,6 @@ class JobProtocol:
         self._relayed = False  # this round's publish went to the relay
         self._wants: list = []  # the partners whose completed positions this rank reads (the leader reads them)
         self._relayed_fps: dict = {}  # {rank: document} as the node's leader last read them
-        self._put_last: dict = {}  # key -> text, what this rank last put for its node as its leader
         self._keys: dict = {}  # parts -> key, for the keys of every round: building them was a tenth of its work
         # (rank, the JSON text of its last published position without its beat and "}")
         self._position: tuple[int, str] | None = None
@@ -126,7 +125,7 @@ class JobProtocol:
         first = self._position is None or self._position[0] != rank  # its first: in the store at once, pid and host
         self._position = (rank, body)
         self._put(docs, self.relay is not None and not first and self.relay.carries(state))
-        if self.relay is not None and state.get("status") == "exited":
+        if self.relay is not None and state.get("status") == build.EXITED:
             self.relay.close()  # an exited rank relays no more: the node's next rank leads
             self.relay = None
 
@@ -163,7 +162,8 @@ class JobProtocol:
     def fingerprints(self, ranks) -> dict:
         """{rank: fingerprint document} of `ranks` whose document is there and passes its checks (size first, then
         validate.fingerprint_problem, then that it names its own rank); one that fails is left out, said once. One
-        round trip per rank (read_now: a key someone deleted is not waited for); a rank reads one partner a round."""
+        round trip per rank (raw_now: a key someone deleted is not waited for); a rank reads one partner a round;
+        under a relay, its node's leader reads them for it."""
         ranks = list(ranks)
         if self._relayed and len(ranks) <= MAX_RELAYED_PARTNERS:  # its partners', which its node's leader read
             self._wants = sorted(ranks)
