@@ -92,11 +92,13 @@ def run_ranks(
     capture: bool = True,
     cwd: str | None = None,
     stop_when=None,
+    start=subprocess.Popen,
 ) -> list:
     """Run `command` as ranks 0..nprocs-1 (RANK/WORLD_SIZE/MASTER_* set); kill the whole group at the limit.
 
     `stop_when`: a callable polled while the ranks run; once it returns true the whole group is killed
-    (for jobs that are meant to stay hung, e.g. a stopped rank).
+    (for jobs that are meant to stay hung, e.g. a stopped rank). `start`: what starts a rank, with Popen's
+    signature (the test suite's fork server; subprocess.Popen otherwise).
     """
     port = free_port()
     base = dict(os.environ if env is None else env)
@@ -115,7 +117,7 @@ def run_ranks(
             # Files, not pipes: a rank blocked on a full pipe nobody reads would look like a hang.
             streams = (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) if capture else (None, None)
             files.append(streams)
-            proc = subprocess.Popen(
+            proc = start(
                 command,
                 env=rank_env,
                 stdout=streams[0],

@@ -15,6 +15,8 @@ from hypothesis import Phase, settings
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import zygote  # noqa: E402  (from this folder, put on the path just above)
+
 # ----- test tiers -----
 # `real`: the test starts a process (ranks, torchrun, the CLI, a benchmark, a browser) or sleeps. Every test of a
 # test_real_*.py file is real; elsewhere a test says so with @pytest.mark.real (a whole file with `pytestmark`).
@@ -195,6 +197,9 @@ def no_process_of_a_real_test_left_behind(request):
     import psutil
 
     left = _started_by(request.node.nodeid)
+    server = zygote.running()
+    if server is not None:
+        left += server.ranks_alive()  # forked ranks carry the server's environment, not this test's
     if not left:
         return
     _, alive = psutil.wait_procs(left, timeout=LEFT_BEHIND_GRACE_S)
@@ -236,4 +241,6 @@ def nothing_left_behind():
         children = psutil.Process().children(recursive=True)
     except Exception:
         children = []
+    server = zygote.running()
+    children = [c for c in children if server is None or c.pid != server.process.pid]  # it lives as long as its worker
     assert not [c for c in children if c.is_running() and c.status() != "zombie"], f"child processes left: {children}"

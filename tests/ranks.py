@@ -6,6 +6,8 @@ import os
 import re
 import sys
 
+import zygote
+
 from ddpwatch.launch import run_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -22,7 +24,9 @@ def run_case(args, nprocs, report_dir, timeout=90, stop_when=None, **env_overrid
     env.update({"DDPWATCH_DIR": str(report_dir), "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
     env.update(NATIVE_OFF)
     env.update({k: str(v) for k, v in env_overrides.items()})
-    return run_ranks([sys.executable] + list(args), nprocs, env=env, timeout=timeout, stop_when=stop_when)
+    return run_ranks(
+        [sys.executable] + list(args), nprocs, env=env, timeout=timeout, stop_when=stop_when, start=zygote.start
+    )
 
 
 def reports(report_dir):
