@@ -24,6 +24,9 @@ import time
 from . import _common as C
 
 sys.path.insert(0, os.path.join(C.ROOT, "tests"))
+# The tests' ranks are forked from a server that imported torch (tests/zygote.py); a benchmark's ranks start as a
+# user's do, each its own interpreter: what it measures (time, memory) is then what a user's job pays.
+os.environ["DDPWATCH_TEST_EXEC"] = "1"
 
 import ranks as R  # noqa: E402
 import test_real_outsiders as T  # noqa: E402
