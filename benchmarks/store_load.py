@@ -437,7 +437,35 @@ def measure(sizes: list, mode: str) -> tuple:
 def replayed_harm(server, load: Children, job: Children, probe, results: list) -> list:
     """The job's store use with no traffic again, then while a load process replays each protocol's round trips at
     the rate 65,536 ranks would send them (the model's: nodes x ops per node per interval), as far as one process
-    can: the harm at the server, measured, not extrapolated."""
+    can: the harm at the server, measured, not extrapolated. Twice: every process on every core, then the server
+    alone on a core of its own (as torchrun's agent, which hosts it, has on a real node), the load and the probe on
+    the others, which separates the server's queue from the scheduling of three busy processes on two cores."""
+    rows = []
+    cpus = sorted(os.sched_getaffinity(0))
+    layouts = [("shared", None)] + ([("server alone", cpus[:1])] if len(cpus) > 1 else [])
+    for layout, server_cpus in layouts:
+        if server_cpus is not None:
+            pin(server.pid, server_cpus)
+            for other in load.procs + job.procs:
+                pin(other.pid, cpus[1:])
+        try:
+            rows += [dict(row, cpus=layout) for row in replays_of(server, load, job, probe, results)]
+        finally:
+            for pid in [server.pid] + [p.pid for p in load.procs + job.procs]:
+                pin(pid, cpus)
+    return rows
+
+
+def pin(pid: int, cpus: list) -> None:
+    """Every thread of a process on `cpus` (sched_setaffinity takes one thread: a process's others keep theirs)."""
+    for thread in psutil.Process(pid).threads():
+        try:
+            os.sched_setaffinity(thread.id, cpus)
+        except ProcessLookupError:
+            continue  # a thread that ended meanwhile
+
+
+def replays_of(server, load: Children, job: Children, probe, results: list) -> list:
     rows = [dict(baseline_harm(server, job, probe), mix="none", asked=0.0, achieved=0.0)]
     for protocol in PROTOCOLS:
         per_node = [per_node_ops(r["healthy"]) for r in results if r["protocol"] == protocol]

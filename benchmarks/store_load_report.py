@@ -241,17 +241,19 @@ def print_model(fitted: dict) -> None:
 
 
 def print_replays(replays: list, most: float) -> None:
-    baseline = replays[0]
     rows = []
     for row in replays:
+        if row["mix"] == "none":
+            baseline = row  # each layout's rows compare with its own baseline, measured just before them
         asked = f"{row['asked']:,.0f}" + ("" if row["asked"] <= most else " (not reached)")
         asked = "-" if row["mix"] == "none" else asked
-        cells = [row["mix"], asked, f"{row['achieved']:,.0f}", f"{row['server_cpu_per_s']:.3f}"]
-        rows.append(cells + probe_cells(row, baseline))
+        cells = [row.get("cpus", "shared"), row["mix"], asked, f"{row['achieved']:,.0f}"]
+        rows.append(cells + [f"{row['server_cpu_per_s']:.3f}"] + probe_cells(row, baseline))
     C.print_table(
         f"Store harm at the rate {TARGET_RANKS:,} ranks would send (the model's), replayed by one load process at the "
         "lowest CPU priority (nice 19), the watchdogs gone (their CPU would starve the probe on 2 cores): the "
-        "server's side of the harm, measured",
-        ["replayed", "asked ops/s", "achieved ops/s", "server CPU s/s", "probes / barriers"] + HARM_COLUMNS[4:],
+        "server's side of the harm, measured; cpus: shared (every process on every core), or server alone (the "
+        "server's threads on one core, the load and the probe on the other)",
+        ["cpus", "replayed", "asked ops/s", "achieved ops/s", "server CPU s/s", "probes / barriers"] + HARM_COLUMNS[4:],
         rows,
     )

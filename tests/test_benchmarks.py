@@ -123,8 +123,14 @@ def test_store_load_quick_mode_measures_every_phase_and_prints_its_tables(tmp_pa
         by = {s["protocol"]: s["healthy"]["ops_per_rank_interval"] for s in doc["sizes"] if s["ranks"] == ranks}
         assert by["node"] < by["rank"] / 4, by
     assert doc["model"]["ranks"] == 65536 and doc["model"]["node"]["ops_per_s"] > 0 < doc["model"]["rank"]["ops_per_s"]
-    assert [r["mix"] for r in doc["replays"]] == ["none", "rank", "node"]
-    assert all(r["probes"] > 0 for r in doc["replays"]) and all(r["achieved"] > 0 for r in doc["replays"][1:])
+    # the replays twice: every process on every core, then the server's threads alone on one core (2+ cores here)
+    layouts = ["shared", "server alone"] if len(os.sched_getaffinity(0)) > 1 else ["shared"]
+    assert [(r["cpus"], r["mix"]) for r in doc["replays"]] == [
+        (c, m) for c in layouts for m in ("none", "rank", "node")
+    ]
+    assert all(r["probes"] > 0 for r in doc["replays"]) and all(
+        r["achieved"] > 0 for r in doc["replays"] if r["mix"] != "none"
+    )
 
 
 WHOLE_JOB_LIMIT_S = 300  # 10 torchrun launches of a few seconds each: 45-85 s here
