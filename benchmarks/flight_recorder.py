@@ -52,8 +52,23 @@ def main(argv=None) -> int:
                     round(_median_ms(lambda: c10d_c._dump_fr_trace(), max(3, READS[mode] // 10)), 1),
                 ]
             )
+        feed_rows = feed_reads(mode, dist, torch, c10d_c)
     finally:
         dist.destroy_process_group()
+    C.print_table(
+        "The flight feed's read (watch/flight.py FlightFeed.refresh: a dump with stacks, every entry's frames placed, "
+        "records made and handed to a Recorder), every entry fresh: median ms per read, and per entry; 'sampled' "
+        "keeps 64 per group as the feed does, 'every entry' keeps all (what reading without sampling loss costs)",
+        [
+            "fresh entries",
+            "entries in the ring",
+            "sampled (ms)",
+            "every entry (ms)",
+            "sampled, per fresh entry (us)",
+            "every entry, per fresh entry (us)",
+        ],
+        feed_rows,
+    )
     C.print_table(
         "Reading the Flight Recorder (median ms per read; the watchdog reads only-active JSON, and only "
         "while a rank has no recorded collective in flight and makes no progress)",
@@ -67,6 +82,46 @@ def main(argv=None) -> int:
         rows,
     )
     return 0
+
+
+def feed_reads(mode: str, dist, torch, c10d_c) -> list:
+    """The feed's refresh over `size` fresh entries, sampled as it runs and keeping every entry (HISTORY_KEPT raised
+    past the ring), alternated; each read preceded by `size` new all_reduces, so that every entry read is fresh."""
+    from ddpwatch.capture.record import Recorder
+    from ddpwatch.watch import flight, flight_support
+
+    flight_support.load_symbolizer()  # as the session does when it arms: not a read's cost
+    kept = flight.HISTORY_KEPT
+    rows = []
+    for size in SIZES[mode][1:]:
+        times: dict = {"sampled": [], "every": []}
+        in_ring = 0
+        for _ in range(max(3, READS[mode] // 5)):
+            for how in ("sampled", "every", "every", "sampled"):
+                feed = flight.FlightFeed(Recorder(4096), lambda pg: "0")
+                feed.refresh(now_or_never=True)  # what is in the ring now: read, not timed
+                for _ in range(size):
+                    dist.all_reduce(torch.ones(4))
+                in_ring = len(json.loads(c10d_c._dump_fr_trace_json(True, False)).get("entries") or ())
+                flight.HISTORY_KEPT = kept if how == "sampled" else 1 << 30
+                try:
+                    start = time.perf_counter()
+                    feed.refresh(now_or_never=True)
+                    times[how].append((time.perf_counter() - start) * 1e3)
+                finally:
+                    flight.HISTORY_KEPT = kept
+        sampled, every = statistics.median(times["sampled"]), statistics.median(times["every"])
+        rows.append(
+            [
+                size,
+                in_ring,
+                round(sampled, 2),
+                round(every, 2),
+                round(sampled / size * 1e3, 2),
+                round(every / size * 1e3, 2),
+            ]
+        )
+    return rows
 
 
 if __name__ == "__main__":
