@@ -475,6 +475,19 @@ def test_configured_packages_move_frames_between_user_and_library():
     assert sites.file_kind("/venv/lib/python3.11/site-packages/mylab/train.py") == sites.LIBRARY
 
 
+def test_a_file_kind_remembered_for_dumped_frames_follows_the_configured_packages():
+    # is_internal_file remembers each file's answer (a Flight Recorder read asks for thousands of frames): a
+    # configuration that moves a package between the user's and a library's must not meet a stale answer
+    path = "/venv/lib/python3.11/site-packages/mylab/train.py"
+    assert is_internal_file(path) is True and is_internal_file(path) is True  # asked twice: the second remembered
+    try:
+        sites.configure_frames(user_packages=("mylab",))
+        assert is_internal_file(path) is False
+    finally:
+        sites.configure_frames()
+    assert is_internal_file(path) is True
+
+
 def test_user_frame_steps_over_library_frames_and_names_the_library_call():
     namespace = {}
     library_file = "/venv/lib/python3.11/site-packages/trainkit/strategy.py"

@@ -26,12 +26,17 @@ last_user_code: list = [None]  # the last code object found to be the user's: th
 # Top-level package names that count as the user's although installed, and ones that count as library although
 # not installed (config options user_packages / library_packages, set by the session through configure_frames).
 _packages: frames.Packages = frames.NO_PACKAGES
+# file name -> whether it is not the user's, for the Flight Recorder's frames (a read places thousands, from a few
+# files: the path's normalization was most of the flight feed's work per entry); bounded, cleared with the packages
+_internal_by_file: dict = {}
+FILE_LIMIT = 4096
 
 
 def configure_frames(user_packages=(), library_packages=()) -> None:
     """Name packages that count as the user's code (a user's own installed package) or as a library."""
     global _packages
     _packages = frames.packages(user_packages, library_packages)
+    _internal_by_file.clear()
     kind_of_code.clear()
     last_user_code[0] = None
 
@@ -43,7 +48,12 @@ def file_kind(filename: str, module: str | None = None) -> int:
 
 def is_internal_file(filename: str) -> bool:
     """Whether a frame in this file is not the user's own code (ddpwatch, torch, stdlib or an installed library)."""
-    return file_kind(filename) != USER
+    internal = _internal_by_file.get(filename)
+    if internal is None:
+        if len(_internal_by_file) >= FILE_LIMIT:
+            _internal_by_file.clear()
+        internal = _internal_by_file[filename] = file_kind(filename) != USER
+    return internal
 
 
 def code_kind(frame) -> int:

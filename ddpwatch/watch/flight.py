@@ -202,7 +202,6 @@ class FlightFeed:
         self._progressed = False  # the last poll found progress (a quiet rank reads the same newest positions)
         self._last_read = (time.monotonic(), 0)  # (when, collectives counted by then): the rate that sizes the stride
         self._counted_total = 0  # collectives and point-to-point ops counted by every poll
-        self._file_is_internal: dict = {}  # file name -> not the user's (sites.is_internal_file), decided once
         self._gains: dict = {}  # group name -> its collectives and point-to-point ops counted by the last poll
         self._last_poll = time.monotonic()
         self._buffer = buffer_size()
@@ -455,15 +454,12 @@ class FlightFeed:
 
     def _count_lines(self, entries: list) -> None:
         """How many collectives each user line issued, over every entry read so far (the python recorder counts every
-        call); from each entry's frames, the first one outside torch and the libraries (a file's kind cached)."""
-        counts, kinds = self._line_counts, self._file_is_internal
+        call); from each entry's frames, the first one outside torch and the libraries (sites.is_internal_file)."""
+        counts = self._line_counts
         for entry in entries:
             for raw in entry.get("frames") or ():
                 file = str(raw.get("filename") or "?") if isinstance(raw, dict) else "?"
-                internal = kinds.get(file)
-                if internal is None:
-                    internal = kinds[file] = is_internal_file(file) if len(kinds) < 4096 else True
-                if not internal:
+                if not is_internal_file(file):
                     line = (file, raw.get("line"), str(raw.get("name") or "?"))
                     counts[line] = counts.get(line, 0) + 1
                     break
