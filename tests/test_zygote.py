@@ -73,3 +73,14 @@ def test_what_the_interpreter_decides_at_start_up_is_never_forked(tmp_path):
         assert not server.can_fork(command, with_setting)
     finally:
         server.close()
+
+
+def test_a_server_that_died_is_replaced_and_the_rank_still_starts(tmp_path):
+    first = zygote.server()
+    first.process.kill()
+    first.process.wait()
+    results = probe(zygote.start, tmp_path, "0")  # starts a new server, whose forks run the probe
+    assert [r.returncode for r in results] == [0, 0], results
+    second = zygote.server()
+    assert second is not first and second.process.poll() is None
+    assert all(observed(r)["probe"] == "seen" for r in results)

@@ -168,6 +168,10 @@ def server():
     global _server
     if os.environ.get("DDPWATCH_TEST_EXEC") == "1":
         return None
+    if _server is not None and _server.process.poll() is not None:
+        # It died (killed, out of memory): a new one, or every later test of this worker would fail for it.
+        _server.sock.close()
+        _server = None
     if _server is None:
         import atexit
 
@@ -189,7 +193,12 @@ def start(command, **kwargs):
 def start_with(chosen, command, **kwargs):
     streams = kwargs.get("stdout") is not None and kwargs.get("stderr") is not None
     if chosen is not None and streams and chosen.can_fork(command, kwargs.get("env") or os.environ):
-        return chosen.popen(command, **kwargs)
+        try:
+            return chosen.popen(command, **kwargs)
+        except (OSError, RuntimeError):
+            if chosen.process.poll() is None:
+                raise  # the server lives: a fault of the request, not of the server
+            # the server died under this request: this rank is exec'd, and server() starts a new one next time
     return subprocess.Popen(command, **kwargs)
 
 
