@@ -6,9 +6,9 @@ Why: importing torch is about 2 s of CPU, most of a gloo rank's start-up, and th
 with atexit and non-daemon threads), with torch already in sys.modules, as after a script's first line.
 
 What it does not stand in for, and therefore never gets (the client falls back to a plain exec): anything decided
-at interpreter start-up - DDPWATCH set (the site hook), a PYTHON* or thread-count variable differing from this
-server's, `-m`/`-c` or interpreter options, an interpreter other than this one. DDPWATCH_TEST_EXEC=1 turns the
-server off: every rank is exec'd, as before it existed.
+at interpreter start-up - DDPWATCH set (the site hook), a PYTHON*, TORCH*, GLOO*, NCCL*, thread-count or LD_*
+variable differing from this server's, `-m`/`-c` or interpreter options, an interpreter other than this one, a rank
+whose output is not captured. DDPWATCH_TEST_EXEC=1 turns the server off: every rank is exec'd, as before it existed.
 """
 
 import gc
