@@ -21,6 +21,7 @@ from factory import (
     states,
 )
 
+import factory as F  # noqa: E402
 from ddpwatch import analysis  # noqa: E402
 from ddpwatch.format import build, documents  # noqa: E402
 from ddpwatch.analysis import DEADLOCK, TIMEOUT, assess, fingerprint  # noqa: E402
@@ -524,3 +525,30 @@ def test_matching_send_and_recv_are_not_a_deadlock():
         rank_state(1, 2, inflight=[rec(0, "recv", peer=0, site=("pipe.py", 34, "step"))]),
     )
     assert run(st).verdict != DEADLOCK
+
+
+def _late_functional_rank(waited: bool) -> F.Trace:
+    """A correct job seen under a CPU hog (the suite's run beside one, 7f2503c): rank 0 completed a functional
+    all_reduce (seq 0) and waits in the calls after it; rank 1 holds seq 0 returned, `waited` or not: it was
+    importing DTensor's modules for 4 s before waiting on it."""
+
+    def functional(seq, op, api, age, waited_on):
+        return dict(F.rec(seq, op, api=f"funcol.{api}", age=age), **{"async": True, "waited": waited_on})
+
+    ahead = [
+        functional(1, "all_gather", "all_gather_single", 0.83, True),
+        functional(2, "all_reduce", "all_reduce", 0.82, False),
+        functional(3, "all_gather", "all_gather_single", 0.79, False),
+    ]
+    done = dict(F.rec(0, "all_reduce", api="funcol.all_reduce", state="completed"))
+    behind = [functional(0, "all_reduce", "all_reduce", 3.7, waited)]
+    rank0 = F.rank_state(0, 2, inflight=ahead, recent=[done], idle=0.8)
+    return F.Trace(F.states(rank0, F.rank_state(1, 2, inflight=behind, idle=3.7)), 2)
+
+
+def test_a_rank_behind_holding_only_a_returned_op_nobody_waits_on_is_late_not_a_proven_mismatch():
+    late = _late_functional_rank(waited=False)
+    assert analysis.assess(late.states, late.world_size, 0.5, 60.0).verdict is None  # before: collective_mismatch
+    # the same positions with rank 1 inside wait_tensor() on it: it waits there, and that is proven, as before
+    stuck = _late_functional_rank(waited=True)
+    assert analysis.assess(stuck.states, stuck.world_size, 0.5, 60.0).verdict is not None

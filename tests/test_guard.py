@@ -236,3 +236,26 @@ def test_the_guard_imports_no_fsdp2_and_patches_it_when_the_program_does(tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     assert "IMPORTED-AT-START []" in done.stdout, done.stdout
     assert "PATCHED-AT-IMPORT True" in done.stdout and "RESTORED True" in done.stdout, done.stdout
+
+
+def test_an_op_whose_call_returned_pending_says_so_until_someone_waits_on_it(one_rank_group):
+    # async_op=True and a functional collective return with the op pending: the rank is free to be anywhere, and
+    # the analysis must not read it as waiting there (a first DTensor call imported for seconds meanwhile)
+    import torch.distributed._functional_collectives as funcol
+
+    with ddpwatch.guard(interval=0.2) as session:
+        one_rank_group()
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        total = funcol.all_reduce(torch.ones(4), "sum", dist.group.WORLD)
+        pending = session.recorder.snapshot(recent=0)["inflight"]
+        work.wait()
+        total.wait()
+        session.recorder.poll_pending()
+        done = session.recorder.snapshot(recent=10)
+        sync = dist.all_reduce(torch.ones(1))  # a synchronous call: never marked
+        after = session.recorder.snapshot(recent=10)
+    marks = {r["api"]: (r.get("async"), r.get("waited")) for r in pending}
+    assert marks.get("all_reduce", (True, False)) == (True, False), pending  # gloo may have finished it already
+    assert marks["funcol.all_reduce"] == (True, False), pending
+    assert done["inflight"] == []
+    assert sync is None and "async" not in after["recent"][-1], after["recent"][-1]

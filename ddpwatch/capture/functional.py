@@ -56,6 +56,12 @@ class _Pending:
         except Exception:
             pass
 
+    def waiting(self, tensor, now: bool) -> None:
+        """A thread enters (now=True) or leaves wait_tensor() on `tensor`: its record is being waited on."""
+        entry = self.outputs.get(id(tensor))
+        if entry is not None and entry[0]() is tensor:
+            entry[1].waiting = now
+
     def waited(self, tensor, error) -> None:
         self._one_done(id(tensor), tensor, error)
 
@@ -88,6 +94,8 @@ def _issue_wrapper(patcher, pending: _Pending, original, api: str, op: str):
             raise
         try:
             pending.track(record, _waitable_outputs(result))
+            if record.end_mono is None:
+                record.returned = True  # pending until wait_tensor(): the rank is not waiting in it meanwhile
         except Exception:
             recorder.finish(record)
         return result
@@ -137,6 +145,10 @@ def _wait_wrapper(pending: _Pending, original):
     def wait_tensor(tensor, *args, **kwargs):
         if not pending.outputs:
             return original(tensor, *args, **kwargs)
+        try:
+            pending.waiting(tensor, True)
+        except Exception:
+            pass  # bookkeeping only: the wait itself must happen
         try:
             result = original(tensor, *args, **kwargs)
         except BaseException as exc:

@@ -94,6 +94,8 @@ class Record:
         "p2p",
         "reduce",
         "root",
+        "returned",
+        "waiting",
     )
     # Annotations only (no class attributes: slots): what each slot holds, for the type checker and the reader.
     seq: int
@@ -114,6 +116,11 @@ class Record:
     p2p: tuple
     reduce: Any
     root: tuple  # (rank, group rank) a rooted collective was given (read with getattr: set by its wrapper only)
+    # A collective whose call returned with its op pending (async_op=True, a functional collective): the rank may be
+    # anywhere meanwhile, not waiting in it. `waiting`: a thread is in wait_tensor() on it now (a functional one's;
+    # a Work's wait is known from the Work.wait hook). Both read with getattr: set off the hot path only.
+    returned: bool
+    waiting: bool
 
     def __init__(
         self, seq: int, group: str, op: str, api: str, peer, tensors, thread: int, region, start_mono: float, state: str
@@ -137,7 +144,7 @@ class Record:
         """Plain data; `waited`: ids of the Work objects some thread is blocked in wait() on now."""
         shapes, dtypes = describe_tensors(self.tensors)
         end = self.end_mono  # None while in flight, and for an UNTRACKED record (given up on before it ended)
-        more = p2p_fields(self, waited) if self.peer is not None else {}
+        more = p2p_fields(self, waited) if self.peer is not None else _async_fields(self, waited)
         return build.record(
             self.seq,
             self.group,
@@ -159,6 +166,17 @@ class Record:
             thread=_thread_name(self.thread),
             **more,
         )
+
+
+def _async_fields(record: Record, waited: frozenset) -> dict:
+    """A collective whose call returned with its op pending: `async`, and whether a thread waits on it now (in its
+    Work's wait(), or wait_tensor() on a functional collective's output); {} for every other collective."""
+    if not getattr(record, "returned", False):
+        return {}
+    work = record.work
+    parts = (getattr(work, "works", None) or (work,)) if work is not None else ()
+    waiting = getattr(record, "waiting", False) or any(id(part) in waited for part in parts)
+    return {"async": True, "waited": record.state == build.IN_FLIGHT and waiting}
 
 
 class Recorder:
@@ -415,6 +433,7 @@ class Recorder:
                 self.finish(record)
             return
         record.work = handle
+        record.returned = True  # the user holds the Work: until its wait(), the rank is not waiting in this op
         self._by_work[id(handle)] = record
         for part in getattr(handle, "works", ()):  # batch_isend_irecv: the user waits on each Work of the batch
             self._by_work[id(part)] = record

@@ -61,14 +61,15 @@ class P2POpDoc(TypedDict):
     tag: Optional[int]
 
 
-# What point-to-point records add (functional form: `async` is a Python keyword).
+# What point-to-point records add (functional form: `async` is a Python keyword); `async` and `waited` also on a
+# collective whose call returned while its op is pending (async_op=True, a functional collective).
 _P2PFields = TypedDict(
     "_P2PFields",
     {
         "tag": Optional[int],  # null: unknown (a Flight Recorder record, an unreadable tag)
         "ops": List[P2POpDoc],  # batch_isend_irecv: its sends and receives
-        "async": bool,  # isend/irecv/batch_isend_irecv: the call returned a Work to the user
-        "waited": bool,  # a thread is blocked in that Work's wait() now
+        "async": bool,  # the call returned a Work (isend, async_op=True) or a pending tensor (functional) to the user
+        "waited": bool,  # a thread is blocked in that Work's wait() (or wait_tensor() on that tensor) now
         "origin": str,  # the library whose schedule issued it ("torch.distributed.pipelining")
     },
     total=False,
