@@ -53,9 +53,14 @@ def hang_report(case, tmp_path, **env):
     )
     found = hang_reports(report_dir)
     assert len(found) == 1, f"expected exactly one hang report, found {found}\n" + describe(results)
-    readings = [loaded(path) for path in reports(report_dir) if path not in found]
-    assert not any(analysis.findings_act(reading["findings"]) for reading in readings), readings
     incident = loaded(found[0])
+    readings = [loaded(path) for path in reports(report_dir) if path not in found]
+    # A mismatch incident whose answers came in once the hang had formed is assessed again, and then carries the
+    # hang's own proof (one run in about eight under load): that may act, being the same finding; nothing else may.
+    hang = [(f["kind"], f["ranks"], f["location"]) for f in incident["findings"]]
+    for reading in readings:
+        if analysis.findings_act(reading["findings"]):
+            assert [(f["kind"], f["ranks"], f["location"]) for f in reading["findings"]] == hang, (reading, incident)
     assert len(incident["findings"]) == 1, (incident["findings"], describe(results))
     return incident, incident["findings"][0]
 
