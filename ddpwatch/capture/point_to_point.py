@@ -144,8 +144,14 @@ def p2p_fields(record, waited: frozenset) -> dict:
     if origin:
         fields["origin"] = origin
     if record.api in ASYNC_P2P:
-        work = record.work
-        parts = getattr(work, "works", None) or (work,)
-        fields["async"] = True
-        fields["waited"] = record.state == build.IN_FLIGHT and any(id(part) in waited for part in parts)
+        fields.update(async_fields(record, waited))
     return fields
+
+
+def async_fields(record, waited: frozenset, waiting: bool = False) -> dict:
+    """`async`, and whether a thread waits on the op now: in wait() on its Work (or a batch's part; `waited`: ids of
+    the Works threads wait on now), or, `waiting`, in wait_tensor() on a functional collective's output."""
+    work = record.work
+    parts = (getattr(work, "works", None) or (work,)) if work is not None else ()
+    on_it = waiting or any(id(part) in waited for part in parts)
+    return {"async": True, "waited": record.state == build.IN_FLIGHT and on_it}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..catalogue import P2P_COUNTS_KEPT
 from ..config import DEFAULTS
 from ..format import build
-from .point_to_point import p2p_fields
+from .point_to_point import async_fields, p2p_fields
 from .sites import (
     USER,
     kind_of_code,
@@ -173,10 +173,7 @@ def _async_fields(record: Record, waited: frozenset) -> dict:
     Work's wait(), or wait_tensor() on a functional collective's output); {} for every other collective."""
     if not getattr(record, "returned", False):
         return {}
-    work = record.work
-    parts = (getattr(work, "works", None) or (work,)) if work is not None else ()
-    waiting = getattr(record, "waiting", False) or any(id(part) in waited for part in parts)
-    return {"async": True, "waited": record.state == build.IN_FLIGHT and waiting}
+    return async_fields(record, waited, getattr(record, "waiting", False))
 
 
 class Recorder:
