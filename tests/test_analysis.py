@@ -527,10 +527,10 @@ def test_matching_send_and_recv_are_not_a_deadlock():
     assert run(st).verdict != DEADLOCK
 
 
-def _late_functional_rank(waited: bool) -> F.Trace:
+def _late_functional_rank(waited: bool, history: bool = True) -> F.Trace:
     """A correct job seen under a CPU hog (the suite's run beside one, 7f2503c): rank 0 completed a functional
     all_reduce (seq 0) and waits in the calls after it; rank 1 holds seq 0 returned, `waited` or not: it was
-    importing DTensor's modules for 4 s before waiting on it."""
+    importing DTensor's modules for 4 s before waiting on it. `history`: rank 0 still remembers completing seq 0."""
 
     def functional(seq, op, api, age, waited_on):
         return dict(F.rec(seq, op, api=f"funcol.{api}", age=age), **{"async": True, "waited": waited_on})
@@ -540,15 +540,51 @@ def _late_functional_rank(waited: bool) -> F.Trace:
         functional(2, "all_reduce", "all_reduce", 0.82, False),
         functional(3, "all_gather", "all_gather_single", 0.79, False),
     ]
-    done = dict(F.rec(0, "all_reduce", api="funcol.all_reduce", state="completed"))
+    done = [F.rec(0, "all_reduce", api="funcol.all_reduce", state="completed")] if history else []
     behind = [functional(0, "all_reduce", "all_reduce", 3.7, waited)]
-    rank0 = F.rank_state(0, 2, inflight=ahead, recent=[done], idle=0.8)
+    rank0 = F.rank_state(0, 2, inflight=ahead, recent=done, idle=0.8)
     return F.Trace(F.states(rank0, F.rank_state(1, 2, inflight=behind, idle=3.7)), 2)
 
 
 def test_a_rank_behind_holding_only_a_returned_op_nobody_waits_on_is_late_not_a_proven_mismatch():
-    late = _late_functional_rank(waited=False)
+    late = _late_functional_rank(waited=False, history=False)
     assert analysis.assess(late.states, late.world_size, 0.5, 60.0).verdict is None  # before: collective_mismatch
     # the same positions with rank 1 inside wait_tensor() on it: it waits there, and that is proven, as before
-    stuck = _late_functional_rank(waited=True)
+    stuck = _late_functional_rank(waited=True, history=False)
+    assert analysis.assess(stuck.states, stuck.world_size, 0.5, 60.0).verdict is not None
+
+
+def _inside_first_call(completed_op="all_reduce", completed_shapes=((8,),)) -> F.Trace:
+    """The second form of that false proof (702a283's third run beside a CPU hog): rank 1 is still inside its first
+    functional all_reduce, whose op it issued (the call has not returned: DTensor's modules import for seconds),
+    while rank 0 completed that position (`completed_op` on `completed_shapes`) and waits at the next."""
+    done = F.rec(0, completed_op, api=f"funcol.{completed_op}", state="completed", shapes=completed_shapes)
+    ahead = F.rec(1, "all_gather", api="funcol.all_gather_single", age=0.8)
+    behind = F.rec(0, "all_reduce", api="funcol.all_reduce", age=3.7)
+    rank0 = F.rank_state(0, 2, inflight=[ahead], recent=[done], idle=0.8)
+    return F.Trace(F.states(rank0, F.rank_state(1, 2, inflight=[behind], idle=3.7)), 2)
+
+
+def test_a_rank_inside_a_call_that_a_peer_completed_is_late_not_blocked():
+    late = _inside_first_call()
+    assert analysis.matched_elsewhere({1: late.states[1]["inflight"][0]}, late.states) == {1}
+    assert analysis.assess(late.states, late.world_size, 0.5, 60.0).verdict is None  # before: collective_mismatch
+    # a late rank that never comes back still ends in a report: the peers' waits pass the timeout, naming it
+    for rank, age in ((0, 5.0), (1, 7.0)):
+        late.states[rank].update(idle_s=age)
+        late.states[rank]["inflight"][0]["age_s"] = age
+    later = analysis.assess(late.states, late.world_size, 0.5, 3.0)
+    assert later.verdict == TIMEOUT and [(f["kind"], f["ranks"]) for f in later.findings] == [("straggler", [1])]
+
+
+@pytest.mark.parametrize(
+    "op, shapes",
+    [
+        ("all_reduce", ((16,),)),  # other tensors: the two calls did not match
+        ("broadcast", ((8,),)),  # a rooted call: its record cannot say whether the roles matched
+    ],
+)
+def test_a_peer_that_completed_another_call_at_that_position_proves_nothing_matched(op, shapes):
+    stuck = _inside_first_call(op, shapes)
+    assert analysis.matched_elsewhere({1: stuck.states[1]["inflight"][0]}, stuck.states) == set()
     assert analysis.assess(stuck.states, stuck.world_size, 0.5, 60.0).verdict is not None

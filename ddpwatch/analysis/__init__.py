@@ -11,6 +11,7 @@ from ..format import build
 # What other stages and the tests read from the package, besides assess(): the reading helpers the watchdog uses,
 # and the passes the finding-table tests reorder.
 from .passes import collective_on_subset_or_mismatch, ddp_forward_on_subset, shape_mismatch  # noqa: F401
+from .reading import matched_elsewhere
 from .reading import is_blocked, partitions, shape_key, user_line_now, waited_s, waiting_map, waiting_record  # noqa: F401
 from .table import (
     CANNOT_ANSWER,  # noqa: F401
@@ -128,6 +129,7 @@ def assess(
         r: s for r, s in states.items() if s.get("status") == build.EXITED and not s.get("signal")
     }  # rank -> its last state
     blocked = {r for r, s in live.items() if is_blocked(s, grace)}
+    blocked -= matched_elsewhere({r: waiting_record(live[r]) for r in blocked}, states)
     if silent:  # nothing else is judged while a rank is silent: its last state may be stale
         # a peer the backend aborted left its stack (crashes.py): evidence enough without anyone blocked
         faulted = any(view.get("fault") for view in silent.values())

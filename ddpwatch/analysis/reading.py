@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
-from ..catalogue import SIZES_PER_RANK
+from ..catalogue import ROOTED, SIZES_PER_RANK
 from ..format import build
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
@@ -104,6 +104,39 @@ def completed_at(state: dict, group: str, seq: int) -> dict | None:
         ):
             return record
     return None
+
+
+def matched_elsewhere(waiting: dict, states: dict) -> set:
+    """The ranks of `waiting` ({rank: the record it waits in}) whose call some rank of `states` completed: the same
+    group and position, the same unrooted op and tensors. Such an op completes on one rank only once every rank of
+    its group has joined it, so that call matched and will return: the rank is late inside it (a first functional
+    collective imports for seconds after issuing its op, seen beside a CPU hog), not stuck, and no proof may count it
+    blocked. Observed in the run (the peer's own record), not inferred; a rooted call is left out, since its records
+    carry no root to say whether the two roles matched."""
+    found: set = set()
+    answers: dict = {}  # (group, seq, op, tensors) -> whether some rank completed it: one scan per position
+    for rank, record in waiting.items():
+        if record.get("p2p") or record["op"] in ROOTED:
+            continue
+        call = (record["group"], record["seq"], record["op"], shape_key(record))
+        if call not in answers:  # a rank waiting in a call has not completed it: no need to leave it out
+            answers[call] = any(_completed_call(state, call) for state in states.values())
+        if answers[call]:
+            found.add(rank)
+    return found
+
+
+def _completed_call(state: dict, call: tuple) -> bool:
+    """Whether this rank's recent records hold `call` completed; newest first, stopping below its position."""
+    group, seq, op, tensors = call
+    for record in reversed(state.get("recent") or ()):
+        if record.get("group") != group or record.get("p2p"):
+            continue
+        if record.get("seq") == seq:
+            return record.get("state") == build.COMPLETED and record.get("op") == op and shape_key(record) == tensors
+        if type(record.get("seq")) is int and record["seq"] < seq:
+            return False
+    return False
 
 
 # ---------------------------------------------------------------- history: has a rank been at this line before?
