@@ -24,6 +24,7 @@ from ranks import ROOT, SCENARIOS, describe, run_case, run_job, tagged_line
 
 import ddpwatch.bootstrap as bootstrap
 from ddpwatch import dump_client, registry
+from ddpwatch.capture import after_import
 from ddpwatch import session as session_module
 from ddpwatch.watch import signals
 from ddpwatch.watch.mailbox import Mailbox
@@ -127,7 +128,7 @@ def test_set_activates_at_startup_without_importing_torch(tmp_path):
     installed_pth()
     code = (
         "import sys, ddpwatch.bootstrap as b; print(b.activated_by, 'torch' in sys.modules, "
-        "any(type(f).__name__ == '_PostImportFinder' for f in sys.meta_path))"
+        "any(type(f).__name__ == '_Finder' for f in sys.meta_path))"
     )
     done = python(code, clean_env(DDPWATCH="1"), tmp_path)
     assert (done.returncode, done.stdout.split(), done.stderr) == (0, ["pth", "False", "True"], "")
@@ -170,7 +171,7 @@ def test_sitecustomize_activates_and_runs_the_users_own(tmp_path):
 
 STARTUP_PROBE = (
     "import sys, ddpwatch.bootstrap as b; print(b.activated_by, 'ddpwatch.config' in sys.modules, "
-    "any(type(f).__name__ == '_PostImportFinder' for f in sys.meta_path))"
+    "any(type(f).__name__ == '_Finder' for f in sys.meta_path))"
 )
 
 
@@ -399,19 +400,20 @@ def test_ddpwatch_run_sets_the_environment_and_checks_the_settings_first(tmp_pat
 
 
 def test_post_import_hook_runs_after_the_module_and_leaves_no_trace(tmp_path, monkeypatch):
+    """Start-up's hook is the patches' one finder (capture/after_import.py), which imports only built-ins."""
     (tmp_path / "ddpw_probe_module.py").write_text("VALUE = 1\nLAST = 'set at the end'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # a hook left by a failure goes with the copy
     seen = []
-    bootstrap.when_imported("ddpw_probe_module", lambda module: seen.append(getattr(module, "LAST", None)))
+    after_import.when_imported("ddpw_probe_module", lambda module: seen.append(getattr(module, "LAST", None)))
     try:
         import ddpw_probe_module
 
         assert seen == ["set at the end"]
         assert type(ddpw_probe_module.__loader__).__name__ == "SourceFileLoader"
         assert ddpw_probe_module.__spec__.loader is ddpw_probe_module.__loader__
-        assert not [f for f in sys.meta_path if isinstance(f, bootstrap._PostImportFinder)]
-        bootstrap.when_imported("ddpw_probe_module", lambda module: seen.append("again, at once"))
+        assert after_import._FINDER not in sys.meta_path
+        after_import.when_imported("ddpw_probe_module", lambda module: seen.append("again, at once"))
         assert seen[-1] == "again, at once"
     finally:
         sys.modules.pop("ddpw_probe_module", None)

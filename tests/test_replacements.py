@@ -128,3 +128,24 @@ def test_a_patch_that_fails_at_the_import_is_logged_and_the_import_succeeds(tmp_
     assert module.f(1) == 2
     assert "could not patch ddpwatch_probe_failing" in caplog.text
     hook.cancel()
+
+
+def test_a_module_whose_import_fails_keeps_its_own_loader_and_its_hook_waits_for_the_next_import(tmp_path, monkeypatch):
+    name = _module_file(tmp_path, monkeypatch, "ddpwatch_probe_broken_once")
+    source = tmp_path / f"{name}.py"
+    source.write_text("raise ImportError('not yet')\n")
+    seen = []
+    hook = when_imported(name, lambda module: seen.append(module.f(1)))
+    try:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+        assert seen == [] and name not in sys.modules and after_import._FINDER in sys.meta_path
+        source.write_text("def f(x):\n    return x + 1\n")
+        importlib.invalidate_caches()  # the finder is asked too: it must take the call (it caches nothing)
+        module = importlib.import_module(name)
+        assert seen == [2] and type(module.__loader__).__name__ == "SourceFileLoader"
+        assert module.__spec__.loader is module.__loader__ and after_import._FINDER not in sys.meta_path
+    finally:
+        hook.cancel()

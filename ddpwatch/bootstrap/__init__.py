@@ -6,7 +6,8 @@ Reached at interpreter start-up from two places, whichever comes first (the seco
   site.py has finished;
 - sitecustomize.py in this folder, which `ddpwatch run -- CMD` puts first on PYTHONPATH (like ddtrace-run).
 
-At start-up this only glances at the environment and the working directory (no module beyond os and sys: 1-2 ms)
+At start-up this only glances at the environment and the working directory (no module beyond os, sys and the
+post-import finder of capture/after_import.py, which imports built-ins only: 1-2 ms)
 and registers an import hook; torch is not imported. Where there are settings to read (DDPWATCH_* variables, a
 setup.cfg or pyproject.toml that mentions ddpwatch, a DDPWATCH value other than on/off) the configuration is read
 at once, so that a bad one is said in the process that has it (about 20 ms more). Once
@@ -118,16 +119,9 @@ def _warn(exc: BaseException) -> None:
 
 def install_import_hook() -> None:
     """Wrap init_process_group once torch.distributed has been imported (now, if it already is)."""
+    from ..capture.after_import import when_imported  # the one post-import finder: built-in modules only
+
     when_imported(HOOKED_MODULE, _on_imported)
-
-
-def when_imported(name: str, callback) -> None:
-    """Call callback(module) right after module `name` has run (at once if it already has): a post-import hook."""
-    module = sys.modules.get(name)
-    if module is not None:
-        callback(module)
-    elif not any(isinstance(f, _PostImportFinder) and f.name == name for f in sys.meta_path):
-        sys.meta_path.insert(0, _PostImportFinder(name, callback))
 
 
 def _on_imported(module) -> None:
@@ -137,67 +131,3 @@ def _on_imported(module) -> None:
         activate_on_init()
     except Exception as exc:
         _warn(exc)
-
-
-class _PostImportFinder:
-    """A sys.meta_path entry that lets the other finders find one module, and calls back once that module has run.
-
-    torch imports torch.distributed while `import torch` is still running, so the callback must stay light: it
-    only wraps init_process_group.
-    """
-
-    def __init__(self, name: str, callback):
-        self.name = name
-        self.callback = callback
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name:
-            return None
-        for finder in list(sys.meta_path):
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _NotifyingLoader(spec.loader, self)
-        return spec
-
-    def invalidate_caches(self):
-        pass
-
-    def loaded(self, module) -> None:
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        try:
-            self.callback(module)
-        except Exception as exc:  # never break the import it rides on
-            _warn(exc)
-
-
-class _NotifyingLoader:
-    """Runs the real loader, gives the module its real loader back, then tells the finder."""
-
-    def __init__(self, loader, finder):
-        self.loader = loader
-        self.finder = finder
-
-    def __getattr__(self, name):
-        return getattr(self.loader, name)
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        try:
-            self.loader.exec_module(module)
-        finally:
-            spec = getattr(module, "__spec__", None)
-            if spec is not None and spec.loader is self:
-                spec.loader = self.loader
-            if getattr(module, "__loader__", None) is self:
-                module.__loader__ = self.loader
-        self.finder.loaded(module)

@@ -1,14 +1,12 @@
 """Runs a function once a module is imported, without importing it (a meta-path finder while anything waits): a patch
 on a module the program may never use must not cost its import (FSDP2's pulls in DTensor and sympy: 0.6 s of CPU
-per rank)."""
+per rank). The one such finder: zero-code activation (bootstrap) waits here for torch.distributed at interpreter
+start-up, the patches for the modules they wrap; so it imports only built-in modules (sys, _thread) at its top."""
 
 from __future__ import annotations
 
-import importlib.abc
+import _thread
 import sys
-import threading
-
-from ..logonce import log_once
 
 _logged: set = set()
 
@@ -31,7 +29,7 @@ class AfterImport:
     def __init__(self, name: str, then):
         self.name = name
         self._then = then
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
         self._done = False
 
     def fire(self, module) -> None:
@@ -43,6 +41,8 @@ class AfterImport:
             try:
                 self._then(module)
             except Exception:
+                from ..logonce import log_once  # here: start-up imports no logging
+
                 log_once(_logged, self.name, f"ddpwatch: could not patch {self.name}; it runs unpatched", exc_info=True)
 
     def cancel(self) -> None:
@@ -52,13 +52,13 @@ class AfterImport:
         _FINDER.forget(self)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
     """Finds nothing itself: for a module someone waits for it asks the finders after it and wraps the loader they
     return. In sys.meta_path only while something waits; the list is replaced, never changed in place, because
     another thread's import may be iterating it."""
 
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
         self._waiting: dict = {}  # module name -> [AfterImport]
 
     def wait_for(self, hook: AfterImport) -> None:
@@ -83,6 +83,9 @@ class _Finder(importlib.abc.MetaPathFinder):
             return spec  # a loader of the old protocol: imported as usual, and not patched
         spec.loader = _ThenLoader(loader, lambda module: self._imported(fullname, module))
         return spec
+
+    def invalidate_caches(self) -> None:
+        pass  # it caches nothing (importlib.invalidate_caches() asks every finder)
 
     def _spec_from_the_others(self, fullname, path, target):
         for finder in list(sys.meta_path):
@@ -110,8 +113,9 @@ class _Finder(importlib.abc.MetaPathFinder):
 _FINDER = _Finder()
 
 
-class _ThenLoader(importlib.abc.Loader):
-    """The module's own loader, then `then(module)`; the module keeps its own loader once made."""
+class _ThenLoader:
+    """The module's own loader, then `then(module)`; the module keeps its own loader, made or failed (a failed import
+    leaves its hooks waiting: the next attempt runs them)."""
 
     def __init__(self, loader, then):
         self._loader = loader
@@ -121,10 +125,14 @@ class _ThenLoader(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module) -> None:
-        self._loader.exec_module(module)
-        module.__loader__ = self._loader
-        if getattr(module, "__spec__", None) is not None:
-            module.__spec__.loader = self._loader
+        try:
+            self._loader.exec_module(module)
+        finally:
+            if getattr(module, "__loader__", None) is self:
+                module.__loader__ = self._loader
+            spec = getattr(module, "__spec__", None)
+            if spec is not None and spec.loader is self:
+                spec.loader = self._loader
         self._then(module)
 
     def __getattr__(self, name):
