@@ -304,6 +304,8 @@ def _where(step: dict) -> Site | None:
 def p2p_deadlock(waiting: dict, states: dict, world_size: int) -> dict | None:
     """Every live rank blocked, at least one in a send or recv, and nothing pending can ever be matched: the wait-
     for cycle, who departed, and the shape of the cycle (which decides the fix)."""
+    if not any(record.get("p2p") for state in states.values() for record in state.get("inflight") or ()):
+        return None  # no send or recv in flight anywhere: asked first, since a hang of many ranks gets here
     ops_by_rank = {rank: pending_ops(rank, state) for rank, state in states.items()}
     if not any(op.kind != COLLECTIVE for ops in ops_by_rank.values() for op in ops):
         return None

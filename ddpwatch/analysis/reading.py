@@ -114,6 +114,8 @@ def matched_elsewhere(waiting: dict, states: dict) -> set:
     blocked. Observed in the run (the peer's own record), not inferred; a rooted call is left out, since its records
     carry no root to say whether the two roles matched."""
     found: set = set()
+    if not any(state.get("recent") for state in states.values()):
+        return found  # positions (the leader's look) carry no history: only the answers' whole states can show it
     answers: dict = {}  # (group, seq, op, tensors) -> whether some rank completed it: one scan per position
     for rank, record in waiting.items():
         if record.get("p2p") or record["op"] in ROOTED:
@@ -185,7 +187,10 @@ def partitions(waiting: dict) -> list:
             _site_key(region.get("site")),
             shape_key(record),
         )
-        parts.setdefault(key, Partition([], record)).ranks.append(rank)
+        part = parts.get(key)
+        if part is None:  # not setdefault: that would build a Partition for every rank of a many-rank hang
+            part = parts[key] = Partition([], record)
+        part.ranks.append(rank)
     return list(parts.values())
 
 
