@@ -164,6 +164,32 @@ def test_a_running_rank_reads_the_counters_and_partners_its_leader_posted():
     assert jobs[9].fingerprints([0]) == {0: fingerprint_doc(0)}
 
 
+def test_blocked_ranks_look_for_incidents_through_their_blocked_leaders_fresh_post(monkeypatch):
+    """A hang: every rank of the node blocked, each looking for an incident ten times a second. The leader reads the
+    counters for the node at each of its looks; the others read its post while it is fresh (node.FRESH_POST_S), the
+    store once it is not (a leader that runs posts once a round)."""
+    jobs, counted = node_of_ranks(16, [8, 9, 10])
+    for rank, job in jobs.items():
+        job.publish(rank, blocked(rank))  # blocked: each puts its own position, the relay carries none of it
+    leader_store = jobs[8].store
+    leader_store.add(leader_store.key("counters"), 2 * INCIDENT_UNIT)  # incident 2 opened elsewhere
+    clock = [1000.0]
+    monkeypatch.setattr(node.time, "time", lambda: clock[0])
+    counted.calls.clear()
+    for _ in range(10):  # a second of looks, every 0.1 s
+        for job in jobs.values():
+            assert job.counters()[1] == 2
+        clock[0] += 0.1
+    trips = [call for call in counted.calls if call != "set_timeout"]  # set_timeout: a client made, no round trip
+    assert len(trips) == 1 + 10, f"the counters made once, then one read a look, the leader's alone: {trips}"
+    counted.calls.clear()
+    for rank in (9, 10):
+        clock[0] += node.FRESH_POST_S + 0.01  # the leader has stopped posting: its last post is stale
+        assert jobs[rank].counters()[1] == 2
+    trips = [call for call in counted.calls if call != "set_timeout"]
+    assert len(trips) == 2, f"each reads the store itself: {trips}"
+
+
 def test_the_leader_puts_no_key_outside_the_job_and_reads_no_post_that_is_not_one():
     jobs, counted = node_of_ranks(16, [8, 9])
     relay = jobs[8].relay

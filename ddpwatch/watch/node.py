@@ -36,6 +36,10 @@ from ..logonce import log_once
 CHECK_EVERY = 16  # a live lower rank's start time is asked again once in this many rounds (a reused pid)
 STALE_ROUNDS = 2.5  # a rank whose file is this many rounds old cannot lead (a late round under load is not)
 MAX_FILE_BYTES = 4 << 20  # a rank's staged documents: a few KiB, its whole state with history tens of KiB
+# A post this recent stands in for a blocked rank's own read of the counters: a blocked leader posts at each of its
+# looks for an incident (every 0.1 s, watchdog.FAST_S), so its node's blocked ranks poll a file, not the store;
+# older (a leader that runs posts once a round) and the blocked rank reads the store itself, as without the relay.
+FRESH_POST_S = 0.3
 RELAY_FILE = "relay.json"
 _RANK_FILE = re.compile(r"r(\d{1,7})\.json")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -141,6 +145,13 @@ class NodeRelay:
         return body if isinstance(body, dict) else {}
 
     @staticmethod
+    def fresh(post: dict, now: float | None = None) -> bool:
+        """Whether a post is recent enough (FRESH_POST_S) to stand in for a blocked rank's own read of the counters."""
+        at = post.get("at")
+        now = time.time() if now is None else now
+        return type(at) in (int, float) and 0.0 <= now - at <= FRESH_POST_S
+
+    @staticmethod
     def read_post(post: dict, world_size: int) -> tuple:
         """(the counters' value or None, {rank: partner document}) of a post, each document checked as one read
         from the store is (validate.fingerprint_problem, and that it names its own rank)."""
@@ -195,7 +206,12 @@ class NodeRelay:
 
     def post(self, counters: int | None, fingerprints: Mapping) -> None:
         """What the leader read this round, for the node's other running ranks."""
-        body = {"leader": self.rank, "counters": counters, "fingerprints": {str(r): d for r, d in fingerprints.items()}}
+        body = {
+            "leader": self.rank,
+            "at": time.time(),  # this node's clock, read on this node: fresh() compares like with like
+            "counters": counters,
+            "fingerprints": {str(r): d for r, d in fingerprints.items()},
+        }
         atomic.write_file(self.folder, RELAY_FILE, json.dumps(body).encode(), 0o600, f".relay.{self.rank}.tmp")
 
     # ----- files -----

@@ -242,13 +242,16 @@ class JobProtocol:
 
     def counters(self) -> tuple:
         """(ranks waiting, the latest incident's number), in one round trip (through the node's leader while this
-        rank runs under a relay); a value there that is not a counter (someone else wrote it) reads as no change."""
+        rank runs under a relay, or while it is blocked and its leader's post is fresh: a hang's looks for an
+        incident, ten a second on every blocked rank, then cost the store one a node); a value there that is not a
+        counter (someone else wrote it) reads as no change."""
         if self.relay is not None:
             try:
                 if self.relay.leader() == self.relay.rank:
                     return self._node_round()
-                if self._relayed:
-                    return self._take_post(self.relay.posted())
+                post = self.relay.posted()
+                if self._relayed or self.relay.fresh(post):
+                    return self._take_post(post)
             except OSError as exc:
                 log_once(self.logged, "relay", "ddpwatch: the node relay failed (%s); this rank uses the store", exc)
         value = self.store.counter(self._key("counters"))
