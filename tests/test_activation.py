@@ -863,7 +863,7 @@ def test_dump_a_live_job_then_sigterm_ends_each_rank_as_torch_would(tmp_path):
         MASTER_PORT=free_port(),
         WORLD_SIZE="2",
     )
-    registry = os.path.join(str(tmp_path), f"ddpwatch-{os.getuid()}", "ranks")
+    folder = os.path.join(str(tmp_path), f"ddpwatch-{os.getuid()}", "ranks")
     procs = []
     try:
         for rank in (0, 1):
@@ -878,7 +878,14 @@ def test_dump_a_live_job_then_sigterm_ends_each_rank_as_torch_would(tmp_path):
                     start_new_session=True,
                 )
             )
-        assert _wait_for(lambda: len(os.listdir(registry)) == 2 if os.path.isdir(registry) else False, 60)
+
+        # Both ranks' entries whole, as `ddpwatch dump` reads them. A listing counts an entry's temporary file too
+        # (atomic.write_file), so it could reach 2 before rank 1's entry was whole: the one failure seen (a CI
+        # rehearsal at af6fc7b, loaded: rank 1 "not an armed ddpwatch rank") fits that; not reproduced.
+        def armed() -> set:
+            return {entry["pid"] for entry in registry.registry(folder)} if os.path.isdir(folder) else set()
+
+        assert _wait_for(lambda: armed() == {proc.pid for proc in procs}, 60)
 
         def dump(*args):
             return subprocess.run(
@@ -906,7 +913,7 @@ def test_dump_a_live_job_then_sigterm_ends_each_rank_as_torch_would(tmp_path):
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=10)
             assert proc.returncode == -signal.SIGTERM
-        assert os.listdir(registry) == []
+        assert os.listdir(folder) == []
     finally:
         for proc in procs:
             _killpg(proc.pid)
