@@ -33,6 +33,9 @@ CLIENTS = 2  # processes carrying the simulated ranks (this machine has 2 cores)
 INTERVAL = scale.INTERVAL  # the watchdog's default interval: every rank ticks once per interval
 HEALTHY_S = {"full": 10.0, "quick": 2.0}  # the healthy phase; the job's harm probe runs inside it
 HANG_S = {"full": 5.0, "quick": 2.0}
+# A blocked rank's looks for an incident each interval in its first 10 s blocked (watchdog.FAST_S apart): the round's
+# tick, then the looks between rounds. The hang phase is within those 10 s, as a hang's first verdict is.
+LOOKS = {"healthy": 1, "hang": 10}
 WARMUP_S = 0.5  # ticking has begun before the job's probe starts timing
 PROBES = {"full": 300, "quick": 60}  # set+get round trips per harm measurement (fewer when its time runs out)
 PROBE_GAP_S = 0.01  # between probes: a job's own store use is occasional; a tight loop would be load of its own
@@ -87,7 +90,7 @@ def run_ranks(port: int) -> None:
             scale.block(recorder, leader=False)
             reply = untimed_round(dogs, counting)
         elif command[0] == "run":
-            reply = paced_rounds(dogs, counting, float(command[1]))
+            reply = paced_rounds(dogs, counting, float(command[1]), int(command[2]))
             reply["latest_incident"] = dogs[0].job.counters()[1] if dogs else 0  # after the count: not counted
         elif command[0] == "quit":
             return
@@ -113,9 +116,10 @@ def untimed_round(dogs: list, counting) -> dict:
     return {"ranks": len(dogs), "ops": sum(v for k, v in calls.items() if k != "bytes"), "s": time.monotonic() - start}
 
 
-def paced_rounds(dogs: list, counting, seconds: float) -> dict:
+def paced_rounds(dogs: list, counting, seconds: float, looks: int = 1) -> dict:
     """Rounds of every rank's tick, spread over each interval as unsynchronised watchdog threads would be, for about
-    `seconds`; a round that overruns its interval starts the next at once (then the simulation sets the pace)."""
+    `seconds`; a round that overruns its interval starts the next at once (then the simulation sets the pace). With
+    `looks` > 1, each round also makes every blocked rank's looks for an incident between ticks (looks - 1 of them)."""
     counting.reset()
     start = time.monotonic()
     busy, begin, leader = [], start, []
@@ -130,6 +134,11 @@ def paced_rounds(dogs: list, counting, seconds: float) -> dict:
             spent += time.monotonic() - tick_start
             if dog.rank == 0:  # the leader: in the hang, its round reads every position and assesses them
                 leader.append(time.monotonic() - tick_start)
+        for _ in range(looks - 1):
+            for dog in dogs:
+                if dog.registered_waiting:  # as Watchdog._loop's look between rounds, in its first 10 s blocked
+                    dog._answer_incidents()
+                    dog.policy.check_posted(dog.states.read)
         busy.append(spent)
         begin = max(begin + INTERVAL, time.monotonic())
         time.sleep(max(0.0, begin - time.monotonic()))
@@ -302,11 +311,13 @@ def cpu_rates(before: dict, after: dict) -> tuple:
 # ---------------------------------------------------------------- phases
 
 
-def measured_phase(server, clients: Children, seconds: float, job: Children | None = None, probe=None) -> dict:
+def measured_phase(
+    server, clients: Children, seconds: float, job: Children | None = None, probe=None, looks: int = 1
+) -> dict:
     """Every client runs its ranks for `seconds`, the job's probe (if any) inside; numbers over the parent's window."""
     server_pid, client_pids = server.pid, [p.pid for p in clients.procs]
     server0, clients0 = cpu_sample([server_pid]), cpu_sample(client_pids)
-    clients.send([f"run {seconds}"] * CLIENTS)
+    clients.send([f"run {seconds} {looks}"] * CLIENTS)
     harm = None
     if job is not None:
         time.sleep(WARMUP_S)
@@ -356,9 +367,9 @@ def one_size(ranks: int, protocol: str, mode: str, server, clients: Children, jo
     # client 0 carries rank 0, the leader; whole nodes: a node's ranks share one folder, in one process
     bounds = [ranks * i // CLIENTS // RANKS_PER_NODE * RANKS_PER_NODE for i in range(CLIENTS)] + [ranks]
     clients.ask([f"setup {namespace} {ranks} {bounds[i]} {bounds[i + 1]} {protocol}" for i in range(CLIENTS)])
-    healthy = measured_phase(server, clients, HEALTHY_S[mode], job, probe)
+    healthy = measured_phase(server, clients, HEALTHY_S[mode], job, probe, LOOKS["healthy"])
     onset = clients.ask(["block"] * CLIENTS)
-    hang = measured_phase(server, clients, HANG_S[mode])
+    hang = measured_phase(server, clients, HANG_S[mode], looks=LOOKS["hang"])
     onset_summary = {"ops_per_rank": sum(r["ops"] for r in onset) / ranks, "wall_s": max(r["s"] for r in onset)}
     return {"ranks": ranks, "protocol": protocol, "healthy": healthy, "hang_onset": onset_summary, "hang": hang}
 

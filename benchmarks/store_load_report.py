@@ -110,7 +110,7 @@ def load_rows(results: list, interval: float) -> list:
                 [
                     r["protocol"],
                     r["ranks"],
-                    name if name == "healthy" else "hang, no incident",
+                    name if name == "healthy" else "hang, no incident, looks",
                     p["rounds"],
                     f"{p['ops_per_rank_interval']:.3f}",
                     f"{per_node(p):.2f}",
@@ -215,8 +215,10 @@ def print_measurements(results: list, baseline: dict, libuv: bool, interval: flo
     print(
         "ops/s a real job sends: ranks x ops/rank/interval / interval; the measured rate falls short of it where a "
         "round took longer than the interval (then the simulation, not the server, set the pace). CPU times come in "
-        "clock ticks (10 ms): figures near 0.01 s/s are that coarse. In the hang every rank waits in one barrier, "
-        "so every rank puts its own position and the relay carries nothing (as designed): both protocols load alike."
+        "clock ticks (10 ms): figures near 0.01 s/s are that coarse. In the hang every rank waits in one barrier and "
+        "puts its own position each round (as designed: both protocols alike), and looks for an incident 10 times an "
+        "interval (its first 10 s blocked): at the store itself in the rank protocol, through its node leader's post "
+        "in the node protocol."
     )
     for r in results:
         onset = r["hang_onset"]

@@ -122,6 +122,10 @@ def test_store_load_quick_mode_measures_every_phase_and_prints_its_tables(tmp_pa
     for ranks in (64, 256):  # counted, not timed: the relay's node makes fewer round trips than its ranks did
         by = {s["protocol"]: s["healthy"]["ops_per_rank_interval"] for s in doc["sizes"] if s["ranks"] == ranks}
         assert by["node"] < by["rank"] / 4, by
+        # in the hang, each blocked rank's 9 looks between rounds: at the store itself (rank), through its node
+        # leader's post (node: the leader's 9 reads for its 8 ranks); the rounds' own round trips alike in both
+        hang = {s["protocol"]: s["hang"]["ops_per_rank_interval"] for s in doc["sizes"] if s["ranks"] == ranks}
+        assert hang["rank"] > 12 and hang["node"] < hang["rank"] / 2, hang
     assert doc["model"]["ranks"] == 65536 and doc["model"]["node"]["ops_per_s"] > 0 < doc["model"]["rank"]["ops_per_s"]
     # the replays twice: every process on every core, then the server's threads alone on one core (2+ cores here)
     layouts = ["shared", "server alone"] if len(os.sched_getaffinity(0)) > 1 else ["shared"]

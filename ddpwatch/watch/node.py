@@ -148,8 +148,9 @@ class NodeRelay:
     def fresh(post: dict, now: float | None = None) -> bool:
         """Whether a post is recent enough (FRESH_POST_S) to stand in for a blocked rank's own read of the counters."""
         at = post.get("at")
-        now = time.time() if now is None else now
-        return type(at) in (int, float) and 0.0 <= now - at <= FRESH_POST_S
+        if not isinstance(at, (int, float)) or isinstance(at, bool):
+            return False
+        return 0.0 <= (time.time() if now is None else now) - at <= FRESH_POST_S
 
     @staticmethod
     def read_post(post: dict, world_size: int) -> tuple:
