@@ -119,26 +119,26 @@ def untimed_round(dogs: list, counting) -> dict:
 def paced_rounds(dogs: list, counting, seconds: float, looks: int = 1) -> dict:
     """Rounds of every rank's tick, spread over each interval as unsynchronised watchdog threads would be, for about
     `seconds`; a round that overruns its interval starts the next at once (then the simulation sets the pace). With
-    `looks` > 1, each round also makes every blocked rank's looks for an incident between ticks (looks - 1 of them)."""
+    `looks` > 1, each blocked rank also looks for an incident looks - 1 times a round, right after its node's ticks:
+    a node's files are then as fresh as a real node's, which writes them every round (here a round of thousands of
+    ranks takes seconds, and looks made after all of them found the leaders' files stale)."""
     counting.reset()
     start = time.monotonic()
     busy, begin, leader = [], start, []
     while begin < start + seconds:
-        spent = 0.0
+        spent, first_of_node = 0.0, 0
         for i, dog in enumerate(dogs):
             ahead = begin + INTERVAL * i / len(dogs) - time.monotonic()  # this rank's turn in the interval
             if ahead > 0.001:
                 time.sleep(ahead)
             tick_start = time.monotonic()
             dog.tick()
-            spent += time.monotonic() - tick_start
             if dog.rank == 0:  # the leader: in the hang, its round reads every position and assesses them
                 leader.append(time.monotonic() - tick_start)
-        for _ in range(looks - 1):
-            for dog in dogs:
-                if dog.registered_waiting:  # as Watchdog._loop's look between rounds, in its first 10 s blocked
-                    dog._answer_incidents()
-                    dog.policy.check_posted(dog.states.read)
+            if i + 1 == len(dogs) or dogs[i + 1].rank // RANKS_PER_NODE != dog.rank // RANKS_PER_NODE:
+                blocked_looks(dogs[first_of_node : i + 1], looks - 1)
+                first_of_node = i + 1
+            spent += time.monotonic() - tick_start
         busy.append(spent)
         begin = max(begin + INTERVAL, time.monotonic())
         time.sleep(max(0.0, begin - time.monotonic()))
@@ -153,6 +153,16 @@ def paced_rounds(dogs: list, counting, seconds: float, looks: int = 1) -> dict:
         "start": start,
         "end": time.monotonic(),
     }
+
+
+def blocked_looks(node: list, looks: int) -> None:
+    """`looks` rounds of looks for an incident by a node's blocked ranks, lowest first (as Watchdog._loop's look
+    between rounds in a rank's first 10 s blocked: the counters, and a posted verdict while one is pending)."""
+    for _ in range(looks):
+        for dog in node:
+            if dog.registered_waiting:
+                dog._answer_incidents()
+                dog.policy.check_posted(dog.states.read)
 
 
 def run_load(port: int) -> None:
