@@ -24,6 +24,7 @@ BENCHMARKS = [
     "overhead_training",
     "time_to_verdict",
     "scale",
+    "look_parts",
     "soak",
     "startup",
     "step_cost",
