@@ -148,9 +148,10 @@ def main(argv=None) -> int:
     elapsed = (time.monotonic() - started) / 60
     reports = glob.glob(os.path.join(report_dir, "*", "report.json"))
     lines = [line for r in results for line in r.stdout.splitlines() if line.startswith(C.RESULT_TAG)]
-    fields = _fields(lines[0]) if lines else {}
-    longest = max((float(_fields(line).get("longest_wait", 0.0)) for line in lines), default=0.0)  # any rank's
-    past = sum(int(_fields(line).get("past_timeout", 0)) for line in lines)  # the waits that called for a report
+    parsed = [_fields(line) for line in lines]
+    fields = parsed[0] if parsed else {}
+    longest = max((float(f.get("longest_wait", 0.0)) for f in parsed), default=0.0)  # any rank's
+    past = sum(int(f.get("past_timeout", 0)) for f in parsed)  # the waits that called for a report
     due = [path for path in reports if _is_straggler(path)][:past]
     false_alarms = [path for path in reports if path not in due]
     C.print_table(

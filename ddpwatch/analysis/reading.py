@@ -129,16 +129,10 @@ def matched_elsewhere(waiting: dict, states: dict) -> set:
 
 
 def _completed_call(state: dict, call: tuple) -> bool:
-    """Whether this rank's recent records hold `call` completed; newest first, stopping below its position."""
+    """Whether this rank's recent records hold `call` completed (completed_at, then the op and tensors)."""
     group, seq, op, tensors = call
-    for record in reversed(state.get("recent") or ()):
-        if record.get("group") != group or record.get("p2p"):
-            continue
-        if record.get("seq") == seq:
-            return record.get("state") == build.COMPLETED and record.get("op") == op and shape_key(record) == tensors
-        if type(record.get("seq")) is int and record["seq"] < seq:
-            return False
-    return False
+    done = completed_at(state, group, seq)
+    return done is not None and done.get("op") == op and shape_key(done) == tensors
 
 
 # ---------------------------------------------------------------- history: has a rank been at this line before?
