@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import logging
 import os
 import sys
+import threading
 import time
 import types
 
@@ -321,15 +323,43 @@ def gloo_worker(iterations: int, rounds: int) -> None:
     C.emit(facts)
 
 
-def interleaved(ops_off: dict, ops_on: dict, pairs: int, burn_us: float) -> dict:
-    """Per op: the calling thread's CPU for the original call, the guarded call and a control that burns `burn_us`
-    before the original, op by op in rotating order, with the guard installed throughout (the watchdog thread runs
-    for all three alike: its own cost is the attribution benchmark's GIL figure).
+SIDES = ("on", "control", "pass", "least")  # what the op-by-op table adds to the unguarded call, beside the guard
+
+
+def least_record(fn, meta_of):
+    """The floor of any Python recorder: the original called through one Python frame that keeps a record of nine
+    fields as a list (sequence number, group, op, the tensor's shape and dtype, thread, the caller's code and
+    instruction, start, end), appends it to a bounded ring and holds it in an in-flight dict while the call runs.
+    No nesting guard, no group lookup, no regions, no site counts, no error handling: what ddpwatch's wrapper does
+    and this leaves out is what the guard's cost above this floor pays for."""
+    ring, inflight, seqs = collections.deque(maxlen=2048), {}, {}
+    get_ident, mono, getframe = threading.get_ident, time.monotonic, sys._getframe
+
+    def least():
+        seq = seqs.get("0", 0)
+        seqs["0"] = seq + 1
+        caller, tensor = getframe(1), meta_of
+        record = [seq, "0", "op", ((tensor.shape, tensor.dtype),), get_ident(), id(caller.f_code), caller.f_lasti]
+        record += [mono(), None]
+        ring.append(record)
+        inflight[record[4]] = record
+        fn()
+        record[8] = mono()
+        inflight.pop(record[4], None)
+
+    return least
+
+
+def interleaved(ops_off: dict, ops_on: dict, pairs: int, burn_us: float, meta_of) -> dict:
+    """Per op: the calling thread's CPU for the original call, the guarded call, and three pass-throughs around the
+    original (a control that burns `burn_us`, a bare Python frame, the least a Python recorder keeps: least_record),
+    op by op in rotating order, with the guard installed throughout (the watchdog thread runs for all alike: its own
+    cost is the attribution benchmark's GIL figure).
 
     Blocks of a few hundred real collectives swing by 10-20 us per op between blocks on this machine (the block
-    table's min .. max); measured op by op the three sides share every drift, and a mean over thousands of ops
-    has a standard error of a fraction of a microsecond."""
-    clock, orders = time.thread_time_ns, list(itertools.permutations(("off", "on", "control")))
+    table's min .. max); measured op by op the sides share every drift, and a mean over thousands of ops has a
+    standard error of a fraction of a microsecond."""
+    clock, orders = time.thread_time_ns, list(itertools.permutations(("off",) + SIDES))
     burn_s = burn_us * 1e-6
 
     def control(fn):
@@ -341,16 +371,29 @@ def interleaved(ops_off: dict, ops_on: dict, pairs: int, burn_us: float) -> dict
 
         return burning
 
+    def passing(fn):
+        def through():
+            return fn()
+
+        return through
+
     out = {}
     for name in ops_off:
-        sides = {"off": ops_off[name], "on": ops_on[name], "control": control(ops_off[name])}
-        samples = {side: [] for side in sides}
+        original = ops_off[name]
+        sides = {
+            "off": original,
+            "on": ops_on[name],
+            "control": control(original),
+            "pass": passing(original),
+            "least": least_record(original, meta_of),
+        }
+        samples: dict = {side: [] for side in sides}
         for i in range(pairs):
             for side in orders[i % len(orders)]:
                 start = clock()
                 sides[side]()
                 samples[side].append(clock() - start)
-        out[name] = {side: _mean_added(samples[side], samples["off"]) for side in ("on", "control")}
+        out[name] = {side: _mean_added(samples[side], samples["off"]) for side in SIDES}
         out[name]["off"] = sum(samples["off"]) / pairs / 1e3
     return out
 
@@ -385,7 +428,7 @@ def interleaved_worker(pairs: int, _unused: int) -> None:
     if session.recorder.progress != progress:
         raise SystemExit("the unguarded side recorded a collective: it is not unguarded")
     dist.barrier()
-    result = interleaved(ops_off, ops_on, pairs, INTERLEAVED_BURN_US)
+    result = interleaved(ops_off, ops_on, pairs, INTERLEAVED_BURN_US, torch.ones(1))
     armed = session.watchdog is not None
     ddpwatch.uninstall()
     dist.barrier()
@@ -545,21 +588,28 @@ def run_interleaved(mode: str) -> None:
     for name in results[0]["ops"]:
         off = sum(r["ops"][name]["off"] for r in results) / len(results)
         added[name] = mean(name, "on", "added")
-        rows.append(
-            [
-                name,
-                off,
-                f"{added[name]:.2f} +- {mean(name, 'on', 'stderr'):.2f}",
-                f"{mean(name, 'control', 'added'):.2f} +- {mean(name, 'control', 'stderr'):.2f}",
-            ]
-        )
+        cells = [f"{mean(name, side, 'added'):.2f} +- {mean(name, side, 'stderr'):.2f}" for side in SIDES]
+        rows.append([name, off, *cells])
     C.print_table(
-        f"2 gloo ranks, op by op: each op run unguarded, guarded and as a control (a pass-through that "
-        f"burns {INTERLEAVED_BURN_US:g} us) in rotating order, {pairs} times each, the guard installed "
+        f"2 gloo ranks, op by op: each op run unguarded, guarded, and through three pass-throughs (a control that "
+        f"burns {INTERLEAVED_BURN_US:g} us, a bare Python frame, the least record a Python recorder keeps: nine "
+        f"fields, a ring, an in-flight dict) in rotating order, {pairs} times each, the guard installed "
         f"throughout (watchdog armed: {'yes' if all(r['armed'] for r in results) else 'NO'}); calling-thread "
-        f"CPU, mean of both ranks, +- the standard error",
-        ["op", "unguarded (us)", "guard added (us)", f"control added (us; burns {INTERLEAVED_BURN_US:g})"],
+        f"CPU added to the unguarded call, mean of both ranks, +- the standard error",
+        [
+            "op",
+            "unguarded (us)",
+            "guard added (us)",
+            f"control added (us; burns {INTERLEAVED_BURN_US:g})",
+            "bare frame added (us)",
+            "least record added (us)",
+        ],
         rows,
+    )
+    least = {name: mean(name, "least", "added") for name in added}
+    print(
+        f"the floor: the least Python record adds {min(least.values()):.1f} .. {max(least.values()):.1f} us a gloo "
+        f"collective on this machine, where {TARGET_GLOO_THREAD_US:g} us is the target"
     )
     worst = max(added, key=added.get)
     print(
