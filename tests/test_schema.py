@@ -167,3 +167,45 @@ def test_incidents_ddpwatch_builds_pass(name):
 def test_an_incident_read_from_flight_recorder_dumps_passes(tmp_path):
     doc = json.loads(render_json(fr.load_incident([str(write_dumps(tmp_path / "fr", seed_dumps()))])))  # as written
     assert refusal(validate.incident, doc) is None
+
+
+def test_a_refusal_names_the_field_by_its_path_spelled_only_when_it_fails():
+    """Checks pass paths down unspelled (validate.where_text spells one only when a check fails): every form a path
+    takes reads as it did when each was spelled on the way down."""
+    state = copy.deepcopy(seed_states(2)[0])
+    state["groups"] = {"g": [0, "1"]}
+    assert refusal(validate.rank_snapshot, state) == 'groups["g"][1]: expected an integer, got str'
+    state["groups"] = {"x" * (validate.MAX_STRING + 1): None}
+    assert refusal(validate.rank_snapshot, state) == (
+        f"groups key: a string of {validate.MAX_STRING + 1} characters (at most {validate.MAX_STRING})"
+    )
+    state["groups"] = {}
+    state["stacks"][0]["frames"][0]["line"] = 1.5
+    assert refusal(validate.rank_snapshot, state) == "stacks[0].frames[0].line: expected an integer, got float"
+    state["stacks"][0]["frames"][0]["line"] = 1
+    state["an_unknown_field_whose_name_runs_past_forty_characters"] = float("nan")
+    assert refusal(validate.rank_snapshot, state) == "an_unknown_field_whose_name_runs_past_fo: nan is not a number"
+    assert validate.where_text("") == "" and validate.where_text(("", ".", "rank")) == "rank"
+
+
+def test_a_field_passed_at_a_glance_is_one_its_check_would_pass():
+    """fields() skips the call for a plain str, int, float or bool (and a null where the field may be null): for every
+    value, the object's check refuses exactly what the field's own check refuses, and says the same."""
+    import enum
+
+    class Small(enum.IntEnum):
+        one = 1
+
+    class Text(str):
+        pass
+
+    values = [None, True, False, 0, -1, 1.0, -0.0, float("nan"), float("inf"), -float("inf"), validate.MAX_NUMBER]
+    values += [validate.MAX_NUMBER * 2.0, validate.MAX_INT, validate.MAX_INT + 1, -validate.MAX_INT - 1]
+    values += [Small.one, "", "x" * validate.MAX_STRING, "x" * (validate.MAX_STRING + 1), Text("x"), [], {}, b"x"]
+    checks = [validate.text, validate.integer, validate.boolean, validate.number, validate.ranged(0, 3)]
+    checks += [validate.nullable(check) for check in checks]
+    for check in checks:
+        alone = validate.fields({"f": check})
+        for value in values:
+            own = refusal(check, value)
+            assert refusal(alone, {"f": value}) == (None if own is None else f"f: {own}"), (check, value)

@@ -39,12 +39,37 @@ MAX_NUMBER = 1e15  # any other number
 MAX_INT = 2**63
 
 
-def _fail(where: str, problem: str):
+# Where a field sits, for an error message: a string, or (parent, how, key) built as the checks descend and spelled
+# only when a check fails (where_text). A look at a many-rank hang checks every rank's position: with paths spelled
+# on the way down and every leaf called, a position's checks took 15 us, 10 us now (`python -m
+# benchmarks.look_parts`, docs/scale.md).
+Where = typing.Union[str, tuple]
+_FIELD, _ITEM, _KEY_OF, _THE_KEY = ".", "[]", "{}", " key"
+
+
+def where_text(where: Where) -> str:
+    """A field's path as error messages spell it: `a.b`, `a[3]`, `a["key"]`, `a key` (a dict's key itself)."""
+    if isinstance(where, str):
+        return where
+    parent, how, key = where
+    above = where_text(parent)
+    if how == _FIELD:
+        key = str(key)[:40]
+        return f"{above}.{key}" if above else key
+    if how == _ITEM:
+        return f"{above}[{key}]"
+    if how == _KEY_OF:
+        return f"{above}[{json.dumps(key[:40])}]"
+    return f"{above}{_THE_KEY}"
+
+
+def _fail(where: Where, problem: str):
+    where = where_text(where)
     raise FormatError(f"{where}: {problem}" if where else problem)
 
 
-def _child(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
+def _child(where: Where, key: str) -> Where:
+    return (where, _FIELD, key)
 
 
 def _type_name(value) -> str:
@@ -54,33 +79,33 @@ def _type_name(value) -> str:
 # ---------------------------------------------------------------- leaves
 
 
-def integer(value, where: str, low: int = -MAX_INT, high: int = MAX_INT) -> None:
+def integer(value, where: Where, low: int = -MAX_INT, high: int = MAX_INT) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         _fail(where, f"expected an integer, got {_type_name(value)}")
     if not low <= value <= high:
         _fail(where, f"{value} is outside {low}..{high}")
 
 
-def number(value, where: str, low: float = -MAX_NUMBER, high: float = MAX_NUMBER) -> None:
+def number(value, where: Where, low: float = -MAX_NUMBER, high: float = MAX_NUMBER) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         _fail(where, f"expected a number, got {_type_name(value)}")
     if not math.isfinite(value) or not low <= value <= high:
         _fail(where, f"{value!r} is outside {low:g}..{high:g}")
 
 
-def text(value, where: str) -> None:
+def text(value, where: Where) -> None:
     if not isinstance(value, str):
         _fail(where, f"expected a string, got {_type_name(value)}")
     if len(value) > MAX_STRING:
         _fail(where, f"a string of {len(value)} characters (at most {MAX_STRING})")
 
 
-def boolean(value, where: str) -> None:
+def boolean(value, where: Where) -> None:
     if not isinstance(value, bool):
         _fail(where, f"expected true or false, got {_type_name(value)}")
 
 
-def name(value, where: str) -> None:
+def name(value, where: Where) -> None:
     """A process-group id in a Flight Recorder dump: a string or an integer."""
     if isinstance(value, int) and not isinstance(value, bool):
         integer(value, where)
@@ -88,7 +113,7 @@ def name(value, where: str) -> None:
         text(value, where)
 
 
-def free(value, where: str) -> None:
+def free(value, where: Where) -> None:
     """A field ddpwatch keeps but does not interpret: any JSON, not nested deeply, strings within the limit."""
     pending = [(value, 0)]
     while pending:
@@ -109,43 +134,61 @@ def free(value, where: str) -> None:
 
 
 def list_of(check, limit: int = MAX_LIST):
-    def checked(value, where: str) -> None:
+    def checked(value, where: Where) -> None:
         if not isinstance(value, (list, tuple)):  # tuples: Flight Recorder pickles hold some
             _fail(where, f"expected a list, got {_type_name(value)}")
         if len(value) > limit:
             _fail(where, f"{len(value)} items (at most {limit})")
         for index, item in enumerate(value):
-            check(item, f"{where}[{index}]")
+            check(item, (where, _ITEM, index))
 
     return checked
 
 
 def dict_of(check, limit: int = MAX_LIST):
-    def checked(value, where: str) -> None:
+    def checked(value, where: Where) -> None:
         if not isinstance(value, dict):
             _fail(where, f"expected an object, got {_type_name(value)}")
         if len(value) > limit:
             _fail(where, f"{len(value)} keys (at most {limit})")
         for key, item in value.items():
-            text(key, f"{where} key")
-            check(item, f"{where}[{json.dumps(key[:40])}]")
+            text(key, (where, _THE_KEY, None))
+            check(item, (where, _KEY_OF, key))
 
     return checked
 
 
 def nullable(check):
-    def checked(value, where: str) -> None:
+    def checked(value, where: Where) -> None:
         if value is not None:
             check(value, where)
 
+    checked.inner = check  # type: ignore[attr-defined]  # fields() skips a None without the call
     return checked
+
+
+def _plain_type(check):
+    """The type whose plain values pass `check` at a glance (fields() then skips the call): str for text (within
+    MAX_STRING), int for integer and float for number (within their default ranges; a NaN compares outside any),
+    bool for boolean; None for any other check, which is always called."""
+    return {text: str, integer: int, number: float, boolean: bool}.get(check)
+
+
+# What a plain value of each type may reach (its length for a str, its size for a number), for fields().
+_PLAIN_LIMIT = {str: MAX_STRING, int: MAX_INT, float: MAX_NUMBER}
 
 
 def fields(spec: dict, required: tuple = (), first: tuple = ()):
     """An object whose known fields pass their checks (those in `required` must be there, those in `first` are
-    checked before the others); other fields: free."""
+    checked before the others); other fields: free.
 
-    def checked(value, where: str) -> None:
+    The loop runs once per field of every document read (a look at a many-rank hang checks every rank's position),
+    so a field that may be null and is, or a plain leaf (_plain_type), is passed without calling its check."""
+    inner = {key: getattr(check, "inner", check) for key, check in spec.items()}
+    may_be_null = {key for key, check in spec.items() if hasattr(check, "inner")}
+    plain = {key: _plain_type(check) for key, check in inner.items()}
+
+    def checked(value, where: Where) -> None:
         if not isinstance(value, dict):
             _fail(where, f"expected an object, got {_type_name(value)}")
         for key in required:
@@ -153,13 +196,19 @@ def fields(spec: dict, required: tuple = (), first: tuple = ()):
                 _fail(where, f"no {key!r}")
         for key in first:
             if key in value:
-                spec[key](value[key], _child(where, key))
+                spec[key](value[key], (where, _FIELD, key))
         for key, item in value.items():
-            check = spec.get(key)
-            if check is not None:
-                check(item, _child(where, key))
-            else:
-                free(item, _child(where, str(key)[:40]))
+            check = inner.get(key)
+            if check is None:
+                free(item, (where, _FIELD, key))
+                continue
+            kind = type(item)
+            if kind is plain[key]:  # as its check would pass it: within the bound for its type, a bool as it is
+                if kind is bool or (len(item) if kind is str else abs(item)) <= _PLAIN_LIMIT[kind]:
+                    continue
+            elif item is None and key in may_be_null:
+                continue
+            check(item, (where, _FIELD, key))
 
     return checked
 
@@ -253,18 +302,18 @@ REQUIRED = {
 FIRST = {"RankState": ("world_size",), "Incident": ("world_size",)}
 
 
-def _records_within_limit(state, where: str) -> None:
+def _records_within_limit(state, where: Where) -> None:
     if len(state.get("inflight") or ()) + len(state.get("recent") or ()) > MAX_RECORDS:
         _fail(where, f"more than {MAX_RECORDS} records")
 
 
-def _each_rank_once(doc, where: str) -> None:
+def _each_rank_once(doc, where: Where) -> None:
     seen = [state["rank"] for state in doc["ranks"]]
     if len(set(seen)) != len(seen):
         _fail(_child(where, "ranks"), "a rank appears twice")
 
 
-def _facts_an_object(finding, where: str) -> None:
+def _facts_an_object(finding, where: Where) -> None:
     if "facts" in finding and not isinstance(finding["facts"], dict):  # its values are free: checked as any JSON
         _fail(_child(where, "facts"), f"expected an object, got {_type_name(finding['facts'])}")
 
@@ -355,7 +404,7 @@ def _object(shape, world_size: int, built: dict):
 
 
 def _then(first, second):
-    def checked(value, where: str) -> None:
+    def checked(value, where: Where) -> None:
         first(value, where)
         second(value, where)
 
@@ -382,7 +431,7 @@ def clear_cache() -> None:
     _fingerprints_check.cache_clear()
 
 
-def _world_size(doc, where: str, required: tuple) -> int:
+def _world_size(doc, where: Where, required: tuple) -> int:
     """The document's world size, checked first: every rank in it is checked against it."""
     if not isinstance(doc, dict):
         _fail(where, f"expected an object, got {_type_name(doc)}")
@@ -401,14 +450,14 @@ def checked(check, doc, path: str) -> None:
         raise FormatError(f"{path}: {exc}") from None
 
 
-def rank_snapshot(doc: dict, where: str, world_size: int | None = None) -> None:
+def rank_snapshot(doc: dict, where: Where, world_size: int | None = None) -> None:
     """A rank snapshot (a rank-<r>.json, or one of an incident's `ranks`): ranks below the incident's world size,
     or below the snapshot's own."""
     _world_size(doc, where, REQUIRED["RankState"])
     _document_check("RankState", world_size or doc["world_size"])(doc, where)
 
 
-def incident(doc: dict, where: str) -> None:
+def incident(doc: dict, where: Where) -> None:
     """A whole incident (report.json)."""
     _document_check("Incident", _world_size(doc, where, REQUIRED["Incident"]))(doc, where)
 
