@@ -31,6 +31,42 @@ def bcast(site, root):
     return F.signature(op="broadcast", reduce=None, site=site, root=root)
 
 
+# ---------------------------------------------------------------- an op overlapped with computation
+
+
+def _overlapped(waited: bool) -> dict:
+    """Rank 0 issued an all_reduce on group A with async_op=True and computes (then it will call a barrier on group
+    B, then wait on the all_reduce); rank 1 waits in B's barrier and will then join A's all_reduce: correct, seen
+    while rank 0 computes (tests/scenarios/hangs.py `async_overlap`). `waited`: rank 0 is inside work.wait() instead,
+    before B's barrier: a real crossing."""
+    groups = {"0": None, "A": [0, 1], "B": [0, 1]}
+    held = dict(F.rec(5, "all_reduce", group="A", site=("train.py", 50, "step")), **{"async": True, "waited": waited})
+    barrier = F.rec(7, "barrier", group="B", age=2.5, site=("train.py", 60, "step"))
+    rank1 = F.rank_state(1, 2, inflight=[barrier], idle=2.5, groups=groups)
+    return F.states(F.rank_state(0, 2, inflight=[held], groups=groups), rank1)
+
+
+def test_an_op_overlapped_with_computation_then_a_call_on_another_group_is_no_crossing():
+    assert analysis.assess(_overlapped(waited=False), 2, 0.5, 300.0).verdict is None  # before: group_order, a fact
+    crossed = analysis.assess(_overlapped(waited=True), 2, 0.5, 300.0)
+    assert crossed.verdict == analysis.DEADLOCK and [f["kind"] for f in crossed.findings] == ["group_order"]
+
+
+def test_a_rank_is_read_at_the_call_it_waits_in_not_at_an_older_op_it_holds():
+    """Rank 0 holds an older all_reduce it never waited on and waits inside a barrier on B; rank 1 waits in a barrier
+    on C: a real crossing of B and C. Read at its oldest op, rank 0 would stand on A and nothing would be proven."""
+    groups = {"0": None, "A": [0, 1], "B": [0, 1], "C": [0, 1]}
+    held = dict(F.rec(5, "all_reduce", group="A", age=5.0), **{"async": True, "waited": False})
+    inside = F.rec(3, "barrier", group="B", age=3.0)
+    states = F.states(
+        F.rank_state(0, 2, inflight=[held, inside], groups=groups),
+        F.rank_state(1, 2, inflight=[F.rec(4, "barrier", group="C", age=3.0)], groups=groups),
+    )
+    assert analysis.waiting_record(states[0]) is inside
+    crossed = analysis.assess(states, 2, 0.5, 300.0)
+    assert crossed.verdict == analysis.DEADLOCK and [f["kind"] for f in crossed.findings] == ["group_order"]
+
+
 # ---------------------------------------------------------------- roles that rotate, calls without data
 
 

@@ -11,7 +11,7 @@ from ..format import build
 # What other stages and the tests read from the package, besides assess(): the reading helpers the watchdog uses,
 # and the passes the finding-table tests reorder.
 from .passes import collective_on_subset_or_mismatch, ddp_forward_on_subset, shape_mismatch  # noqa: F401
-from .reading import matched_elsewhere
+from .reading import matched_elsewhere, waits_in
 from .reading import is_blocked, partitions, shape_key, user_line_now, waited_s, waiting_map, waiting_record  # noqa: F401
 from .table import (
     CANNOT_ANSWER,  # noqa: F401
@@ -93,7 +93,7 @@ def _late_not_stuck(records) -> bool:
     position, different calls stays a proof: both were issued, and can never match."""
     records = list(records)
     ahead = max(rec["seq"] for rec in records)
-    return any(rec["seq"] < ahead and rec.get("async") and not rec.get("waited") for rec in records)
+    return any(rec["seq"] < ahead and not waits_in(rec) for rec in records)
 
 
 def classify(parts: list, states: dict) -> list[dict]:

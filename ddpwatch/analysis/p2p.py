@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..catalogue import P2P_COUNTS_KEPT
 from .passes import finding
-from .reading import code_of, members, user_line_now, user_location
+from .reading import code_of, members, user_line_now, user_location, waits_in
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
     from ..format.types import Site
@@ -55,12 +55,12 @@ def pending_ops(rank: int, state: dict) -> list:
 def is_waiting_in_call(state: dict) -> bool:
     """Whether the rank is surely inside a wait: a call still running (send, recv, a collective), or a thread in
     wait() on an isend/irecv's Work. An isend or irecv merely in flight while the rank computes is not a wait."""
-    return any(not record.get("async") or record.get("waited") for record in state.get("inflight") or ())
+    return any(waits_in(record) for record in state.get("inflight") or ())
 
 
 def blocking_ops(ops: list) -> list:
     """The operations the rank is actually stuck in: those of calls running or waited on (see is_waiting_in_call)."""
-    return [op for op in ops if not op.record.get("async") or op.record.get("waited")]
+    return [op for op in ops if waits_in(op.record)]
 
 
 def _same_group(a: Pending, b: Pending) -> bool:

@@ -23,6 +23,7 @@ from .reading import (
     user_location,
     waiting_map,
     waiting_record,
+    waits_in,
 )
 
 if TYPE_CHECKING:  # annotations only: the named shapes cost nothing at run time
@@ -351,7 +352,11 @@ def group_order(waiting: dict, states: dict, world_size: int) -> dict | None:
         group_members = members(states, rec["group"], world_size)
         if any(m in waiting and waiting[m]["group"] != rec["group"] for m in group_members if m != rank):
             crossing[rank] = rec
-    if not crossing:
+    if not crossing or not all(waits_in(rec) for rec in crossing.values()):
+        # A rank that holds a returned op nobody waits on (async_op=True, a functional collective) runs its own code
+        # meanwhile: it may yet issue the other group's call (an all_reduce overlapped with computation, then a
+        # barrier on another group), so the crossing is not proven. If it never does, its peers' waits pass
+        # `timeout` and the straggler reading names it.
         return None
     parts = partitions(crossing)
     by_group: dict = {}

@@ -21,13 +21,25 @@ class Partition(NamedTuple):
 # ---------------------------------------------------------------- reading one rank's state
 
 
+def waits_in(record: Mapping[str, Any]) -> bool:
+    """Whether the rank waits in this op: it is inside the call, or a thread waits on the op's handle now (in
+    Work.wait(), or wait_tensor() on a functional collective's output). A call that returned with its op pending
+    (async_op=True, a functional collective, isend/irecv) is not waited in until then: the rank runs its own code
+    meanwhile (it overlaps the op with computation, or with calls on other groups), so no proof may count it as
+    blocked there, however long the op stays in flight."""
+    return not record.get("async") or bool(record.get("waited"))
+
+
 def waiting_record(state: RankState) -> RecordDoc | None:
-    """The op this rank waits on: its oldest collective still in flight (point-to-point only when nothing else)."""
+    """The op this rank waits on: its oldest collective in flight that it waits in (waits_in); where it waits in
+    none (every op in flight returned to it unwaited), its oldest collective in flight all the same, since ranks
+    at one position in different calls can never match whether anyone waits on them. Point-to-point only when
+    no collective is in flight."""
     inflight = state.get("inflight") or []
     if len(inflight) == 1:
         return inflight[0]  # the usual case, read several times per rank per verdict: no list to build
-    collectives = [r for r in inflight if not r.get("p2p")]
-    pool = collectives or inflight
+    collectives = [r for r in inflight if not r.get("p2p")] or inflight
+    pool = [r for r in collectives if waits_in(r)] or collectives
     return max(pool, key=lambda r: r.get("age_s", 0.0)) if pool else None
 
 

@@ -53,6 +53,23 @@ def min_waited(rank):
         time.sleep(0.2)
 
 
+def async_overlap(rank):
+    """Correct: rank 0 overlaps an all_reduce on one group (async_op=True) with computation and a barrier on another
+    group, then waits on it; rank 1 calls the barrier first, then the all_reduce. While rank 0 computes, each rank
+    holds an op on a group the other is not in yet: not a crossing, since rank 0 waits on nothing."""
+    metrics, sync = dist.new_group([0, 1]), dist.new_group([0, 1])
+    values = torch.ones(4)
+    for _ in range(2):
+        if rank == 0:
+            work = dist.all_reduce(values, group=metrics, async_op=True)  # LINE:overlapped_all_reduce
+            time.sleep(2.5)  # the computation it overlaps: longer than grace, shorter than timeout
+            dist.barrier(group=sync)
+            work.wait()
+        else:
+            dist.barrier(group=sync)
+            dist.all_reduce(values, group=metrics)
+
+
 def matched(rank):
     for _ in range(50):
         dist.all_reduce(torch.ones(4))
@@ -74,6 +91,8 @@ def main():
             async_polled(rank)
         elif case == "min_waited":
             min_waited(rank)
+        elif case == "async_overlap":
+            async_overlap(rank)
         elif case == "matched":
             matched(rank)
         else:
