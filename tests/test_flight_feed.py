@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch.distributed  # noqa: F401 - imported at collection: its first import runs ldconfig, a process
 
-from ddpwatch import flight_entries
+from ddpwatch import analysis, flight_entries
 from ddpwatch.capture.record import FLIGHT, Recorder
 from ddpwatch.config import Config
 from ddpwatch.capture.replacements import PATCH_MARKER
@@ -115,6 +115,19 @@ def test_an_op_of_a_thread_that_is_not_waiting_has_no_line(feed):
     feed.look({threading.get_ident(): sys._getframe()})
     [record] = feed.recorder.snapshot()["inflight"]
     assert record["site"] is None and record["api"] == "all_reduce"
+
+
+def test_an_op_in_flight_whose_thread_waits_nowhere_inside_torch_is_one_the_rank_does_not_wait_in(feed):
+    """A look made for a pending op (no thread waits inside torch: an async op overlapped with computation, a thread
+    polling is_completed()) hands it over as returned, not waited: no crossing may count the rank as waiting in it.
+    Asked again at each look: once its thread waits inside torch, the rank waits in it."""
+    feed.entries = [entry(0, 1, retired=False)]
+    feed.look({})
+    [held] = feed.recorder.snapshot()["inflight"]
+    assert (held["async"], held["waited"]) == (True, False) and not analysis.waits_in(held)
+    feed.look({threading.get_ident(): sys._getframe()})
+    [inside] = feed.recorder.snapshot()["inflight"]
+    assert "async" not in inside and analysis.waits_in(inside)
 
 
 def test_progress_ends_what_a_look_found_and_a_later_look_keeps_the_same_record(feed, monkeypatch):

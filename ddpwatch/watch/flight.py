@@ -398,6 +398,10 @@ class FlightFeed:
                     # issued since its last finished one (DDP's buffer broadcast is several).
                     record = self._known[key] = self.record_of(entry, waiting.get(thread_of(entry)))
                     fresh.append(record)
+                # Its thread does not wait inside torch now: the call returned with its op pending (async_op=True,
+                # a thread that polls or computes), so the rank does not wait in it (analysis.reading.waits_in: no
+                # crossing counts it). Asked again at each look: a thread that waits on it later waits in it.
+                record.returned = record.thread not in waiting
                 inflight.append(record)
             self._known = {(record.group, record.seq): record for record in inflight}
         fresh_entries = self._fresh_entries(entries, in_flight, waiting is None)
