@@ -326,7 +326,7 @@ def gloo_worker(iterations: int, rounds: int) -> None:
 SIDES = ("on", "control", "pass", "least")  # what the op-by-op table adds to the unguarded call, beside the guard
 
 
-def least_record(fn, meta_of):
+def least_record(fn, tensor):
     """The floor of any Python recorder: the original called through one Python frame that keeps a record of nine
     fields as a list (sequence number, group, op, the tensor's shape and dtype, thread, the caller's code and
     instruction, start, end), appends it to a bounded ring and holds it in an in-flight dict while the call runs.
@@ -338,9 +338,9 @@ def least_record(fn, meta_of):
     def least():
         seq = seqs.get("0", 0)
         seqs["0"] = seq + 1
-        caller, tensor = getframe(1), meta_of
-        record = [seq, "0", "op", ((tensor.shape, tensor.dtype),), get_ident(), id(caller.f_code), caller.f_lasti]
-        record += [mono(), None]
+        caller = getframe(1)
+        shape = ((tensor.shape, tensor.dtype),)
+        record = [seq, "0", "op", shape, get_ident(), id(caller.f_code), caller.f_lasti, mono(), None]
         ring.append(record)
         inflight[record[4]] = record
         fn()
@@ -350,7 +350,7 @@ def least_record(fn, meta_of):
     return least
 
 
-def interleaved(ops_off: dict, ops_on: dict, pairs: int, burn_us: float, meta_of) -> dict:
+def interleaved(ops_off: dict, ops_on: dict, pairs: int, burn_us: float, tensor) -> dict:
     """Per op: the calling thread's CPU for the original call, the guarded call, and three pass-throughs around the
     original (a control that burns `burn_us`, a bare Python frame, the least a Python recorder keeps: least_record),
     op by op in rotating order, with the guard installed throughout (the watchdog thread runs for all alike: its own
@@ -385,7 +385,7 @@ def interleaved(ops_off: dict, ops_on: dict, pairs: int, burn_us: float, meta_of
             "on": ops_on[name],
             "control": control(original),
             "pass": passing(original),
-            "least": least_record(original, meta_of),
+            "least": least_record(original, tensor),
         }
         samples: dict = {side: [] for side in sides}
         for i in range(pairs):
