@@ -347,11 +347,13 @@ def group_order(waiting: dict, states: dict, world_size: int) -> dict | None:
     groups = {rec["group"] for rec in waiting.values()}
     if len(groups) < 2:
         return None
-    crossing = {}
-    for rank, rec in waiting.items():
-        group_members = members(states, rec["group"], world_size)
-        if any(m in waiting and waiting[m]["group"] != rec["group"] for m in group_members if m != rank):
-            crossing[rank] = rec
+    # a group is crossed when a member of it waits on another group: read once per group, not once per rank
+    crossed = {
+        group
+        for group in groups
+        if any(m in waiting and waiting[m]["group"] != group for m in members(states, group, world_size))
+    }
+    crossing = {rank: rec for rank, rec in waiting.items() if rec["group"] in crossed}
     if not crossing or not all(waits_in(rec) for rec in crossing.values()):
         # A rank that holds a returned op nobody waits on (async_op=True, a functional collective) runs its own code
         # meanwhile: it may yet issue the other group's call (an all_reduce overlapped with computation, then a
