@@ -12,6 +12,7 @@ import pytest
 
 from ranks import SCENARIOS, describe, load_only_report, reports, run_case
 from ddpwatch.launch import free_port
+from ddpwatch.watch import position_text
 from ddpwatch.watch import verdict as verdict_module
 from ddpwatch.watch.store import INCIDENT_UNIT
 
@@ -32,7 +33,11 @@ def host_store():
 
 
 def read(store, key):
-    return json.loads(bytes(store.get(f"{NAMESPACE}/{key}")).decode()) if store.check([f"{NAMESPACE}/{key}"]) else None
+    """A document at one of the job's keys, read as the ranks read it (a position: position_text's way)."""
+    if not store.check([f"{NAMESPACE}/{key}"]):
+        return None
+    raw = bytes(store.get(f"{NAMESPACE}/{key}"))
+    return position_text.canonical(raw, 2) if key.startswith("pos/") else json.loads(raw.decode())
 
 
 class Forger:

@@ -480,6 +480,41 @@ def published_state(doc, world_size: int) -> bool:
     return True
 
 
+# What differs rank by rank in records of one call: a position carries it apart from the rest of its records
+# (watch/position_text.py). The fields a record must have (REQUIRED) stay with the rest.
+RECORD_OWN = ("start", "age_s", "duration_s", "peer")
+
+
+@functools.lru_cache(maxsize=8)
+def _own_check(world_size: int):
+    from . import types as shapes
+
+    record = _field_checks(shapes.RecordDoc, world_size, {})
+    return fields({key: record[key] for key in RECORD_OWN})
+
+
+def records_own(entries: list, world_size: int) -> bool:
+    """Whether each entry holds only RECORD_OWN fields of a record, each as the record's own check would pass it."""
+    check = _own_check(world_size)
+    try:
+        for entry in entries:
+            if not isinstance(entry, dict) or not entry.keys() <= set(RECORD_OWN):
+                return False
+            check(entry, "")
+    except FormatError:
+        return False
+    return True
+
+
+def within_record_limit(state: dict) -> bool:
+    """The check across a rank state's fields (its records in all), for a state whose fields were checked apart."""
+    try:
+        _records_within_limit(state, "")
+    except FormatError:
+        return False
+    return True
+
+
 @functools.lru_cache(maxsize=8)
 def _fingerprints_check(world_size: int):
     from . import types as shapes

@@ -61,13 +61,22 @@ def _as_counter(raw) -> int | None:
     return value if COUNTER_RANGE[0] <= value < COUNTER_RANGE[1] else None
 
 
+def buildable(raw: list) -> list:
+    """Which of the raw values may be parsed: each within MAX_VALUE_BYTES, and what parsing them all would build
+    within the budget (counted once for them all; value by value only when they do not fit together)."""
+    small = [len(value) <= MAX_VALUE_BYTES for value in raw]
+    if all(small) and _within_budget(b"".join(raw)):
+        return small
+    return [fit and _within_budget(value) for fit, value in zip(small, raw)]
+
+
 def _decode_all(keys: list, values: list) -> dict:
     """{key: doc}: the values decoded as one JSON array (one parser call instead of thousands), or one by one when
     one of them is torn, foreign or would build too much, which is then left out rather than trusted. Every doc is
     a JSON object: ddpwatch writes nothing else there, so anything else is someone else's and left out too."""
     raw = [bytes(value) for value in values]
-    small = all(len(value) <= MAX_VALUE_BYTES for value in raw)
-    if len(raw) > 1 and small and _within_budget(b"".join(raw)):
+    fits = buildable(raw)
+    if len(raw) > 1 and all(fits):
         try:
             docs = json.loads(b"[" + b",".join(raw) + b"]")
             if len(docs) == len(keys) and all(isinstance(doc, dict) for doc in docs):  # else a value was foreign
@@ -75,8 +84,8 @@ def _decode_all(keys: list, values: list) -> dict:
         except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nesting deeper than the parser
             pass
     docs = {}
-    for key, value in zip(keys, raw):
-        if len(value) > MAX_VALUE_BYTES or not _within_budget(value):
+    for key, value, fit in zip(keys, raw, fits):
+        if not fit:
             continue
         try:
             doc = json.loads(value.decode("utf-8"))
@@ -216,12 +225,28 @@ class StateStore:
 
     def get_many(self, keys: list) -> dict:
         """{key: doc} for the keys that exist; a missing key is skipped, never waited for."""
+        present, values = self.raw_many(keys)
+        docs = _decode_all(present, values)
+        if len(docs) < len(present):
+            self.left_out(len(present) - len(docs))
+        return docs
+
+    def left_out(self, count: int) -> None:
+        log_once(
+            self.logged,
+            "left-out",
+            "ddpwatch: left out %d value(s) at ddpwatch's keys that are not JSON objects ddpwatch could have "
+            "written (torn, too big, or someone else's; said once)",
+            count,
+        )
+
+    def raw_many(self, keys: list) -> tuple:
+        """([key], [raw value]) of the keys that exist, in their order; a missing key is skipped, never waited for."""
         # Per slice of keys: one round trip when every key of the slice is there (the usual case), per-key checks
         # only when some are missing. Slices, because one TCPStore multi_get of 16,384 keys took 14 s where 32
         # slices of 512 took 0.4 s (benchmarks/scale.py).
-        if not keys:
-            return {}
-        present, values = [], []
+        present: list = []
+        values: list = []
         for start in range(0, len(keys), MULTI_GET_SLICE):
             chunk = list(keys[start : start + MULTI_GET_SLICE])
             everything = bool(self._call(self._store.check, chunk))
@@ -233,16 +258,7 @@ class StateStore:
                 values.extend(self._call(self._store.multi_get, found))
             else:
                 values.extend(self._call(self._store.get, key) for key in found)
-        docs = _decode_all(present, values)
-        if len(docs) < len(present):
-            log_once(
-                self.logged,
-                "left-out",
-                "ddpwatch: left out %d value(s) at ddpwatch's keys that are not JSON objects ddpwatch could have "
-                "written (torn, too big, or someone else's; said once)",
-                len(present) - len(docs),
-            )
-        return docs
+        return present, [bytes(value) for value in values]
 
     def raw_now(self, keys: list) -> dict:
         """{key: raw value} of the keys there now: one compare_set round trip per key, which never waits for a key

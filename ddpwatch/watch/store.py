@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from ..format import build, documents, validate
+from ..format import build, validate
 from ..logonce import log_once
 from ..terminal import visible
+from . import position_text
 from .state_store import (  # noqa: F401 - the store's names, read from here by the watchdog's parts and tests
     ABSENT,
     FINGERPRINTS_MAX_BYTES,
@@ -50,11 +51,12 @@ LEADER = 0  # the rank that watches the others (while it lives: see PeerTracker.
 INCIDENT_UNIT = 1 << 32
 
 
-def _with_beat(body: str, beat) -> str:
-    """A position's text (`body`: its JSON object without the closing brace) with `beat` as its last key."""
+def _with_beat(own: str, beat, where: str) -> str:
+    """A position's text (position_text.texts: the rank's own fields without the closing brace, then where it
+    stands) with `beat` as the last of the rank's own fields."""
     if type(beat) is not int:
-        return body + "}"
-    return f'{body}{"," if len(body) > 1 else ""}"beat":{beat}}}'
+        return own + (where[1:] if own == "{" and where.startswith(",") else where)
+    return f'{own}{"," if len(own) > 1 else ""}"beat":{beat}{where}'
 
 
 def _split_counters(value: int) -> tuple:
@@ -87,8 +89,8 @@ class JobProtocol:
         self._wants: list = []  # the partners whose completed positions this rank reads (the leader reads them)
         self._relayed_fps: dict = {}  # {rank: document} as the node's leader last read them
         self._keys: dict = {}  # parts -> key, for the keys of every round: building them was a tenth of its work
-        # (rank, the JSON text of its last published position without its beat and "}")
-        self._position: tuple[int, str] | None = None
+        # (rank, the two parts of its last published position's text, without its beat: position_text.texts)
+        self._position: tuple[int, str, str] | None = None
         self._counters = (0, 0)  # the last (ranks waiting, latest incident) read: what a malformed counter reads as
         self._leader_beat = 0
         self.logged: set = set()  # the documents left out, said once per kind (the watchdog logs nothing here)
@@ -116,14 +118,14 @@ class JobProtocol:
         is kept: publish_beat() sends it again with a new beat."""
         shown = position(state)
         beat = shown.pop("beat", None)
-        body = documents.dumps(shown)[:-1]  # "{...", its closing brace off: the beat goes last, then "}"
-        docs: dict[str, object] = {self._key("pos", rank): _with_beat(body, beat)}
+        own, where = position_text.texts(shown)  # "{...", then ',"inflight":...}': the beat goes between them
+        docs: dict[str, object] = {self._key("pos", rank): _with_beat(own, beat, where)}
         if whole:
             docs[self._key("state", rank)] = state
         self._add_fingerprints(docs, rank, fingerprints)
         self._add_leader_beat(docs, rank, beat)
         first = self._position is None or self._position[0] != rank  # its first: in the store at once, pid and host
-        self._position = (rank, body)
+        self._position = (rank, own, where)
         self._put(docs, self.relay is not None and not first and self.relay.carries(state))
         if self.relay is not None and state.get("status") == build.EXITED:
             self.relay.close()  # an exited rank relays no more: the node's next rank leads
@@ -135,7 +137,7 @@ class JobProtocol:
         running one only that it runs, which still holds. False when this rank has published no position yet."""
         if self._position is None or self._position[0] != rank:
             return False
-        docs: dict[str, object] = {self._key("pos", rank): _with_beat(self._position[1], beat)}
+        docs: dict[str, object] = {self._key("pos", rank): _with_beat(self._position[1], beat, self._position[2])}
         self._add_fingerprints(docs, rank, fingerprints)
         self._add_leader_beat(docs, rank, beat)
         self._put(docs, self.relay is not None)
@@ -217,8 +219,23 @@ class JobProtocol:
         return self._read_by_rank("state", ranks)
 
     def positions(self, ranks=None) -> dict:
-        """{rank: position}: what the leader reads every interval (a fifth of the bytes of the states)."""
-        return self._read_by_rank("pos", ranks)
+        """{rank: position}: what the leader reads every interval (a fifth of the bytes of the states), read as
+        position_text reads it: where the ranks stand decoded and checked once per distinct text of it."""
+        ranks = range(self.world_size) if ranks is None else ranks
+        keys = {self._key("pos", r): r for r in ranks}
+        present, raws = self.store.raw_many(list(keys))
+        read = position_text.read(raws, self.world_size)
+        found = {keys[key]: doc for key, doc in zip(present, read) if type(doc) is dict and doc["rank"] == keys[key]}
+        if position_text.UNPARSED in read:
+            self.store.left_out(read.count(position_text.UNPARSED))
+        if len(found) + read.count(position_text.UNPARSED) < len(present):
+            rank = min(
+                keys[key]
+                for key, doc in zip(present, read)
+                if keys[key] not in found and doc is not position_text.UNPARSED
+            )
+            self._left_out("pos", rank, "not a rank position of this job: torn, or a field of the wrong type or bounds")
+        return found
 
     def with_history(self, views: dict) -> dict:
         """{rank: view} with each view laid over that rank's last whole state (one read for all of them): what was
