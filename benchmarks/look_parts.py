@@ -72,23 +72,47 @@ def blocked_position(rank: int, world_size: int, line: int = 88, group: str = "0
 
 
 def position_text(state: dict) -> bytes:
-    """The text JobProtocol.publish() puts at a rank's position key."""
-    from ddpwatch.watch import position_text as text
+    """The text JobProtocol.publish() puts at a rank's position key (before 45b16dd: the position as one object)."""
+    from ddpwatch.format import documents
     from ddpwatch.watch.store import _with_beat, position
 
     shown = position(state)
+    text = _text_module()
+    if text is None:
+        return documents.dumps(shown).encode()
     beat = shown.pop("beat", None)
     own, where = text.texts(shown)
     return _with_beat(own, beat, where).encode()
 
 
+def _text_module():
+    """watch/position_text.py, or None in a ddpwatch older than it (run with an older one on PYTHONPATH to compare)."""
+    try:
+        from ddpwatch.watch import position_text as text
+    except ImportError:
+        return None
+    return text
+
+
+def read_positions(raw: list, world_size: int) -> dict:
+    """{rank: position} as JobProtocol.positions() reads them after its round trips (before 45b16dd: every value
+    decoded in one parser call, then each checked)."""
+    from ddpwatch.format import validate
+    from ddpwatch.watch import state_store
+
+    text = _text_module()
+    if text is not None:
+        return {rank: doc for rank, doc in enumerate(text.read(raw, world_size)) if type(doc) is dict}
+    docs = state_store._decode_all(list(range(len(raw))), raw)
+    return {rank: doc for rank, doc in docs.items() if validate.published_state(doc, world_size)}
+
+
 def one_round(raw: list, world_size: int) -> dict:
     """Seconds for each part over every rank, and how many ranks each part saw."""
     from ddpwatch import analysis
-    from ddpwatch.watch import position_text as text
 
     start = time.perf_counter()
-    docs = {rank: doc for rank, doc in enumerate(text.read(raw, world_size)) if doc is not None}
+    docs = read_positions(raw, world_size)
     read = time.perf_counter()
     analysis.assess(docs, world_size, GRACE_S, TIMEOUT_S)
     assessed = time.perf_counter()
