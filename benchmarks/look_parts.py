@@ -15,6 +15,7 @@ happen).
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 
@@ -111,6 +112,7 @@ def one_round(raw: list, world_size: int) -> dict:
     """Seconds for each part over every rank, and how many ranks each part saw."""
     from ddpwatch import analysis
 
+    gc.collect()  # each round from a collected heap: else a round pays for the garbage of the one before, or not
     start = time.perf_counter()
     docs = read_positions(raw, world_size)
     read = time.perf_counter()

@@ -83,7 +83,7 @@ def _whole(doc: dict | None, world_size: int):
     """canonical()'s reading of a text decoded whole (None: it did not parse)."""
     if doc is None:
         return UNPARSED
-    doc = _given_own(doc, doc.pop(RECORDS_OWN, _LEFT_OUT), world_size)
+    doc = _given_own(doc, doc.pop(RECORDS_OWN, _LEFT_OUT), world_size, shared=False)
     return doc if doc is not None and validate.published_state(doc, world_size) else None
 
 
@@ -123,9 +123,9 @@ def _joined(head: dict, where: tuple, world_size: int) -> dict | None:
     return doc if doc is not None and validate.within_record_limit(doc) else None
 
 
-def _given_own(doc: dict, own, world_size: int) -> dict | None:
-    """`doc` with each in-flight record given its own fields (a copy of it: the record itself may be shared); None
-    where they do not fit (not one checked entry a record)."""
+def _given_own(doc: dict, own, world_size: int, shared: bool = True) -> dict | None:
+    """`doc` with each in-flight record given its own fields (a copy of the record where other ranks' documents
+    share it); None where they do not fit (not one checked entry a record)."""
     if own is _LEFT_OUT:
         return doc
     inflight = doc.get("inflight")
@@ -137,7 +137,11 @@ def _given_own(doc: dict, own, world_size: int) -> dict | None:
         or not validate.records_own(own, world_size)
     ):
         return None
-    doc["inflight"] = [{**record, **fields} for record, fields in zip(inflight, own)]
+    if shared:
+        doc["inflight"] = [{**record, **fields} for record, fields in zip(inflight, own)]
+    else:
+        for record, fields in zip(inflight, own):
+            record.update(fields)
     return doc
 
 
