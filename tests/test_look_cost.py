@@ -78,3 +78,42 @@ def test_the_crossing_pass_asks_once_per_group_member_not_once_per_waiting_rank_
     found = group_order(waiting, states, world)
     assert found is not None and found["kind"] == "group_order"  # what it counts did happen: a crossing, proven
     assert CountingWaits.asks <= 4 * world
+
+
+def send(rank: int, peer: int) -> dict:
+    record = {"seq": 1, "group": "0", "op": "send", "api": "send", "p2p": True, "peer": peer, "state": "in_flight"}
+    record.update(age_s=3.0, start=1.0, site={"file": "/u/train.py", "line": 30, "function": "stage"})
+    return {"rank": rank, "status": "running", "idle_s": 3.0, "progress": 1, "inflight": [record], "groups": {}}
+
+
+def test_a_send_cycle_of_many_ranks_pairs_each_op_with_its_peers_ops_only(monkeypatch):
+    # 256 pipeline stages each in a blocking send to the next: a cycle nobody receives in. Each send was tried
+    # against every other rank's ops (65,280 pairings); only its peer's can pair with it
+    from ddpwatch.analysis import p2p
+
+    world = 256
+    states = {r: send(r, (r + 1) % world) for r in range(world)}
+    pairings = []
+    match = p2p.p2p_match
+    monkeypatch.setattr(p2p, "p2p_match", lambda a, b: pairings.append(1) or match(a, b))
+    waiting = {rank: state["inflight"][0] for rank, state in states.items()}
+    found = p2p.p2p_deadlock(waiting, states, world)
+    assert found is not None and found["kind"] == "p2p_deadlock"  # what it counts did happen: the cycle, proven
+    assert len(pairings) <= 4 * world
+
+
+def test_a_hang_of_many_ranks_in_one_collective_beside_a_send_asks_its_members_once(monkeypatch):
+    # 255 ranks in the world's all_reduce, rank 255 in a send to rank 0: each of the 255 asked which members lack
+    # the all_reduce, a scan of the world's 256 members each (65,280)
+    from ddpwatch.analysis import p2p
+
+    world = 256
+    states = {r: blocked(r, "0", None) for r in range(world - 1)}
+    states[world - 1] = send(world - 1, 0)
+    asked = []
+    members = p2p.members
+    monkeypatch.setattr(p2p, "members", lambda *args: asked.append(1) or members(*args))
+    waiting = {rank: state["inflight"][0] for rank, state in states.items()}
+    found = p2p.p2p_deadlock(waiting, states, world)
+    assert found is not None and found["kind"] == "p2p_deadlock"
+    assert len(asked) <= 4

@@ -77,42 +77,60 @@ def p2p_match(a: Pending, b: Pending) -> bool:
     return send.peer == recv.rank and recv.peer in (ANY_SOURCE, send.rank) and tags_agree
 
 
-def _absent_from(op: Pending, ops_by_rank: dict, states: dict, world_size: int) -> list:
-    """The members of a collective's group that do not have it (its group and position) in flight."""
-    group, seq = op.record.get("group"), op.record.get("seq")
-    return [
-        member
-        for member in members(states, group, world_size)
-        if not any(
-            o.kind == COLLECTIVE and o.record.get("group") == group and o.record.get("seq") == seq
-            for o in ops_by_rank.get(member, ())
-        )
-    ]
+class Absent:
+    """The members of a collective's group that do not have it (its group and position) in flight, asked per op and
+    read once per position: a hang of thousands of ranks in one collective asks it once per rank."""
+
+    def __init__(self, ops_by_rank: dict, states: dict, world_size: int):
+        self.states, self.world_size = states, world_size
+        self.holding: dict = {}  # (group, seq) -> the ranks with that collective in flight
+        for rank, ops in ops_by_rank.items():
+            for o in ops:
+                if o.kind == COLLECTIVE:
+                    self.holding.setdefault((o.record.get("group"), o.record.get("seq")), set()).add(rank)
+        self._found: dict = {}
+
+    def __call__(self, op: Pending) -> list:
+        position = (op.record.get("group"), op.record.get("seq"))
+        if position not in self._found:
+            holding = self.holding.get(position, set())
+            group_members = members(self.states, position[0], self.world_size)
+            self._found[position] = [member for member in group_members if member not in holding]
+        return self._found[position]
 
 
-def can_complete(op: Pending, ops_by_rank: dict, states: dict, world_size: int) -> bool:
+def _partners(op: Pending, ops_by_rank: dict):
+    """(rank, its ops) of the ranks whose ops can pair with a send or recv: its peer's, or every rank's for a recv
+    from any source (p2p_match asks the rest)."""
+    if op.kind == RECV and op.peer == ANY_SOURCE:
+        return ops_by_rank.items()
+    return ((op.peer, ops_by_rank.get(op.peer, ())),)
+
+
+def can_complete(op: Pending, ops_by_rank: dict, absent: Absent) -> bool:
     """A collective: every member has it in flight; a send or recv: a pending op of another rank pairs with it."""
     if op.kind == COLLECTIVE:
-        return not _absent_from(op, ops_by_rank, states, world_size)
-    return any(p2p_match(op, other) for rank, others in ops_by_rank.items() if rank != op.rank for other in others)
+        return not absent(op)
+    return any(
+        p2p_match(op, other) for rank, others in _partners(op, ops_by_rank) if rank != op.rank for other in others
+    )
 
 
-def needs(op: Pending, ops_by_rank: dict, states: dict, world_size: int) -> list:
+def needs(op: Pending, ops_by_rank: dict, absent: Absent) -> list:
     """The ranks this operation waits for: its peer, any rank for an any-source recv, or the group's members that
     are not in this collective at this position."""
     if op.kind == COLLECTIVE:
-        return [m for m in _absent_from(op, ops_by_rank, states, world_size) if m != op.rank]
+        return [m for m in absent(op) if m != op.rank]
     if op.peer == ANY_SOURCE:
         return sorted(r for r in ops_by_rank if r != op.rank)
     return [op.peer]
 
 
-def wait_cycle(blocking: dict, ops_by_rank: dict, states: dict, world_size: int) -> list:
+def wait_cycle(blocking: dict, ops_by_rank: dict, absent: Absent) -> list:
     """[(rank, the op it waits in, the rank it waits for), ...] closing a cycle, from the lowest rank that is on
     one; [] when the waits end outside the blocked ranks (a rank that exited, or one not seen)."""
     edges = {
-        rank: [(op, peer) for op in ops for peer in needs(op, ops_by_rank, states, world_size)]
-        for rank, ops in blocking.items()
+        rank: [(op, peer) for op in ops for peer in needs(op, ops_by_rank, absent)] for rank, ops in blocking.items()
     }
     for start in sorted(edges):
         path: list[tuple] = []  # (rank, op, the rank it waits for)
@@ -311,10 +329,11 @@ def p2p_deadlock(waiting: dict, states: dict, world_size: int) -> dict | None:
         return None
     if not all(is_waiting_in_call(state) for state in states.values()):
         return None  # a rank computing with an irecv posted may yet send what another waits for
-    if any(can_complete(op, ops_by_rank, states, world_size) for ops in ops_by_rank.values() for op in ops):
+    absent = Absent(ops_by_rank, states, world_size)
+    if any(can_complete(op, ops_by_rank, absent) for ops in ops_by_rank.values() for op in ops):
         return None  # a pair or a collective can still finish: slow, not proven stuck
     blocking = {rank: blocking_ops(ops) for rank, ops in ops_by_rank.items()}
-    cycle = wait_cycle(blocking, ops_by_rank, states, world_size)
+    cycle = wait_cycle(blocking, ops_by_rank, absent)
     if not cycle or all(op.kind == COLLECTIVE for _, op, _ in cycle):
         return None  # collectives alone: group_order and the mismatch passes say it better
     shape, pair = cycle_shape(cycle, ops_by_rank)
