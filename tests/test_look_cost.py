@@ -117,3 +117,21 @@ def test_a_hang_of_many_ranks_in_one_collective_beside_a_send_asks_its_members_o
     found = p2p.p2p_deadlock(waiting, states, world)
     assert found is not None and found["kind"] == "p2p_deadlock"
     assert len(asked) <= 4
+
+
+def test_a_look_at_half_the_ranks_exited_asks_each_waiting_groups_members_once(monkeypatch):
+    # 256 ranks wait in a barrier, the other 256 exited: "which exited ranks are members" called members() once per
+    # exited rank (a list of the world each time)
+    from ddpwatch.analysis import departure, passes
+
+    world = 512
+    states = {r: blocked(r, "0", None) for r in range(world)}
+    for rank in range(1, world, 2):
+        states[rank]["status"] = "exited"
+    asked = []
+    for module in (departure, passes):
+        members = module.members
+        monkeypatch.setattr(module, "members", lambda *args, members=members: asked.append(1) or members(*args))
+    found = analysis.assess(states, world, GRACE, TIMEOUT)
+    assert found.verdict is not None and found.findings  # what it counts did happen: the exited ranks judged
+    assert len(asked) <= 8

@@ -385,7 +385,8 @@ def skipped_by_exited(live: dict, exited: set, grace: float, world_size: int) ->
     for rank, rec in waiting.items():
         by_group.setdefault((rec["group"], rec["seq"]), []).append(rank)
     for (group, _), ranks in sorted(by_group.items()):
-        gone = sorted(r for r in exited if r in members(live, group, world_size))
+        group_members = set(members(live, group, world_size))  # asked once: in the test below, once per rank
+        gone = sorted(r for r in exited if r in group_members)
         if not gone:
             continue
         record = waiting[ranks[0]]
