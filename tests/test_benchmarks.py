@@ -25,6 +25,7 @@ BENCHMARKS = [
     "time_to_verdict",
     "scale",
     "look_parts",
+    "assess_growth",
     "soak",
     "startup",
     "step_cost",
