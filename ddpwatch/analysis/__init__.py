@@ -11,7 +11,7 @@ from ..format import build
 # What other stages and the tests read from the package, besides assess(): the reading helpers the watchdog uses,
 # and the passes the finding-table tests reorder.
 from .passes import collective_on_subset_or_mismatch, ddp_forward_on_subset, shape_mismatch  # noqa: F401
-from .reading import matched_elsewhere, waits_in
+from .reading import forget_groups, matched_elsewhere, waits_in
 from .reading import is_blocked, partitions, shape_key, user_line_now, waited_s, waiting_map, waiting_record  # noqa: F401
 from .table import (
     CANNOT_ANSWER,  # noqa: F401
@@ -122,6 +122,13 @@ def assess(
     `silent`: {rank: {"silent_s", "process", "last_state", ...}} for ranks whose heartbeat stopped for longer than
     the watchdog's dead_after (or that never published); the watchdog measures that on its own clock.
     """
+    try:
+        return _assess(states, world_size, grace, timeout, silent)
+    finally:
+        forget_groups()  # the index of this look's groups holds its states: not past the look
+
+
+def _assess(states: dict, world_size: int, grace: float, timeout: float, silent: dict | None) -> Assessment:
     silent = silent or {}
     live = {r: s for r, s in states.items() if s.get("status") != build.EXITED and r not in silent}
     # A rank ended by a signal (its own handler checkpointed and left) skipped nothing: someone ended it.

@@ -246,6 +246,12 @@ def members(states: dict, group: str | None, world_size: int) -> list:
 _INDEX: tuple = (None, 0, {})
 
 
+def forget_groups() -> None:
+    """Drop the index members() keeps (and the states it holds)."""
+    global _INDEX
+    _INDEX = (None, 0, {})
+
+
 def _group_index(states: dict) -> dict:
     global _INDEX
     seen, size, index = _INDEX
