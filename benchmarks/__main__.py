@@ -18,6 +18,8 @@ BENCHMARKS = {
     "time_to_verdict": 900,
     "scale": 1200,
     "store_load": 1200,  # the store server in a process of its own under 1k-16k simulated ranks (a few minutes)
+    "look_parts": 600,  # the leader's look at 16,384 positions, part by part, three layouts (about 2 minutes)
+    "assess_growth": 600,  # the assessment at 1,024 and 4,096 ranks, eleven hang layouts (under a minute)
     "memory": 600,
     "startup": 600,
     "step_cost": 600,
