@@ -72,7 +72,7 @@ def departed_and_exited(live: dict, exited: dict, grace: float, world_size: int)
     if not isinstance(exited, dict) or not waiting or len(partitions(waiting)) != 1:
         return None
     common = next(iter(waiting.values()))
-    group_members = set(members(live, common["group"], world_size))  # asked once: in the test below, once per rank
+    group_members = set(members(live, common["group"], world_size))  # asked in the test: once per exited rank
     gone = sorted(r for r in exited if r in group_members)
     stay = sorted(waiting)
     if not gone or any(condition_kind(live.get(r)) for r in stay):

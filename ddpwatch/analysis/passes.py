@@ -385,7 +385,7 @@ def skipped_by_exited(live: dict, exited: set, grace: float, world_size: int) ->
     for rank, rec in waiting.items():
         by_group.setdefault((rec["group"], rec["seq"]), []).append(rank)
     for (group, _), ranks in sorted(by_group.items()):
-        group_members = set(members(live, group, world_size))  # asked once: in the test below, once per rank
+        group_members = set(members(live, group, world_size))  # asked in the test: once per exited rank
         gone = sorted(r for r in exited if r in group_members)
         if not gone:
             continue

@@ -241,8 +241,9 @@ def members(states: dict, group: str | None, world_size: int) -> list:
     return list(ranks) if ranks is not None else list(range(world_size))
 
 
-# (states, their number, {group: its ranks}) of the last states asked: the passes ask members() once per waiting rank
-# or op, and a scan of every state per ask made a look at 16,384 ranks in 2,048 groups of 8 take 18 s (one pass: 3 ms)
+# (states, their number, {group: its ranks}) of the states asked now (assess() drops it when it returns): the passes
+# ask members() once per waiting rank or op, and a scan of every state per ask made one look at 16,384 ranks in 2,048
+# groups of 8 take 13-18 s (benchmarks.look_parts, 0b343e9)
 _INDEX: tuple = (None, 0, {})
 
 
