@@ -83,7 +83,7 @@ def test_ranks_waiting_in_one_call_share_where_they_stand_and_it_is_decoded_once
     raws = [published(state(rank)) for rank in range(WORLD)]
     parsed = []
     loads = json.loads
-    monkeypatch.setattr(text.json, "loads", lambda data, *a, **k: parsed.append(data) or loads(data, *a, **k))
+    monkeypatch.setattr(json, "loads", lambda data, *a, **k: parsed.append(data) or loads(data, *a, **k))
     read = text.read(raws, WORLD)
     assert read == [position(state(rank)) for rank in range(WORLD)]
     assert len(parsed) == 2  # the ranks' own parts in one call, where they stand once

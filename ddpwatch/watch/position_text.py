@@ -19,7 +19,6 @@ its own fields, then the format's checks); the cut is only a way to get there so
 from __future__ import annotations
 
 import collections
-import json
 
 from ..format import documents, validate
 from . import state_store
@@ -88,20 +87,10 @@ def _whole(doc: dict | None, world_size: int):
 
 
 def _decoded_all(texts: list) -> list:
-    """Each text decoded (a dict, or None: not given, too big, torn, not an object), all in one parser call where
-    they parse together into as many objects (one call for thousands of texts), else one by one."""
-    parts = [text for text in texts if text is not None]
-    fits = state_store.buildable(parts)  # what parsing them all would build, counted once
-    if len(parts) > 1 and all(fits):
-        try:
-            docs = json.loads(b"[" + b",".join(parts) + b"]")
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            docs = None
-        if isinstance(docs, list) and len(docs) == len(parts) and all(type(doc) is dict for doc in docs):
-            found = iter(docs)
-            return [None if text is None else next(found) for text in texts]
-    fit = iter(fits)
-    return [None if text is None or not next(fit) else _decoded(text) for text in texts]
+    """Each text decoded as the store decodes its values (state_store.decode_each: one parser call for thousands),
+    a None given as None."""
+    found = iter(state_store.decode_each([text for text in texts if text is not None]))
+    return [None if text is None else next(found) for text in texts]
 
 
 def _where(where_bytes: bytes, world_size: int) -> tuple | None:
@@ -143,11 +132,3 @@ def _given_own(doc: dict, own, world_size: int, shared: bool = True) -> dict | N
         for record, fields in zip(inflight, own):
             record.update(fields)
     return doc
-
-
-def _decoded(raw: bytes) -> dict | None:
-    try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    return doc if isinstance(doc, dict) else None

@@ -71,29 +71,32 @@ def buildable(raw: list) -> list:
 
 
 def _decode_all(keys: list, values: list) -> dict:
-    """{key: doc}: the values decoded as one JSON array (one parser call instead of thousands), or one by one when
-    one of them is torn, foreign or would build too much, which is then left out rather than trusted. Every doc is
-    a JSON object: ddpwatch writes nothing else there, so anything else is someone else's and left out too."""
+    """{key: doc} of the values that decode (decode_each); the others are left out rather than trusted."""
+    return {key: doc for key, doc in zip(keys, decode_each(values)) if doc is not None}
+
+
+def decode_each(values: list) -> list:
+    """[doc or None] of each value: all decoded as one JSON array (one parser call instead of thousands), or one by
+    one when one of them is torn, foreign or would build too much, which is then None. Every doc is a JSON object:
+    ddpwatch writes nothing else there, so anything else is someone else's and None too."""
     raw = [bytes(value) for value in values]
     fits = buildable(raw)
     if len(raw) > 1 and all(fits):
         try:
             docs = json.loads(b"[" + b",".join(raw) + b"]")
-            if len(docs) == len(keys) and all(isinstance(doc, dict) for doc in docs):  # else a value was foreign
-                return dict(zip(keys, docs))
+            if len(docs) == len(raw) and all(isinstance(doc, dict) for doc in docs):  # else a value was foreign
+                return docs
         except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nesting deeper than the parser
             pass
-    docs = {}
-    for key, value, fit in zip(keys, raw, fits):
-        if not fit:
-            continue
-        try:
-            doc = json.loads(value.decode("utf-8"))
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            continue
-        if isinstance(doc, dict):
-            docs[key] = doc
-    return docs
+    return [_decoded(value) if fit else None for value, fit in zip(raw, fits)]
+
+
+def _decoded(value: bytes) -> dict | None:
+    try:
+        doc = json.loads(value.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 class StateStore:
