@@ -82,6 +82,8 @@ def model(results: list, baseline: dict, interval: float) -> dict:
         row = {"ops_per_node_interval": node_ops, "hang_ops_per_node_interval": hang_node_ops, "ops_per_s": needed}
         row["server_cpu_per_s"] = cpu[0] + cpu[1] * needed
         row["busiest_thread_per_s"] = thread[0] + thread[1] * needed
+        row["hang_ops_per_s"] = nodes * hang_node_ops / interval  # a hang's first 10 s: the looks are in it
+        row["hang_busiest_thread_per_s"] = thread[0] + thread[1] * row["hang_ops_per_s"]
         for what, line in harm.items():
             row[what] = line[0] + line[1] * needed if line[1] > 0 else None  # no slope: nothing measured to extend
         out[protocol] = row
@@ -177,6 +179,22 @@ def model_rows(fitted: dict) -> list:
                 "busiest server thread s/s",
                 f"{ta:.3g} + ops/s x {tb * 1e6:.3g} us",
                 f"{m['busiest_thread_per_s']:.2f}",
+            ],
+        ]
+        hang_saturated = " (over one thread: queueing)" if m["hang_busiest_thread_per_s"] >= 1.0 else ""
+        rows += [
+            [
+                protocol,
+                "hang ops per node per interval (first 10 s)",
+                "mean measured",
+                f"{m['hang_ops_per_node_interval']:.2f}",
+            ],
+            [protocol, "hang ops/s at the server", "nodes x that / interval", f"{m['hang_ops_per_s']:,.0f}"],
+            [
+                protocol,
+                "busiest server thread s/s in the hang",
+                f"{ta:.3g} + ops/s x {tb * 1e6:.3g} us",
+                f"{m['hang_busiest_thread_per_s']:.2f}{hang_saturated}",
             ],
         ]
         for what, label in (("set_get_ms", "job's set+get"), ("barrier_ms", "job's store barrier")):

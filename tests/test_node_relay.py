@@ -190,6 +190,105 @@ def test_blocked_ranks_look_for_incidents_through_their_blocked_leaders_fresh_po
     assert len(trips) == 2, f"each reads the store itself: {trips}"
 
 
+class NodeClock:
+    """node.py's clock, stepped by the test: the post's freshness (time) and the leader's put pace (monotonic)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def time(self):
+        return self.now
+
+    def monotonic(self):
+        return self.now
+
+
+def blocked_node(monkeypatch, ranks, leader_beat=None):
+    """(jobs, counted, clock): a node of `ranks` all blocked, each having put its own news (newly blocked), rank 0's
+    beat number at `leader_beat` if given, node.py on a clock the test steps."""
+    clock = NodeClock()
+    monkeypatch.setattr(node, "time", clock)
+    jobs, counted = node_of_ranks(16, ranks)
+    store = jobs[ranks[0]].store
+    store.add(store.key("counters"), len(ranks))  # these ranks wait
+    if leader_beat is not None:
+        store.put(store.key("leader_beat"), leader_beat)
+    for rank, job in jobs.items():
+        job.publish(rank, blocked(rank, 1))  # newly blocked: each puts its own, at once
+    return jobs, counted, clock
+
+
+def hang_rounds(jobs, clock, rounds, first_beat=2):
+    """`rounds` rounds of a hang on one node as the watchdogs make them: each blocked rank's round (it publishes its
+    position, reads the counters and rank 0's beat number) at its own moment of the second, and every rank's looks
+    for an incident ten times a second (lowest rank first) in between."""
+    looks_between = 10 // len(jobs)
+    for beat in range(first_beat, first_beat + rounds):
+        for rank, job in jobs.items():
+            job.publish(rank, blocked(rank, beat))
+            job.counters()
+            job.leader_beat()
+            for _ in range(looks_between):
+                clock.now += 0.1
+                for each in jobs.values():
+                    each.counters()
+        clock.now += 0.1 * (10 - looks_between * len(jobs))
+
+
+def test_in_a_hang_the_blocked_leader_carries_its_blocked_ranks_beats_in_at_most_two_puts_a_round(monkeypatch):
+    """A hang's steady load per node, not per rank: once each blocked rank has put its own news (newly blocked),
+    the node's leader, blocked too and looking ten times a round, puts their positions for them, at most twice a
+    round, and reads rank 0's beat number for them; the watching rank still sees every beat move."""
+    jobs, counted, clock = blocked_node(monkeypatch, [8, 9, 10], leader_beat=7)
+    hang_rounds(jobs, clock, 1)  # the leader learns that ranks wait, and whom to read
+    counted.calls.clear()
+    hang_rounds(jobs, clock, 4, first_beat=3)
+    calls = [c for c in counted.calls if c != "set_timeout"]
+    assert calls.count("multi_set") <= 2 * 4, f"at most two puts a round for the node: {calls}"
+    assert calls.count("multi_set") >= 4, "the beats still reach the store every round"
+    assert "compare_set" not in calls, f"no rank reads rank 0's beat or the counters itself: {calls}"
+    assert len(calls) <= 4 * (2 + 10), f"a round costs the node a read a look and two puts: {calls}"
+    assert jobs[10].leader_beat() == 7
+    beats = {r: p["beat"] for r, p in jobs[8].positions([8, 9, 10]).items()}
+    assert min(beats.values()) >= 5, f"the last round's beats, or the one before: {beats}"
+
+
+def test_a_blocked_rank_puts_its_own_when_newly_blocked_elsewhere_or_its_leaders_post_is_stale(monkeypatch):
+    jobs, counted, clock = blocked_node(monkeypatch, [8, 9])
+    hang_rounds(jobs, clock, 2)
+    counted.calls.clear()
+    moved = blocked(9, 9)
+    moved["inflight"] = [{**moved["inflight"][0], "seq": 4}]  # blocked in the next collective: news
+    jobs[9].publish(9, moved)
+    assert counted.calls == ["multi_set"], "blocked somewhere new: its own put, at once"
+    assert jobs[8].positions([9])[9]["inflight"][0]["seq"] == 4
+    counted.calls.clear()
+    jobs[9].publish(9, {**moved, "beat": 10})
+    assert counted.calls == [], "the same place, the leader's post fresh: the leader carries it"
+    clock.now += node.FRESH_POST_S + 0.01  # the leader stopped looking (stopped, hung): its post goes stale
+    jobs[9].publish(9, {**moved, "beat": 11})
+    assert counted.calls == ["multi_set"], "no fresh post: it puts its own again"
+    assert jobs[8].positions([9])[9]["beat"] == 11
+
+
+def test_a_blocked_rank_reads_rank_0s_beat_from_the_store_when_no_fresh_post_gave_it(monkeypatch):
+    jobs, counted, clock = blocked_node(monkeypatch, [8, 9], leader_beat=4)
+    store = jobs[8].store
+    hang_rounds(jobs, clock, 1)
+    store.put(store.key("leader_beat"), 5)
+    jobs[8].counters()  # the leader's look reads 5 and posts it
+    counted.calls.clear()
+    jobs[9].counters()
+    assert jobs[9].leader_beat() == 5 and counted.calls == [], "from the post"
+    assert jobs[9].leader_beat() == 5 and counted.calls == ["compare_set"], "no counters read since: the store"
+    counted.calls.clear()
+    clock.now += node.FRESH_POST_S + 0.01
+    store.put(store.key("leader_beat"), 6)
+    jobs[9].publish(9, blocked(9, 5))  # its next round: no fresh post, so it puts its own and reads the store
+    jobs[9].counters()
+    assert jobs[9].leader_beat() == 6, "a stale post is not taken: the counters and rank 0's beat from the store"
+
+
 def test_the_leader_puts_no_key_outside_the_job_and_reads_no_post_that_is_not_one():
     jobs, counted = node_of_ranks(16, [8, 9])
     relay = jobs[8].relay

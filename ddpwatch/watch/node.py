@@ -7,8 +7,9 @@ writes what it would have put into the store to a file of its own, in a folder o
 round trips for all of them: one read of the counters and of the partners' documents, and the documents that must
 be in the store (the completed positions other ranks read; every staged position while some rank waits, so the
 watching rank sees who runs). It leaves what it read in `relay.json`, which the node's other running ranks read
-instead of the store. A rank that waits in a collective, or exits, speaks to the store itself, as without the
-relay: a hang's evidence never waits for a file.
+instead of the store. A rank newly blocked in a collective, or exiting, speaks to the store itself, as without the
+relay: a hang's news never waits for a file; its later rounds, which change only its beat, go through a leader that
+looks (NodeRelay.carries), so that a hang's steady load is per node too.
 
 The leader is the lowest local rank whose own file is fresh and whose process is alive: a leader that dies is
 replaced at the next round (its pid is gone), one that hangs or stops once its file is older than `STALE_ROUNDS`
@@ -40,6 +41,9 @@ MAX_FILE_BYTES = 4 << 20  # a rank's staged documents: a few KiB, its whole stat
 # looks for an incident (every 0.1 s, watchdog.FAST_S), so its node's blocked ranks poll a file, not the store;
 # older (a leader that runs posts once a round) and the blocked rank reads the store itself, as without the relay.
 FRESH_POST_S = 0.3
+# The leader puts its ranks' documents at most twice a round: a beat a round is what a blocked or running rank adds,
+# and a rank's news (newly blocked, blocked somewhere new, exited) does not wait for it (NodeRelay.carries).
+PUT_EVERY_ROUNDS = 0.5
 RELAY_FILE = "relay.json"
 _RANK_FILE = re.compile(r"r(\d{1,7})\.json")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -98,16 +102,30 @@ class NodeRelay:
         self.folder = private.open_private("nodes", _safe(job), _safe(node))
         self._pid, self._started = os.getpid(), _start_time(os.getpid())
         self._put_last: dict = {}  # key -> text, what this rank last put for its node as its leader
+        self._put_at = -float("inf")  # when (monotonic) it last put them
         self._known: dict = {}  # rank -> (pid, start time, checks since read): a lower rank found alive
 
     # ----- every rank -----
-    def carries(self, state) -> bool:
-        """Whether a state goes through the relay: a rank that runs; one blocked in a collective, or exited, puts
-        its own, so that a hang's evidence never waits for a file."""
-        return state.get("status") == build.RUNNING and not is_blocked(state, self.grace)
+    def carries(self, state, where_unchanged: bool) -> bool:
+        """Whether a state goes through the relay: a rank that runs; a rank blocked in a collective whose place is the
+        one it last put in the store itself (`where_unchanged`: only its beat and ages have moved since), while its
+        leader's post is fresh (a leader that looks, which it does ten times a second when blocked itself, as in a
+        hang). A rank newly blocked, blocked somewhere new, or exiting puts its own: a hang's news never waits for a
+        file, only its beats do."""
+        if state.get("status") != build.RUNNING:
+            return False
+        if not self.blocked(state):
+            return True
+        return where_unchanged and self.fresh(self.posted())
 
-    def stage(self, docs: Mapping[str, object], wants: list, direct: bool) -> None:
-        """This rank's documents of this round (`direct`: it put them itself), written every round: a fresh file is
+    def blocked(self, state) -> bool:
+        """Whether a rank waits in a collective past grace (analysis.is_blocked): its leader puts what it carries of
+        it whether or not the counters say that someone waits."""
+        return is_blocked(state, self.grace)
+
+    def stage(self, docs: Mapping[str, object], wants: list, direct: bool, blocked: bool = False) -> None:
+        """This rank's documents of this round (`direct`: it put them itself; `blocked`: it waits in a collective,
+        so its leader puts them whether or not the counters say someone waits), written every round: a fresh file is
         how its node sees it live."""
         body = {
             "rank": self.rank,
@@ -116,6 +134,7 @@ class NodeRelay:
             "docs": {key: doc if isinstance(doc, str) else json.dumps(doc) for key, doc in docs.items()},
             "wants": wants,
             "direct": direct,
+            "blocked": blocked,
             "read_by_others": read_by_others(self.rank, self.groups, self.world_size),
         }
         atomic.write_file(self.folder, f"r{self.rank}.json", json.dumps(body).encode(), 0o600, f".r{self.rank}.tmp")
@@ -182,21 +201,26 @@ class NodeRelay:
         return found
 
     def to_put(self, staged: dict, looking: bool, namespace: str) -> dict:
-        """{key: text} the leader puts for its running ranks this round: while some rank waits (`looking`), every
-        position and state that changed, so the watching rank sees who runs; else only the completed positions of
-        the ranks other ranks read (read_by_others). Keys outside this job's namespace are never put."""
+        """{key: text} the leader puts for its carried ranks this round: every document that changed of a blocked
+        rank, and, while some rank waits (`looking`), of every running rank, so the watching rank sees who runs; else
+        only the completed positions of the ranks other ranks read (read_by_others). Keys outside this job's
+        namespace are never put. Nothing before PUT_EVERY_ROUNDS of a round since the last put: a blocked leader
+        comes here at each of its looks, ten a round, and what changes between them is beats."""
+        if time.monotonic() - self._put_at < PUT_EVERY_ROUNDS * self.interval:
+            return {}
         docs = {}
         for body in staged.values():
             if body.get("direct") is not False:
-                continue  # a rank that waits or exits put its own
+                continue  # a rank that waits somewhere new, or exits, put its own
             for key, text in body["docs"].items():
                 read = body.get("read_by_others") is True and key.rpartition("/")[0].endswith("/fp")
-                if (looking or read) and type(text) is str and key.startswith(namespace + "/"):
-                    if self._put_last.get(key) != text:
+                if (looking or read or body.get("blocked") is True) and type(text) is str:
+                    if key.startswith(namespace + "/") and self._put_last.get(key) != text:
                         docs[key] = text
         return docs
 
     def put_done(self, docs: dict) -> None:
+        self._put_at = time.monotonic()
         self._put_last = {**self._put_last, **docs} if len(self._put_last) < 1024 else dict(docs)
 
     @staticmethod
@@ -205,15 +229,23 @@ class NodeRelay:
         wants = {r for body in staged.values() if isinstance(body.get("wants"), list) for r in body["wants"]}
         return sorted(r for r in wants if type(r) is int and 0 <= r < world_size)
 
-    def post(self, counters: int | None, fingerprints: Mapping) -> None:
-        """What the leader read this round, for the node's other running ranks."""
+    def post(self, counters: int | None, fingerprints: Mapping, leader_beat: int | None = None) -> None:
+        """What the leader read this round, for the node's other ranks: the counters, the partners' documents, and
+        rank 0's beat number, which a blocked rank reads each round to know that rank 0 still watches."""
         body = {
             "leader": self.rank,
             "at": time.time(),  # this node's clock, read on this node: fresh() compares like with like
             "counters": counters,
+            "leader_beat": leader_beat,
             "fingerprints": {str(r): d for r, d in fingerprints.items()},
         }
         atomic.write_file(self.folder, RELAY_FILE, json.dumps(body).encode(), 0o600, f".relay.{self.rank}.tmp")
+
+    @staticmethod
+    def leader_beat_of(post: dict) -> int | None:
+        """Rank 0's beat number as the leader last read it, or None (not read, or not a number)."""
+        beat = post.get("leader_beat")
+        return beat if type(beat) is int and beat >= 0 else None
 
     # ----- files -----
     def _lives(self, rank: int) -> bool:

@@ -91,6 +91,8 @@ class JobProtocol:
         self._keys: dict = {}  # parts -> key, for the keys of every round: building them was a tenth of its work
         # (rank, the two parts of its last published position's text, without its beat: position_text.texts)
         self._position: tuple[int, str, str] | None = None
+        self._where_put = ""  # where this rank stood (its position's text from "inflight" on) when it last put its own
+        self._posted_beat: int | None = None  # rank 0's beat number from the post the last counters() read took
         self._counters = (0, 0)  # the last (ranks waiting, latest incident) read: what a malformed counter reads as
         self._leader_beat = 0
         self.logged: set = set()  # the documents left out, said once per kind (the watchdog logs nothing here)
@@ -126,7 +128,10 @@ class JobProtocol:
         self._add_leader_beat(docs, rank, beat)
         first = self._position is None or self._position[0] != rank  # its first: in the store at once, pid and host
         self._position = (rank, own, where)
-        self._put(docs, self.relay is not None and not first and self.relay.carries(state))
+        relayed = self.relay is not None and not first and self.relay.carries(state, where == self._where_put)
+        self._put(docs, relayed, blocked=relayed and self.relay.blocked(state))
+        if not self._relayed:
+            self._where_put = where
         if self.relay is not None and state.get("status") == build.EXITED:
             self.relay.close()  # an exited rank relays no more: the node's next rank leads
             self.relay = None
@@ -143,13 +148,13 @@ class JobProtocol:
         self._put(docs, self.relay is not None)
         return True
 
-    def _put(self, docs: dict, relayed: bool) -> None:
-        """This round's documents: to the relay while the rank runs (its file is written every round, so that its
-        node sees it live either way), else to the store."""
+    def _put(self, docs: dict, relayed: bool, blocked: bool = False) -> None:
+        """This round's documents: to the relay while the node's leader carries them (NodeRelay.carries; its file is
+        written every round, so that its node sees it live either way), else to the store."""
         self._relayed = relayed
         if self.relay is not None:
             try:
-                self.relay.stage(docs, self._wants, direct=not relayed)
+                self.relay.stage(docs, self._wants, direct=not relayed, blocked=blocked)
             except OSError as exc:  # the node's folder is gone or full: this rank speaks to the store itself
                 self._relayed = False
                 log_once(self.logged, "relay", "ddpwatch: the node relay failed (%s); this rank uses the store", exc)
@@ -285,20 +290,24 @@ class JobProtocol:
             self.store.put_many(docs)
             self.relay.put_done(docs)
         wanted = self.relay.wanted(staged, self.world_size)
-        counters = self._key("counters")
+        counters, beat_key = self._key("counters"), self._key("leader_beat")
         if counters not in self.store.seen:  # made once: read_together reads in one round trip only keys there
             self.store.add(counters, 0)
-        raws = self.store.read_together([counters] + [self._key("fp", r) for r in wanted])  # one round trip
+        # rank 0's beat, for the node's blocked ranks (only while some rank waits): in the same round trip
+        beat_keys = [beat_key] if self._counters[0] > 0 else []
+        raws = self.store.read_together([counters] + beat_keys + [self._key("fp", r) for r in wanted])
         value = self.store.counter_of(counters, raws.get(counters, ABSENT))
         if value is not None:
             self._counters = _split_counters(value)
+        self._posted_beat = self.store.counter_of(beat_key, raws[beat_key]) if beat_key in raws else None
         self._relayed_fps = self._direct_fingerprints(wanted, raws)
-        self.relay.post(value, self._relayed_fps)
+        self.relay.post(value, self._relayed_fps, self._posted_beat)
         return self._counters
 
     def _take_post(self, post: dict) -> tuple:
         """The counters and partners' documents the node's leader left (an earlier round's while it has not posted)."""
         value, self._relayed_fps = self.relay.read_post(post, self.world_size)
+        self._posted_beat = self.relay.leader_beat_of(post)
         if value is not None:
             self._counters = _split_counters(value)
         return self._counters
@@ -312,10 +321,13 @@ class JobProtocol:
 
     def leader_beat(self) -> int:
         """Rank 0's last published beat number (0 before its first publish; the last one read while what is there
-        is not a number)."""
-        value = self.store.counter(self._key("leader_beat"))
+        is not a number). Under a relay, the one in the post that this round's counters() took, if it took one: a
+        hang's blocked ranks ask it every round, and the node's leader read it for all of them."""
+        value, self._posted_beat = self._posted_beat, None
+        if value is None:
+            value = self.store.counter(self._key("leader_beat"))
         if value is not None:
-            self._leader_beat = value
+            self._leader_beat = max(self._leader_beat, value)  # a post a look older than the store never goes back
         return self._leader_beat
 
     # ----- incidents -----

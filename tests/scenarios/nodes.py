@@ -9,6 +9,10 @@ node 1's leader, stops (SIGSTOP); rank 2, on the same node, computes outside col
 straggler); rank 0 waits in an all_reduce. Rank 1 must be reported unresponsive, and rank 2, whose running beats
 went through rank 1, must still be seen: the node's next rank leads, reads the incident and answers it.
 healthy (2 ranks, one node; the test turns the relay on): they train for a few rounds and end: no report.
+node_waits (3 ranks, as leader_stops): rank 0 sleeps outside collectives (a straggler), ranks 1 and 2 wait in an
+all_reduce for it, both blocked on one node: after the first round that says so, their beats reach the store through
+rank 1, their node's leader, which carries them at its looks. The straggler must be reported after the timeout, with
+both waiting ranks seen live (never silent) the whole time.
 """
 
 import os
@@ -16,7 +20,7 @@ import signal
 import sys
 import time
 
-LAYOUT = {"leader_stops": ([0], [1, 2]), "healthy": ([0, 1],)}
+LAYOUT = {"leader_stops": ([0], [1, 2]), "healthy": ([0, 1],), "node_waits": ([0], [1, 2])}
 
 
 def main():
@@ -43,6 +47,9 @@ def main():
                 end = time.monotonic() + 120
                 while time.monotonic() < end:
                     sum(range(1000))  # LINE:straggling
+        elif case == "node_waits" and rank == 0:
+            time.sleep(120)  # LINE:sleeping
+        if case != "healthy":
             print(f"DDPWATCH-MARK hang-forms {time.time():.3f}", file=sys.stderr, flush=True)
             dist.all_reduce(torch.ones(8))  # LINE:waiting
         dist.destroy_process_group()
