@@ -18,6 +18,7 @@ from . import _common as C
 from . import scale
 from .store_load_report import (
     ASSUMPTIONS,
+    HANG_LOOKS,
     PROTOCOLS,
     RANKS_PER_NODE,
     TARGET_RANKS,
@@ -35,7 +36,7 @@ HEALTHY_S = {"full": 10.0, "quick": 2.0}  # the healthy phase; the job's harm pr
 HANG_S = {"full": 5.0, "quick": 2.0}
 # A blocked rank's looks for an incident each interval in its first 10 s blocked (watchdog.FAST_S apart): the round's
 # tick, then the looks between rounds. The hang phase is within those 10 s, as a hang's first verdict is.
-LOOKS = {"healthy": 1, "hang": 10}
+LOOKS = {"healthy": 1, "hang": HANG_LOOKS}
 WARMUP_S = 0.5  # ticking has begun before the job's probe starts timing
 PROBES = {"full": 300, "quick": 60}  # set+get round trips per harm measurement (fewer when its time runs out)
 PROBE_GAP_S = 0.01  # between probes: a job's own store use is occasional; a tight loop would be load of its own
@@ -97,13 +98,30 @@ def run_ranks(port: int) -> None:
         print(json.dumps(reply), flush=True)  # "ready" too: an empty reply, imports done
 
 
+LOOK_S = 0.1  # watchdog.FAST_S: a blocked rank's looks for an incident, this far apart in a real job
+
+
+class NodeTime:
+    """A simulated node's time, as its relays pace their reads and puts by it (NodeRelay.clock): the simulation plays
+    a node's round and its looks back to back, so it sets this to what they stand for (the round's start, then
+    LOOK_S more for each look)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+
 def relay_nodes(dogs: list, namespace: str, world_size: int) -> None:
-    """Each simulated rank's store traffic through its node's relay, as a watchdog under torchrun across nodes has."""
+    """Each simulated rank's store traffic through its node's relay, as a watchdog under torchrun across nodes has,
+    its node's pace kept on the node's NodeTime (dog.node_time)."""
     from ddpwatch.watch.node import NodeRelay
 
+    times: dict = {}
     for dog in dogs:
         node = f"n{dog.rank // RANKS_PER_NODE}"
-        dog.job.relay = NodeRelay(namespace, node, dog.rank, dog.config, world_size, dog.recorder.groups)
+        dog.node_time = times.setdefault(node, NodeTime())
+        relay = NodeRelay(namespace, node, dog.rank, dog.config, world_size, dog.recorder.groups, RANKS_PER_NODE)
+        relay.clock = lambda node_time=dog.node_time: node_time.now  # type: ignore[method-assign]
+        dog.job.relay = relay
 
 
 def untimed_round(dogs: list, counting) -> dict:
@@ -127,6 +145,10 @@ def paced_rounds(dogs: list, counting, seconds: float, looks: int = 1) -> dict:
     busy, begin, leader = [], start, []
     while begin < start + seconds:
         spent, first_of_node = 0.0, 0
+        for dog in dogs:  # the round's start in every node's time: a real round is an interval after the last
+            node_time = getattr(dog, "node_time", None)
+            if node_time is not None and dog.rank % RANKS_PER_NODE == 0:
+                node_time.now += INTERVAL - LOOK_S * (looks - 1)
         for i, dog in enumerate(dogs):
             ahead = begin + INTERVAL * i / len(dogs) - time.monotonic()  # this rank's turn in the interval
             if ahead > 0.001:
@@ -159,6 +181,9 @@ def blocked_looks(node: list, looks: int) -> None:
     """`looks` rounds of looks for an incident by a node's blocked ranks, lowest first (as Watchdog._loop's look
     between rounds in a rank's first 10 s blocked: the counters, and a posted verdict while one is pending)."""
     for _ in range(looks):
+        node_time = getattr(node[0], "node_time", None)
+        if node_time is not None:
+            node_time.now += LOOK_S
         for dog in node:
             if dog.registered_waiting:
                 dog._answer_incidents()

@@ -9,11 +9,14 @@ from . import _common as C
 TARGET_RANKS, RANKS_PER_NODE = 65536, 8  # the model's prediction: nodes of 8 ranks
 PROTOCOLS = ("rank", "node")  # each rank's own round trips; the node relay (watch/node.py)
 GRACE_S = 0.5  # ddpwatch's default grace: every rank blocked this long before a deadlock counts as proven
+HANG_LOOKS = 10  # a blocked rank's looks for an incident an interval, its round's included (its first 10 s blocked)
 
 ASSUMPTIONS = (
     "server CPU grows linearly in the operations per second it serves (one line fitted on every measured phase of "
     "both protocols: what an operation costs the server does not depend on who sends it)",
-    "operations per node per interval do not depend on the number of nodes (their mean over the sizes measured)",
+    "operations per node per interval do not depend on the number of nodes (their mean over the sizes measured), "
+    "but for a hang's node leaders' reads, which watch/node.py paces by the job's nodes (JOB_LOOKS_PER_S): in the "
+    "node protocol's hang row they are computed for the target's nodes, the rest measured",
     f"{RANKS_PER_NODE} ranks per node; every watchdog has its own connection, so the server holds {TARGET_RANKS:,} "
     "of them, where here 2 connections carried every simulated rank and at most 2 ddpwatch requests were in flight "
     "at once: what many connections cost the server is not measured",
@@ -50,6 +53,22 @@ def per_node(phase: dict) -> float:
     return phase["ops_per_rank_interval"] * RANKS_PER_NODE
 
 
+def reads_per_node(phase: dict) -> float:
+    """The node leaders' reads of the counters a node an interval (multi_get; rank 0's reads of every position are
+    the multi_gets that follow a check, one a slice)."""
+    calls = phase.get("calls") or {}
+    rank_rounds = phase["ops"] / phase["ops_per_rank_interval"] if phase["ops_per_rank_interval"] else 0.0
+    reads = calls.get("multi_get", 0) - calls.get("check", 0)
+    return reads * RANKS_PER_NODE / rank_rounds if rank_rounds else 0.0
+
+
+def leader_reads_at(nodes: int, looks: int) -> float:
+    """A blocked node leader's reads an interval in a job of `nodes` (watch/node.py: JOB_LOOKS_PER_S caps the job's)."""
+    from ddpwatch.watch.node import JOB_LOOKS_PER_S
+
+    return float(looks) if nodes * looks <= JOB_LOOKS_PER_S else JOB_LOOKS_PER_S / nodes
+
+
 def leader_look_s(phase: dict) -> float | None:
     """The leader's round in the hang, median: every position read and assessed (the look a verdict rests on)."""
     ticks = phase.get("leader_tick_s") or []
@@ -78,6 +97,9 @@ def model(results: list, baseline: dict, interval: float) -> dict:
         mine = [r for r in results if r["protocol"] == protocol]
         node_ops = statistics.fmean(per_node(r["healthy"]) for r in mine)
         hang_node_ops = statistics.fmean(per_node(r["hang"]) for r in mine)
+        if protocol == "node":  # its leaders' reads depend on the job's nodes: the rest measured, the reads at target
+            rest = statistics.fmean(per_node(r["hang"]) - reads_per_node(r["hang"]) for r in mine)
+            hang_node_ops = rest + leader_reads_at(nodes, HANG_LOOKS)
         needed = nodes * node_ops / interval
         row = {"ops_per_node_interval": node_ops, "hang_ops_per_node_interval": hang_node_ops, "ops_per_s": needed}
         row["server_cpu_per_s"] = cpu[0] + cpu[1] * needed
@@ -186,7 +208,7 @@ def model_rows(fitted: dict) -> list:
             [
                 protocol,
                 "hang ops per node per interval (first 10 s)",
-                "mean measured",
+                "mean measured" if protocol == "rank" else "measured; leaders' reads paced by nodes",
                 f"{m['hang_ops_per_node_interval']:.2f}",
             ],
             [protocol, "hang ops/s at the server", "nodes x that / interval", f"{m['hang_ops_per_s']:,.0f}"],

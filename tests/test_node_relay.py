@@ -49,14 +49,15 @@ def blocked(rank, beat=1):
     return {"rank": rank, "beat": beat, "status": build.RUNNING, "inflight": [record], "idle_s": 5.0}
 
 
-def node_of_ranks(world: int, ranks, config=None):
-    """{rank: JobProtocol} of `ranks`, one node, sharing one counted store (a job of `world` ranks)."""
+def node_of_ranks(world: int, ranks, config=None, local_ranks=None):
+    """{rank: JobProtocol} of `ranks`, one node, sharing one counted store (a job of `world` ranks, `local_ranks` a
+    node: by default as many as `ranks`)."""
     counted = CountingStore(dist.HashStore())
     config = config or Config(interval=1.0, grace=0.5)
     jobs = {}
     for rank in ranks:
         store = StateStore(counted, "test")
-        relay = node.NodeRelay("job", "node0", rank, config, world, {})
+        relay = node.NodeRelay("job", "node0", rank, config, world, {}, local_ranks or len(ranks))
         jobs[rank] = JobProtocol(store, world, relay)
     return jobs, counted
 
@@ -203,12 +204,12 @@ class NodeClock:
         return self.now
 
 
-def blocked_node(monkeypatch, ranks, leader_beat=None):
+def blocked_node(monkeypatch, ranks, leader_beat=None, world=16):
     """(jobs, counted, clock): a node of `ranks` all blocked, each having put its own news (newly blocked), rank 0's
     beat number at `leader_beat` if given, node.py on a clock the test steps."""
     clock = NodeClock()
     monkeypatch.setattr(node, "time", clock)
-    jobs, counted = node_of_ranks(16, ranks)
+    jobs, counted = node_of_ranks(world, ranks)
     store = jobs[ranks[0]].store
     store.add(store.key("counters"), len(ranks))  # these ranks wait
     if leader_beat is not None:
@@ -251,6 +252,26 @@ def test_in_a_hang_the_blocked_leader_carries_its_blocked_ranks_beats_in_at_most
     assert jobs[10].leader_beat() == 7
     beats = {r: p["beat"] for r, p in jobs[8].positions([8, 9, 10]).items()}
     assert min(beats.values()) >= 5, f"the last round's beats, or the one before: {beats}"
+
+
+@pytest.mark.parametrize("world, reads", [(16, 16), (8 * (node.JOB_LOOKS_PER_S // 10), 16), (65536, 4), (131072, 2)])
+def test_the_blocked_leaders_of_a_job_of_many_nodes_read_the_store_less_often_and_their_posts_stay_fresh(
+    monkeypatch, world, reads
+):
+    """Two seconds of a hang's looks (16 here, 0.125 s apart: exact in binary) on one node of 8 in jobs of 2 to 16,384
+    nodes: its leader reads the store at each look while the job's nodes' ten looks a second fit
+    node.JOB_LOOKS_PER_S, then every nodes / that seconds (8,192 nodes: every 0.5 s), taking its own post between;
+    its ranks never read the store: the post stays fresh three reads long."""
+    jobs, counted, clock = blocked_node(monkeypatch, list(range(8, 16)), leader_beat=1, world=world)
+    hang_rounds(jobs, clock, 2)  # the leader learns that ranks wait and reads rank 0's beat; the ranks go through it
+    clock.now = 2000.0
+    counted.calls.clear()
+    for _ in range(16):
+        for job in jobs.values():
+            job.counters()
+        clock.now += 0.125
+    reads_made = [c for c in counted.calls if c not in ("set_timeout", "multi_set")]  # multi_set: the carried beats
+    assert reads_made == ["multi_get"] * reads, reads_made
 
 
 def test_a_blocked_rank_puts_its_own_when_newly_blocked_elsewhere_or_its_leaders_post_is_stale(monkeypatch):

@@ -41,6 +41,12 @@ MAX_FILE_BYTES = 4 << 20  # a rank's staged documents: a few KiB, its whole stat
 # looks for an incident (every 0.1 s, watchdog.FAST_S), so its node's blocked ranks poll a file, not the store;
 # older (a leader that runs posts once a round) and the blocked rank reads the store itself, as without the relay.
 FRESH_POST_S = 0.3
+# The looks a hang's blocked leaders make at the store, the whole job's, at most this many a second: a blocked leader
+# looks at each of its looks for an incident (ten a second) where the job has up to JOB_LOOKS_PER_S / 10 nodes; past
+# that it reads the store every nodes / JOB_LOOKS_PER_S seconds (8,192 nodes: every 0.5 s) and its own post between,
+# and its posts stay fresh three of its reads long. Without it a hang's first 10 s at 8,192 nodes asked the server
+# 82,000 reads a second, past what its one thread serves (docs/scale.md); the price is an incident read later there.
+JOB_LOOKS_PER_S = 16384
 # The leader puts its ranks' documents at most twice a round: a beat a round is what a blocked or running rank adds,
 # and a rank's news (newly blocked, blocked somewhere new, exited) does not wait for it (NodeRelay.carries).
 PUT_EVERY_ROUNDS = 0.5
@@ -85,7 +91,8 @@ def relay_for(config, store, rank: int, world_size: int, groups, logged: set, en
     if node is None:
         return None
     try:
-        return NodeRelay(f"{store.job_token}-{store.key('relay')}", node[0], rank, config, world_size, groups)
+        job = f"{store.job_token}-{store.key('relay')}"
+        return NodeRelay(job, node[0], rank, config, world_size, groups, local_ranks=node[1])
     except OSError as exc:
         log_once(logged, "relay", "ddpwatch: no node relay (%s); this rank uses the store itself", exc)
         return None
@@ -94,10 +101,16 @@ def relay_for(config, store, rank: int, world_size: int, groups, logged: set, en
 class NodeRelay:
     """This rank's end of its node's relay: stages its documents, elects the leader, posts and reads the relay."""
 
-    def __init__(self, job: str, node: str, rank: int, config, world_size: int, groups):
+    def __init__(self, job: str, node: str, rank: int, config, world_size: int, groups, local_ranks: int = 1):
         self.rank = rank
         self.interval, self.grace = config.interval, config.grace
         self.world_size = world_size
+        nodes = -(-world_size // max(1, local_ranks))  # torchrun gives every node the same number of ranks
+        # seconds between two of this node's reads as its blocked leader: 0, every look, while the job's nodes'
+        # ten looks a second (watchdog.FAST_S) fit in JOB_LOOKS_PER_S
+        self.read_every = nodes / JOB_LOOKS_PER_S if nodes * 10 > JOB_LOOKS_PER_S else 0.0
+        self.fresh_for = max(FRESH_POST_S, 3 * self.read_every)  # how old a post may be and still stand in
+        self._read_at = -float("inf")  # when (monotonic) this rank, leading, last read the store for its node
         self.groups = groups  # {group name: its ranks}: the recorder's live view
         self.folder = private.open_private("nodes", _safe(job), _safe(node))
         self._pid, self._started = os.getpid(), _start_time(os.getpid())
@@ -163,13 +176,22 @@ class NodeRelay:
         body = self._read(RELAY_FILE)
         return body if isinstance(body, dict) else {}
 
-    @staticmethod
-    def fresh(post: dict, now: float | None = None) -> bool:
-        """Whether a post is recent enough (FRESH_POST_S) to stand in for a blocked rank's own read of the counters."""
+    def fresh(self, post: dict, now: float | None = None) -> bool:
+        """Whether a post is recent enough (`fresh_for`: FRESH_POST_S, longer in a job of many nodes) to stand in for
+        a blocked rank's own read of the counters."""
         at = post.get("at")
         if not isinstance(at, (int, float)) or isinstance(at, bool):
             return False
-        return 0.0 <= (time.time() if now is None else now) - at <= FRESH_POST_S
+        return 0.0 <= (time.time() if now is None else now) - at <= self.fresh_for
+
+    def read_due(self) -> bool:
+        """Whether this rank, leading, reads the store for its node at this look (else it takes its own post): at
+        every look in a job of few nodes, every `read_every` seconds in one of many (JOB_LOOKS_PER_S)."""
+        now = self.clock()
+        if self.read_every and now - self._read_at < self.read_every:
+            return False
+        self._read_at = now
+        return True
 
     @staticmethod
     def read_post(post: dict, world_size: int) -> tuple:
@@ -206,7 +228,7 @@ class NodeRelay:
         only the completed positions of the ranks other ranks read (read_by_others). Keys outside this job's
         namespace are never put. Nothing before PUT_EVERY_ROUNDS of a round since the last put: a blocked leader
         comes here at each of its looks, ten a round, and what changes between them is beats."""
-        if time.monotonic() - self._put_at < PUT_EVERY_ROUNDS * self.interval:
+        if self.clock() - self._put_at < PUT_EVERY_ROUNDS * self.interval:
             return {}
         docs = {}
         for body in staged.values():
@@ -220,7 +242,7 @@ class NodeRelay:
         return docs
 
     def put_done(self, docs: dict) -> None:
-        self._put_at = time.monotonic()
+        self._put_at = self.clock()
         self._put_last = {**self._put_last, **docs} if len(self._put_last) < 1024 else dict(docs)
 
     @staticmethod
@@ -246,6 +268,12 @@ class NodeRelay:
         """Rank 0's beat number as the leader last read it, or None (not read, or not a number)."""
         beat = post.get("leader_beat")
         return beat if type(beat) is int and beat >= 0 else None
+
+    @staticmethod
+    def clock() -> float:
+        """The pace of the leader's reads and puts (monotonic); benchmarks/store_load.py plays a node's looks back to
+        back and gives its relays the time they would stand for."""
+        return time.monotonic()
 
     # ----- files -----
     def _lives(self, rank: int) -> bool:

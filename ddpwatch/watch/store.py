@@ -269,9 +269,12 @@ class JobProtocol:
         counter (someone else wrote it) reads as no change."""
         if self.relay is not None:
             try:
-                if self.relay.leader() == self.relay.rank:
+                leading = self.relay.leader() == self.relay.rank
+                if leading and self.relay.read_due():
                     return self._node_round()
                 post = self.relay.posted()
+                if leading and self.relay.fresh(post):
+                    return self._take_post(post)  # its own, read from the store less than read_every ago
                 if self._relayed or self.relay.fresh(post):
                     return self._take_post(post)
             except OSError as exc:
