@@ -274,6 +274,21 @@ def test_the_blocked_leaders_of_a_job_of_many_nodes_read_the_store_less_often_an
     assert reads_made == ["multi_get"] * reads, reads_made
 
 
+def test_a_leader_of_a_job_of_many_nodes_whose_post_is_missing_reads_the_store_at_once(monkeypatch):
+    jobs, counted, clock = blocked_node(monkeypatch, list(range(8, 16)), leader_beat=1, world=131072)
+    hang_rounds(jobs, clock, 2)
+    clock.now = 2000.0
+    jobs[8].counters()  # a read
+    clock.now += 0.125  # a look well inside its 1 s between reads
+    counted.calls.clear()
+    jobs[8].counters()
+    assert "multi_get" not in counted.calls, "its own post stands in"
+    os.unlink(os.path.join(tempfile.gettempdir(), f"ddpwatch-{os.getuid()}", "nodes", "job", "node0", node.RELAY_FILE))
+    counted.calls.clear()
+    jobs[8].counters()  # no post (its last read failed, or it has just come to lead): it reads now
+    assert [c for c in counted.calls if c != "set_timeout"] == ["multi_get"]
+
+
 def test_a_blocked_rank_puts_its_own_when_newly_blocked_elsewhere_or_its_leaders_post_is_stale(monkeypatch):
     jobs, counted, clock = blocked_node(monkeypatch, [8, 9])
     hang_rounds(jobs, clock, 2)

@@ -184,11 +184,12 @@ class NodeRelay:
             return False
         return 0.0 <= (time.time() if now is None else now) - at <= self.fresh_for
 
-    def read_due(self) -> bool:
-        """Whether this rank, leading, reads the store for its node at this look (else it takes its own post): at
-        every look in a job of few nodes, every `read_every` seconds in one of many (JOB_LOOKS_PER_S)."""
+    def read_due(self, post: dict) -> bool:
+        """Whether this rank, leading in a job of many nodes (`read_every` > 0), reads the store for its node at this
+        look, or takes its own `post`: every `read_every` seconds, and whenever its post is not fresh (its first
+        look, or a read that failed)."""
         now = self.clock()
-        if self.read_every and now - self._read_at < self.read_every:
+        if now - self._read_at < self.read_every and self.fresh(post):
             return False
         self._read_at = now
         return True

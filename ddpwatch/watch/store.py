@@ -269,12 +269,13 @@ class JobProtocol:
         counter (someone else wrote it) reads as no change."""
         if self.relay is not None:
             try:
-                leading = self.relay.leader() == self.relay.rank
-                if leading and self.relay.read_due():
+                if self.relay.leader() == self.relay.rank:
+                    if self.relay.read_every:  # a job of many nodes: its own post between reads (node.JOB_LOOKS_PER_S)
+                        post = self.relay.posted()
+                        if not self.relay.read_due(post):
+                            return self._take_post(post)
                     return self._node_round()
                 post = self.relay.posted()
-                if leading and self.relay.fresh(post):
-                    return self._take_post(post)  # its own, read from the store less than read_every ago
                 if self._relayed or self.relay.fresh(post):
                     return self._take_post(post)
             except OSError as exc:
