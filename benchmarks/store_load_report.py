@@ -256,9 +256,11 @@ def print_measurements(results: list, baseline: dict, libuv: bool, interval: flo
         "ops/s a real job sends: ranks x ops/rank/interval / interval; the measured rate falls short of it where a "
         "round took longer than the interval (then the simulation, not the server, set the pace). CPU times come in "
         "clock ticks (10 ms): figures near 0.01 s/s are that coarse. In the hang every rank waits in one barrier and "
-        "puts its own position each round (as designed: both protocols alike), and looks for an incident 10 times an "
-        "interval (its first 10 s blocked): at the store itself in the rank protocol, through its node leader's post "
-        "in the node protocol."
+        "looks for an incident 10 times an interval (its first 10 s blocked). Rank protocol: each rank puts its own "
+        "position each round and looks at the store. Node protocol: each rank's first blocked round puts its own (the "
+        "onset, below); its later rounds go through its node's blocked leader, which puts them at most twice a round "
+        "and reads the store for the node at its looks (each look up to 1,638 nodes, fewer past that: "
+        "node.JOB_LOOKS_PER_S), the others reading its post."
     )
     for r in results:
         onset = r["hang_onset"]
