@@ -22,7 +22,7 @@ TARGET_US = 2.0  # issue 14: at most 2 us added per collective on the fake proce
 TARGET_RATIO = 1.01
 TARGET_GLOO_THREAD_US = 3.0  # issue 19: calling-thread CPU added per real gloo collective
 COLD_SLEEP_S = 0.0003  # the pause before each call in the "cold" fake-pg row, about one small gloo op
-INTERLEAVED = {"full": 20000, "quick": 300}  # op-by-op pairs per collective, 2 gloo ranks
+INTERLEAVED = {"full": 20000, "quick": 300}  # op-by-op pairs per collective, 2 gloo ranks (or --ranks)
 INTERLEAVED_BURN_US = 2.0  # the interleaved control: a pass-through that burns this much wall time before the op
 CONTROL_US = 8.0  # about what the guard's hot path costs per op (the fake-pg table): the control burns as much
 # wall: what the loop waits; thread: CPU of the calling thread only (the wrapper's own work, and other processes
@@ -407,7 +407,8 @@ def _mean_added(side: list, off: list) -> dict:
 
 
 def interleaved_worker(pairs: int, _unused: int) -> None:
-    """2 gloo ranks: the guard installed, the originals called beside the wrappers (see `interleaved`)."""
+    """A gloo rank of 2 (or of --ranks): the guard installed, the originals called beside the wrappers (see
+    `interleaved`)."""
     import torch
     import torch.distributed as dist
 
@@ -572,14 +573,14 @@ def run_gloo(mode: str) -> None:
     print()
 
 
-def run_interleaved(mode: str) -> None:
+def run_interleaved(mode: str, world: int = 2) -> None:
     from ddpwatch.launch import run_ranks
 
     pairs = INTERLEAVED[mode]
     command = [sys.executable, "-m", "benchmarks.overhead_ops", "--worker", "interleaved", str(pairs), "0"]
-    ranks = run_ranks(command, 2, env=C.child_env(), timeout=900, cwd=C.ROOT)
+    ranks = run_ranks(command, world, env=C.child_env(), timeout=900, cwd=C.ROOT)
     results = [doc for r in ranks for doc in C.parse_results(r.stdout)]
-    if len(results) != 2:
+    if len(results) != world:
         raise SystemExit(
             "gloo ranks failed:\n" + "\n".join(f"rank {r.rank} exit {r.returncode}: {r.stderr[-2000:]}" for r in ranks)
         )
@@ -591,11 +592,11 @@ def run_interleaved(mode: str) -> None:
         cells = [f"{mean(name, side, 'added'):.2f} +- {mean(name, side, 'stderr'):.2f}" for side in SIDES]
         rows.append([name, off, *cells])
     C.print_table(
-        f"2 gloo ranks, op by op: each op run unguarded, guarded, and through three pass-throughs (a control that "
-        f"burns {INTERLEAVED_BURN_US:g} us, a bare Python frame, the least record a Python recorder keeps: nine "
-        f"fields, a ring, an in-flight dict) in rotating order, {pairs} times each, the guard installed "
-        f"throughout (watchdog armed: {'yes' if all(r['armed'] for r in results) else 'NO'}); calling-thread "
-        f"CPU added to the unguarded call, mean of both ranks, +- the standard error",
+        f"{world} gloo rank{'s' if world > 1 else ''}, op by op: each op run unguarded, guarded, and through three "
+        f"pass-throughs (a control that burns {INTERLEAVED_BURN_US:g} us, a bare Python frame, the least record a "
+        f"Python recorder keeps: nine fields, a ring, an in-flight dict) in rotating order, {pairs} times each, "
+        f"the guard installed throughout (watchdog armed: {'yes' if all(r['armed'] for r in results) else 'NO'}); "
+        f"calling-thread CPU added to the unguarded call, mean of the ranks, +- the standard error",
         [
             "op",
             "unguarded (us)",
@@ -623,6 +624,13 @@ def main(argv=None) -> None:
     args = C.parser(__doc__)
     args.add_argument("--worker", nargs=3, metavar=("KIND", "ITERATIONS", "ROUNDS"), help=argparse.SUPPRESS)
     args.add_argument(
+        "--ranks",
+        nargs="+",
+        type=int,
+        metavar="N",
+        help="the op-by-op gloo table alone, once with each N ranks given (1: gloo's own threads, no peer process)",
+    )
+    args.add_argument(
         "--recorder",
         choices=("python", "flight"),
         default="python",
@@ -640,6 +648,12 @@ def main(argv=None) -> None:
     mode = "quick" if opts.quick else "full"
     os.environ["DDPWATCH_RECORDER"] = opts.recorder  # the workers inherit it
     C.header(f"overhead_ops: added cost per collective (recorder={opts.recorder})", opts.quick)
+    if opts.ranks:
+        if min(opts.ranks) < 1 or opts.recorder != "python":
+            raise SystemExit("--ranks: one or more rank counts of at least 1, under --recorder python")
+        for world in opts.ranks:
+            run_interleaved(mode, world)
+        return
     if opts.recorder == "flight":
         print(
             "recorder=flight: torch's fake backend records nothing in the Flight Recorder, so the guard falls back "
