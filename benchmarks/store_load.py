@@ -93,9 +93,58 @@ def run_ranks(port: int) -> None:
         elif command[0] == "run":
             reply = paced_rounds(dogs, counting, float(command[1]), int(command[2]))
             reply["latest_incident"] = dogs[0].job.counters()[1] if dogs else 0  # after the count: not counted
+        elif command[0] == "open":  # client 0 only: rank 0 opens an incident on the hang and answers it
+            reply = open_incident(dogs[0], counting)
+        elif command[0] == "answer":
+            reply = answer_incident(dogs, counting, int(command[1]))
+        elif command[0] == "collect":  # client 0 only: the leader reads every answer and builds the report
+            reply = collect_incident(dogs[0], counting, int(command[1]))
         elif command[0] == "quit":
             return
         print(json.dumps(reply), flush=True)  # "ready" too: an empty reply, imports done
+
+
+def open_incident(leader, counting) -> dict:
+    """Rank 0 opens an incident as IncidentWriter.write does, and answers it with its full state."""
+    counting.reset()
+    info = {"trigger": "deadlock", "leader": leader.rank, "action": "report", "fingerprint": "store-load"}
+    number = leader.job.open_incident(info)
+    leader.answers.own(number)
+    return {"number": number, "calls": counting.reset()}
+
+
+def answer_incident(dogs: list, counting, number: int) -> dict:
+    """Every other simulated rank answers incident `number` as its watchdog does at its next look: the incident's
+    info read, its full state put and counted; its native stacks are said unavailable (one put, as py-spy's would
+    be, without running py-spy on this process once a rank)."""
+    counting.reset()
+    start = time.monotonic()
+    answered = 0
+    for dog in dogs:
+        if dog.rank == 0:
+            continue
+        dog.answers._native_on = False
+        dog._answer_incidents(number)
+        answered += dog.answers.answered == number
+    calls = counting.reset()
+    sent = calls.pop("bytes", 0)
+    return {
+        "answered": answered,
+        "ops": sum(calls.values()),
+        "calls": calls,
+        "bytes": sent,
+        "s": time.monotonic() - start,
+    }
+
+
+def collect_incident(leader, counting, number: int) -> dict:
+    """The leader's read of every answer and what it makes of them (benchmarks/scale.py leader_pass: the gather,
+    the assessment, the positions grouped, the report rendered), each timed."""
+    counting.reset()
+    found = scale.leader_pass(leader.job, "incident", number)
+    found.pop("text", None)
+    counting.reset()
+    return found
 
 
 LOOK_S = 0.1  # watchdog.FAST_S: a blocked rank's looks for an incident, this far apart in a real job
@@ -318,6 +367,16 @@ class Children:
         self.send(commands)
         return self.collect()
 
+    def ask_first(self, command: str) -> dict:
+        """One command to the first process alone (client 0 carries rank 0, the leader), and its reply."""
+        proc = self.procs[0]
+        proc.stdin.write(command + "\n")
+        proc.stdin.flush()
+        line = scale._readline(proc, time.monotonic() + self.reply_s)
+        if not line:
+            raise RuntimeError(f"a {self.role} process stopped or did not answer (exit {proc.poll()})")
+        return json.loads(line)
+
     def kill(self) -> None:
         for proc in self.procs:
             C._killpg(proc.pid)
@@ -406,7 +465,37 @@ def one_size(ranks: int, protocol: str, mode: str, server, clients: Children, jo
     onset = clients.ask(["block"] * CLIENTS)
     hang = measured_phase(server, clients, HANG_S[mode], looks=LOOKS["hang"])
     onset_summary = {"ops_per_rank": sum(r["ops"] for r in onset) / ranks, "wall_s": max(r["s"] for r in onset)}
-    return {"ranks": ranks, "protocol": protocol, "healthy": healthy, "hang_onset": onset_summary, "hang": hang}
+    found = {"ranks": ranks, "protocol": protocol, "healthy": healthy, "hang_onset": onset_summary, "hang": hang}
+    if protocol == "node":  # the answers are the same in both protocols: each rank's own, to the store
+        found["incident"] = incident_phase(server, clients, ranks)
+    return found
+
+
+def incident_phase(server, clients: Children, ranks: int) -> dict:
+    """An incident on the hang: rank 0 opens it, every rank answers (timed with the server's CPU), the leader reads
+    the answers and builds the report (timed in its process)."""
+    opened = clients.ask_first("open")
+    number = opened["number"]
+    before = cpu_sample([server.pid])
+    answers = clients.ask([f"answer {number}"] * CLIENTS)
+    after = cpu_sample([server.pid])
+    server_cpu, busiest = cpu_rates(before, after)
+    wall = after["at"] - before["at"]
+    ops = sum(r["ops"] for r in answers)
+    sent = sum(r["bytes"] for r in answers)
+    answered = sum(r["answered"] for r in answers) + 1  # rank 0's own answer
+    collected = clients.ask_first(f"collect {number}")
+    return {
+        "number": number,
+        "answered": answered,
+        "ops_per_rank": ops / max(1, answered - 1),
+        "kib_per_rank": sent / 1024 / max(1, answered - 1),
+        "answer_wall_s": wall,
+        "server_cpu_s": server_cpu * wall,
+        "server_busiest_thread_s": busiest * wall,
+        "calls": {k: sum(r["calls"].get(k, 0) for r in answers) for k in {k for r in answers for k in r["calls"]}},
+        "leader": collected,
+    }
 
 
 def summarize_harm(raw: dict) -> dict:
@@ -434,6 +523,11 @@ def problems_of(result: dict) -> list:
         phase = result[name]
         if phase["ops"] == 0 or phase["rounds"] == 0:
             found.append(f"{ranks} ranks, {name}: no store operation counted ({phase['rounds']} rounds)")
+    incident = result.get("incident")
+    if incident and incident["answered"] != result["ranks"]:
+        found.append(f"{ranks} ranks: {incident['answered']} answered the incident, not every rank")
+    if incident and incident["leader"]["states"] != result["ranks"]:
+        found.append(f"{ranks} ranks: the leader read {incident['leader']['states']} answers, not every rank's")
     if result["hang"]["latest_incident"]:
         found.append(f"{ranks} ranks: the hang opened incident {result['hang']['latest_incident']}, not incident-free")
     harm = result["healthy"]["harm"]

@@ -75,6 +75,28 @@ def leader_look_s(phase: dict) -> float | None:
     return statistics.median(ticks) if ticks else None
 
 
+def incident_model(incidents: list) -> dict:
+    """An incident at TARGET_RANKS: every rank's answer (ops and bytes per answer, their mean; the server's CPU for
+    them by the line fitted on the phases), and the leader's report (each of its parts a line in ranks)."""
+    ops = statistics.fmean(r["incident"]["ops_per_rank"] for r in incidents)
+    kib = statistics.fmean(r["incident"]["kib_per_rank"] for r in incidents)
+    ranks = [r["ranks"] for r in incidents]
+    parts = {}
+    for part in ("gather", "assess", "positions", "render"):
+        line = fit_line(ranks, [r["incident"]["leader"]["times"][part] for r in incidents])
+        parts[part] = (line, line[0] + line[1] * TARGET_RANKS)
+    answers_per_s_cpu = [r["incident"]["server_cpu_s"] / max(1, r["incident"]["answered"] - 1) for r in incidents]
+    return {
+        "ops_per_answer": ops,
+        "kib_per_answer": kib,
+        "ops": ops * TARGET_RANKS,
+        "gib": kib * TARGET_RANKS / 2**20,
+        "server_cpu_s_measured_per_answer": statistics.fmean(answers_per_s_cpu) * TARGET_RANKS,
+        "parts": parts,
+        "report_s": sum(value for _, value in parts.values()),
+    }
+
+
 def model(results: list, baseline: dict, interval: float) -> dict:
     """Lines through the measured points, read at TARGET_RANKS for each protocol."""
     nodes = TARGET_RANKS // RANKS_PER_NODE
@@ -92,6 +114,9 @@ def model(results: list, baseline: dict, interval: float) -> dict:
     out: dict = {"ranks": TARGET_RANKS, "nodes": nodes, "factor": TARGET_RANKS / max(r["ranks"] for r in results)}
     out.update(server_cpu_line=cpu, busiest_thread_line=thread, harm_lines=harm, look_line=look)
     out["look_s"] = look[0] + look[1] * TARGET_RANKS
+    incidents = [r for r in results if r.get("incident")]
+    if incidents:
+        out["incident"] = incident_model(incidents)
     out["verdict_s_without_answers"] = GRACE_S + out["look_s"]
     for protocol in sorted({r["protocol"] for r in results}):
         mine = [r for r in results if r["protocol"] == protocol]
@@ -241,6 +266,30 @@ def model_rows(fitted: dict) -> list:
             f"{fitted['verdict_s_without_answers']:.2f} s",
         ]
     )
+    inc = fitted.get("incident")
+    if inc:
+        rows += [
+            ["both", "an incident's answers: operations", f"ranks x {inc['ops_per_answer']:.2f}", f"{inc['ops']:,.0f}"],
+            [
+                "both",
+                "an incident's answers: bytes",
+                f"ranks x {inc['kib_per_answer']:.1f} KiB",
+                f"{inc['gib']:.2f} GiB",
+            ],
+            [
+                "both",
+                "an incident's answers: server CPU",
+                "measured per answer x ranks",
+                f"{inc['server_cpu_s_measured_per_answer']:.1f} s",
+            ],
+        ]
+        for part, ((a, b), value) in inc["parts"].items():
+            rows.append(
+                ["both", f"the leader's report: {part}", f"{a:.3g} + ranks x {b * 1e6:.3g} us", f"{value:.1f} s"]
+            )
+        rows.append(
+            ["both", "the leader's report, once the answers are in", "the four above", f"{inc['report_s']:.1f} s"]
+        )
     return rows
 
 
@@ -269,6 +318,54 @@ def print_measurements(results: list, baseline: dict, libuv: bool, interval: flo
             f"blocked, unpaced): {onset['ops_per_rank']:.2f} ops/rank, {onset['wall_s']:.2f} s for all ranks here"
         )
     C.print_table(note, HARM_COLUMNS, harm_rows(results, baseline))
+    print_incidents(results)
+
+
+INCIDENT_COLUMNS = (
+    "ranks|answered|ops per answer|KiB per answer|server CPU s (all answers)|server CPU us per answer|"
+    "leader: gather (s)|assess (s)|positions grouped (s)|render (s)|MiB read|leader's RSS held (MiB)"
+).split("|")
+
+
+def incident_rows(results: list) -> list:
+    rows = []
+    for r in results:
+        inc = r.get("incident")
+        if not inc:
+            continue
+        times = inc["leader"]["times"]
+        per_answer_us = inc["server_cpu_s"] / max(1, inc["answered"] - 1) * 1e6
+        rows.append(
+            [
+                r["ranks"],
+                inc["answered"],
+                f"{inc['ops_per_rank']:.2f}",
+                f"{inc['kib_per_rank']:.1f}",
+                f"{inc['server_cpu_s']:.2f}",
+                f"{per_answer_us:.0f}",
+                f"{times['gather']:.3f}",
+                f"{times['assess']:.3f}",
+                f"{times['positions']:.3f}",
+                f"{times['render']:.3f}",
+                f"{inc['leader']['mib']:.1f}",
+                f"{inc['leader']['held_mib']:.0f}",
+            ]
+        )
+    return rows
+
+
+def print_incidents(results: list) -> None:
+    rows = incident_rows(results)
+    if rows:
+        C.print_table(
+            "An incident on the hang (node protocol; the answers go to the store from each rank in both): rank 0 "
+            "opens it, every rank answers as its watchdog does (the incident's info read, its full state put and "
+            "counted, its native stacks said unavailable: one put, as py-spy's would be), then the leader reads every "
+            "answer and builds the report (benchmarks/scale.py leader_pass), in the simulation's process; server CPU "
+            "by psutil over the answers (CPU ticks are 10 ms)",
+            INCIDENT_COLUMNS,
+            rows,
+        )
 
 
 def print_model(fitted: dict) -> None:
