@@ -297,3 +297,104 @@ def test_compared_positions_counts_what_a_comparison_looked_at():
     assert silent.compared_positions(same) == 3
     apart = {0: F.fingerprints(0, [F.signature()] * 3), 1: F.fingerprints(1, [F.signature()] * 3, first=10)}
     assert silent.compared_positions(apart) == 0
+
+
+# ---------------------------------------------------------------- ranks whose positions are the reference's own
+
+
+def _pair_by_pair(docs: dict, same_as_reference: bool = False):
+    """silent._compared before ranks equal to the reference were left out: every pair read and compared."""
+    usable = {rank: doc for rank, doc in docs.items() if silent._usable(doc)}
+    for group in sorted({group for doc in usable.values() for group in doc["groups"]}):
+        logs = {rank: silent._positions(doc, group) for rank, doc in sorted(usable.items())}
+        logs = {rank: log for rank, log in logs.items() if log}
+        if len(logs) < 2:
+            continue
+        reference, *others = sorted(logs)
+        for other in others:
+            common = sorted(set(logs[reference]) & set(logs[other]))
+            if common:
+                yield group, reference, other, [(seq, logs[reference][seq], logs[other][seq]) for seq in common]
+
+
+def _random_docs(rng) -> dict:
+    """A job's fingerprint documents, most ranks publishing the same positions (each its own copy, as decoded from
+    the store), some changed: a field, two sites swapped, a group missing or shifted, Join's unaligned numbering."""
+    import copy
+
+    sites = [A, B, C]
+    base = [
+        F.signature(site=rng.choice(sites), dtypes=(rng.choice(["float32", "int64"]),), counts=(rng.choice([4, 8]),))
+        for _ in range(rng.randint(1, 6))
+    ]
+    docs = {}
+    for rank in range(rng.randint(2, 12)):
+        sigs = copy.deepcopy(base)
+        doc = F.fingerprints(rank, sigs, first=rng.choice([0, 0, 0, 1]))
+        change = rng.random()
+        if change < 0.15:
+            sigs[rng.randrange(len(sigs))]["dtypes"] = ["float16"]
+            doc = F.fingerprints(rank, sigs)
+        elif change < 0.3 and len(sigs) > 1:
+            i, j = rng.sample(range(len(sigs)), 2)
+            sigs[i]["site"], sigs[j]["site"] = sigs[j]["site"], sigs[i]["site"]
+            doc = F.fingerprints(rank, sigs)
+        elif change < 0.4:
+            doc["groups"]["1"] = copy.deepcopy(doc["groups"]["0"])
+        elif change < 0.5:
+            doc["groups"]["0"]["unaligned_from"] = rng.randint(0, len(sigs))
+        elif change < 0.55:
+            doc["groups"] = {}
+        elif change < 0.6:
+            doc = {"v": 99}
+        docs[rank] = doc
+    return docs
+
+
+def test_leaving_out_the_ranks_equal_to_the_reference_finds_exactly_what_comparing_every_pair_finds(monkeypatch):
+    import random
+
+    rng = random.Random(45)
+    kinds_seen = set()
+    for _ in range(400):
+        docs = _random_docs(rng)
+        found = (
+            silent.silent_mismatch(docs, len(docs)),
+            silent.crossed_collectives(docs, len(docs)),
+            silent.compared_positions(docs),
+        )
+        with monkeypatch.context() as patched:
+            patched.setattr(silent, "_compared", _pair_by_pair)
+            expected = (
+                silent.silent_mismatch(docs, len(docs)),
+                silent.crossed_collectives(docs, len(docs)),
+                silent.compared_positions(docs),
+            )
+        assert found == expected, docs
+        kinds_seen.update(f["kind"] for f in found[0] + found[1])
+    assert kinds_seen == {"silent_mismatch", "crossed_collectives"}, "the cases reach both findings"
+
+
+def test_ranks_publishing_the_reference_positions_are_read_once_and_compared_with_nothing(monkeypatch):
+    """512 ranks, every one's positions the same (each its own copy): counted, not timed."""
+    import copy
+
+    sigs = [F.signature(site=A), F.signature(site=B)] * 30
+    docs = {rank: F.fingerprints(rank, copy.deepcopy(sigs)) for rank in range(512)}
+    docs[300] = F.fingerprints(300, sigs[:-1] + [F.signature(site=B, dtypes=("int64",))])
+    calls = {"differences": 0, "positions": 0}
+    real_differences, real_positions = silent.differences, silent._positions
+
+    def counted(name, real):
+        def call(*args):
+            calls[name] += 1
+            return real(*args)
+
+        return call
+
+    monkeypatch.setattr(silent, "differences", counted("differences", real_differences))
+    monkeypatch.setattr(silent, "_positions", counted("positions", real_positions))
+    [found] = silent.silent_mismatch(docs, 512)
+    assert found["ranks"] == [300] and found["facts"]["seq"] == 59
+    assert calls == {"differences": 60, "positions": 2}, calls
+    assert silent.compared_positions(docs) == 511 * 60

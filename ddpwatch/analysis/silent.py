@@ -58,7 +58,7 @@ def _positions(doc: dict, group: str) -> dict:
 def compared_positions(docs: dict) -> int:
     """How many positions the documents have in common, pair by pair, as silent_mismatch compares them: a
     comparison that covered none found nothing because it looked at nothing."""
-    return sum(len(rows) for _, _, _, rows in _compared(docs))
+    return sum(len(rows) for _, _, _, rows in _compared(docs, same_as_reference=True))
 
 
 def _site_key(signature: dict):
@@ -106,20 +106,44 @@ def _root_of(signature: dict):
     return tuple(root) if isinstance(root, list) else root if type(root) is int else None
 
 
-def _compared(docs: dict):
-    """(group, reference rank, other rank, [(seq, reference's entry, other's entry)]) for every compared pair."""
+def _compared(docs: dict, same_as_reference: bool = False):
+    """(group, reference rank, other rank, [(seq, reference's entry, other's entry)]) for every compared pair.
+
+    A rank whose published positions in a group are the reference's own (the same entry and signatures, as every
+    rank's are in a job that runs right) can differ from it nowhere and cross it nowhere: its pair is left out
+    unless `same_as_reference` (compared_positions counts it), so an incident's answers from 65,536 ranks are not
+    each compared position by position (docs/scale.md)."""
     usable = {rank: doc for rank, doc in docs.items() if _usable(doc)}
     groups = sorted({group for doc in usable.values() for group in doc["groups"]})
     for group in groups:
-        logs = {rank: _positions(doc, group) for rank, doc in sorted(usable.items())}
-        logs = {rank: log for rank, log in logs.items() if log}
+        logs = _logs(usable, group)
         if len(logs) < 2:
             continue
         reference, *others = sorted(logs)
         for other in others:
+            if logs[other] is logs[reference] and not same_as_reference:
+                continue
             common = sorted(set(logs[reference]) & set(logs[other]))
             if common:
                 yield group, reference, other, [(seq, logs[reference][seq], logs[other][seq]) for seq in common]
+
+
+def _logs(usable: dict, group: str) -> dict:
+    """{rank: its positions in `group`} of the ranks that have some there; a rank whose group entry and signatures
+    equal the lowest rank's gets that rank's log itself (the same object), read once."""
+    logs: dict = {}
+    first = None
+    for rank, doc in sorted(usable.items()):
+        entry = doc["groups"].get(group)
+        if first is not None and entry == first[1] and doc.get("signatures") == first[2]:
+            logs[rank] = logs[first[0]]
+            continue
+        log = _positions(doc, group)
+        if log:
+            logs[rank] = log
+            if first is None:
+                first = (rank, entry, doc.get("signatures"))
+    return logs
 
 
 def _side(ranks: list, signature: dict) -> dict:
