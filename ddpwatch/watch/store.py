@@ -331,7 +331,7 @@ class JobProtocol:
         if value is None:
             value = self.store.counter(self._key("leader_beat"))
         if value is not None:
-            self._leader_beat = max(self._leader_beat, value)  # a post a look older than the store never goes back
+            self._leader_beat = value
         return self._leader_beat
 
     # ----- incidents -----
