@@ -119,17 +119,15 @@ class NodeRelay:
         self._known: dict = {}  # rank -> (pid, start time, checks since read): a lower rank found alive
 
     # ----- every rank -----
-    def carries(self, state, where_unchanged: bool) -> bool:
-        """Whether a state goes through the relay: a rank that runs; a rank blocked in a collective whose place is the
-        one it last put in the store itself (`where_unchanged`: only its beat and ages have moved since), while its
-        leader's post is fresh (a leader that looks, which it does ten times a second when blocked itself, as in a
-        hang). A rank newly blocked, blocked somewhere new, or exiting puts its own: a hang's news never waits for a
-        file, only its beats do."""
+    def carries(self, state, blocked: bool, where_unchanged: bool) -> bool:
+        """Whether a state goes through the relay: a rank that runs; a rank `blocked` in a collective (self.blocked)
+        whose place is the one it last put in the store itself (`where_unchanged`: only its beat and ages have moved
+        since), while its leader's post is fresh (a leader that looks, which it does ten times a second when blocked
+        itself, as in a hang). A rank newly blocked, blocked somewhere new, or exiting puts its own: a hang's news
+        never waits for a file, only its beats do."""
         if state.get("status") != build.RUNNING:
             return False
-        if not self.blocked(state):
-            return True
-        return where_unchanged and self.fresh(self.posted())
+        return not blocked or (where_unchanged and self.fresh(self.posted()))
 
     def blocked(self, state) -> bool:
         """Whether a rank waits in a collective past grace (analysis.is_blocked): its leader puts what it carries of

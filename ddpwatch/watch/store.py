@@ -128,8 +128,9 @@ class JobProtocol:
         self._add_leader_beat(docs, rank, beat)
         first = self._position is None or self._position[0] != rank  # its first: in the store at once, pid and host
         self._position = (rank, own, where)
-        relayed = self.relay is not None and not first and self.relay.carries(state, where == self._where_put)
-        self._put(docs, relayed, blocked=relayed and self.relay.blocked(state))
+        blocked = self.relay is not None and self.relay.blocked(state)
+        relayed = self.relay is not None and not first and self.relay.carries(state, blocked, where == self._where_put)
+        self._put(docs, relayed, blocked=relayed and blocked)
         if not self._relayed:
             self._where_put = where
         if self.relay is not None and state.get("status") == build.EXITED:
